@@ -1,0 +1,163 @@
+"""Django settings for Timekeeper, read from the environment (see the README's table)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from project import env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env.get_bool("DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (production mode).")
+    SECRET_KEY = "dev-only-insecure-key-" + "x" * 40  # noqa: S105 - only ever used with DEBUG=1
+ALLOWED_HOSTS = env.get_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env.get_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_beat",
+    "scheduling",
+    "tasks",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+WSGI_APPLICATION = "project.wsgi.application"
+ASGI_APPLICATION = "project.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "project" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database: PostgreSQL only -------------------------------------------------------------------
+DATABASE_URL = os.environ.get("DATABASE_URL") or env.DEFAULT_DATABASE_URL
+DATABASES = {"default": env.parse_database_url(DATABASE_URL)}
+# Bounded waits: a worker must fail closed quickly when PostgreSQL is gone, not hang.
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env.get_int("DATABASE_CONNECT_TIMEOUT", 5, minimum=1))
+DATABASES["default"]["OPTIONS"].setdefault(
+    "options", f"-c statement_timeout={env.get_int('DATABASE_STATEMENT_TIMEOUT_MS', 30_000, minimum=0)}"
+)
+DATABASES["default"]["CONN_MAX_AGE"] = env.get_int("DATABASE_CONN_MAX_AGE", 60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if not DEBUG
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+LOGIN_URL = "admin:login"
+
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "timekeeper@localhost")
+
+# --- Production mode (DEBUG off): `manage.py check --deploy` reports nothing -----------------------
+if not DEBUG:
+    SECURE_SSL_REDIRECT = env.get_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = env.get_int("SECURE_HSTS_SECONDS", 31_536_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    # /healthz and /metrics are scraped over plain HTTP inside the network.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+X_FRAME_OPTIONS = "DENY"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+}
+
+# --- Celery: JSON only, late acks, one message prefetched at a time ------------------------------
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or env.DEFAULT_BROKER_URL
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or env.sqlalchemy_url(DATABASES["default"])
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_RESULT_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_EXTENDED = True
+CELERY_RESULT_EXPIRES = env.get_int("CELERY_RESULT_EXPIRES_SECONDS", 86_400)
+CELERY_TASK_IGNORE_RESULT = True  # job outcomes live in scheduling's own tables; opt in per task
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
+CELERY_TASK_SEND_SENT_EVENT = True
+CELERY_TASK_TRACK_STARTED = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Redis hides a taken message for this long before another worker may take it. Every countdown
+# must end well before it (the ceiling check, scheduling.E003), or the message is delivered twice.
+CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS = env.get_int("CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS", 3_600, minimum=1)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS,
+    "socket_timeout": 10,
+    "socket_connect_timeout": 5,
+}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS}
+# A worker keeps at most this many countdown (ETA) messages in memory; the rest wait in Redis.
+CELERY_WORKER_ETA_TASK_LIMIT = env.get_int("CELERY_WORKER_ETA_TASK_LIMIT", 1_000, minimum=1)
+CELERY_BEAT_SCHEDULER = "scheduling.beat:LeaderDatabaseScheduler"
+CELERY_BEAT_MAX_LOOP_INTERVAL = 1  # seconds: beat wakes at least this often (claim ticks are 1 s)
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_ENABLE_UTC = True
+DJANGO_CELERY_BEAT_TZ_AWARE = True
+
+# --- Flower ----------------------------------------------------------------------------------------
+FLOWER_BASIC_AUTH = os.environ.get("FLOWER_BASIC_AUTH", "")  # "user:password"; required by the run command
+
+# --- Timekeeper's own tunables (defaults in scheduling/conf.py) -----------------------------------
+SCHEDULING_BROKER_DELAY_MAX_SECONDS = env.get_int("SCHEDULING_BROKER_DELAY_MAX_SECONDS", 900, minimum=0)
+SCHEDULING_HANDLER_PACKAGES = ["tasks"]
