@@ -3,6 +3,7 @@
 Every value the platform takes from the environment goes through one of these functions, so that
 a bad value fails at start-up with a message naming the variable, not later in a worker.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,7 +63,8 @@ def parse_database_url(url: str) -> dict[str, object]:
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
         raise ImproperlyConfigured(
-            f"DATABASE_URL must be a postgresql:// URL (Timekeeper runs on PostgreSQL only), got scheme {parts.scheme!r}."
+            "DATABASE_URL must be a postgresql:// URL (Timekeeper runs on PostgreSQL only), "
+            f"got scheme {parts.scheme!r}."
         )
     name = unquote(parts.path.lstrip("/"))
     if not name:

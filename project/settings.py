@@ -1,4 +1,5 @@
 """Django settings for Timekeeper, read from the environment (see the README's table)."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (production mode).")
-    SECRET_KEY = "dev-only-insecure-key-" + "x" * 40  # noqa: S105 - only ever used with DEBUG=1
+    SECRET_KEY = "dev-only-insecure-key-" + "x" * 40
 ALLOWED_HOSTS = env.get_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env.get_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -161,3 +162,17 @@ FLOWER_BASIC_AUTH = os.environ.get("FLOWER_BASIC_AUTH", "")  # "user:password"; 
 # --- Timekeeper's own tunables (defaults in scheduling/conf.py) -----------------------------------
 SCHEDULING_BROKER_DELAY_MAX_SECONDS = env.get_int("SCHEDULING_BROKER_DELAY_MAX_SECONDS", 900, minimum=0)
 SCHEDULING_HANDLER_PACKAGES = ["tasks"]
+
+# Beat's own ticks (synced into django-celery-beat's tables at beat start-up).
+CELERY_BEAT_SCHEDULE = {
+    "timekeeper-claim": {
+        "task": "scheduling.claim",
+        "schedule": float(os.environ.get("SCHEDULING_CLAIM_INTERVAL_SECONDS", "1.0")),
+        "options": {"expires": 5},
+    },
+    "timekeeper-sweep": {
+        "task": "scheduling.sweep",
+        "schedule": float(os.environ.get("SCHEDULING_SWEEP_INTERVAL_SECONDS", "60")),
+        "options": {"expires": 50},
+    },
+}

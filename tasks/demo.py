@@ -1,0 +1,54 @@
+"""Small demonstration kinds: a no-op, a recorder of executions, a failure and a sleeper.
+
+They make the platform's behaviour visible in the demo data and measurable in tests and
+benchmarks: ``demo.record`` writes one ``Execution`` row per run, so "ran twice" is countable.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from scheduling import registry
+from tasks.models import Execution
+
+RECORD_SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"type": "string", "maxLength": 200}, "sleep": {"type": "number", "minimum": 0}},
+    "additionalProperties": True,
+}
+
+
+@registry.handler("demo.noop", schema={"type": "object"}, timeout=10, batch_size=100)
+def noop(job: registry.Job) -> None:
+    """Do nothing (throughput and lag measurements)."""
+
+
+@registry.handler(
+    "demo.record", schema=RECORD_SCHEMA, timeout=60, max_attempts=3, backoff=registry.Backoff(1, 5), batch_size=20
+)
+def record(job: registry.Job) -> None:
+    """Record that this job ran (one row per execution), optionally after sleeping."""
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
+    if job.payload.get("sleep"):
+        time.sleep(float(job.payload["sleep"]))
+
+
+class DemoFailure(RuntimeError):
+    """The failure ``demo.fail`` raises on purpose."""
+
+
+@registry.handler("demo.fail", schema={"type": "object"}, timeout=10, max_attempts=3, backoff=registry.Backoff(1, 2))
+def fail(job: registry.Job) -> None:
+    """Fail every time (to show retries with backoff and the dead state)."""
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
+    raise DemoFailure(f"attempt {job.attempt} of {job.max_attempts} failed on purpose")
+
+
+@registry.handler(
+    "demo.sleep", schema={"type": "object"}, timeout=2, max_attempts=2, backoff=registry.Backoff(1, 2), batch_size=1
+)
+def sleep(job: registry.Job) -> None:
+    """Sleep for payload["seconds"] (to show the timeout stopping a handler)."""
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
+    time.sleep(float(job.payload.get("seconds", 5)))

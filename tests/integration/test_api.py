@@ -1,0 +1,150 @@
+"""scheduling.api against real PostgreSQL: validation, keys, cancel and reschedule."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from scheduling import api, exceptions
+from scheduling.models import JobState, ScheduledJob
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PAYLOAD = {"user_id": 1, "trial_id": 2}
+
+
+def test_schedule_with_delay_uses_database_clock(run_sql):
+    """A delay is added to the database's now(), and the job is stored pending."""
+    job = api.schedule("reminders.trial_ending", PAYLOAD, delay=60)
+    (db_now,) = run_sql("SELECT now()")[0]
+    stored = ScheduledJob.objects.get(pk=job.id)
+    assert stored.state == JobState.PENDING
+    assert dt.timedelta(seconds=55) < stored.due_at - db_now <= dt.timedelta(seconds=60)
+    assert stored.max_attempts == 5
+    assert stored.attempts == 0
+
+
+def test_rolled_back_enqueue_leaves_nothing():
+    """schedule() joins the caller's transaction: a rollback leaves no row."""
+
+    class Boom(Exception):
+        pass
+
+    def enqueue_then_fail() -> None:
+        with transaction.atomic():
+            api.schedule("demo.noop", {}, delay=1)
+            raise Boom
+
+    with pytest.raises(Boom):
+        enqueue_then_fail()
+    assert ScheduledJob.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload", "kwargs", "error"),
+    [
+        ("no.such.kind", {}, {"delay": 1}, exceptions.UnknownJobKind),
+        ("reminders.trial_ending", {"user_id": "x", "trial_id": 2}, {"delay": 1}, exceptions.InvalidPayload),
+        ("reminders.trial_ending", {"user_id": 1}, {"delay": 1}, exceptions.InvalidPayload),
+        ("reminders.trial_ending", [1, 2], {"delay": 1}, exceptions.InvalidPayload),
+        ("demo.noop", {"x": {1, 2}}, {"delay": 1}, exceptions.InvalidPayload),
+        ("demo.noop", {"x": float("nan")}, {"delay": 1}, exceptions.InvalidPayload),
+        ("demo.noop", {"blob": "x" * 70_000}, {"delay": 1}, exceptions.PayloadTooLarge),
+        ("demo.noop", {}, {"due_at": dt.datetime(2030, 1, 1)}, exceptions.InvalidSchedule),
+        ("demo.noop", {}, {}, exceptions.InvalidSchedule),
+        ("demo.noop", {}, {"delay": 1, "due_at": timezone.now()}, exceptions.InvalidSchedule),
+        ("demo.noop", {}, {"delay": -1}, exceptions.InvalidSchedule),
+        ("demo.noop", {}, {"delay": float("inf")}, exceptions.InvalidSchedule),
+        ("demo.noop", {}, {"delay": True}, exceptions.InvalidSchedule),
+        ("demo.noop", {}, {"delay": "10"}, exceptions.InvalidSchedule),
+        ("demo.noop", {}, {"delay": 1, "on_conflict": "merge", "key": "k"}, exceptions.InvalidSchedule),
+        ("demo.noop", {}, {"delay": 1, "max_attempts": 0}, exceptions.InvalidSchedule),
+        ("demo.noop", {}, {"delay": 1, "key": ""}, exceptions.InvalidSchedule),
+    ],
+)
+def test_bad_input_raises_named_error_and_stores_nothing(kind, payload, kwargs, error):
+    """Bad kinds, payloads and times get a named error at schedule time and store nothing."""
+    with pytest.raises(error):
+        api.schedule(kind, payload, **kwargs)
+    assert ScheduledJob.objects.count() == 0
+
+
+def test_deeply_nested_payload_is_refused():
+    """A 10,000-deep payload is an InvalidPayload, not a crash."""
+    deep: dict = {}
+    node = deep
+    for _ in range(10_000):
+        node["a"] = {}
+        node = node["a"]
+    with pytest.raises(exceptions.InvalidPayload):
+        api.schedule("demo.noop", deep, delay=1)
+    assert ScheduledJob.objects.count() == 0
+
+
+def test_key_replace_moves_the_pending_job():
+    """on_conflict=replace moves the existing pending job instead of adding one."""
+    first = api.schedule("demo.noop", {"v": 1}, delay=100, key="k1")
+    second = api.schedule("demo.noop", {"v": 2}, delay=500, key="k1", on_conflict="replace")
+    assert first.id == second.id
+    stored = ScheduledJob.objects.get(pk=first.id)
+    assert stored.payload == {"v": 2}
+    assert ScheduledJob.objects.filter(key="k1").count() == 1
+    assert stored.due_at > first.due_at + dt.timedelta(seconds=300)
+
+
+def test_key_keep_returns_the_first_job_unchanged():
+    """on_conflict=keep leaves the first job and returns it."""
+    first = api.schedule("demo.noop", {"v": 1}, delay=100, key="k2")
+    kept = api.schedule("demo.noop", {"v": 2}, delay=500, key="k2", on_conflict="keep")
+    assert kept.id == first.id
+    assert ScheduledJob.objects.get(pk=first.id).payload == {"v": 1}
+
+
+def test_key_error_raises_key_conflict_and_changes_nothing():
+    """on_conflict=error raises KeyConflict naming the live job."""
+    first = api.schedule("demo.noop", {"v": 1}, delay=100, key="k3")
+    with pytest.raises(exceptions.KeyConflict) as info:
+        api.schedule("demo.noop", {"v": 2}, delay=5, key="k3", on_conflict="error")
+    assert info.value.job_id == first.id
+    assert ScheduledJob.objects.get(pk=first.id).payload == {"v": 1}
+
+
+def test_key_is_free_again_once_the_job_is_finished():
+    """The key constraint covers only pending and claimed jobs."""
+    first = api.schedule("demo.noop", {}, delay=100, key="k4")
+    api.cancel(first.id)
+    second = api.schedule("demo.noop", {}, delay=100, key="k4", on_conflict="error")
+    assert second.id != first.id
+
+
+def test_cancel_and_reschedule_by_key_and_id():
+    """cancel/reschedule find a job by id or by key; only a pending job changes."""
+    job = api.schedule("demo.noop", {}, delay=100, key="k5")
+    new_due = timezone.now() + dt.timedelta(days=3)
+    assert api.reschedule(key="k5", due_at=new_due) == new_due
+    api.cancel(key="k5")
+    with pytest.raises(exceptions.JobNotCancellable) as info:
+        api.cancel(job.id)
+    assert info.value.state == "cancelled"
+    with pytest.raises(exceptions.JobNotReschedulable):
+        api.reschedule(job.id, due_at=new_due)
+    assert ScheduledJob.objects.get(pk=job.id).due_at == new_due
+
+
+def test_cancel_unknown_job_is_not_found():
+    """Cancelling a job that does not exist raises JobNotFound."""
+    with pytest.raises(exceptions.JobNotFound):
+        api.cancel(123456789)
+    with pytest.raises(exceptions.JobNotFound):
+        api.cancel(key="nobody")
+
+
+def test_reschedule_refuses_naive_datetime():
+    """reschedule() refuses a naive due_at and leaves the job as it was."""
+    job = api.schedule("demo.noop", {}, delay=100)
+    with pytest.raises(exceptions.InvalidSchedule):
+        api.reschedule(job.id, due_at=dt.datetime(2031, 1, 1))
+    assert ScheduledJob.objects.get(pk=job.id).due_at == job.due_at
