@@ -1,4 +1,5 @@
 """ASGI entry point."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ Configuration comes from Django settings under the CELERY_ namespace (JSON only,
 prefetch 1, an explicit visibility timeout). Timekeeper's own Celery tasks live in
 ``scheduling.workers``; job handlers in ``tasks/`` are discovered by ``scheduling.registry``.
 """
+
 from __future__ import annotations
 
 import os
