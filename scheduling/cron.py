@@ -102,7 +102,6 @@ class _FieldSpec:
     low: int
     high: int
     names: tuple[str, ...] = ()
-    first_name_value: int = 0
 
     @property
     def full(self) -> frozenset[int]:
@@ -112,9 +111,9 @@ class _FieldSpec:
 _MINUTE = _FieldSpec("minute", 0, 59)
 _HOUR = _FieldSpec("hour", 0, 23)
 _DAY_OF_MONTH = _FieldSpec("day-of-month", 1, 31)
-_MONTH = _FieldSpec("month", 1, 12, _MONTH_NAMES, 1)
+_MONTH = _FieldSpec("month", 1, 12, _MONTH_NAMES)
 # 7 is accepted here and folded onto 0 (Sunday) after parsing.
-_DAY_OF_WEEK = _FieldSpec("day-of-week", 0, 7, _DAY_NAMES, 0)
+_DAY_OF_WEEK = _FieldSpec("day-of-week", 0, 7, _DAY_NAMES)
 _FIELD_SPECS: Final = (_MINUTE, _HOUR, _DAY_OF_MONTH, _MONTH, _DAY_OF_WEEK)
 
 
