@@ -369,3 +369,28 @@ class SchedulerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role} led by {self.holder}"
+
+
+class ApiToken(models.Model):
+    """A bearer token for services calling the jobs API; only its SHA-256 is stored."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name="user",
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+        help_text="The account the token acts as (jobs are scoped to it).",
+    )
+    name = models.CharField("name", max_length=100, help_text="What the token is for, e.g. billing-service.")
+    key_hash = models.CharField(
+        "key hash", max_length=64, unique=True, help_text="SHA-256 of the token; the token itself is shown once."
+    )
+    created_at = models.DateTimeField("created at", db_default=Now(), help_text="When the token was issued.")
+    last_used_at = models.DateTimeField("last used", null=True, blank=True, help_text="Latest request made with it.")
+    revoked = models.BooleanField("revoked", default=False, help_text="A revoked token is refused.")
+
+    class Meta:
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.user_id})"
