@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""Timekeeper's two commands. Standard library only: it must run with a bare ``python3``.
+
+    python3 dev.py run             web, worker, beat and Flower, on embedded PostgreSQL/Redis if none
+    python3 dev.py test [ARGS]     ruff, makemigrations --check, pytest ARGS
+
+Both first make sure ``.venv`` exists and holds the requirements (reinstalled only when the
+requirements file changed), then re-run themselves with the venv's Python. Which PostgreSQL and
+Redis to use is decided by ``project.services.decide`` (configured > reachable > embedded).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+VENV_PYTHON = VENV / "bin" / "python"
+VAR = ROOT / "var"
+REQUIREMENTS = {"run": ROOT / "requirements.txt", "test": ROOT / "requirements-dev.txt"}
+STOP_GRACE_SECONDS = 10  # how long children get to finish after SIGTERM before SIGKILL
+PYTEST_NO_TESTS = 5  # pytest's exit status when it collected nothing
+
+
+def say(message: str) -> None:
+    """Print one of dev.py's own lines, set apart from the children's output."""
+    print(f"==> {message}", flush=True)
+
+
+# --- Stage 1: the virtualenv (bare python3) ------------------------------------------------------
+
+
+def requirements_digest(path: Path) -> str:
+    """A hash of a requirements file and every file it includes with ``-r``."""
+    digest = hashlib.sha256()
+    for line in path.read_text().splitlines():
+        digest.update(line.encode() + b"\n")
+        parts = line.split("#", 1)[0].split()
+        if len(parts) == 2 and parts[0] in {"-r", "--requirement"}:
+            digest.update(requirements_digest(path.parent / parts[1]).encode())
+    return digest.hexdigest()
+
+
+def ensure_venv(command: str) -> None:
+    """Create ``.venv`` if missing and install the command's requirements if they changed."""
+    if not VENV_PYTHON.exists():
+        say(f"creating the virtualenv in {VENV}")
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    requirements = REQUIREMENTS[command]
+    stamp = VENV / f".installed-{requirements.name}.sha256"
+    digest = requirements_digest(requirements)
+    if stamp.exists() and stamp.read_text().strip() == digest:
+        return
+    say(f"installing {requirements.name} into .venv")
+    subprocess.run([str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "-r", str(requirements)], check=True)
+    stamp.write_text(digest + "\n")
+    if command == "test":  # requirements-dev.txt includes requirements.txt
+        run_stamp = VENV / f".installed-{REQUIREMENTS['run'].name}.sha256"
+        run_stamp.write_text(requirements_digest(REQUIREMENTS["run"]) + "\n")
+
+
+def in_venv() -> bool:
+    """Whether this interpreter is the project's venv."""
+    return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+# --- Stage 2: services (inside the venv) -------------------------------------------------------
+
+
+class Services:
+    """The PostgreSQL and Redis a command uses, starting embedded ones when the plan says so."""
+
+    def __init__(self, purpose: str) -> None:
+        from project import services
+
+        self.embedded: list = []
+        plan = services.decide(os.environ, services.tcp_probe, purpose=purpose)
+        redis_db = services.TEST_REDIS_DB if purpose == "test" else services.RUN_REDIS_DB
+        try:
+            self.database_url = plan.database.url
+            if plan.database.source == services.EMBEDDED:
+                say(f"nothing answers on PostgreSQL's default port: starting embedded PostgreSQL ({VAR / 'pgdata'})")
+                postgres = services.EmbeddedPostgres(VAR / "pgdata")
+                self.embedded.append(postgres)
+                self.database_url = postgres.url()
+            if plan.database.source != services.CONFIGURED and services.ensure_database(self.database_url):
+                say(f"created database {services.DATABASE_NAME!r}")
+            self.broker_url = plan.broker.url
+            if plan.broker.source == services.EMBEDDED:
+                say(f"nothing answers on Redis's default port: starting embedded Redis ({VAR / 'redis'})")
+                redis_server = services.EmbeddedRedis(VAR / "redis", int(os.environ.get("TIMEKEEPER_REDIS_PORT", 0)))
+                self.embedded.append(redis_server)
+                self.broker_url = redis_server.url(redis_db)
+        except BaseException:
+            self.stop()
+            raise
+        self.is_embedded = bool(self.embedded)
+        say(services.describe(plan.database, self.database_url))
+        say(services.describe(plan.broker, self.broker_url))
+
+    def stop(self) -> None:
+        """Stop the embedded servers this process started (newest first)."""
+        while self.embedded:
+            server = self.embedded.pop()
+            say(f"stopping embedded {server.name}")
+            server.stop()
+
+
+def manage(*args: str, check: bool = True) -> int:
+    """Run ``manage.py`` with the venv's Python; raise SystemExit on failure when ``check``."""
+    status = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT).returncode
+    if check and status:
+        say(f"manage.py {' '.join(args)} failed with status {status}")
+        raise SystemExit(status)
+    return status
+
+
+def raise_on_sigterm() -> None:
+    """Turn SIGTERM into KeyboardInterrupt so that ``finally`` blocks stop everything."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+# --- test ----------------------------------------------------------------------------------------
+
+
+def command_test(pytest_args: list[str]) -> int:
+    """ruff, makemigrations --check, pytest: the first failure's status, or 0."""
+    raise_on_sigterm()
+    services = Services("test")
+    try:
+        os.environ.update(DATABASE_URL=services.database_url, CELERY_BROKER_URL=services.broker_url)
+        os.environ.setdefault("DEBUG", "1")
+        steps = [
+            ("ruff", [sys.executable, "-m", "ruff", "check", "."]),
+            ("makemigrations --check", [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"]),
+            ("pytest", [sys.executable, "-m", "pytest", *pytest_args]),
+        ]
+        for name, argv in steps:
+            say(f"{name}: {' '.join(argv[1:])}")
+            status = subprocess.run(argv, cwd=ROOT).returncode
+            if name == "pytest" and status == PYTEST_NO_TESTS and pytest_args:
+                status = 0  # a selection that matches nothing is the user's choice; the whole suite must not be empty
+            if status:
+                say(f"{name} failed with status {status}")
+                return status
+        say("all checks passed")
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        services.stop()
+
+
+# --- run -----------------------------------------------------------------------------------------
+
+
+def dev_password() -> str:
+    """The demo admin / Flower password: generated once, kept in var/dev-password."""
+    path = VAR / "dev-password"
+    if not path.exists():
+        VAR.mkdir(exist_ok=True)
+        path.write_text(secrets.token_urlsafe(12) + "\n")
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something already listens on 127.0.0.1:``port``."""
+    from project import services
+
+    return services.tcp_probe("127.0.0.1", port)
+
+
+CREATE_ADMIN = """
+import os
+from django.contrib.auth import get_user_model
+User = get_user_model()
+if User.objects.filter(username="admin").exists():
+    print("demo superuser 'admin' exists (password unchanged)")
+else:
+    User.objects.create_superuser("admin", "admin@localhost", os.environ["DJANGO_SUPERUSER_PASSWORD"])
+    print("created demo superuser 'admin'")
+"""
+
+
+def prepare_database(password: str) -> None:
+    """Migrate, create the demo superuser in dev mode, and load the demo data when seed_demo exists."""
+    manage("migrate", "--noinput")
+    if os.environ.get("DEBUG", "").lower() in {"1", "true", "yes", "on"}:
+        os.environ["DJANGO_SUPERUSER_PASSWORD"] = password
+        manage("shell", "--verbosity", "0", "-c", CREATE_ADMIN)
+    if list(ROOT.glob("*/management/commands/seed_demo.py")):
+        manage("seed_demo")
+    else:
+        say("no seed_demo command yet: skipping demo data")
+
+
+class Child:
+    """A supervised process whose output lines are printed with a name prefix."""
+
+    COLOURS = ["36", "33", "35", "32"]
+
+    def __init__(self, name: str, argv: list[str], index: int, group: int | None) -> None:
+        self.name = name
+        prefix = f"{name:<7}| "
+        if sys.stdout.isatty():
+            prefix = f"\033[{self.COLOURS[index % len(self.COLOURS)]}m{prefix}\033[0m"
+        self.process = subprocess.Popen(
+            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True, bufsize=1, process_group=0 if group is None else group,
+        )
+        self.thread = threading.Thread(target=self._pump, args=(prefix,), daemon=True)
+        self.thread.start()
+
+    def _pump(self, prefix: str) -> None:
+        """Copy the child's output to ours, one prefixed line at a time."""
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            sys.stdout.write(prefix + line)
+            sys.stdout.flush()
+
+
+def stop_children(children: list[Child]) -> None:
+    """SIGTERM each child (a warm shutdown for Celery), wait, then SIGKILL their whole process group."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not children:
+        return
+    say("stopping web, worker, beat and Flower")
+    for child in children:
+        if child.process.poll() is None:
+            child.process.terminate()
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while time.monotonic() < deadline and any(child.process.poll() is None for child in children):
+        time.sleep(0.1)
+    if any(child.process.poll() is None for child in children):
+        # A live member keeps the group id from being reused; the group includes Celery's pool processes.
+        say(f"still running after {STOP_GRACE_SECONDS} s: killing them")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(children[0].process.pid, signal.SIGKILL)
+    for child in children:
+        child.process.wait()
+        child.thread.join(timeout=2)
+
+
+def supervise(children: list[Child]) -> int:
+    """Wait until Ctrl-C / SIGTERM (status 0) or until a child exits on its own (non-zero)."""
+    try:
+        while True:
+            for child in children:
+                status = child.process.poll()
+                if status is not None:
+                    say(f"{child.name} exited unexpectedly with status {status}: stopping everything")
+                    return status if status > 0 else 128 - status if status < 0 else 1  # -N: killed by signal N
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        print(flush=True)
+        return 0
+
+
+def command_run() -> int:
+    """Bring up web, worker, beat and Flower as one process group; stop them all together."""
+    raise_on_sigterm()
+    web_port = int(os.environ.get("WEB_PORT", "8000"))
+    flower_port = int(os.environ.get("FLOWER_PORT", "5555"))
+    for name, port in (("WEB_PORT", web_port), ("FLOWER_PORT", flower_port)):
+        if port_in_use(port):
+            say(f"port {port} is already in use: stop what runs there or set {name}")
+            return 1
+    services = Services("run")
+    children: list[Child] = []
+    try:
+        password = dev_password()
+        os.environ.update(
+            DATABASE_URL=services.database_url, CELERY_BROKER_URL=services.broker_url, PYTHONUNBUFFERED="1"
+        )
+        os.environ.setdefault("DEBUG", "1")
+        os.environ.setdefault("FLOWER_BASIC_AUTH", f"admin:{password}")
+        prepare_database(password)
+        celery = [sys.executable, "-m", "celery", "-A", "project"]
+        commands = {
+            "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload"],
+            "worker": [*celery, "worker", "-l", "info", "--concurrency", "2", "-n", "worker1@%h"],
+            "beat": [*celery, "beat", "-l", "info"],
+            "flower": [
+                *celery, "flower", "--address=127.0.0.1", f"--port={flower_port}",
+                f"--basic-auth={os.environ['FLOWER_BASIC_AUTH']}",
+            ],
+        }
+        for index, (name, argv) in enumerate(commands.items()):
+            children.append(Child(name, argv, index, children[0].process.pid if children else None))
+        flower_user, _, flower_password = os.environ["FLOWER_BASIC_AUTH"].partition(":")
+        say(f"admin    http://127.0.0.1:{web_port}/admin/   (user admin, password {password})")
+        say(f"Flower   http://127.0.0.1:{flower_port}/   (user {flower_user}, password {flower_password})")
+        say(f"metrics  http://127.0.0.1:{web_port}/metrics")
+        say("Ctrl-C stops everything")
+        return supervise(children)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        stop_children(children)
+        services.stop()
+
+
+# --- entry point ---------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    """Dispatch ``run`` / ``test``, moving into the venv first."""
+    if len(argv) < 1 or argv[0] not in REQUIREMENTS or (argv[0] == "run" and len(argv) > 1):
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    if sys.version_info < (3, 11):  # noqa: UP036 - this runs on the machine's python3, before the venv
+        print(f"Timekeeper needs Python 3.11 or newer; this is {sys.version.split()[0]}.", file=sys.stderr)
+        return 2
+    command = argv[0]
+    ensure_venv(command)
+    if not in_venv():
+        # Replace this process: the venv's Python carries on with the same arguments.
+        os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), str(Path(__file__).resolve()), *argv])  # noqa: S606
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    return command_test(argv[1:]) if command == "test" else command_run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
