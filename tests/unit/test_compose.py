@@ -1,0 +1,214 @@
+"""docker-compose.yml and the Dockerfile: no Docker engine here, so their shape is checked statically.
+
+Every command a container runs must name something this project has: a Celery subcommand on the
+``project`` app, ``project.wsgi:application`` for gunicorn, a ``manage.py`` command Django knows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[2]
+APP_SERVICES = ["web", "worker", "beat", "flower"]
+ALL_SERVICES = ["postgres", "redis", "migrate", *APP_SERVICES]
+
+FACTS_SCRIPT = """
+import json, django
+django.setup()
+from django.core.management import get_commands
+from celery.bin.celery import celery as cli
+import project, project.wsgi
+print(json.dumps({
+    "manage": sorted(get_commands()),
+    "celery": sorted(cli.commands),
+    "celery_app": project.celery_app.main,
+    "wsgi_application": callable(getattr(project.wsgi, "application", None)),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    """docker-compose.yml, parsed (anchors and merge keys resolved, ${...} left as written)."""
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    """The compose file's services."""
+    return compose["services"]
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict[str, Any]:
+    """What the project offers, asked of a fresh interpreter (so this process's settings stay untouched)."""
+    environ = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", "DEBUG": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", FACTS_SCRIPT], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def argv_of(command: str | list[str]) -> list[str]:
+    """A compose/Dockerfile command as an argv list (a shell string is split and cut at the first pipe)."""
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    if argv and argv[0] in {"CMD", "CMD-SHELL"}:
+        argv = shlex.split(" ".join(argv[1:])) if argv[0] == "CMD-SHELL" else argv[1:]
+    return argv[: argv.index("|")] if "|" in argv else argv
+
+
+def problems_with(argv: list[str], facts: dict[str, Any]) -> list[str]:
+    """What in ``argv`` names something the project does not have (empty when all is well)."""
+    if argv[:3] == ["celery", "-A", "project"]:
+        if facts["celery_app"] != "timekeeper":
+            return ["`-A project` does not find the Timekeeper Celery app"]
+        return [] if argv[3] in facts["celery"] else [f"celery has no subcommand {argv[3]!r}"]
+    if argv[0] == "gunicorn":
+        if "project.wsgi:application" not in argv or not facts["wsgi_application"]:
+            return [f"gunicorn must serve project.wsgi:application: {argv}"]
+        return []
+    if argv[:2] == ["python", "manage.py"]:
+        return [] if argv[2] in facts["manage"] else [f"manage.py has no command {argv[2]!r}"]
+    if argv[:2] == ["python", "-c"]:
+        compile(argv[2], "<healthcheck>", "exec")
+        return []
+    if argv[0] in {"redis-server", "redis-cli", "pg_isready"}:
+        return []  # the official images' own tools
+    return [f"unknown command {argv}"]
+
+
+def test_all_services_exist(services: dict[str, Any]) -> None:
+    """PostgreSQL, Redis, the migrate job, web, worker, beat and Flower are all defined."""
+    assert set(ALL_SERVICES) <= set(services)
+
+
+def test_images(services: dict[str, Any]) -> None:
+    """PostgreSQL 16 and Redis 7; the application services build this repository."""
+    assert services["postgres"]["image"] == "postgres:16"
+    assert services["redis"]["image"] == "redis:7"
+    for name in ["migrate", *APP_SERVICES]:
+        assert services[name]["build"] == ".", name
+
+
+def test_redis_requires_a_password(services: dict[str, Any]) -> None:
+    """Redis starts with --requirepass from a required variable, and the app's broker URL carries it."""
+    command = services["redis"]["command"]
+    assert "--requirepass" in command
+    assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+    for name in ["migrate", *APP_SERVICES]:
+        assert services[name]["environment"]["CELERY_BROKER_URL"].startswith("redis://:${REDIS_PASSWORD:?"), name
+
+
+def test_required_secrets_fail_loudly(services: dict[str, Any]) -> None:
+    """Secrets use ${VAR:?message} so compose refuses to start without them."""
+    environment = services["web"]["environment"]
+    assert environment["SECRET_KEY"].startswith("${SECRET_KEY:?")
+    assert "${POSTGRES_PASSWORD:?" in environment["DATABASE_URL"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    assert any("${FLOWER_BASIC_AUTH:?" in part for part in services["flower"]["command"])
+
+
+def test_app_environment(services: dict[str, Any]) -> None:
+    """Every application container runs in production mode with database, broker, key and hosts set."""
+    for name in ["migrate", *APP_SERVICES]:
+        environment = services[name]["environment"]
+        assert environment["DEBUG"] == "0", name
+        assert environment["DATABASE_URL"].startswith("postgresql://"), name
+        assert environment["DATABASE_URL"].endswith("@postgres:5432/timekeeper"), name
+        assert {"SECRET_KEY", "ALLOWED_HOSTS", "CELERY_BROKER_URL"} <= set(environment), name
+
+
+def test_long_running_services_have_healthchecks(services: dict[str, Any]) -> None:
+    """Every service except the one-shot migrate job has a healthcheck."""
+    for name in ["postgres", "redis", *APP_SERVICES]:
+        assert services[name]["healthcheck"]["test"], name
+    assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
+    assert "ping" in " ".join(services["redis"]["healthcheck"]["test"])
+
+
+def test_depends_on_conditions(services: dict[str, Any]) -> None:
+    """Apps wait for healthy PostgreSQL and Redis and a finished migrate; migrate waits for PostgreSQL."""
+    assert services["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert services["migrate"]["restart"] == "no"
+    for name in APP_SERVICES:
+        assert services[name]["depends_on"] == {
+            "postgres": {"condition": "service_healthy"},
+            "redis": {"condition": "service_healthy"},
+            "migrate": {"condition": "service_completed_successfully"},
+        }, name
+
+
+def test_worker_and_beat_can_scale(services: dict[str, Any]) -> None:
+    """Worker and beat have no container_name or fixed host port, so --scale can run several."""
+    for name in ["worker", "beat"]:
+        assert "container_name" not in services[name], name
+        assert "ports" not in services[name], name
+
+
+def test_service_commands(services: dict[str, Any]) -> None:
+    """Each service runs the expected program: migrate, gunicorn, celery worker / beat / flower."""
+    assert argv_of(services["migrate"]["command"])[:3] == ["python", "manage.py", "migrate"]
+    assert argv_of(services["web"]["command"])[:2] == ["gunicorn", "project.wsgi:application"]
+    for name in ["worker", "beat", "flower"]:
+        assert argv_of(services[name]["command"])[:4] == ["celery", "-A", "project", name], name
+    assert any(part.startswith("--basic-auth=") for part in services["flower"]["command"])
+
+
+def test_every_command_names_something_the_project_has(services: dict[str, Any], facts: dict[str, Any]) -> None:
+    """Commands and healthchecks name real Celery subcommands, manage.py commands and the WSGI app."""
+    problems = []
+    for name, service in services.items():
+        for command in [service.get("command"), service.get("healthcheck", {}).get("test")]:
+            if command:
+                problems += [f"{name}: {problem}" for problem in problems_with(argv_of(command), facts)]
+    assert problems == []
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """The Dockerfile as (INSTRUCTION, arguments) pairs, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    pairs = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            instruction, _, arguments = line.partition(" ")
+            pairs.append((instruction.upper(), arguments.strip()))
+    return pairs
+
+
+def test_dockerfile_shape() -> None:
+    """python:3.11-slim, requirements installed, static files collected at build, a non-root user."""
+    instructions = dockerfile_instructions()
+    assert instructions[0] == ("FROM", "python:3.11-slim")
+    runs = " ".join(arguments for instruction, arguments in instructions if instruction == "RUN")
+    assert "pip install -r requirements.txt" in runs
+    assert re.search(r"SECRET_KEY=\S+ .*manage\.py collectstatic --noinput", runs)
+    users = [arguments for instruction, arguments in instructions if instruction == "USER"]
+    assert users
+    assert users[-1] not in {"root", "0"}
+
+
+def test_dockerfile_command_names_something_the_project_has(facts: dict[str, Any]) -> None:
+    """The image's default CMD (and ENTRYPOINT, if any) names something the project has."""
+    commands = [json.loads(arguments) for instruction, arguments in dockerfile_instructions()
+                if instruction in {"CMD", "ENTRYPOINT"}]
+    assert commands
+    for command in commands:
+        assert problems_with(command, facts) == []
+
+
+def test_dockerignore_keeps_local_state_out() -> None:
+    """The build context leaves out the venv, the embedded services' data and git."""
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", "var", ".git"} <= set(ignored)
