@@ -11,6 +11,7 @@ silently vanished holder (a cut network) keeps it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from types import TracebackType
@@ -124,10 +125,8 @@ class AdvisoryLock:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        try:
+        with contextlib.suppress(psycopg2.Error):
             conn.close()
-        except psycopg2.Error:
-            pass
 
     def __enter__(self) -> AdvisoryLock:
         self.acquire()

@@ -7,6 +7,7 @@ Faults are injected with signals on these pids only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -84,18 +85,12 @@ class Proc:
     def stop(self, timeout: float = 15.0) -> None:
         """TERM, wait, then KILL the whole process group."""
         if self.popen.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.popen.wait(5)
         self._log.close()
 
@@ -117,7 +112,8 @@ class Cluster:
         args: list[str] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Proc:
-        argv = CELERY + [
+        argv = [
+            *CELERY,
             "worker",
             "-l",
             "info",
@@ -134,7 +130,7 @@ class Cluster:
         return proc
 
     def beat(self, name: str = "beat1", *, env: Mapping[str, str] | None = None) -> Proc:
-        argv = CELERY + ["beat", "-l", "info", "--pidfile=", "-s", str(self.log_dir / f"{name}-schedule")]
+        argv = [*CELERY, "beat", "-l", "info", "--pidfile=", "-s", str(self.log_dir / f"{name}-schedule")]
         proc = Proc(name, argv, base_env({**self.env, **(env or {})}), self.log_dir)
         self.procs.append(proc)
         return proc
