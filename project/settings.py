@@ -147,6 +147,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_timeout": 10,
     "socket_connect_timeout": 5,
 }
+# Every Redis key Timekeeper and kombu write starts with this (lets several deployments, or test
+# runs, share one Redis server without seeing each other's queues).
+CELERY_BROKER_KEYPREFIX = os.environ.get("CELERY_BROKER_KEYPREFIX", "")
+if CELERY_BROKER_KEYPREFIX:
+    CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = CELERY_BROKER_KEYPREFIX
 CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS}
 # A worker keeps at most this many countdown (ETA) messages in memory; the rest wait in Redis.
 CELERY_WORKER_ETA_TASK_LIMIT = env.get_int("CELERY_WORKER_ETA_TASK_LIMIT", 1_000, minimum=1)

@@ -15,7 +15,7 @@ from django.conf import settings
 
 logger = logging.getLogger(__name__)
 
-KEY_PREFIX = "timekeeper:wake:"
+KEY_PREFIX = "timekeeper:wake:"  # after the deployment's CELERY_BROKER_KEYPREFIX
 REMEMBER_SECONDS = 30
 
 
@@ -36,7 +36,7 @@ def mark_planned(buckets: Sequence[int]) -> list[int]:
     try:
         pipe = client().pipeline(transaction=False)
         for bucket in buckets:
-            pipe.set(f"{KEY_PREFIX}{bucket}", 1, nx=True, ex=REMEMBER_SECONDS)
+            pipe.set(f"{settings.CELERY_BROKER_KEYPREFIX}{KEY_PREFIX}{bucket}", 1, nx=True, ex=REMEMBER_SECONDS)
         answers = pipe.execute()
     except redis.RedisError:
         logger.warning("wake-up memory unavailable; planning every instant", exc_info=True)

@@ -13,9 +13,13 @@ from tests.e2e import harness
 
 @pytest.fixture
 def broker() -> redis.Redis:
-    """The test Redis database, emptied before the test."""
+    """The test Redis database, with this run's keys (its prefix) deleted before the test."""
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    client.flushdb()
+    prefix = settings.CELERY_BROKER_KEYPREFIX
+    assert prefix, "tests must run with a per-run Redis key prefix (tests/settings.py sets one)"
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
     return client
 
 

@@ -1,0 +1,30 @@
+"""Every named statement parses and plans in PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import connection, transaction
+
+from scheduling import store
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("name", sorted(store.queries()))
+def test_statement_plans(name):
+    """EXPLAIN accepts the statement with every parameter NULL (types come from the casts in the SQL)."""
+    sql = store.queries()[name]
+    params = {p: None for p in re.findall(r"%\((\w+)\)s", sql)}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        assert cursor.fetchall()
+        transaction.set_rollback(True)
+
+
+def test_claim_uses_the_partial_index(run_sql):
+    """The claim's plan reads the partial index on due_at (not the whole table)."""
+    run_sql("SET enable_seqscan = off")
+    plan = "\n".join(row[0] for row in run_sql("EXPLAIN " + store.queries()["claim_due_jobs"], {"limit": 10}))
+    assert "scheduledjob_pending_due_idx" in plan
