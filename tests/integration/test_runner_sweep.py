@@ -1,0 +1,172 @@
+"""Running claimed jobs and sweeping dead claims, against real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.test import override_settings
+
+from scheduling import api, runner, store, sweep
+from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
+from tasks.models import Execution
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _due(run_sql, job_id: int) -> None:
+    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [job_id])
+
+
+def _claim_one(run_sql, kind: str = "demo.record", payload: dict | None = None) -> store.Claim:
+    job = api.schedule(kind, payload or {}, delay=60)
+    _due(run_sql, job.id)
+    (claim,) = store.claim_due_jobs(10)
+    return claim
+
+
+def test_run_batch_completes_and_records_the_attempt(run_sql):
+    """A claimed job runs, ends done, and gets one succeeded attempt with its due time."""
+    claim = _claim_one(run_sql)
+    report = runner.run_batch([(claim.id, claim.token)])
+    assert (report.started, report.succeeded, report.failed) == (1, 1, 0)
+    job = ScheduledJob.objects.get(pk=claim.id)
+    assert job.state == JobState.DONE
+    assert job.finished_at is not None
+    attempt = JobAttempt.objects.get(job_id=claim.id)
+    assert attempt.outcome == AttemptOutcome.SUCCEEDED
+    assert attempt.due_at == job.due_at
+    assert attempt.started_at <= attempt.finished_at
+
+
+def test_a_claim_runs_at_most_once(run_sql):
+    """A second delivery of the same batch (same token) runs nothing: the claim was already started."""
+    claim = _claim_one(run_sql, payload={"label": "once"})
+    run_sql("UPDATE scheduling_scheduledjob SET claimed_by = 'crashed:1' WHERE id = %s", [claim.id])
+    report = runner.run_batch([(claim.id, claim.token)])
+    assert (report.started, report.skipped) == (0, 1)
+    assert Execution.objects.count() == 0
+
+
+def test_stale_completion_is_rejected(run_sql):
+    """An outcome presented with an old token changes nothing and records no attempt."""
+    claim = _claim_one(run_sql)
+    started = store.start_jobs([(claim.id, claim.token)], "w:1")
+    assert len(started) == 1
+    # The sweeper takes it back and someone else claims it: a new token.
+    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", [claim.id])
+    assert sweep.reclaim_expired() == (1, 0)
+    _due(run_sql, claim.id)
+    (again,) = store.claim_due_jobs(1)
+    assert again.token != claim.token
+    now = started[0].db_now
+    stale = store.Outcome(claim.id, claim.token, now, now, AttemptOutcome.SUCCEEDED)
+    assert store.complete_jobs([stale]) == []
+    assert store.fail_jobs([stale]) == []
+    job = ScheduledJob.objects.get(pk=claim.id)
+    assert job.state == JobState.CLAIMED
+    assert str(job.token) == again.token
+    outcomes = list(JobAttempt.objects.filter(job_id=claim.id).values_list("outcome", flat=True))
+    assert outcomes == [AttemptOutcome.RECLAIMED]
+
+
+def test_failure_moves_due_at_by_backoff(run_sql):
+    """A failed attempt returns the job to pending, due later by the kind's backoff (1-2 s for demo.fail)."""
+    claim = _claim_one(run_sql, kind="demo.fail")
+    (db_before,) = run_sql("SELECT now()")[0]
+    report = runner.run_batch([(claim.id, claim.token)])
+    assert report.failed == 1
+    job = ScheduledJob.objects.get(pk=claim.id)
+    assert job.state == JobState.PENDING
+    assert job.token is None
+    assert "failed on purpose" in job.last_error
+    delay = (job.due_at - db_before).total_seconds()
+    assert 0.5 <= delay <= 3.0
+    assert JobAttempt.objects.get(job_id=claim.id).outcome == AttemptOutcome.FAILED
+
+
+def test_failure_at_max_attempts_is_dead(run_sql):
+    """The attempt that spends max_attempts leaves the job dead, not pending."""
+    job = api.schedule("demo.fail", {}, delay=60, max_attempts=1)
+    _due(run_sql, job.id)
+    (claim,) = store.claim_due_jobs(1)
+    runner.run_batch([(claim.id, claim.token)])
+    stored = ScheduledJob.objects.get(pk=job.id)
+    assert stored.state == JobState.DEAD
+    assert stored.finished_at is not None
+
+
+def test_sweeper_reclaims_after_the_lease_only(run_sql):
+    """A claim with a fresh heartbeat is kept; one older than its lease goes back to pending."""
+    claim = _claim_one(run_sql)
+    store.start_jobs([(claim.id, claim.token)], "w:1")
+    assert sweep.reclaim_expired() == (0, 0)
+    assert ScheduledJob.objects.get(pk=claim.id).state == JobState.CLAIMED
+    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '61 seconds' WHERE id = %s", [claim.id])
+    assert sweep.reclaim_expired() == (1, 0)
+    job = ScheduledJob.objects.get(pk=claim.id)
+    assert job.state == JobState.PENDING
+    assert job.attempts == 1
+    attempt = JobAttempt.objects.get(job_id=claim.id)
+    assert attempt.outcome == AttemptOutcome.RECLAIMED
+    assert attempt.worker == "w:1"
+
+
+def test_sweeper_kills_after_max_attempts(run_sql):
+    """A stranded claim whose attempts are spent becomes dead instead of pending."""
+    job = api.schedule("demo.record", {}, delay=60, max_attempts=1)
+    _due(run_sql, job.id)
+    store.claim_due_jobs(1)
+    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '2 minutes' WHERE id = %s", [job.id])
+    assert sweep.reclaim_expired() == (0, 1)
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.DEAD
+
+
+@override_settings(SCHEDULING_HEARTBEAT_SECONDS=0, SCHEDULING_SWEEP_AFTER_SECONDS=900)
+def test_without_heartbeats_the_claimed_at_rule_applies(run_sql):
+    """With heartbeats off, a claim is stranded only after SWEEP_AFTER_SECONDS since claimed_at."""
+    claim = _claim_one(run_sql)
+    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", [claim.id])
+    assert sweep.reclaim_expired() == (0, 0)
+    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '16 minutes' WHERE id = %s", [claim.id])
+    assert sweep.reclaim_expired() == (1, 0)
+
+
+def test_prune_deletes_old_finished_jobs_with_attempts(run_sql):
+    """Finished jobs past the retention go, with their attempts; recent and live ones stay."""
+    old = _claim_one(run_sql)
+    runner.run_batch([(old.id, old.token)])
+    recent = _claim_one(run_sql)
+    runner.run_batch([(recent.id, recent.token)])
+    live = api.schedule("demo.record", {}, delay=3600)
+    run_sql("UPDATE scheduling_scheduledjob SET finished_at = now() - interval '15 days' WHERE id = %s", [old.id])
+    assert sweep.prune() == 1
+    assert set(ScheduledJob.objects.values_list("id", flat=True)) == {recent.id, live.id}
+    assert not JobAttempt.objects.filter(job_id=old.id).exists()
+
+
+def test_status_counts_backlog_and_stuck(run_sql):
+    """status() reports overdue pending rows, the oldest overdue age and stuck claims."""
+    stuck = _claim_one(run_sql)
+    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '5 minutes' WHERE id = %s", [stuck.id])
+    for _ in range(3):
+        job = api.schedule("demo.noop", {}, delay=60)
+        run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '30 seconds' WHERE id = %s", [job.id])
+    api.schedule("demo.noop", {}, delay=3600)
+    status = api.status()
+    assert status["backlog"] == 3
+    assert 29 <= status["oldest_overdue_seconds"] <= 40
+    assert status["pending"] == 4
+    assert status["claimed"] == 1
+    assert status["stuck"] == 1
+    assert status["due_next_24h"] == 1
+
+
+def test_released_claims_go_back_to_pending(run_sql):
+    """A worker shutting down can give back its claims: pending again, attempt recorded as reclaimed."""
+    claim = _claim_one(run_sql)
+    assert store.release_jobs([(claim.id, claim.token)], "worker shutting down") == [(claim.id, "pending")]
+    job = ScheduledJob.objects.get(pk=claim.id)
+    assert job.state == JobState.PENDING
+    assert JobAttempt.objects.get(job_id=claim.id).error == "worker shutting down"
+    assert job.due_at <= dt.datetime.now(dt.UTC) + dt.timedelta(seconds=61)
