@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -54,7 +55,7 @@ def get_list(name: str, default: list[str], environ: Mapping[str, str] = os.envi
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def parse_database_url(url: str) -> dict[str, object]:
+def parse_database_url(url: str) -> dict[str, Any]:
     """Turn ``postgresql://user:pass@host:port/name?sslmode=require`` into a Django DATABASES entry.
 
     Only PostgreSQL is accepted: SKIP LOCKED, advisory locks and partial indexes are the design.

@@ -142,7 +142,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Redis hides a taken message for this long before another worker may take it. Every countdown
 # must end well before it (the ceiling check, scheduling.E003), or the message is delivered twice.
 CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS = env.get_int("CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS", 3_600, minimum=1)
-CELERY_BROKER_TRANSPORT_OPTIONS = {
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
     "visibility_timeout": CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS,
     "socket_timeout": 10,
     "socket_connect_timeout": 5,

@@ -39,7 +39,7 @@ def lock_key(namespace: str, name: str) -> int:
 def dedicated_connection(application_name: str = "timekeeper-lock") -> Any:
     """A new autocommit psycopg2 connection to the default database, not shared with anyone."""
     db = settings.DATABASES["default"]
-    options = dict(db.get("OPTIONS", {}))
+    options: dict[str, Any] = dict(db.get("OPTIONS") or {})
     options.pop("options", None)  # the statement timeout is for request work, not for holding a lock
     conn = psycopg2.connect(
         dbname=db["NAME"],
