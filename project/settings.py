@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 from project import env
 
@@ -146,6 +147,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
     "visibility_timeout": CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS,
     "socket_timeout": 10,
     "socket_connect_timeout": 5,
+    # How often a worker looks for messages that a dead worker took and never acknowledged (kombu
+    # scans every 10 s x 10 by default); they are put back once older than the visibility timeout.
+    "unacked_restore_interval": env.get_int("CELERY_BROKER_RESTORE_INTERVAL_SECONDS", 10, minimum=1),
+    "unacked_restore_throttle": 1,
 }
 # Every Redis key Timekeeper and kombu write starts with this (lets several deployments, or test
 # runs, share one Redis server without seeing each other's queues).
@@ -154,7 +159,14 @@ if CELERY_BROKER_KEYPREFIX:
     CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = CELERY_BROKER_KEYPREFIX
 CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS}
 # A worker keeps at most this many countdown (ETA) messages in memory; the rest wait in Redis.
-CELERY_WORKER_ETA_TASK_LIMIT = env.get_int("CELERY_WORKER_ETA_TASK_LIMIT", 1_000, minimum=1)
+# At the limit the worker takes NO message of any queue until one comes due, hence the deferral
+# queue below and its own workers in production (README, "Short deferrals"). 0 turns it off.
+CELERY_WORKER_ETA_TASK_LIMIT = env.get_int("CELERY_WORKER_ETA_TASK_LIMIT", 1_000, minimum=0) or None
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
+# Broker deferrals (scheduling.run_deferred and its retries) travel on their own queue. A worker
+# started without -Q consumes both; `-Q timekeeper.deferred` and `-X timekeeper.deferred` split them.
+CELERY_TASK_QUEUES = [Queue(CELERY_TASK_DEFAULT_QUEUE), Queue("timekeeper.deferred")]
+CELERY_TASK_ROUTES = {"scheduling.run_deferred": {"queue": "timekeeper.deferred"}}
 CELERY_BEAT_SCHEDULER = "scheduling.beat:LeaderDatabaseScheduler"
 CELERY_BEAT_MAX_LOOP_INTERVAL = 1  # seconds: beat wakes at least this often (claim ticks are 1 s)
 CELERY_TIMEZONE = TIME_ZONE
@@ -166,6 +178,7 @@ FLOWER_BASIC_AUTH = os.environ.get("FLOWER_BASIC_AUTH", "")  # "user:password"; 
 
 # --- Timekeeper's own tunables (defaults in scheduling/conf.py) -----------------------------------
 SCHEDULING_BROKER_DELAY_MAX_SECONDS = env.get_int("SCHEDULING_BROKER_DELAY_MAX_SECONDS", 900, minimum=0)
+SCHEDULING_VISIBILITY_MARGIN_SECONDS = env.get_int("SCHEDULING_VISIBILITY_MARGIN_SECONDS", 300, minimum=1)
 SCHEDULING_HANDLER_PACKAGES = ["tasks"]
 
 # Beat's own ticks (synced into django-celery-beat's tables at beat start-up).

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from django.db import transaction
 
-from scheduling import conf, registry, store
+from scheduling import conf, registry, store, wakeups
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,12 @@ def claim_and_dispatch(*, run_first_inline: bool, limit: int | None = None) -> C
     from scheduling import runner, workers
 
     size = int(limit or conf.get("SCHEDULING_CLAIM_BATCH_SIZE"))
+    queued = wakeups.queued_messages()
+    if queued >= int(conf.get("SCHEDULING_MAX_QUEUED_BATCHES")):
+        # Back-pressure: workers have enough waiting. Claiming more would only age claims in the
+        # broker (their heartbeat starts when they run) until the sweeper takes them back.
+        logger.debug("claim deferred: the queue is full", extra={"queued": queued, "action": "claim_deferred"})
+        return ClaimReport(0, 0, 0, True)
     claims = store.claim_due_jobs(size)
     batches = batches_for(claims)
     inline: list[tuple[int, str]] = batches.pop(0) if (run_first_inline and batches) else []
@@ -75,7 +81,7 @@ def claim_and_dispatch(*, run_first_inline: bool, limit: int | None = None) -> C
 
 def plan_wakes() -> int:
     """Send a wake-up for each distinct near due time (coalesced to the resolution); returns how many."""
-    from scheduling import wakeups, workers
+    from scheduling import workers
 
     horizon = float(conf.get("SCHEDULING_WAKE_HORIZON_SECONDS"))
     resolution = float(conf.get("SCHEDULING_WAKE_RESOLUTION_MS")) / 1000

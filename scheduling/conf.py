@@ -14,6 +14,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULING_WAKE_HORIZON_SECONDS": 2.0,  # rows due this soon get an early wake-up message
     "SCHEDULING_WAKE_RESOLUTION_MS": 5,  # wake-ups closer than this are coalesced into one
     "SCHEDULING_MAX_WAKES_PER_TICK": 400,  # wake-up messages one claim tick may plan
+    "SCHEDULING_MAX_QUEUED_BATCHES": 20,  # messages: no claim while the queue holds this many
     "SCHEDULING_HEARTBEAT_SECONDS": 10.0,  # 0 turns heartbeats off (then the claimed_at rule applies)
     "SCHEDULING_LEASE_SECONDS": 60,  # a claim whose heartbeat is older than this is dead
     "SCHEDULING_SWEEP_AFTER_SECONDS": 900,  # claimed_at rule used when heartbeats are off

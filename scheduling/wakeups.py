@@ -1,7 +1,7 @@
-"""Remembering which wake-up instants were already planned, in Redis, so overlapping ticks send one each.
+"""What the claim asks Redis: which wake-ups were already planned, and how full the queue is.
 
-The memory is an optimisation only: if Redis cannot answer, every instant is planned again
-(a duplicate wake-up costs one cheap claim that finds nothing).
+Both are optimisations only: if Redis cannot answer, every instant is planned again (a duplicate
+wake-up costs one cheap claim that finds nothing) and the queue is taken to be empty.
 """
 
 from __future__ import annotations
@@ -42,3 +42,13 @@ def mark_planned(buckets: Sequence[int]) -> list[int]:
         logger.warning("wake-up memory unavailable; planning every instant", exc_info=True)
         return list(buckets)
     return [bucket for bucket, fresh in zip(buckets, answers, strict=True) if fresh]
+
+
+def queued_messages() -> int:
+    """Messages waiting in the default queue (not yet taken by a worker); 0 if Redis cannot say."""
+    key = f"{settings.CELERY_BROKER_KEYPREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
+    try:
+        return int(client().llen(key))
+    except redis.RedisError:
+        logger.warning("cannot read the queue length; claiming as if it were empty", exc_info=True)
+        return 0

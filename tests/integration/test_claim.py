@@ -132,3 +132,25 @@ def test_cancel_racing_a_claim_ends_in_exactly_one(raw_connect, run_sql, repeat)
         assert outcome["cancel_error_state"] == "claimed"
     else:
         assert state == JobState.CANCELLED
+
+
+def test_claim_waits_while_the_queue_is_full(run_sql):
+    """Back-pressure: with SCHEDULING_MAX_QUEUED_BATCHES messages waiting, a claim takes nothing."""
+    from django.conf import settings
+
+    from scheduling import claim, conf, wakeups
+
+    _make_due(run_sql, 3)
+    key = f"{settings.CELERY_BROKER_KEYPREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
+    client = wakeups.client()
+    client.delete(key)
+    client.rpush(key, *[b"placeholder"] * int(conf.get("SCHEDULING_MAX_QUEUED_BATCHES")))
+    try:
+        report = claim.claim_and_dispatch(run_first_inline=False)
+        assert report.claimed == 0
+        assert ScheduledJob.objects.filter(state=JobState.CLAIMED).count() == 0
+    finally:
+        client.delete(key)
+    report = claim.claim_and_dispatch(run_first_inline=True)
+    assert report.claimed == 3
+    assert ScheduledJob.objects.filter(state=JobState.DONE).count() == 3
