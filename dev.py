@@ -81,7 +81,7 @@ class Services:
     def __init__(self, purpose: str) -> None:
         from project import services
 
-        self.embedded: list = []
+        self.embedded: list[services.EmbeddedPostgres | services.EmbeddedRedis] = []
         plan = services.decide(os.environ, services.tcp_probe, purpose=purpose)
         redis_db = services.TEST_REDIS_DB if purpose == "test" else services.RUN_REDIS_DB
         try:
@@ -102,7 +102,6 @@ class Services:
         except BaseException:
             self.stop()
             raise
-        self.is_embedded = bool(self.embedded)
         say(services.describe(plan.database, self.database_url))
         say(services.describe(plan.broker, self.broker_url))
 
@@ -114,13 +113,12 @@ class Services:
             server.stop()
 
 
-def manage(*args: str, check: bool = True) -> int:
-    """Run ``manage.py`` with the venv's Python; raise SystemExit on failure when ``check``."""
+def manage(*args: str) -> None:
+    """Run ``manage.py`` with the venv's Python; exit with its status if it fails."""
     status = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT).returncode
-    if check and status:
-        say(f"manage.py {' '.join(args)} failed with status {status}")
+    if status:
+        say(f"manage.py {' '.join(args[:1])} failed with status {status}")
         raise SystemExit(status)
-    return status
 
 
 def raise_on_sigterm() -> None:
