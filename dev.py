@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,8 +134,27 @@ def raise_on_sigterm() -> None:
 # --- test ----------------------------------------------------------------------------------------
 
 
+CHROMIUM = Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))
+
+
+def ensure_chromium() -> int:
+    """The browser tests drive Debian's Chromium; install it (as root, with apt) when it is missing."""
+    if CHROMIUM.exists():
+        return 0
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        say(f"{CHROMIUM} is missing and cannot be installed here (needs root and apt-get); browser tests will fail")
+        return 1
+    say("installing Debian's chromium for the browser tests (apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        status = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL).returncode
+        if status:
+            return status
+    return 0
+
+
 def command_test(pytest_args: list[str]) -> int:
-    """ruff, makemigrations --check, pytest: the first failure's status, or 0."""
+    """ruff, makemigrations --check, mypy, pytest: the first failure's status, or 0."""
     raise_on_sigterm()
     services = Services("test")
     try:
@@ -143,11 +163,16 @@ def command_test(pytest_args: list[str]) -> int:
         steps = [
             ("ruff", [sys.executable, "-m", "ruff", "check", "."]),
             ("makemigrations --check", [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"]),
+            ("mypy", [sys.executable, "-m", "mypy", "scheduling", "tasks"]),
+            ("chromium", []),
             ("pytest", [sys.executable, "-m", "pytest", *pytest_args]),
         ]
         for name, argv in steps:
-            say(f"{name}: {' '.join(argv[1:])}")
-            status = subprocess.run(argv, cwd=ROOT).returncode
+            if name == "chromium":
+                status = ensure_chromium()
+            else:
+                say(f"{name}: {' '.join(argv[1:])}")
+                status = subprocess.run(argv, cwd=ROOT).returncode
             if name == "pytest" and status == PYTEST_NO_TESTS and pytest_args:
                 status = 0  # a selection that matches nothing is the user's choice; the whole suite must not be empty
             if status:
