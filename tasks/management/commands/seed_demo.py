@@ -1,0 +1,64 @@
+"""Load the demo data the run command shows: fixed schedules, a trial with its reminder, sample jobs."""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+
+from scheduling import api, exceptions, store
+from tasks.models import Trial
+
+DEMO_USER = "demo"
+
+
+class Command(BaseCommand):
+    help = (
+        "Load Timekeeper's demo data: sync the fixed-time schedules declared in tasks/, start a trial "
+        "for the demo user (its ending reminder is a due_at job), and schedule a few sample jobs "
+        "(one due soon, one failing to show retries, one far ahead). Safe to run again: keyed jobs are kept."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--owner",
+            default="admin",
+            help="Username that owns the demo trial and jobs (created without a password if missing). Default: admin.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        call_command("sync_schedules", verbosity=options["verbosity"])
+        owner_name = options["owner"]
+        if not owner_name or len(owner_name) > 150:
+            raise CommandError("--owner must be a username of 1 to 150 characters.")
+        owner, created = get_user_model().objects.get_or_create(username=owner_name)
+        if created:
+            owner.set_unusable_password()
+            owner.save(update_fields=["password"])
+        now = store.database_now()
+        with transaction.atomic():
+            trial = Trial.objects.filter(user=owner, upgraded_at__isnull=True).first()
+            if trial is None:
+                trial = Trial.objects.create(user=owner, plan="pro", ends_at=now + dt.timedelta(days=14))
+            try:
+                api.schedule(
+                    "reminders.trial_ending",
+                    {"user_id": owner.pk, "trial_id": trial.pk},
+                    due_at=trial.ends_at - dt.timedelta(days=3),
+                    key=trial.reminder_key,
+                    on_conflict="keep",
+                    owner=owner,
+                )
+                samples = [
+                    ("demo.record", {"label": "due in a minute"}, 60, "demo:soon"),
+                    ("demo.fail", {}, 30, "demo:failing"),
+                    ("demo.record", {"label": "next week"}, 7 * 86_400, "demo:next-week"),
+                ]
+                for kind, payload, delay, key in samples:
+                    api.schedule(kind, payload, delay=delay, key=key, on_conflict="keep", owner=owner)
+            except exceptions.SchedulingError as exc:
+                raise CommandError(f"Could not schedule the demo jobs: {exc}") from exc
+        self.stdout.write(self.style.SUCCESS(f"Demo data loaded for {owner_name}: trial {trial.pk} and sample jobs."))

@@ -1,0 +1,23 @@
+"""The demo data command the run command calls."""
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django_celery_beat.models import PeriodicTask
+
+from scheduling.models import JobState, ScheduledJob
+from tasks.models import Trial
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_seed_demo_is_idempotent():
+    """Running seed_demo twice leaves one trial, one reminder and one of each sample job."""
+    call_command("seed_demo", verbosity=0)
+    call_command("seed_demo", verbosity=0)
+    trial = Trial.objects.get()
+    reminder = ScheduledJob.objects.get(key=trial.reminder_key)
+    assert reminder.state == JobState.PENDING
+    assert reminder.owner_id == trial.user_id
+    assert ScheduledJob.objects.filter(key__startswith="demo:").count() == 3
+    assert PeriodicTask.objects.filter(policy__isnull=False).exists()
