@@ -1,4 +1,4 @@
-"""The scheduling app: registers its system checks, nothing else."""
+"""The scheduling app: registers its system checks and the signals that keep schedule edits safe."""
 
 from __future__ import annotations
 
@@ -11,4 +11,17 @@ class SchedulingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from scheduling import checks  # noqa: F401 - registers the checks on import
+        from django.db.models.signals import post_save
+        from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+
+        from scheduling import (
+            checks,  # noqa: F401 - registers the checks on import
+            policies,
+        )
+        from scheduling.models import SchedulePolicy
+
+        # Safe edits of fixed-time schedules: a save that changes the timing moves the anchor.
+        post_save.connect(policies.on_policy_saved, sender=SchedulePolicy, dispatch_uid="timekeeper-policy-timing")
+        post_save.connect(policies.on_periodic_task_saved, sender=PeriodicTask, dispatch_uid="timekeeper-task-timing")
+        post_save.connect(policies.on_crontab_saved, sender=CrontabSchedule, dispatch_uid="timekeeper-crontab-timing")
+        post_save.connect(policies.on_interval_saved, sender=IntervalSchedule, dispatch_uid="timekeeper-interval-time")

@@ -29,6 +29,12 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULING_BROKER_DELAY_MAX_SECONDS": 900,  # like SQS DelaySeconds; must stay below the visibility timeout
     "SCHEDULING_VISIBILITY_MARGIN_SECONDS": 300,  # the ceiling must sit this far below the visibility timeout
     "SCHEDULING_HANDLER_PACKAGES": ["tasks"],
+    # fixed-time schedules
+    "SCHEDULING_FIXED_LATE_SECONDS": 60,  # beat still sends a tick it notices this late; older ones are missed
+    "SCHEDULING_FIXED_MAX_CATCH_UP": 100,  # ticks: the most catch-up runs one planning step sends (run_all)
+    "SCHEDULING_FIXED_RECHECK_SECONDS": 60,  # beat re-reads a fixed-time schedule at least this often
+    "SCHEDULING_FIXED_REPLACE_WAIT_SECONDS": 10,  # replace: how long a new run waits for the stopped one's lock
+    "SCHEDULING_FIXED_CLOCK_SYNC_SECONDS": 30,  # beat re-measures its offset to the database clock this often
 }
 
 

@@ -14,7 +14,8 @@ SchedulingError
  ├── LockNotAcquired                an advisory lock is held by someone else
  ├── InvalidCronExpression          a cron expression or nickname cannot be parsed
  ├── UnknownTimeZone                a zone the tz database does not know
- └── InvalidPolicy                  a fixed-time policy that cannot work (timeout >= interval ...)
+ ├── InvalidPolicy                  a fixed-time policy that cannot work (timeout >= interval ...)
+ └── ScheduleNotFound               no fixed-time schedule (periodic task with a policy) has that name
 """
 
 from __future__ import annotations
@@ -103,3 +104,11 @@ class UnknownTimeZone(SchedulingError):
 
 class InvalidPolicy(SchedulingError):
     """Raised when a fixed-time schedule's policy cannot work, e.g. a timeout not shorter than its interval."""
+
+
+class ScheduleNotFound(SchedulingError):
+    """Raised when no fixed-time schedule (a periodic task with a policy) has the given name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"No fixed-time schedule is named {name!r}.")
+        self.name = name

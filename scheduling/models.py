@@ -276,6 +276,25 @@ class SchedulePolicy(models.Model):
     last_tick = models.DateTimeField(
         "last tick", null=True, blank=True, help_text="The latest tick handed to a worker (or recorded as missed)."
     )
+    payload = models.JSONField(
+        "payload", default=dict, blank=True, help_text="Arguments handed to the handler on every run (a JSON object)."
+    )
+    timing_key = models.CharField(
+        "timing fingerprint",
+        max_length=300,
+        blank=True,
+        default="",
+        editable=False,
+        help_text="The timing (expression, zone, interval, suspension) the anchor was last set for; "
+        "when it changes, the anchor moves forward.",
+    )
+    pruned_through = models.DateTimeField(
+        "pruned through",
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="History at or before this tick was pruned; a late delivery of such a tick is refused.",
+    )
 
     class Meta:
         verbose_name = "schedule policy"
@@ -348,10 +367,25 @@ class ScheduleRun(models.Model):
             # The exactly-once gate: a second beat or a redelivered message for the same tick
             # collides here and is refused (counted in duplicates_refused).
             models.UniqueConstraint(fields=["schedule", "tick"], name="schedulerun_one_per_tick"),
+            models.CheckConstraint(
+                condition=models.Q(
+                    state__in=["running", "succeeded", "failed", "skipped", "missed", "replaced", "timed_out"]
+                ),
+                name="schedulerun_state_valid",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(trigger__in=["beat", "manual", "catch_up"]), name="schedulerun_trigger_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state="running") | models.Q(finished_at__isnull=False),
+                name="schedulerun_final_has_finished_at",
+            ),
         ]
         indexes = [
             models.Index(fields=["schedule", "state"], name="schedulerun_schedule_state_idx"),
             models.Index(fields=["started_at"], name="schedulerun_started_idx"),
+            # The gate looks for a schedule's running runs (replace, orphans) on every run.
+            models.Index(fields=["schedule"], name="schedulerun_running_idx", condition=models.Q(state="running")),
         ]
 
     def __str__(self) -> str:

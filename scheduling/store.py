@@ -241,3 +241,157 @@ def database_now() -> dt.datetime:
     with connection.cursor() as cursor:
         cursor.execute("SELECT now()")
         return cursor.fetchone()[0]
+
+
+# --- Fixed-time schedules ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEntry:
+    """What the gate's insert returned: the run row, whether this delivery created it, and how late it is."""
+
+    id: int
+    inserted: bool
+    tick: dt.datetime
+    state: str
+    late_seconds: float
+
+
+def insert_schedule_run(
+    schedule_id: int, tick: dt.datetime | None, trigger: str, worker: str, task_id: str
+) -> LedgerEntry | None:
+    """Record (schedule, tick) as running, or count a duplicate; None when the tick was pruned already."""
+    params = {"schedule_id": schedule_id, "tick": tick, "trigger": trigger, "worker": worker, "task_id": task_id}
+    rows = _fetchall("insert_schedule_run", params)
+    return LedgerEntry(*rows[0]) if rows else None
+
+
+def finish_schedule_run(run_id: int, state: str, error: str = "") -> bool:
+    """Record a run's outcome; False when it was no longer running (replaced or closed meanwhile)."""
+    return bool(_fetchall("finish_schedule_run", {"id": run_id, "state": state, "error": error}))
+
+
+def set_schedule_run_attempt(run_id: int, attempt: int) -> bool:
+    return bool(_fetchall("set_schedule_run_attempt", {"id": run_id, "attempt": attempt}))
+
+
+def running_schedule_runs(schedule_id: int, exclude_id: int) -> list[tuple[int, str, str, dt.datetime]]:
+    """(id, task id, worker, tick) of the schedule's other runs marked running."""
+    rows = _fetchall("running_schedule_runs", {"schedule_id": schedule_id, "id": exclude_id})
+    return [(row[0], row[1], row[2], row[3]) for row in rows]
+
+
+def close_other_running_runs(schedule_id: int, exclude_id: int, state: str, error: str) -> list[int]:
+    params = {"schedule_id": schedule_id, "id": exclude_id, "state": state, "error": error}
+    return [row[0] for row in _fetchall("close_other_running_runs", params)]
+
+
+def record_missed_ticks(schedule_id: int, ticks: Sequence[dt.datetime], error: str) -> list[dt.datetime]:
+    """Insert missed rows for ``ticks`` (those without a row yet); returns the ticks recorded."""
+    if not ticks:
+        return []
+    rows = _fetchall("record_missed_ticks", {"schedule_id": schedule_id, "ticks": list(ticks), "error": error})
+    return [row[0] for row in rows]
+
+
+def prune_schedule_runs(schedule_id: int, successful: int, failed: int) -> int:
+    """Delete history beyond the limits; returns how many rows went."""
+    params = {"schedule_id": schedule_id, "successful": successful, "failed": failed}
+    return int(_fetchall("prune_schedule_runs", params)[0][0])
+
+
+def advance_last_tick(schedule_id: int, tick: dt.datetime) -> bool:
+    return bool(_fetchall("advance_last_tick", {"schedule_id": schedule_id, "tick": tick}))
+
+
+def move_anchor_for_timing(schedule_id: int, key: str, at: dt.datetime | None = None) -> dt.datetime | None:
+    """Store a new timing fingerprint and move the anchor to ``at`` (default: database now).
+
+    Returns the new anchor, or None when the fingerprint was already ``key`` (nothing changed).
+    """
+    rows = _fetchall("move_anchor_for_timing", {"schedule_id": schedule_id, "key": key, "at": at})
+    return rows[0][0] if rows else None
+
+
+# --- Broker deferrals ------------------------------------------------------------------------------
+
+
+def record_dead_deferral(
+    *,
+    kind: str,
+    payload: Any,
+    due_at: dt.datetime | None,
+    attempts: int,
+    error: str,
+    key: str,
+    lease_seconds: int,
+) -> int | None:
+    """Record a spent broker deferral as a dead row; its id, or None if that key is already recorded dead."""
+    params = {
+        "kind": kind,
+        "payload": json.dumps(payload),
+        "due_at": due_at,
+        "attempts": max(1, attempts),
+        "error": error,
+        "key": key,
+        "lease_seconds": max(1, lease_seconds),
+    }
+    rows = _fetchall("record_dead_deferral", params)
+    return rows[0][0] if rows else None
+
+
+# --- Dashboard, /metrics and /healthz (read-only) ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat:
+    holder: str
+    acquired_at: dt.datetime
+    heartbeat_at: dt.datetime
+    age_seconds: float
+
+
+def beat_heartbeat(role: str = "beat") -> Heartbeat | None:
+    """The leading process's heartbeat for ``role`` with its age by the database clock."""
+    rows = _fetchall("beat_heartbeat", {"role": role})
+    return Heartbeat(*rows[0]) if rows else None
+
+
+@dataclasses.dataclass(frozen=True)
+class LagMinute:
+    minute: dt.datetime
+    attempts: int
+    p50: float
+    p95: float
+    max: float
+
+
+def attempt_lag_by_minute(window_seconds: float) -> list[LagMinute]:
+    """Due-to-start lag per minute of the attempts that started within the window."""
+    return [LagMinute(*row) for row in _fetchall("attempt_lag_by_minute", {"window": window_seconds})]
+
+
+def attempt_lag_histogram(window_seconds: float, bounds: Sequence[float]) -> list[tuple[int, int, float]]:
+    """(bucket index, count, sum of lags) of the window's attempts; bucket i is [bounds[i-1], bounds[i])."""
+    rows = _fetchall("attempt_lag_histogram", {"window": window_seconds, "bounds": list(bounds)})
+    return [(row[0], row[1], row[2]) for row in rows]
+
+
+def backlog_history(window_seconds: float, points: int) -> list[tuple[dt.datetime, int]]:
+    """The backlog at ``points`` + 1 evenly spaced instants of the window, rebuilt from row timestamps."""
+    return [(row[0], row[1]) for row in _fetchall("backlog_history", {"window": window_seconds, "points": points})]
+
+
+def upcoming_jobs(horizon_seconds: float) -> list[tuple[str, int, int, dt.datetime]]:
+    """(kind, hour from now, count, first due time) of the pending jobs due within the horizon."""
+    return [(row[0], row[1], row[2], row[3]) for row in _fetchall("upcoming_jobs", {"horizon": horizon_seconds})]
+
+
+def attempt_outcomes(window_seconds: float) -> list[tuple[str, str, int]]:
+    """(kind, outcome, count) of the attempts that ended within the window."""
+    return [(row[0], row[1], row[2]) for row in _fetchall("attempt_outcomes", {"window": window_seconds})]
+
+
+def schedule_run_states(window_seconds: float) -> list[tuple[str, str, int, dt.datetime | None]]:
+    """(schedule name, state, runs started within the window, latest success) of the fixed-time runs."""
+    return [(row[0], row[1], row[2], row[3]) for row in _fetchall("schedule_run_states", {"window": window_seconds})]

@@ -4,6 +4,7 @@
 - ``scheduling.wake``: an early claim at a near due time (countdown message).
 - ``scheduling.run_batch``: run a batch of claimed jobs.
 - ``scheduling.sweep``: take back dead claims, prune history.
+- ``scheduling.run_fixed``: one tick of a fixed-time schedule, through the gate (``fixed``).
 
 Claim-type messages expire quickly: a tick that waited in the queue longer than that is useless,
 the next one is coming. Run messages never expire; if lost, their rows are swept back.
@@ -11,13 +12,14 @@ the next one is coming. Run messages never expire; if lost, their rows are swept
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 
 from scheduling import claim as claim_module
-from scheduling import runner
+from scheduling import fixed, runner
 from scheduling import sweep as sweep_module
 
 logger = logging.getLogger(__name__)
@@ -49,3 +51,17 @@ def sweep() -> dict[str, Any]:
     """Take back claims of dead workers and prune finished history."""
     report = sweep_module.sweep()
     return {"reclaimed": report.reclaimed, "killed": report.killed, "pruned": report.pruned}
+
+
+@shared_task(name="scheduling.run_fixed", bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
+def run_fixed(self: Task, schedule: str, tick: str | None = None, trigger: str = "beat") -> dict[str, Any]:
+    """Run one tick of a fixed-time schedule; a redelivered or repeated tick is refused by the gate's ledger.
+
+    Without a tick (a periodic task sent by hand, e.g. django-celery-beat's "run" action) it is a
+    manual run whose tick is the database clock now.
+    """
+    when = dt.datetime.fromisoformat(tick) if tick else None
+    if tick is None:
+        trigger = "manual"
+    report = fixed.run(schedule, when, trigger, task_id=str(self.request.id or ""))
+    return {"outcome": report.outcome, "run_id": report.run_id, "attempt": report.attempt}

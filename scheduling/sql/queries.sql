@@ -272,3 +272,236 @@ SELECT
               OR claimed_at < now() - make_interval(secs => %(stuck_after)s))) AS stuck,
     (SELECT count(*) FROM scheduling_scheduledjob
        WHERE state = 'dead' AND finished_at > now() - interval '24 hours') AS dead_last_24h;
+
+-- --- Fixed-time schedules ------------------------------------------------------------------------
+
+-- name: insert_schedule_run
+-- The exactly-once gate. The unique (schedule, tick) constraint admits the first delivery of a
+-- tick; any later one (a second beat, a redelivered message, a re-sent tick) lands in ON CONFLICT,
+-- which counts it on the existing row and returns inserted = false (xmax is 0 only for a row this
+-- statement inserted). A tick at or before the schedule's pruned_through watermark had its row
+-- pruned: no row comes back and the caller refuses it too. Lateness is measured on the database clock.
+WITH policy AS (
+    SELECT id, pruned_through FROM scheduling_schedulepolicy WHERE id = %(schedule_id)s
+)
+INSERT INTO scheduling_schedulerun AS r
+    (schedule_id, tick, state, trigger, attempt, worker, task_id, started_at, error, duplicates_refused)
+SELECT policy.id, coalesce(%(tick)s, now()), 'running', %(trigger)s, 1, %(worker)s, %(task_id)s, now(), '', 0
+FROM policy
+WHERE policy.pruned_through IS NULL OR coalesce(%(tick)s, now()) > policy.pruned_through
+ON CONFLICT (schedule_id, tick) DO UPDATE SET duplicates_refused = r.duplicates_refused + 1
+RETURNING r.id, (r.xmax = 0) AS inserted, r.tick, r.state, extract(epoch FROM now() - r.tick)::float8 AS late_seconds;
+
+-- name: finish_schedule_run
+-- A run's outcome, recorded only if it is still running: a run marked replaced (or closed as
+-- orphaned) meanwhile keeps that state.
+UPDATE scheduling_schedulerun
+SET state = %(state)s, error = %(error)s, finished_at = now()
+WHERE id = %(id)s AND state = 'running'
+RETURNING id;
+
+-- name: set_schedule_run_attempt
+UPDATE scheduling_schedulerun
+SET attempt = %(attempt)s
+WHERE id = %(id)s AND state = 'running'
+RETURNING id;
+
+-- name: running_schedule_runs
+-- Other runs of the schedule still marked running (replace stops them by their Celery task id).
+SELECT id, task_id, worker, tick
+FROM scheduling_schedulerun
+WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
+ORDER BY tick;
+
+-- name: close_other_running_runs
+-- Called by a run that holds the schedule's advisory lock: any other run still marked running
+-- cannot be running (it would hold the lock), so its process died or was stopped. Replace marks
+-- them 'replaced'; forbid marks them 'failed' with the reason.
+UPDATE scheduling_schedulerun
+SET state = %(state)s, error = %(error)s, finished_at = now()
+WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
+RETURNING id, tick;
+
+-- name: record_missed_ticks
+-- Ticks beat was not there to send in time (or that missed_policy leaves out), recorded as missed
+-- so that the history shows them. A tick that already has a row keeps it.
+INSERT INTO scheduling_schedulerun
+    (schedule_id, tick, state, trigger, attempt, worker, task_id, started_at, finished_at, error, duplicates_refused)
+SELECT p.id, t.tick, 'missed', 'beat', 1, '', '', now(), now(), %(error)s, 0
+FROM scheduling_schedulepolicy AS p
+CROSS JOIN unnest(%(ticks)s::timestamptz[]) AS t(tick)
+WHERE p.id = %(schedule_id)s AND (p.pruned_through IS NULL OR t.tick > p.pruned_through)
+ON CONFLICT (schedule_id, tick) DO NOTHING
+RETURNING tick;
+
+-- name: prune_schedule_runs
+-- History limits: keep the latest `successful` succeeded runs and the latest `failed` runs of the
+-- other final states; running rows are never pruned. The watermark pruned_through moves to the
+-- latest pruned tick, so a late delivery of a pruned tick is still refused by the gate.
+WITH ranked AS (
+    SELECT id, tick,
+           row_number() OVER (PARTITION BY (state = 'succeeded') ORDER BY tick DESC) AS position,
+           state = 'succeeded' AS ok
+    FROM scheduling_schedulerun
+    WHERE schedule_id = %(schedule_id)s AND state <> 'running'
+), victims AS (
+    DELETE FROM scheduling_schedulerun AS r
+    USING ranked
+    WHERE r.id = ranked.id
+      AND ranked.position > CASE WHEN ranked.ok THEN %(successful)s ELSE %(failed)s END
+    RETURNING r.tick
+), watermark AS (
+    UPDATE scheduling_schedulepolicy AS p
+    SET pruned_through = greatest(p.pruned_through, (SELECT max(tick) FROM victims))
+    WHERE p.id = %(schedule_id)s AND EXISTS (SELECT 1 FROM victims)
+    RETURNING p.id
+)
+SELECT count(*) FROM victims;
+
+-- name: advance_last_tick
+-- Beat has handled every tick up to `tick` (sent, or recorded as missed). Never moves backwards,
+-- so a slow former leader cannot undo a newer one's progress.
+UPDATE scheduling_schedulepolicy
+SET last_tick = %(tick)s
+WHERE id = %(schedule_id)s AND (last_tick IS NULL OR last_tick < %(tick)s)
+RETURNING id;
+
+-- name: move_anchor_for_timing
+-- Safe edits: when the timing of a schedule changes (expression, zone, interval, DST rule,
+-- suspension, enabled), ticks at or before the moment of the change must neither fire nor count as
+-- missed, and the next tick of the new timing must. Moving anchor_at forward to that moment does
+-- both. Conditional on the stored fingerprint, so it happens once per change whoever notices it.
+UPDATE scheduling_schedulepolicy
+SET timing_key = %(key)s, anchor_at = greatest(anchor_at, coalesce(%(at)s, now()))
+WHERE id = %(schedule_id)s AND timing_key IS DISTINCT FROM %(key)s
+RETURNING anchor_at;
+
+-- name: record_dead_deferral
+-- A broker deferral whose attempts are spent becomes a dead row, so a person sees it in the admin
+-- beside every other dead job (and can retry it there: it then runs as a row). Keyed
+-- broker:<deferral id>; a redelivery of the same last attempt finds the row and adds no second one
+-- (the kind, state index finds it).
+INSERT INTO scheduling_scheduledjob
+    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+     claimed_by, created_at, updated_at, finished_at)
+SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now()), 'dead', %(lease_seconds)s, %(attempts)s,
+       %(attempts)s, %(error)s, %(key)s, NULL, '', now(), now(), now()
+WHERE NOT EXISTS (
+    SELECT 1 FROM scheduling_scheduledjob WHERE kind = %(kind)s AND state = 'dead' AND key = %(key)s)
+RETURNING id;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Dashboard, /metrics and /healthz: read-only, database clock, bounded to a recent window.
+
+-- name: beat_heartbeat
+-- The leading beat's heartbeat and its age by the database clock (no row: no beat ever led).
+SELECT holder, acquired_at, heartbeat_at, extract(epoch FROM now() - heartbeat_at)::float8 AS age_seconds
+FROM scheduling_schedulerheartbeat
+WHERE role = %(role)s;
+
+-- name: attempt_lag_by_minute
+-- Due-to-start lag (started_at - due_at, never below 0) of the attempts that started in the last
+-- `window` seconds, per minute. Attempts are written when they end, so a job still running is not
+-- in it yet. The finished_at bound lets the jobattempt_finished_idx index find the rows.
+WITH lags AS (
+    SELECT started_at, greatest(extract(epoch FROM started_at - due_at), 0)::float8 AS lag
+    FROM scheduling_jobattempt
+    WHERE finished_at >= now() - make_interval(secs => %(window)s)
+      AND started_at >= now() - make_interval(secs => %(window)s)
+)
+SELECT date_trunc('minute', started_at) AS minute, count(*) AS attempts,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag) AS p95,
+       max(lag) AS max
+FROM lags
+GROUP BY 1
+ORDER BY 1;
+
+-- name: attempt_lag_histogram
+-- The same lags as a histogram: bucket i holds lags in [bounds[i], bounds[i+1]) (0 below the
+-- first bound); the caller makes the buckets cumulative.
+WITH lags AS (
+    SELECT greatest(extract(epoch FROM started_at - due_at), 0)::float8 AS lag
+    FROM scheduling_jobattempt
+    WHERE finished_at >= now() - make_interval(secs => %(window)s)
+      AND started_at >= now() - make_interval(secs => %(window)s)
+)
+SELECT width_bucket(lag, %(bounds)s::float8[]) AS bucket, count(*) AS n, sum(lag) AS total
+FROM lags
+GROUP BY 1
+ORDER BY 1;
+
+-- name: backlog_history
+-- The backlog (pending and due, not yet claimed) at `points` + 1 instants over the last `window`
+-- seconds, rebuilt from row timestamps rather than sampled. A job was waiting from its due time
+-- until its attempt started (job_attempt.due_at .. started_at), until it was claimed (claimed
+-- rows), until it was cancelled (cancelled rows), or is still waiting (pending and due). Caveats:
+-- a reschedule or "run now" overwrites due_at, so a job moved while overdue loses the time it waited
+-- before the move; the claim-to-start gap of finished attempts counts as waiting.
+-- Each waiting span becomes the range of sample indexes it covers (since <= at < until), summed
+-- with a difference array, so the cost is one pass over the spans whatever the number of points.
+WITH bounds AS (
+    SELECT now() - make_interval(secs => %(window)s) AS t_start,
+           %(window)s::float8 / %(points)s AS step, %(points)s::int AS n
+), waits AS (
+    SELECT a.due_at AS since, coalesce(a.started_at, a.finished_at) AS until
+    FROM scheduling_jobattempt AS a, bounds
+    WHERE a.finished_at >= bounds.t_start
+    UNION ALL
+    SELECT j.due_at, j.claimed_at
+    FROM scheduling_scheduledjob AS j, bounds
+    WHERE j.state = 'claimed' AND j.claimed_at >= bounds.t_start
+    UNION ALL
+    SELECT j.due_at, now() + interval '1 day'
+    FROM scheduling_scheduledjob AS j
+    WHERE j.state = 'pending' AND j.due_at <= now()
+    UNION ALL
+    SELECT j.due_at, j.finished_at
+    FROM scheduling_scheduledjob AS j, bounds
+    WHERE j.state = 'cancelled' AND j.finished_at >= bounds.t_start AND j.due_at < j.finished_at
+), spans AS (
+    SELECT greatest(0, ceil(extract(epoch FROM w.since - b.t_start) / b.step))::int AS first_i,
+           least(b.n, ceil(extract(epoch FROM w.until - b.t_start) / b.step) - 1)::int AS last_i
+    FROM waits AS w, bounds AS b
+    WHERE w.until > b.t_start
+), deltas AS (
+    SELECT i, sum(d) AS d
+    FROM (SELECT first_i AS i, 1 AS d FROM spans WHERE first_i <= last_i
+          UNION ALL
+          SELECT last_i + 1, -1 FROM spans WHERE first_i <= last_i) AS e
+    GROUP BY i
+)
+SELECT b.t_start + make_interval(secs => g.i * b.step) AS at,
+       (sum(coalesce(deltas.d, 0)) OVER (ORDER BY g.i))::bigint AS backlog
+FROM bounds AS b
+CROSS JOIN generate_series(0, b.n) AS g(i)
+LEFT JOIN deltas ON deltas.i = g.i
+ORDER BY g.i;
+
+-- name: upcoming_jobs
+-- Pending jobs due in the next `horizon` seconds, per kind and per hour from now (0 = the next hour).
+SELECT kind, floor(extract(epoch FROM due_at - now()) / 3600)::int AS hour, count(*) AS n, min(due_at) AS first_due
+FROM scheduling_scheduledjob
+WHERE state = 'pending' AND due_at > now() AND due_at <= now() + make_interval(secs => %(horizon)s)
+GROUP BY 1, 2
+ORDER BY 2, 1;
+
+-- name: attempt_outcomes
+-- Attempts that ended in the last `window` seconds, per kind and outcome.
+SELECT j.kind, a.outcome, count(*) AS n
+FROM scheduling_jobattempt AS a
+JOIN scheduling_scheduledjob AS j ON j.id = a.job_id
+WHERE a.finished_at >= now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: schedule_run_states
+-- Fixed-time runs that started in the last `window` seconds, per schedule and state, with each
+-- schedule's latest success (kept by the history limits, so it may be older than the window).
+SELECT t.name, r.state, count(*) FILTER (WHERE r.started_at >= now() - make_interval(secs => %(window)s)) AS n,
+       max(r.finished_at) FILTER (WHERE r.state = 'succeeded') AS last_success
+FROM scheduling_schedulerun AS r
+JOIN scheduling_schedulepolicy AS p ON p.id = r.schedule_id
+JOIN django_celery_beat_periodictask AS t ON t.id = p.periodic_task_id
+GROUP BY 1, 2
+ORDER BY 1, 2;

@@ -1,0 +1,337 @@
+"""The fixed-time gate on real PostgreSQL: ledger, overlap lock, deadline, timeout, retries, pruning."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from scheduling import fixed, registry, schedules, store, workers
+from scheduling.models import RunState, SchedulePolicy, ScheduleRun
+from tasks.models import Execution
+from tests.e2e import harness
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CALLS: list[tuple[str, int]] = []  # (job.ref, attempt) of every call of the probe kind
+RELEASE = threading.Event()  # the probe waits on it when its payload says "wait"
+
+
+@registry.handler("tests.fixed_probe", schema={"type": "object"}, timeout=30, backoff=registry.Backoff(0.01, 0.02))
+def probe(job: registry.Job) -> None:
+    """Record the call; wait, sleep or fail as the payload says."""
+    CALLS.append((job.ref, job.attempt))
+    if job.payload.get("wait"):
+        RELEASE.wait(30)
+    if job.payload.get("sleep"):
+        time.sleep(float(job.payload["sleep"]))
+    if job.attempt <= int(job.payload.get("fail_times", 0)):
+        raise RuntimeError(f"attempt {job.attempt} fails on purpose")
+
+
+@pytest.fixture(autouse=True)
+def _reset_probe() -> Iterator[None]:
+    CALLS.clear()
+    RELEASE.clear()
+    yield
+    RELEASE.set()
+
+
+@pytest.fixture
+def make_schedule() -> Callable[..., SchedulePolicy]:
+    """Sync a fixed-time schedule (every 60 s unless told otherwise) and return its policy."""
+
+    def make(name: str = "gate", **fields: Any) -> SchedulePolicy:
+        fields.setdefault("kind", "tests.fixed_probe")
+        if "cron" not in fields:
+            fields.setdefault("every", 60)
+        declaration = schedules.make(name=name, **fields)
+        schedules.sync(declarations=[declaration])
+        return SchedulePolicy.objects.select_related("periodic_task").get(periodic_task__name=name)
+
+    return make
+
+
+def db_now() -> dt.datetime:
+    return store.database_now()
+
+
+def in_thread(func: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Run ``func`` on its own thread (and its own database connection, closed at the end)."""
+    out: list[Any] = []
+
+    def target() -> None:
+        try:
+            out.append(func())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, out
+
+
+def run_of(policy: SchedulePolicy, tick: dt.datetime) -> ScheduleRun:
+    return ScheduleRun.objects.get(schedule=policy, tick=tick)
+
+
+def test_duplicate_deliveries_of_a_tick_are_refused_counted_and_never_run(make_schedule):
+    """Four concurrent deliveries of one tick: one runs, three are refused and counted; a fifth later too."""
+    policy = make_schedule()
+    tick = db_now().replace(microsecond=0)
+    barrier = threading.Barrier(4)
+
+    def deliver() -> fixed.RunReport:
+        barrier.wait()
+        return fixed.run("gate", tick, task_id="t")
+
+    threads = [in_thread(deliver) for _ in range(4)]
+    for thread, _ in threads:
+        thread.join(30)
+    outcomes = sorted(out[0].outcome for _, out in threads)
+    assert outcomes == ["refused", "refused", "refused", "succeeded"]
+    assert run_of(policy, tick).duplicates_refused == 3
+    assert fixed.run("gate", tick).outcome == "refused"
+    row = run_of(policy, tick)
+    assert row.duplicates_refused == 4
+    assert row.state == RunState.SUCCEEDED
+    assert len(CALLS) == 1
+    assert CALLS[0][0] == f"gate@{tick.isoformat()}"
+
+
+def test_forbid_skips_a_tick_while_another_session_holds_the_lock(make_schedule):
+    """forbid: with the schedule's lock held by another connection the tick is recorded skipped, not run."""
+    policy = make_schedule(concurrency_policy="forbid", failed_history_limit=5)
+    other = fixed.lock_for(policy.pk)
+    assert other.try_acquire()
+    try:
+        tick = db_now()
+        report = fixed.run("gate", tick)
+    finally:
+        other.release()
+    assert report.outcome == RunState.SKIPPED
+    row = run_of(policy, tick)
+    assert row.state == RunState.SKIPPED
+    assert "still going" in row.error
+    assert row.finished_at is not None
+    assert CALLS == []
+    assert fixed.run("gate", db_now()).outcome == RunState.SUCCEEDED, "free again once the other session let go"
+
+
+def test_allow_runs_even_while_the_lock_is_held(make_schedule):
+    """allow takes no lock: a tick runs while another session holds the schedule's lock."""
+    policy = make_schedule(concurrency_policy="allow")
+    other = fixed.lock_for(policy.pk)
+    assert other.try_acquire()
+    try:
+        assert fixed.run("gate", db_now()).outcome == RunState.SUCCEEDED
+    finally:
+        other.release()
+
+
+def test_a_tick_past_its_starting_deadline_is_missed_not_run(make_schedule):
+    """A tick 120 s old by the database clock with a 60 s starting deadline is missed; a fresh one runs."""
+    policy = make_schedule(starting_deadline_seconds=60, failed_history_limit=5)
+    old = db_now() - dt.timedelta(seconds=120)
+    assert fixed.run("gate", old).outcome == RunState.MISSED
+    assert "starting deadline is 60s" in run_of(policy, old).error
+    assert CALLS == []
+    fresh = db_now() - dt.timedelta(seconds=30)
+    assert fixed.run("gate", fresh).outcome == RunState.SUCCEEDED
+    assert fixed.run("gate", old - dt.timedelta(seconds=1), trigger="manual").outcome == RunState.SUCCEEDED
+
+
+def test_history_is_pruned_to_its_limits_and_pruned_ticks_stay_refused(make_schedule):
+    """Limits 2 succeeded / 1 failed keep the latest of each; a late delivery of a pruned tick is still refused."""
+    policy = make_schedule(successful_history_limit=2, failed_history_limit=1)
+    base = db_now().replace(microsecond=0) - dt.timedelta(minutes=30)
+    ok_ticks = [base + dt.timedelta(minutes=i) for i in range(4)]
+    for tick in ok_ticks:
+        assert fixed.run("gate", tick).outcome == RunState.SUCCEEDED
+    SchedulePolicy.objects.filter(pk=policy.pk).update(payload={"fail_times": 9})
+    bad_ticks = [base + dt.timedelta(minutes=10 + i) for i in range(2)]
+    for tick in bad_ticks:
+        assert fixed.run("gate", tick).outcome == RunState.FAILED
+    rows = list(ScheduleRun.objects.filter(schedule=policy).order_by("tick").values_list("tick", "state"))
+    assert rows == [(ok_ticks[2], "succeeded"), (ok_ticks[3], "succeeded"), (bad_ticks[1], "failed")]
+    calls = len(CALLS)
+    assert fixed.run("gate", ok_ticks[0]).outcome == "refused"
+    assert fixed.run("gate", bad_ticks[0]).outcome == "refused"
+    assert len(CALLS) == calls
+    assert SchedulePolicy.objects.get(pk=policy.pk).pruned_through == bad_ticks[0]
+
+
+def test_the_lock_is_held_for_the_run_and_released_after_it(make_schedule):
+    """While a run goes the schedule's lock is in pg_locks and its row says running; after it, neither."""
+    policy = make_schedule(payload={"wait": True})
+    tick = db_now()
+    thread, out = in_thread(lambda: fixed.run("gate", tick))
+    harness.wait_for(lambda: CALLS, 10, message="the run to start")
+    assert fixed.is_running(policy.pk)
+    assert run_of(policy, tick).state == RunState.RUNNING
+    RELEASE.set()
+    thread.join(30)
+    assert out[0].outcome == RunState.SUCCEEDED
+    assert not fixed.is_running(policy.pk)
+    row = run_of(policy, tick)
+    assert row.state == RunState.SUCCEEDED
+    assert row.finished_at >= row.started_at
+
+
+def _subprocess_run(name: str, tick: dt.datetime, task_id: str) -> subprocess.Popen[bytes]:
+    """A separate process running one tick through the gate (demo.record sleeping 60 s), like a worker."""
+    code = (
+        "import datetime, django; django.setup(); from scheduling import fixed; "
+        f"fixed.run({name!r}, datetime.datetime.fromisoformat({tick.isoformat()!r}), task_id={task_id!r})"
+    )
+    env = harness.base_env()
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=harness.ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def test_a_killed_run_releases_the_lock_and_the_next_tick_closes_its_row(make_schedule):
+    """SIGKILL of the process running a tick frees the lock (pg_locks); the next tick runs and marks it failed."""
+    policy = make_schedule(name="killed", kind="demo.record", payload={"sleep": 60}, failed_history_limit=5)
+    first = db_now()
+    proc = _subprocess_run("killed", first, "task-1")
+    try:
+        harness.wait_for(lambda: fixed.is_running(policy.pk), 30, message="the subprocess to take the lock")
+        assert fixed.run("killed", db_now()).outcome == RunState.SKIPPED, "forbid while it runs"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        harness.wait_for(lambda: not fixed.is_running(policy.pk), 10, message="the lock to be released")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    SchedulePolicy.objects.filter(pk=policy.pk).update(payload={})
+    second = db_now()
+    assert fixed.run("killed", second).outcome == RunState.SUCCEEDED
+    dead = run_of(policy, first)
+    assert dead.state == RunState.FAILED
+    assert "worker running it was lost" in dead.error
+    assert not fixed.is_running(policy.pk)
+
+
+def test_replace_waits_for_the_stopped_run_and_marks_it_replaced(make_schedule, settings):
+    """replace: the new tick waits for the previous run's lock, then marks that run replaced and runs."""
+    settings.SCHEDULING_FIXED_REPLACE_WAIT_SECONDS = 20
+    policy = make_schedule(name="swap", kind="demo.record", concurrency_policy="replace", payload={"sleep": 60})
+    first = db_now()
+    proc = _subprocess_run("swap", first, "task-old")
+    try:
+        harness.wait_for(lambda: fixed.is_running(policy.pk), 30, message="the first run to take the lock")
+        SchedulePolicy.objects.filter(pk=policy.pk).update(payload={})
+        second = db_now()
+        thread, out = in_thread(lambda: fixed.run("swap", second, task_id="task-new"))
+        harness.wait_for(lambda: ScheduleRun.objects.filter(schedule=policy, tick=second).exists(), 10)
+        time.sleep(0.5)
+        assert thread.is_alive(), "the new run waits while the old one holds the lock"
+        os.kill(proc.pid, signal.SIGKILL)  # what the revoke with terminate=True does on a real worker
+        thread.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    assert out[0].outcome == RunState.SUCCEEDED
+    old = run_of(policy, first)
+    assert old.state == RunState.REPLACED
+    assert old.error == f"stopped for the run of {second.isoformat()}"
+
+
+def test_replace_gives_up_when_the_previous_run_does_not_stop(make_schedule, settings):
+    """replace: if the previous run still holds the lock after the wait, the new tick is recorded skipped."""
+    settings.SCHEDULING_FIXED_REPLACE_WAIT_SECONDS = 1
+    policy = make_schedule(concurrency_policy="replace", failed_history_limit=5)
+    other = fixed.lock_for(policy.pk)
+    assert other.try_acquire()
+    try:
+        tick = db_now()
+        assert fixed.run("gate", tick).outcome == RunState.SKIPPED
+    finally:
+        other.release()
+    assert "did not stop within 1s" in run_of(policy, tick).error
+
+
+def test_the_active_deadline_stops_a_run(make_schedule):
+    """A run sleeping 5 s under a 1 s active deadline is stopped and recorded timed_out, and the lock is freed."""
+    policy = make_schedule(payload={"sleep": 5}, active_deadline_seconds=1, failed_history_limit=5)
+    tick = db_now()
+    started = time.monotonic()
+    assert fixed.run("gate", tick).outcome == RunState.TIMED_OUT
+    assert time.monotonic() - started < 4
+    row = run_of(policy, tick)
+    assert row.state == RunState.TIMED_OUT
+    assert row.error == "stopped after 1s (active deadline)"
+    assert not fixed.is_running(policy.pk)
+
+
+def test_backoff_retries_within_the_tick(make_schedule):
+    """backoff_limit=2: two failures then success is one succeeded run of attempt 3; with 1 retry it fails."""
+    policy = make_schedule(payload={"fail_times": 2}, backoff_limit=2, failed_history_limit=5)
+    tick = db_now()
+    assert fixed.run("gate", tick).outcome == RunState.SUCCEEDED
+    row = run_of(policy, tick)
+    assert row.attempt == 3
+    assert [attempt for _, attempt in CALLS] == [1, 2, 3]
+    assert len({ref for ref, _ in CALLS}) == 1, "one idempotency key across the retries of a tick"
+    SchedulePolicy.objects.filter(pk=policy.pk).update(backoff_limit=1)
+    later = db_now()
+    assert fixed.run("gate", later).outcome == RunState.FAILED
+    failed = run_of(policy, later)
+    assert failed.attempt == 2
+    assert failed.error == "RuntimeError: attempt 2 fails on purpose"
+
+
+def test_the_celery_task_without_a_tick_is_a_manual_run_at_database_now(make_schedule):
+    """scheduling.run_fixed without a tick runs through the gate as a manual run ticked at the database clock."""
+    policy = make_schedule()
+    before = db_now()
+    result = workers.run_fixed.apply(kwargs={"schedule": "gate"}).get()
+    assert result["outcome"] == RunState.SUCCEEDED
+    row = ScheduleRun.objects.get(pk=result["run_id"])
+    assert row.trigger == "manual"
+    assert row.tick >= before
+    assert row.schedule_id == policy.pk
+
+
+def test_run_now_sends_a_manual_tick_to_the_broker(make_schedule):
+    """run_now() puts a scheduling.run_fixed message with a database-clock tick and trigger manual on Redis."""
+    make_schedule()
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    queue = settings.CELERY_BROKER_KEYPREFIX + settings.CELERY_TASK_DEFAULT_QUEUE  # this run's keys only
+    client.delete(queue)
+    before = db_now()
+    task_id = fixed.run_now("gate")
+    messages = [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
+    client.delete(queue)
+    ours = [m for m in messages if m["headers"]["id"] == task_id]
+    assert len(ours) == 1
+    assert ours[0]["headers"]["task"] == "scheduling.run_fixed"
+    _, kwargs, _ = json.loads(base64.b64decode(ours[0]["body"]))
+    assert kwargs["schedule"] == "gate"
+    assert kwargs["trigger"] == "manual"
+    assert dt.datetime.fromisoformat(kwargs["tick"]) >= before
+
+
+def test_demo_record_counts_executions_per_tick(make_schedule):
+    """A demo.record schedule writes one Execution per tick, keyed fixed:<schedule>@<tick>."""
+    make_schedule(name="counted", kind="demo.record")
+    tick = db_now()
+    fixed.run("counted", tick)
+    fixed.run("counted", tick)
+    assert Execution.objects.filter(idempotency_key=f"fixed:counted@{tick.isoformat()}").count() == 1
