@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from project import env
 
@@ -165,7 +165,10 @@ CELERY_WORKER_ETA_TASK_LIMIT = env.get_int("CELERY_WORKER_ETA_TASK_LIMIT", 1_000
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
 # Broker deferrals (scheduling.run_deferred and its retries) travel on their own queue. A worker
 # started without -Q consumes both; `-Q timekeeper.deferred` and `-X timekeeper.deferred` split them.
-CELERY_TASK_QUEUES = [Queue(CELERY_TASK_DEFAULT_QUEUE), Queue("timekeeper.deferred")]
+CELERY_TASK_QUEUES = [
+    Queue(name, Exchange(name, type="direct"), routing_key=name)
+    for name in (CELERY_TASK_DEFAULT_QUEUE, "timekeeper.deferred")
+]
 CELERY_TASK_ROUTES = {"scheduling.run_deferred": {"queue": "timekeeper.deferred"}}
 CELERY_BEAT_SCHEDULER = "scheduling.beat:LeaderDatabaseScheduler"
 CELERY_BEAT_MAX_LOOP_INTERVAL = 1  # seconds: beat wakes at least this often (claim ticks are 1 s)

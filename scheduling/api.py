@@ -3,6 +3,10 @@
 ``schedule()`` writes a row in the caller's transaction: roll back and there is no job. Every
 check (kind, payload, due time) happens here, at schedule time, never at run time. Changes are
 conditional on the job being pending; any other state raises a named ``JobStateConflict``.
+
+``defer()`` is for short delays (a retry in thirty seconds): up to the broker ceiling and without a
+key it is a Celery countdown message and no row (``scheduling.deferral``); otherwise it is
+``schedule()``. Its handle says which mechanism was used and the id to find the work again.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import math
 import time
 from typing import Any
 
-from scheduling import claim, conf, exceptions, registry, store
+from scheduling import claim, conf, deferral, exceptions, registry, store
 from scheduling.models import ScheduledJob
 
 logger = logging.getLogger(__name__)
@@ -210,9 +214,31 @@ def reschedule(
     raise exceptions.JobNotReschedulable(target, state)
 
 
-def status() -> dict[str, Any]:
-    """The numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck."""
-    return store.backlog_status(float(conf.get("SCHEDULING_STUCK_AFTER_SECONDS")))
+def defer(
+    kind: str, payload: Any, delay: float | int | dt.timedelta, *, key: str | None = None
+) -> deferral.Deferral:
+    """Run ``kind`` with ``payload`` after ``delay``: a broker countdown when short and keyless, else a row.
+
+    Up to ``SCHEDULING_BROKER_DELAY_MAX_SECONDS`` (900 s) and with no ``key``: a Celery message,
+    sent when the caller's transaction commits, that cannot be listed or cancelled. Longer, or with
+    a ``key`` (to find, move or cancel it): ``schedule(kind, payload, delay=delay, key=key)``.
+    Validates like ``schedule()``; ``DelayTooLong`` if the broker's visibility-timeout guard would
+    break. Returns ``Deferral(mechanism="broker" | "table", id, due_at)``.
+    """
+    return deferral.defer(kind, payload, delay, key=key)
 
 
-__all__ = ["cancel", "reschedule", "schedule", "status"]
+def status(*, include_broker: bool = True) -> dict[str, Any]:
+    """The numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck.
+
+    ``broker`` holds the broker's counts (``deferral.broker_counts()``: visible, delayed, in flight,
+    unacked), or None when Redis does not answer; ``include_broker=False`` skips reading Redis
+    (which reads every queued message to sort them by ETA) when only the table matters.
+    """
+    numbers = store.backlog_status(float(conf.get("SCHEDULING_STUCK_AFTER_SECONDS")))
+    if include_broker:
+        numbers["broker"] = deferral.broker_counts()
+    return numbers
+
+
+__all__ = ["cancel", "defer", "reschedule", "schedule", "status"]

@@ -66,12 +66,14 @@ def check_delay_ceiling(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     ceiling = float(conf.get("SCHEDULING_BROKER_DELAY_MAX_SECONDS"))
     margin = float(conf.get("SCHEDULING_VISIBILITY_MARGIN_SECONDS"))
     timeout = visibility_timeout_seconds()
-    if ceiling + margin > timeout:
+    if margin <= 0 or ceiling + margin >= timeout:
         return [
             checks.Error(
-                f"SCHEDULING_BROKER_DELAY_MAX_SECONDS ({ceiling:g}s) plus the {margin:g}s margin is not below the "
-                f"broker visibility timeout ({timeout:g}s).",
-                hint="Lower the ceiling or raise CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS.",
+                f"SCHEDULING_BROKER_DELAY_MAX_SECONDS ({ceiling:g}s) plus the {margin:g}s margin "
+                f"(SCHEDULING_VISIBILITY_MARGIN_SECONDS, which must be positive) is not below the broker "
+                f"visibility timeout ({timeout:g}s): a countdown that long would be delivered twice.",
+                hint="Lower the ceiling or raise CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS. Until this passes, "
+                "workers refuse to start and defer() refuses such delays.",
                 id="scheduling.E003",
             )
         ]

@@ -4,6 +4,7 @@
 - ``scheduling.wake``: an early claim at a near due time (countdown message).
 - ``scheduling.run_batch``: run a batch of claimed jobs.
 - ``scheduling.sweep``: take back dead claims, prune history.
+- ``scheduling.run_deferred``: run a short broker deferral (``deferral``), retried with countdowns.
 - ``scheduling.run_fixed``: one tick of a fixed-time schedule, through the gate (``fixed``).
 
 Claim-type messages expire quickly: a tick that waited in the queue longer than that is useless,
@@ -16,10 +17,10 @@ import datetime as dt
 import logging
 from typing import Any
 
-from celery import Task, shared_task
+from celery import Task, shared_task, signals
 
 from scheduling import claim as claim_module
-from scheduling import fixed, runner
+from scheduling import deferral, fixed, runner
 from scheduling import sweep as sweep_module
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,23 @@ def sweep() -> dict[str, Any]:
     return {"reclaimed": report.reclaimed, "killed": report.killed, "pruned": report.pruned}
 
 
+@shared_task(
+    name="scheduling.run_deferred",
+    bind=True,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=None,  # attempts are counted in the args against the kind's max_attempts
+)
+def run_deferred(self: Task, kind: str, payload: dict[str, Any], attempt: int, deferral_id: str) -> dict[str, Any]:
+    """Run a broker deferral; on failure retry it with a countdown, or record it dead when attempts are spent."""
+    attempt = int(attempt)
+    result = deferral.run(kind, payload, attempt, str(deferral_id), deferral.parse_eta(self.request.eta))
+    if result.outcome == "retry":
+        raise self.retry(args=[kind, payload, attempt + 1, deferral_id], countdown=result.retry_in_seconds)
+    return {"outcome": result.outcome, "attempt": attempt}
+
+
 @shared_task(name="scheduling.run_fixed", bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
 def run_fixed(self: Task, schedule: str, tick: str | None = None, trigger: str = "beat") -> dict[str, Any]:
     """Run one tick of a fixed-time schedule; a redelivered or repeated tick is refused by the gate's ledger.
@@ -65,3 +83,21 @@ def run_fixed(self: Task, schedule: str, tick: str | None = None, trigger: str =
         trigger = "manual"
     report = fixed.run(schedule, when, trigger, task_id=str(self.request.id or ""))
     return {"outcome": report.outcome, "run_id": report.run_id, "attempt": report.attempt}
+
+
+@signals.worker_init.connect
+def refuse_unsafe_ceiling(sender: Any = None, **kwargs: Any) -> None:
+    """A worker does not start while scheduling.E003 fails: its countdowns would be delivered twice."""
+    problem = deferral.unsafe_ceiling_message()
+    if problem:
+        logger.critical("worker refuses to start: %s", problem, extra={"action": "refused_start"})
+        raise SystemExit(f"scheduling.E003: {problem}")  # Celery logs and swallows Exception subclasses
+
+
+@signals.celeryd_after_setup.connect
+def warn_shared_deferral_queue(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
+    """Say so when one worker consumes the deferral queue beside others (it can stall at its ETA limit)."""
+    consumed = instance.app.amqp.queues.consume_from if instance is not None else None
+    warning = deferral.worker_queue_warning((consumed or {}).keys())
+    if warning:
+        logger.warning(warning, extra={"action": "shared_deferral_queue"})
