@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import statistics
 import time
@@ -38,7 +39,10 @@ def test_200_short_deferrals_run_once_each_on_time(cluster):
     Lateness is the handler's start (the database clock, Execution.started_at) minus the ETA the
     caller was given (handle.due_at; same machine, same clock). Median and p95 are asserted rather
     than the maximum: on the shared 2-core test machine a single run can be held up by another
-    process for longer than the mechanism itself ever adds.
+    process for longer than the mechanism itself ever adds. Measured there: p50 10-300 ms, p95
+    200-490 ms depending on the load; with a load average near 4 (twice the cores) the median
+    once reached 501 ms. A failure with a high printed load average is the machine, not the
+    mechanism; a failure on an idle machine is a regression.
     """
     worker = cluster.worker(concurrency=2)
     wait_ready(worker)
@@ -53,7 +57,10 @@ def test_200_short_deferrals_run_once_each_on_time(cluster):
     started = dict(Execution.objects.filter(idempotency_key__in=keys).values_list("idempotency_key", "started_at"))
     lateness = [(started[f"broker:{h.id}"] - h.due_at).total_seconds() for h in handles]
     p50, p95, worst = statistics.median(lateness), percentile(lateness, 0.95), max(lateness)
-    print(f"\nlateness of 200 deferrals: p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {worst * 1000:.0f} ms")
+    print(
+        f"\nlateness of 200 deferrals: p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, max {worst * 1000:.0f} ms "
+        f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+    )
     assert min(lateness) >= -0.05, "nothing runs before its ETA (50 ms for clock reads)"
     assert p50 <= LATENESS_P50_SECONDS
     assert p95 <= LATENESS_P95_SECONDS
