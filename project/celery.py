@@ -8,10 +8,33 @@ prefetch 1, an explicit visibility timeout). Timekeeper's own Celery tasks live 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
+from kombu import Connection
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+
+_maybe_close_channel = Connection.maybe_close_channel
+
+
+def _close_channel_of_detached_connection(self: Connection, channel: Any) -> None:
+    """Celery 5.7.0 closes a lost broker connection again after ``collect()`` detached its transport.
+
+    Closing the Redis channel then tries to restore the unacknowledged messages through that
+    transport, raises AttributeError ('NoneType' object has no attribute 'hostname'), and the worker
+    exits with "Unrecoverable error" instead of reconnecting (a Redis restart stops every worker
+    holding a countdown or a late-acked task). Celery 5.6 stopped at ``collect()``; so do we. The
+    messages stay in Redis's unacked hash, restored after the visibility timeout as usual.
+    """
+    try:
+        _maybe_close_channel(self, channel)
+    except AttributeError:
+        if self._transport is not None:  # only the detached case is known and harmless
+            raise
+
+
+Connection.maybe_close_channel = _close_channel_of_detached_connection  # type: ignore[method-assign]
 
 app = Celery("timekeeper")
 app.config_from_object("django.conf:settings", namespace="CELERY")

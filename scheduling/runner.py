@@ -15,7 +15,10 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from django.db import InterfaceError, OperationalError, connection
 
 from scheduling import exceptions, heartbeat, registry, store, timeouts
 from scheduling.models import AttemptOutcome
@@ -25,6 +28,9 @@ logger = logging.getLogger(__name__)
 FLUSH_EVERY_SECONDS = 1.0  # finished jobs are written back at least this often within a batch
 HARD_LIMIT_MARGIN_SECONDS = 30  # Celery kills a batch this long after the sum of its timeouts
 ERROR_TEXT_LIMIT = 4000  # characters of error text kept per attempt
+RECORD_RETRY_SECONDS = 60.0  # a finished job's outcome is retried this long while the database is unreachable
+
+T = TypeVar("T")
 
 
 def worker_name() -> str:
@@ -63,6 +69,26 @@ class _DbClock:
         return self.base + dt.timedelta(seconds=time.monotonic() - self.mono)
 
 
+def _recording(write: Callable[[], T]) -> T:
+    """Run ``write`` (a token-conditional outcome statement), retrying while the database is unreachable.
+
+    The handler has run: giving up would leave the claim to the sweeper and run the job again.
+    Retrying is safe because the statement only changes rows still claimed under the token.
+    """
+    deadline = time.monotonic() + RECORD_RETRY_SECONDS
+    pause = 0.25
+    while True:
+        try:
+            return write()
+        except (OperationalError, InterfaceError):
+            if time.monotonic() + pause > deadline:
+                raise
+            logger.warning("cannot record outcomes: database unreachable; retrying", extra={"action": "record_retry"})
+            connection.close()  # a broken connection is not reused; the next try opens a new one
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
 
@@ -86,8 +112,8 @@ def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:
 
     def flush() -> None:
         nonlocal successes, failures, last_flush
-        done = store.complete_jobs(successes)
-        moved = store.fail_jobs(failures)
+        done = _recording(lambda: store.complete_jobs(successes))
+        moved = _recording(lambda: store.fail_jobs(failures))
         stale = (len(successes) - len(done)) + (len(failures) - len(moved))
         if stale:
             kept = set(done) | {m[0] for m in moved}

@@ -159,7 +159,8 @@ def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJo
     ids = [c[0] for c in claims]
     tokens = [c[1] for c in claims]
     rows = _fetchall("start_jobs", {"ids": ids, "tokens": tokens, "worker": worker})
-    return [StartedJob(*row) for row in rows]
+    # Django's psycopg2 connections hand jsonb back as text (its JSONField decodes it): decode here.
+    return [StartedJob(*row[:3], json.loads(row[3]) if isinstance(row[3], str) else row[3], *row[4:]) for row in rows]
 
 
 def heartbeat_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:

@@ -30,10 +30,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        call_command("sync_schedules", verbosity=options["verbosity"])
         owner_name = options["owner"]
-        if not owner_name or len(owner_name) > 150:
+        if not owner_name or len(owner_name) > 150:  # checked before anything is written
             raise CommandError("--owner must be a username of 1 to 150 characters.")
+        call_command("sync_schedules", verbosity=options["verbosity"])
         owner, created = get_user_model().objects.get_or_create(username=owner_name)
         if created:
             owner.set_unusable_password()

@@ -1,0 +1,279 @@
+"""Bad input at every door: a clear, named error, and nothing stored or changed.
+
+The doors: ``scheduling.api.schedule()`` / ``defer()`` / ``reschedule()``, the management commands,
+the jobs API and the admin (issue 6), and the broker itself: a pickle message pushed straight
+into the Redis queue a real worker consumes is refused, and its payload never runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import math
+import pickle
+import uuid
+import zoneinfo
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django_celery_beat.models import PeriodicTask
+
+from scheduling import api, conf, exceptions
+from scheduling.models import JobState, ScheduledJob
+from tasks.models import Execution
+from tests.e2e import conftest as e2e_fixtures
+from tests.e2e import harness
+
+broker = e2e_fixtures.broker  # the real-worker fixtures of tests/e2e, used here too
+cluster = e2e_fixtures.cluster
+UTC = dt.UTC
+LISBON = zoneinfo.ZoneInfo("Europe/Lisbon")
+
+
+def deeply_nested(depth: int = 10_000) -> dict[str, Any]:
+    """``{"a": {"a": ... }}`` ``depth`` levels deep."""
+    payload: dict[str, Any] = {}
+    for _ in range(depth):
+        payload = {"a": payload}
+    return payload
+
+
+def _snapshot() -> list[tuple[Any, ...]]:
+    """Every row of the job table, as stored (to prove a refusal changed nothing)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, kind, payload::text, due_at, state, attempts, key, updated_at FROM scheduling_scheduledjob"
+            " ORDER BY id"
+        )
+        return cursor.fetchall()
+
+
+def _soon() -> dt.datetime:
+    return dt.datetime.now(UTC) + dt.timedelta(minutes=5)
+
+
+SCHEDULE_CASES: list[tuple[str, Callable[[], Any], type[Exception]]] = [
+    ("unknown kind", lambda: api.schedule("no.such.kind", {}, delay=1), exceptions.UnknownJobKind),
+    ("payload not an object", lambda: api.schedule("demo.record", ["a"], delay=1), exceptions.InvalidPayload),
+    (
+        "payload fails its schema",
+        lambda: api.schedule("reminders.trial_ending", {"user_id": "seven", "trial_id": 1}, delay=1),
+        exceptions.InvalidPayload,
+    ),
+    (
+        "payload with an unknown field",
+        lambda: api.schedule("reminders.trial_ending", {"user_id": 1, "trial_id": 1, "x": 1}, delay=1),
+        exceptions.InvalidPayload,
+    ),
+    (
+        "payload over the size limit",
+        lambda: api.schedule(
+            "demo.record", {"blob": "x" * (int(conf.get("SCHEDULING_MAX_PAYLOAD_BYTES")) + 1)}, delay=1
+        ),
+        exceptions.PayloadTooLarge,
+    ),
+    ("10,000-deep nesting", lambda: api.schedule("demo.record", deeply_nested(), delay=1), exceptions.InvalidPayload),
+    ("NaN in the payload", lambda: api.schedule("demo.record", {"n": math.nan}, delay=1), exceptions.InvalidPayload),
+    ("not JSON at all", lambda: api.schedule("demo.record", {"n": object()}, delay=1), exceptions.InvalidPayload),
+    (
+        "naive datetime",
+        lambda: api.schedule("demo.record", {}, due_at=dt.datetime(2026, 3, 29, 1, 30)),  # naive on purpose
+        exceptions.InvalidSchedule,
+    ),
+    (
+        "due_at not a datetime",
+        lambda: api.schedule("demo.record", {}, due_at="2026-02-30T10:00:00Z"),
+        exceptions.InvalidSchedule,
+    ),
+    (
+        "both due_at and delay",
+        lambda: api.schedule("demo.record", {}, due_at=_soon(), delay=1),
+        exceptions.InvalidSchedule,
+    ),
+    ("neither due_at nor delay", lambda: api.schedule("demo.record", {}), exceptions.InvalidSchedule),
+    ("negative delay", lambda: api.schedule("demo.record", {}, delay=-1), exceptions.InvalidSchedule),
+    ("NaN delay", lambda: api.schedule("demo.record", {}, delay=math.nan), exceptions.InvalidSchedule),
+    ("infinite delay", lambda: api.schedule("demo.record", {}, delay=math.inf), exceptions.InvalidSchedule),
+    ("boolean delay", lambda: api.schedule("demo.record", {}, delay=True), exceptions.InvalidSchedule),
+    ("text delay", lambda: api.schedule("demo.record", {}, delay="10"), exceptions.InvalidSchedule),
+    (
+        "delay of a century",
+        lambda: api.schedule("demo.record", {}, delay=100 * 366 * 86_400),
+        exceptions.InvalidSchedule,
+    ),
+    ("blank key", lambda: api.schedule("demo.record", {}, delay=1, key="  "), exceptions.InvalidSchedule),
+    ("key too long", lambda: api.schedule("demo.record", {}, delay=1, key="k" * 201), exceptions.InvalidSchedule),
+    (
+        "unknown on_conflict",
+        lambda: api.schedule("demo.record", {}, delay=1, key="k", on_conflict="merge"),
+        exceptions.InvalidSchedule,
+    ),
+    ("zero max_attempts", lambda: api.schedule("demo.record", {}, delay=1, max_attempts=0), exceptions.InvalidSchedule),
+    (
+        "huge max_attempts",
+        lambda: api.schedule("demo.record", {}, delay=1, max_attempts=10**6),
+        exceptions.InvalidSchedule,
+    ),
+    ("defer: unknown kind", lambda: api.defer("no.such.kind", {}, 1), exceptions.UnknownJobKind),
+    ("defer: 10,000-deep nesting", lambda: api.defer("demo.record", deeply_nested(), 1), exceptions.InvalidPayload),
+    (
+        "defer: payload over the size limit",
+        lambda: api.defer("demo.record", {"blob": "x" * (int(conf.get("SCHEDULING_MAX_PAYLOAD_BYTES")) + 1)}, 1),
+        exceptions.PayloadTooLarge,
+    ),
+    ("defer: negative delay", lambda: api.defer("demo.record", {}, -5), exceptions.InvalidSchedule),
+    ("defer: NaN delay", lambda: api.defer("demo.record", {}, math.nan), exceptions.InvalidSchedule),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("case", "call", "error"), SCHEDULE_CASES, ids=[c[0] for c in SCHEDULE_CASES])
+def test_schedule_and_defer_refuse_bad_input(
+    case: str, call: Callable[[], Any], error: type[Exception], django_capture_on_commit_callbacks
+) -> None:
+    """schedule()/defer() raise the named SchedulingError; no row is stored and no message is sent."""
+    existing = api.schedule("demo.record", {"label": "bystander"}, delay=3600, key="bystander")
+    before = _snapshot()
+    with django_capture_on_commit_callbacks() as callbacks, pytest.raises(error) as raised:
+        call()
+    assert isinstance(raised.value, exceptions.SchedulingError)
+    assert str(raised.value), "the error says what is wrong"
+    assert callbacks == [], "no message is queued for sending"
+    assert _snapshot() == before
+    assert ScheduledJob.objects.get(pk=existing.id).state == JobState.PENDING
+
+
+@pytest.mark.django_db
+def test_dst_gap_and_overlap_times_are_refused_only_when_naive() -> None:
+    """A naive wall time in Lisbon's spring-forward gap is refused; an aware one is one exact instant."""
+    with pytest.raises(exceptions.InvalidSchedule, match="timezone-aware"):
+        api.schedule("demo.record", {}, due_at=dt.datetime(2026, 3, 29, 1, 30))  # naive on purpose
+    assert ScheduledJob.objects.count() == 0
+    aware = dt.datetime(2026, 10, 25, 1, 30, tzinfo=LISBON, fold=1)  # the second 01:30 (after fall-back)
+    job = api.schedule("demo.record", {}, due_at=aware)
+    stored = ScheduledJob.objects.get(pk=job.id).due_at
+    assert stored == aware.astimezone(UTC) == dt.datetime(2026, 10, 25, 1, 30, tzinfo=UTC)
+
+
+@pytest.mark.django_db
+def test_reschedule_and_cancel_refuse_bad_input() -> None:
+    """reschedule()/cancel() refuse a naive time, a missing job and a finished job, changing nothing."""
+    job = api.schedule("demo.record", {}, delay=3600)
+    done = api.schedule("demo.record", {}, delay=3600)
+    api.cancel(done.id)
+    before = _snapshot()
+    with pytest.raises(exceptions.InvalidSchedule):
+        api.reschedule(job.id, due_at=dt.datetime(2026, 3, 29, 1, 30))  # naive on purpose
+    with pytest.raises(exceptions.InvalidSchedule):
+        api.reschedule(job.id, delay=-3)
+    with pytest.raises(exceptions.JobNotFound):
+        api.reschedule(10**15, delay=3)
+    with pytest.raises(exceptions.JobNotFound):
+        api.cancel(10**15)
+    with pytest.raises(exceptions.JobNotReschedulable):
+        api.reschedule(done.id, delay=3)
+    with pytest.raises(exceptions.JobNotCancellable):
+        api.cancel(done.id)
+    with pytest.raises(exceptions.InvalidSchedule):
+        api.cancel()
+    assert _snapshot() == before
+
+
+# --- Management commands ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_management_commands_refuse_bad_arguments() -> None:
+    """Commands given unknown names, options or values raise CommandError and write nothing."""
+    before_tasks = list(PeriodicTask.objects.order_by("id").values_list("id", "name", "enabled"))
+    before_jobs = _snapshot()
+    with pytest.raises(CommandError, match="no-such-schedule"):
+        call_command("sync_schedules", "no-such-schedule")
+    with pytest.raises(CommandError):
+        call_command("scheduling_status", "--format=xml")
+    for owner in ["", "x" * 151]:
+        with pytest.raises(CommandError, match="--owner"):
+            call_command("seed_demo", owner=owner)
+    assert list(PeriodicTask.objects.order_by("id").values_list("id", "name", "enabled")) == before_tasks
+    assert _snapshot() == before_jobs
+
+
+# --- The broker: a pickle message is refused ----------------------------------------------------------
+
+
+class _Touch:
+    """Unpickling this creates a file: the side effect a pickle payload could have."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.path), "w"))
+
+
+def pickle_message(task: str, args: list[Any], queue: str) -> bytes:
+    """A Celery protocol-2 message as kombu's Redis transport stores it, with a pickled body."""
+    task_id = str(uuid.uuid4())
+    body = pickle.dumps((args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}))
+    envelope = {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": "binary",
+        "content-type": "application/x-python-serialize",
+        "headers": {
+            "lang": "py",
+            "task": task,
+            "id": task_id,
+            "root_id": task_id,
+            "parent_id": None,
+            "group": None,
+            "retries": 0,
+            "eta": None,
+            "expires": None,
+            "argsrepr": "()",
+            "kwargsrepr": "{}",
+            "origin": "test_bad_input",
+        },
+        "properties": {
+            "correlation_id": task_id,
+            "reply_to": "",
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    return json.dumps(envelope).encode()
+
+
+@pytest.mark.e2e
+def test_pickle_message_in_the_queue_is_refused_and_never_runs(cluster, broker, tmp_path: Path) -> None:
+    """A pickled message LPUSHed onto the worker's queue is refused by content type; its payload never runs."""
+    worker = cluster.worker()
+    harness.wait_ready(worker)
+    evidence = tmp_path / "unpickled"
+    prefix = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")
+    for queue in ["celery", "timekeeper.deferred"]:
+        task = "scheduling.run_deferred" if queue == "timekeeper.deferred" else "scheduling.sweep"
+        broker.lpush(f"{prefix}{queue}", pickle_message(task, [_Touch(evidence)], queue))
+    # A JSON job queued behind them runs: the worker consumed past the pickles and is healthy.
+    job = api.schedule("demo.record", {"label": "after the pickles"}, delay=0)
+
+    harness.wait_for(lambda: Execution.objects.filter(idempotency_key=f"job:{job.id}").exists(), 60, message="the job")
+    harness.wait_for(
+        lambda: worker.log().count("Refusing to deserialize untrusted content of type pickle") >= 2,
+        30,
+        message="the worker to refuse both pickles",
+    )
+    assert not evidence.exists(), "the pickled payload was unpickled"
+    assert worker.popen.poll() is None
+    for queue in ["celery", "timekeeper.deferred"]:
+        assert broker.llen(f"{prefix}{queue}") == 0, f"the pickle is not left waiting on {queue}"
+    assert not broker.hlen(f"{prefix}unacked"), "nor held for redelivery"
+    assert not Execution.objects.exclude(idempotency_key=f"job:{job.id}").exists()
