@@ -1,0 +1,68 @@
+"""Job kinds for the fault tests: an idempotent effect that can hold its worker, and a poison pill.
+
+Every kind records one ``tasks.Execution`` row per execution (never deduplicated: how a test counts
+"ran twice") before doing anything else; ``faults.effect``'s side effect is a ``Notification`` unique
+per job, so "one side effect" is countable too. The leases are short (seconds) so that faults
+recover within a test; workers must heartbeat more often than that (SCHEDULING_HEARTBEAT_SECONDS=1).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from django.db import IntegrityError, transaction
+
+from scheduling import registry
+from tasks.models import Execution, Notification
+
+EFFECT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "hold": {"type": "number", "minimum": 0, "maximum": 120},
+        "hold_on": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+    },
+    "additionalProperties": False,
+}
+EFFECT_LEASE_SECONDS = 3
+POISON_LEASE_SECONDS = 2
+POISON_MAX_ATTEMPTS = 3
+
+
+@registry.handler(
+    "faults.effect",
+    schema=EFFECT_SCHEMA,
+    timeout=60,
+    max_attempts=3,
+    backoff=registry.Backoff(1, 2),
+    lease_seconds=EFFECT_LEASE_SECONDS,
+    batch_size=1,
+)
+def effect(job: registry.Job) -> None:
+    """Record the execution, send one notification per job, then hold ``hold`` s on the attempts in ``hold_on``."""
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
+    try:
+        with transaction.atomic():
+            # The worker's own wall clock goes in the subject: the clock-skew test reads it back.
+            Notification.objects.create(
+                idempotency_key=job.idempotency_key, subject=f"attempt {job.attempt} worker-clock {time.time():.3f}"
+            )
+    except IntegrityError:
+        pass  # a re-run of a job whose notification was already sent: nothing more to do
+    if job.attempt in job.payload.get("hold_on", [1]):
+        time.sleep(float(job.payload.get("hold", 0)))
+
+
+@registry.handler(
+    "faults.poison",
+    schema={"type": "object"},
+    timeout=30,
+    max_attempts=POISON_MAX_ATTEMPTS,
+    lease_seconds=POISON_LEASE_SECONDS,
+    batch_size=1,
+)
+def poison(job: registry.Job) -> None:
+    """Record the execution, then SIGKILL the process running it (every time)."""
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
+    os.kill(os.getpid(), signal.SIGKILL)

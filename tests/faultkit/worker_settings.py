@@ -1,0 +1,7 @@
+"""Settings for the worker and beat processes the fault tests start: the project's, plus the test kinds."""
+
+from __future__ import annotations
+
+from project.settings import *  # noqa: F403 - these are the project's settings with one addition
+
+SCHEDULING_HANDLER_PACKAGES = [*SCHEDULING_HANDLER_PACKAGES, "tests.faultkit.kinds"]  # noqa: F405
