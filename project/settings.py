@@ -183,13 +183,13 @@ FLOWER_BASIC_AUTH = os.environ.get("FLOWER_BASIC_AUTH", "")  # "user:password"; 
 SCHEDULING_BROKER_DELAY_MAX_SECONDS = env.get_int("SCHEDULING_BROKER_DELAY_MAX_SECONDS", 900, minimum=0)
 SCHEDULING_VISIBILITY_MARGIN_SECONDS = env.get_int("SCHEDULING_VISIBILITY_MARGIN_SECONDS", 300, minimum=1)
 SCHEDULING_HANDLER_PACKAGES = ["tasks"]
-
-# Beat's own ticks (synced into django-celery-beat's tables at beat start-up).
 # Claims: a worker heartbeats its claims this often; the sweeper takes back one silent for its
 # kind's lease (this default), checking every SWEEP_INTERVAL. The heartbeat must stay well below the lease.
 SCHEDULING_HEARTBEAT_SECONDS = env.get_int("SCHEDULING_HEARTBEAT_SECONDS", 10, minimum=0)
 SCHEDULING_LEASE_SECONDS = env.get_int("SCHEDULING_LEASE_SECONDS", 60, minimum=1)
 SCHEDULING_SWEEP_INTERVAL_SECONDS = env.get_int("SCHEDULING_SWEEP_INTERVAL_SECONDS", 60, minimum=1)
+
+# Beat's own ticks (synced into django-celery-beat's tables at beat start-up).
 CELERY_BEAT_SCHEDULE = {
     "timekeeper-claim": {
         "task": "scheduling.claim",
