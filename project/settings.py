@@ -97,7 +97,9 @@ STORAGES = {
         else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },
 }
-LOGIN_URL = "admin:login"
+LOGIN_URL = "login"  # the demo pages' login (the admin has its own, for staff)
+LOGIN_REDIRECT_URL = "tasks:trial-list"
+LOGOUT_REDIRECT_URL = "login"
 
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "timekeeper@localhost")

@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from django.views.generic import RedirectView
+
+from scheduling import health, metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/jobs/", include("scheduling.http.urls")),
+    path("trials/", include("tasks.urls")),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # No trailing slash: SECURE_REDIRECT_EXEMPT matches these exact paths (scraped over plain HTTP).
+    path("metrics", metrics.metrics, name="metrics"),
+    path("healthz", health.healthz, name="healthz"),
+    path("", RedirectView.as_view(pattern_name="tasks:trial-list", permanent=False)),
 ]

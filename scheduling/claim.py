@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from django.db import transaction
 
-from scheduling import conf, registry, store, wakeups
+from scheduling import conf, registry, store, tasknames, wakeups
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +66,13 @@ def claim_and_dispatch(*, run_first_inline: bool, limit: int | None = None) -> C
     claims = store.claim_due_jobs(size)
     batches = batches_for(claims)
     inline: list[tuple[int, str]] = batches.pop(0) if (run_first_inline and batches) else []
+    kind_of = {c.id: c.kind for c in claims}
     for batch in batches:
-        workers.run_batch.apply_async(args=[batch], time_limit=runner.hard_time_limit(batch, claims))
+        workers.run_batch.apply_async(
+            args=[batch],
+            time_limit=runner.hard_time_limit(batch, claims),
+            shadow=tasknames.batch(kind_of[batch[0][0]]),  # Flower shows the kind (a batch holds one)
+        )
     more_due = len(claims) >= size
     if more_due:
         # A full claim means more rows are due: claim again now rather than at the next tick.
