@@ -37,6 +37,7 @@ import time
 from typing import Any
 
 from celery import current_app
+from django.db import transaction
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import conf, exceptions, locks, registry, runner, store, timeouts
@@ -81,7 +82,34 @@ def find(schedule: str) -> SchedulePolicy:
 def run(schedule: str, tick: dt.datetime | None, trigger: str = RunTrigger.BEAT, task_id: str = "") -> RunReport:
     """Run one tick of ``schedule`` through the gate (see the module docstring)."""
     policy = find(schedule)
-    log = {"schedule": schedule, "trigger": trigger}
+    log: dict[str, Any] = {"schedule": schedule, "trigger": trigger}
+    lock = lock_for(policy.pk) if policy.concurrency_policy != ConcurrencyPolicy.ALLOW else None
+    try:
+        # Admission is one transaction: the ledger row becomes visible as 'running' only together
+        # with the lock being held (or as skipped/missed/refused, never half-way). So a run that
+        # holds the lock may close every other 'running' row of the schedule as orphaned: none of
+        # them can be a run that was admitted but has not tried the lock yet.
+        with transaction.atomic():
+            admitted = _admit(policy, lock, tick, trigger, task_id, log)
+        if isinstance(admitted, RunReport):
+            return admitted
+        entry, kind = admitted
+        state, error, attempt = _execute(policy, kind, entry, log)
+        return _finish(policy, entry, state, error, attempt, log)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _admit(
+    policy: SchedulePolicy,
+    lock: locks.AdvisoryLock | None,
+    tick: dt.datetime | None,
+    trigger: str,
+    task_id: str,
+    log: dict[str, Any],
+) -> RunReport | tuple[store.LedgerEntry, registry.Kind]:
+    """Ledger, deadline, kind and overlap: a report when the tick does not run, else what to run."""
     entry = store.insert_schedule_run(policy.pk, tick, trigger, runner.worker_name(), task_id)
     if entry is None:
         logger.warning(
@@ -104,25 +132,16 @@ def run(schedule: str, tick: dt.datetime | None, trigger: str = RunTrigger.BEAT,
         kind = registry.get(policy.kind)
     except exceptions.UnknownJobKind as exc:
         return _finish(policy, entry, RunState.FAILED, str(exc), 1, log)
-
-    lock: locks.AdvisoryLock | None = None
-    if policy.concurrency_policy != ConcurrencyPolicy.ALLOW:
-        lock = lock_for(policy.pk)
-        if not lock.try_acquire():
-            if policy.concurrency_policy == ConcurrencyPolicy.FORBID:
-                return _finish(policy, entry, RunState.SKIPPED, "the previous run is still going (forbid)", 1, log)
-            if not _replace_previous(policy, entry, lock, log):
-                wait = conf.get("SCHEDULING_FIXED_REPLACE_WAIT_SECONDS")
-                error = f"the previous run did not stop within {wait}s (replace)"
-                return _finish(policy, entry, RunState.SKIPPED, error, 1, log)
-    try:
-        if lock is not None:
-            _close_orphans(policy, entry, log)
-        state, error, attempt = _execute(policy, kind, entry, log)
-        return _finish(policy, entry, state, error, attempt, log)
-    finally:
-        if lock is not None:
-            lock.release()
+    if lock is not None and not lock.try_acquire():
+        if policy.concurrency_policy == ConcurrencyPolicy.FORBID:
+            return _finish(policy, entry, RunState.SKIPPED, "the previous run is still going (forbid)", 1, log)
+        if not _replace_previous(policy, entry, lock, log):
+            wait = conf.get("SCHEDULING_FIXED_REPLACE_WAIT_SECONDS")
+            error = f"the previous run did not stop within {wait}s (replace)"
+            return _finish(policy, entry, RunState.SKIPPED, error, 1, log)
+    if lock is not None:
+        _close_orphans(policy, entry, log)
+    return entry, kind
 
 
 def run_now(schedule: str | PeriodicTask | SchedulePolicy) -> str:
@@ -183,9 +202,8 @@ def _close_orphans(policy: SchedulePolicy, entry: store.LedgerEntry, log: dict[s
         state, error = RunState.FAILED, "the worker running it was lost (its lock was released without an outcome)"
     closed = store.close_other_running_runs(policy.pk, entry.id, state, error)
     if closed:
-        logger.warning(
-            "closed runs whose worker is gone", extra={**log, "run_ids": closed, "state": state, "action": "closed"}
-        )
+        message = "marked the stopped runs replaced" if state == RunState.REPLACED else "closed runs whose worker is gone"
+        logger.warning(message, extra={**log, "run_ids": closed, "state": state, "action": "closed"})
 
 
 def _execute(

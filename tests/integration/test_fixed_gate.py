@@ -131,6 +131,26 @@ def test_forbid_skips_a_tick_while_another_session_holds_the_lock(make_schedule)
     assert fixed.run("gate", db_now()).outcome == RunState.SUCCEEDED, "free again once the other session let go"
 
 
+@pytest.mark.parametrize("repeat", range(3))
+def test_two_ticks_at_once_under_forbid_one_runs_and_the_other_is_skipped(make_schedule, repeat):
+    """Two ticks delivered together (a backlog): one runs, the other is skipped, never closed as a lost run."""
+    policy = make_schedule(concurrency_policy="forbid", payload={"sleep": 0.3}, failed_history_limit=5)
+    now = db_now()
+    ticks = [now - dt.timedelta(seconds=2), now - dt.timedelta(seconds=1)]
+    barrier = threading.Barrier(2)
+
+    def deliver(tick: dt.datetime) -> fixed.RunReport:
+        barrier.wait()
+        return fixed.run("gate", tick)
+
+    threads = [in_thread(lambda t=t: deliver(t)) for t in ticks]
+    for thread, _ in threads:
+        thread.join(30)
+    assert sorted(out[0].outcome for _, out in threads) == ["skipped", "succeeded"]
+    states = sorted(ScheduleRun.objects.filter(schedule=policy).values_list("state", flat=True))
+    assert states == ["skipped", "succeeded"]
+
+
 def test_allow_runs_even_while_the_lock_is_held(make_schedule):
     """allow takes no lock: a tick runs while another session holds the schedule's lock."""
     policy = make_schedule(concurrency_policy="allow")
@@ -238,9 +258,9 @@ def test_replace_waits_for_the_stopped_run_and_marks_it_replaced(make_schedule, 
         SchedulePolicy.objects.filter(pk=policy.pk).update(payload={})
         second = db_now()
         thread, out = in_thread(lambda: fixed.run("swap", second, task_id="task-new"))
-        harness.wait_for(lambda: ScheduleRun.objects.filter(schedule=policy, tick=second).exists(), 10)
-        time.sleep(0.5)
+        time.sleep(1.5)
         assert thread.is_alive(), "the new run waits while the old one holds the lock"
+        assert not ScheduleRun.objects.filter(schedule=policy, tick=second).exists(), "admission is not committed yet"
         os.kill(proc.pid, signal.SIGKILL)  # what the revoke with terminate=True does on a real worker
         thread.join(30)
     finally:

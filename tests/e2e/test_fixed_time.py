@@ -1,0 +1,112 @@
+"""Fixed-time schedules end to end: real beat replicas and workers on short interval schedules."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+import signal
+import time
+
+import pytest
+
+from scheduling import fixed, schedules, store
+from scheduling.models import RunState, SchedulePolicy, ScheduleRun
+from tests.e2e import fixed_soak
+from tests.e2e.harness import wait_for, wait_ready
+
+pytestmark = [pytest.mark.e2e]
+
+
+def declare(name: str, **fields: object) -> SchedulePolicy:
+    fields.setdefault("kind", "demo.record")
+    fields.setdefault("successful_history_limit", 1000)
+    fields.setdefault("failed_history_limit", 1000)
+    schedules.sync(declarations=[schedules.make(name=name, **fields)])  # type: ignore[arg-type]
+    return SchedulePolicy.objects.get(periodic_task__name=name)
+
+
+def runs(name: str, state: str | None = None) -> list[ScheduleRun]:
+    found = ScheduleRun.objects.filter(schedule__periodic_task__name=name).order_by("tick")
+    return list(found.filter(state=state) if state else found)
+
+
+def seconds(run: ScheduleRun) -> float:
+    assert run.finished_at is not None
+    return (run.finished_at - run.started_at).total_seconds()
+
+
+@pytest.mark.slow
+def test_two_beats_two_workers_run_every_tick_once_and_the_standby_takes_over(cluster):
+    """Every 2 s for 40 s, two beats, two workers: each tick runs once, duplicates refused, the standby takes over."""
+    report = fixed_soak.soak(cluster, seconds=40, every=2, kill_leader_after=15)
+    print(f"\nfixed-time soak: {report.summary()}")
+    assert report.problems == []
+    assert report.ticks_checked >= 15
+    assert report.injected >= 5
+    assert report.injected_refused_ticks == report.injected, "beat sent every injected tick too; one was refused"
+    assert report.duplicates_refused >= report.injected
+    assert report.handover_seconds is not None, "the standby took the lead"
+    assert report.first_run_after_kill_seconds is not None
+
+
+def test_forbid_skips_replace_stops_and_the_timeout_stops(cluster):
+    """forbid skips ticks while a 7 s run goes, replace stops the old 30 s runs, a 2 s active deadline stops runs."""
+    declare("forbid-3s", every=3, payload={"sleep": 7}, concurrency_policy="forbid")
+    declare("replace-4s", every=4, payload={"sleep": 30}, concurrency_policy="replace")
+    declare("timeout-5s", every=5, payload={"sleep": 30}, active_deadline_seconds=2)
+    worker = cluster.worker("w1", concurrency=4)
+    cluster.beat("beat1")
+    wait_ready(worker)
+    wait_for(lambda: len(runs("replace-4s", RunState.REPLACED)) >= 2, 60, message="two replaced runs")
+    wait_for(lambda: len(runs("forbid-3s", RunState.SUCCEEDED)) >= 2, 60, message="two forbid runs to finish")
+    wait_for(lambda: len(runs("timeout-5s", RunState.TIMED_OUT)) >= 2, 60, message="two timed-out runs")
+
+    skipped = runs("forbid-3s", RunState.SKIPPED)
+    assert skipped, "ticks during a 7 s run of a 3 s schedule are skipped"
+    assert all("still going" in run.error for run in skipped)
+    done = runs("forbid-3s", RunState.SUCCEEDED)
+    for earlier, later in itertools.pairwise(done):
+        assert earlier.finished_at is not None
+        assert later.started_at >= earlier.finished_at - dt.timedelta(seconds=0.5), "forbid runs never overlap"
+
+    replaced = runs("replace-4s", RunState.REPLACED)
+    for run in replaced:
+        assert seconds(run) < 15, "a replaced run was stopped, not left to sleep its 30 s"
+        assert run.error.startswith("stopped for the run of ")
+    assert not runs("replace-4s", RunState.SUCCEEDED)
+
+    for run in runs("timeout-5s", RunState.TIMED_OUT):
+        assert run.error == "stopped after 2s (active deadline)"
+        assert seconds(run) < 6
+
+
+def test_kill_9_of_a_worker_mid_run_releases_the_lock_and_the_next_tick_runs(cluster):
+    """SIGKILL of the worker running a tick frees the schedule's lock; the next tick runs on the other worker."""
+    policy = declare("killed-3s", every=3, payload={"sleep": 10}, concurrency_policy="forbid")
+    workers = [cluster.worker("w1"), cluster.worker("w2")]
+    cluster.beat("beat1")
+    for worker in workers:
+        wait_ready(worker)
+    running = wait_for(lambda: runs("killed-3s", RunState.RUNNING), 60, message="a run to start")[0]
+    pid = int(running.worker.rsplit(":", 1)[1])
+    victim = next(w for w in workers if pid in w.children())
+    survivor = next(w for w in workers if w is not victim)
+    assert fixed.is_running(policy.pk)
+    os.killpg(victim.pid, signal.SIGKILL)  # the worker and its pool processes, as kill -9 of the container would
+    killed = time.monotonic()
+    killed_at = store.database_now()
+    wait_for(lambda: not fixed.is_running(policy.pk), 15, message="the lock to be released")
+    released = time.monotonic() - killed
+    nxt = wait_for(
+        lambda: [r for r in runs("killed-3s") if r.tick > running.tick and r.state in ("running", "succeeded")],
+        30,
+        message="a later tick to run",
+    )[0]
+    print(f"\nworker SIGKILL: lock released after {released:.2f}s; next run started "
+          f"{(nxt.started_at - killed_at).total_seconds():.2f}s after the kill")  # fmt: skip
+    assert int(nxt.worker.rsplit(":", 1)[1]) in survivor.children()
+    assert nxt.started_at >= killed_at
+    lost = ScheduleRun.objects.get(pk=running.pk)
+    assert lost.state == RunState.FAILED
+    assert "worker running it was lost" in lost.error
