@@ -202,7 +202,8 @@ def _close_orphans(policy: SchedulePolicy, entry: store.LedgerEntry, log: dict[s
         state, error = RunState.FAILED, "the worker running it was lost (its lock was released without an outcome)"
     closed = store.close_other_running_runs(policy.pk, entry.id, state, error)
     if closed:
-        message = "marked the stopped runs replaced" if state == RunState.REPLACED else "closed runs whose worker is gone"
+        replaced = state == RunState.REPLACED
+        message = "marked the stopped runs replaced" if replaced else "closed runs whose worker is gone"
         logger.warning(message, extra={**log, "run_ids": closed, "state": state, "action": "closed"})
 
 
