@@ -108,7 +108,11 @@ class ChangeJobForm(forms.ModelForm):
     class Meta:
         model = ScheduledJob
         fields = ["due_at"]
-        field_classes = {"due_at": admin_forms.DueAtField}
+
+    def clean_due_at(self) -> Any:
+        value = self.cleaned_data["due_at"]
+        admin_forms.check_year(value)
+        return value
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

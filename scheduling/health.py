@@ -8,8 +8,10 @@ Parts checked, each with a bounded wait:
   (the leader writes it every 5 s, so 30 s means several missed beats, not one slow one).
 - ``backlog``: pending jobs past their due time are at most ``SCHEDULING_HEALTH_MAX_BACKLOG``.
 
-``beat`` and ``backlog`` read the database; when it is down they are reported ``skipped``, and only
-``database`` is named as failing. The body never holds payloads or personal data.
+Database failures are caught as ``django.db.Error``: a connection closed under the process raises
+``InterfaceError``, which is not a ``DatabaseError``. ``beat`` and ``backlog`` read the database;
+when it is down they are reported ``skipped``, and only ``database`` is named as failing. The body
+never holds payloads or personal data.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from typing import Any
 
 import kombu
 import redis
+from django import db
 from django.conf import settings
-from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -60,7 +62,7 @@ def check_database() -> Part:
     started = time.monotonic()
     try:
         store.database_now()
-    except DatabaseError as exc:
+    except db.Error as exc:
         logger.warning("health: database unreachable", extra={"part": "database", "error": type(exc).__name__})
         return Part(FAILING, {"error": f"{type(exc).__name__}: {str(exc).strip()[:200]}"})
     return Part(OK, {"latency_ms": round((time.monotonic() - started) * 1000, 1)})
@@ -122,7 +124,7 @@ def report() -> tuple[bool, dict[str, Any]]:
             continue
         try:
             parts[name] = check()
-        except DatabaseError as exc:
+        except db.Error as exc:
             parts[name] = Part(FAILING, {"error": f"{type(exc).__name__}: {str(exc).strip()[:200]}"})
     failing = [name for name, part in parts.items() if part.status == FAILING]
     body = {

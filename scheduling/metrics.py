@@ -29,8 +29,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from django import db
 from django.conf import settings
-from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
@@ -93,7 +93,7 @@ class TimekeeperCollector(Collector):
         window = window_seconds()
         try:
             database = list(self._database(window))
-        except DatabaseError:
+        except db.Error:
             logger.warning("metrics: the database did not answer", exc_info=True)
             database = []
             up.add_metric(["database"], 0)

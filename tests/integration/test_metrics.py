@@ -1,0 +1,233 @@
+"""/metrics and /healthz against real PostgreSQL and Redis, and the history queries behind the dashboard charts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.models.functions import Now
+from django.test import override_settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduling import api, metrics, store
+from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulerHeartbeat
+from tests.e2e import harness
+
+pytestmark = pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  # whitenoise: no collectstatic here
+
+
+def scrape(client: Any) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """/metrics parsed: {sample name: {sorted labels: value}}."""
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def attempt(job: ScheduledJob, *, due: dt.datetime, started: dt.datetime, outcome: str = "succeeded") -> JobAttempt:
+    return JobAttempt.objects.create(
+        job=job, number=1, token=uuid.uuid4(), due_at=due, started_at=started, finished_at=started, outcome=outcome
+    )
+
+
+@pytest.mark.django_db
+def test_metrics_report_the_table_the_attempts_and_the_broker(client):
+    """Backlog, oldest overdue, pending, claimed, attempts by kind and outcome and the lag histogram match the rows."""
+    now = store.database_now()
+    api.schedule("demo.noop", {}, due_at=now - dt.timedelta(seconds=90))
+    api.schedule("demo.noop", {}, due_at=now - dt.timedelta(seconds=30))
+    api.schedule("demo.record", {}, delay=3600)
+    claimed = api.schedule("demo.fail", {}, due_at=now - dt.timedelta(seconds=200))
+    ScheduledJob.objects.filter(pk=claimed.pk).update(state=JobState.CLAIMED, token=uuid.uuid4(), claimed_at=Now())
+    finished = api.schedule("demo.record", {}, delay=1)
+    recent = now - dt.timedelta(seconds=10)
+    for lag, outcome in ((0.003, "succeeded"), (0.2, "succeeded"), (4.0, "failed"), (4000.0, "timed_out")):
+        attempt(finished, due=recent - dt.timedelta(seconds=lag), started=recent, outcome=outcome)
+    attempt(finished, due=now - dt.timedelta(hours=2), started=now - dt.timedelta(hours=1))  # outside the window
+
+    m = scrape(client)
+    assert m["timekeeper_backlog_jobs"][()] == 2
+    assert 89 <= m["timekeeper_oldest_overdue_seconds"][()] <= 92
+    assert m["timekeeper_pending_jobs"][()] == 4
+    assert m["timekeeper_claimed_jobs"][()] == 1
+    attempts = m["timekeeper_job_attempts_recent"]
+    assert attempts[(("kind", "demo.record"), ("outcome", "succeeded"))] == 2
+    assert attempts[(("kind", "demo.record"), ("outcome", "timed_out"))] == 1
+    buckets = {dict(k)["le"]: v for k, v in m["timekeeper_due_to_start_lag_seconds_bucket"].items()}
+    assert (buckets["0.005"], buckets["0.25"], buckets["5.0"], buckets["3600.0"], buckets["+Inf"]) == (1, 2, 3, 3, 4)
+    assert m["timekeeper_due_to_start_lag_seconds_count"][()] == 4
+    assert m["timekeeper_due_to_start_lag_seconds_sum"][()] == pytest.approx(4004.203, abs=0.01)
+    assert m["timekeeper_up"] == {(("part", "database"),): 1.0, (("part", "broker"),): 1.0}
+    assert "timekeeper_broker_delayed_messages" in m
+    assert m["timekeeper_metrics_window_seconds"][()] == metrics.WINDOW_SECONDS
+
+
+@pytest.mark.django_db
+def test_metrics_token_is_required_when_configured(client):
+    """With SCHEDULING_METRICS_TOKEN set, /metrics answers 401 without the bearer token and 200 with it."""
+    with override_settings(SCHEDULING_METRICS_TOKEN="scrape-secret"):
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+        assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-secret").status_code == 200
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def beat_heartbeat(age_seconds: float) -> None:
+    at = store.database_now() - dt.timedelta(seconds=age_seconds)
+    SchedulerHeartbeat.objects.update_or_create(
+        role="beat", defaults={"holder": "host:1", "acquired_at": at, "heartbeat_at": at}
+    )
+
+
+@pytest.mark.django_db
+def test_healthz_is_200_when_every_part_is_fine(client):
+    """A fresh beat heartbeat, a reachable database and broker and a small backlog: 200, status ok."""
+    beat_heartbeat(2)
+    response = client.get("/healthz")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["status"], body["failing"]) == ("ok", [])
+    assert {name: part["status"] for name, part in body["checks"].items()} == {
+        "database": "ok",
+        "broker": "ok",
+        "beat": "ok",
+        "backlog": "ok",
+    }
+    assert response["Cache-Control"].startswith("max-age=0")
+
+
+@pytest.mark.django_db
+def test_healthz_names_a_stale_beat(client):
+    """A heartbeat older than SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS is 503 naming beat; no heartbeat at all too."""
+    response = client.get("/healthz")
+    assert (response.status_code, response.json()["failing"]) == (503, ["beat"])
+    beat_heartbeat(45)
+    response = client.get("/healthz")
+    assert (response.status_code, response.json()["failing"]) == (503, ["beat"])
+    assert "45s old" in response.json()["checks"]["beat"]["error"]
+    with override_settings(SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS=60):
+        assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.django_db
+def test_healthz_names_a_backlog_over_the_threshold(client):
+    """More overdue jobs than SCHEDULING_HEALTH_MAX_BACKLOG is 503 naming backlog, with the count."""
+    beat_heartbeat(1)
+    api.schedule("demo.noop", {}, due_at=store.database_now() - dt.timedelta(minutes=1))
+    api.schedule("demo.noop", {}, due_at=store.database_now() - dt.timedelta(minutes=2))
+    with override_settings(SCHEDULING_HEALTH_MAX_BACKLOG=1):
+        response = client.get("/healthz")
+    assert (response.status_code, response.json()["failing"]) == (503, ["backlog"])
+    assert response.json()["checks"]["backlog"]["backlog"] == 2
+
+
+@pytest.mark.django_db
+def test_healthz_names_an_unreachable_broker(client):
+    """A broker nobody listens on is 503 naming broker, within the bounded wait."""
+    beat_heartbeat(1)
+    with override_settings(CELERY_BROKER_URL=f"redis://127.0.0.1:{free_port()}/0"):
+        response = client.get("/healthz")
+    assert (response.status_code, response.json()["failing"]) == (503, ["broker"])
+    assert "Error" in response.json()["checks"]["broker"]["error"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_database_loss_is_503_naming_the_database_and_metrics_say_down(client, raw_connect):
+    """With this process's PostgreSQL session killed, /healthz is 503 naming database; /metrics reports up=0."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    other = raw_connect(autocommit=True)
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        response = client.get("/healthz")
+        body = response.json()
+        assert (response.status_code, body["failing"]) == (503, ["database"])
+        assert (body["checks"]["beat"]["status"], body["checks"]["backlog"]["status"]) == ("skipped", "skipped")
+        m = scrape(client)
+        assert m["timekeeper_up"][(("part", "database"),)] == 0
+        assert "timekeeper_backlog_jobs" not in m
+    finally:
+        connection.close()  # the next query reconnects
+
+
+@pytest.mark.django_db
+def test_metrics_and_healthz_are_exempt_from_the_https_redirect(client):
+    """In production mode /healthz and /metrics answer over plain HTTP while the admin is redirected to HTTPS."""
+    env = {
+        **os.environ,
+        "DEBUG": "0",
+        "SECRET_KEY": "x" * 60,
+        "ALLOWED_HOSTS": "testserver",
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+    }
+    code = "import json; from project import settings as s; print(json.dumps(s.SECURE_REDIRECT_EXEMPT))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=harness.ROOT)
+    exempt = json.loads(out.stdout)
+    with override_settings(SECURE_SSL_REDIRECT=True, SECURE_REDIRECT_EXEMPT=exempt):
+        assert client.get("/admin/").status_code == 301
+        assert client.get("/metrics", HTTP_AUTHORIZATION="x").status_code != 301
+        assert client.get("/healthz").status_code in {200, 503}
+
+
+# --- the history behind the dashboard charts ------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_backlog_history_is_rebuilt_from_timestamps():
+    """Waiting spans (attempts, cancelled, still pending) become the backlog at each minute of the last hour."""
+    now = store.database_now()
+
+    def ago(minutes: float) -> dt.datetime:
+        return now - dt.timedelta(minutes=minutes)
+
+    ran = api.schedule("demo.noop", {}, delay=3600)
+    attempt(ran, due=ago(30.5), started=ago(19.5))  # waiting -30.5 .. -19.5 min: samples 30..40
+    cancelled = api.schedule("demo.noop", {}, delay=3600)
+    ScheduledJob.objects.filter(pk=cancelled.pk).update(
+        state=JobState.CANCELLED, due_at=ago(50.5), finished_at=ago(45.5)
+    )  # samples 10..14
+    api.schedule("demo.noop", {}, due_at=ago(5.5))  # still waiting: samples 55..60
+    api.schedule("demo.noop", {}, due_at=ago(-5))  # not due: never in the backlog
+    history = store.backlog_history(3600, 60)
+    assert [at for at, _n in history] == [ago(60 - i) for i in range(61)]
+    expected = [0] * 61
+    for first, last in ((30, 40), (10, 14), (55, 60)):
+        for i in range(first, last + 1):
+            expected[i] += 1
+    assert [n for _at, n in history] == expected
+
+
+@pytest.mark.django_db
+def test_lag_by_minute_summarises_each_minute():
+    """Each minute with attempts reports their count, median, p95 and maximum lag."""
+    now = store.database_now()
+    job = api.schedule("demo.noop", {}, delay=3600)
+    minute = now.replace(second=0, microsecond=0) - dt.timedelta(minutes=10)
+    for lag in (0.1, 0.2, 0.3, 10.0):
+        attempt(job, due=minute + dt.timedelta(seconds=5 - lag), started=minute + dt.timedelta(seconds=5))
+    rows = store.attempt_lag_by_minute(3600)
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row.minute, row.attempts) == (minute, 4)
+    assert row.p50 == pytest.approx(0.25)
+    assert row.max == pytest.approx(10.0)
+    assert 0.3 < row.p95 < 10.0
