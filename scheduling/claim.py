@@ -3,30 +3,40 @@
 A claim takes up to ``SCHEDULING_CLAIM_BATCH_SIZE`` due rows in one statement (``store``), groups
 them by kind and fans them out as ``scheduling.run_batch`` messages of the kind's batch size: a
 message per batch instead of per job is what lets a table outrun a message-per-job queue, and a
-small batch size (1 for slow kinds) keeps a long job from holding up short ones. A wake-up (an
-early claim at a near due time) runs its first batch in place, saving a hop.
+small batch size (1 for slow kinds) keeps a long job from holding up short ones.
 
-Beat fires ``tick()`` every second; near-due rows also get a wake-up message with a countdown to
-their due time, so lag is milliseconds rather than up to a tick. The row stays the truth: a
-lost or early wake-up just finds nothing due, and the next tick catches up.
+Beat fires ``tick()`` every second. A tick is a short loop, not a single claim: it claims what is
+due, then sleeps until the next due time (read from the database), claims again at that instant,
+and so on until the tick's window ends, just before the next tick. A row committed with a due
+time inside the window sends a NOTIFY that cuts the sleep short. So a job waits milliseconds past
+its due time, not up to a tick, without a broker message per due instant. The row stays the
+truth: a missed notification only means the loop wakes at its next known due time or the next
+tick. The loop occupies one worker process while it runs (ticks overlap only briefly).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-import math
+import os
+import select
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 
-from django.db import transaction
+import psycopg2
 
-from scheduling import conf, registry, store, tasknames, wakeups
+from scheduling import conf, locks, registry, store, tasknames, wakeups
 
 logger = logging.getLogger(__name__)
 
-MAX_WAKE_HOPS = 3  # a wake-up that finds its rows not yet due (clock skew) re-arms at most this often
+NOTIFY_CHANNEL = "timekeeper_due"
+LOOP_WINDOW_FRACTION = 0.95  # without LISTEN, a tick's polling loop ends this far into the interval
+LOOP_LOCK_KEY = locks.lock_key("claim", "loop")
+BACKPRESSURE_PAUSE_SECONDS = 0.05  # pause while the queue is full
+FALLBACK_POLL_SECONDS = 0.05  # sleep step when no LISTEN connection is available
+INLINE_MAX_TIMEOUT_SECONDS = 10  # only kinds with a timeout this short may run inside the claim loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +62,14 @@ def batches_for(claims: Sequence[store.Claim]) -> list[list[tuple[int, str]]]:
     return out
 
 
+def _short(kind_name: str) -> bool:
+    """A kind whose timeout is short enough to run inside the claim loop."""
+    try:
+        return registry.get(kind_name).timeout_seconds <= INLINE_MAX_TIMEOUT_SECONDS
+    except registry.exceptions.UnknownJobKind:
+        return False
+
+
 def claim_and_dispatch(*, run_first_inline: bool, limit: int | None = None) -> ClaimReport:
     """Claim due rows and send them to workers; optionally run the first batch here."""
     from scheduling import runner, workers
@@ -65,8 +83,13 @@ def claim_and_dispatch(*, run_first_inline: bool, limit: int | None = None) -> C
         return ClaimReport(0, 0, 0, True)
     claims = store.claim_due_jobs(size)
     batches = batches_for(claims)
-    inline: list[tuple[int, str]] = batches.pop(0) if (run_first_inline and batches) else []
     kind_of = {c.id: c.kind for c in claims}
+    inline: list[tuple[int, str]] = []
+    if run_first_inline:
+        for i, batch in enumerate(batches):
+            if _short(kind_of[batch[0][0]]):
+                inline = batches.pop(i)
+                break
     for batch in batches:
         workers.run_batch.apply_async(
             args=[batch],
@@ -74,9 +97,6 @@ def claim_and_dispatch(*, run_first_inline: bool, limit: int | None = None) -> C
             shadow=tasknames.batch(kind_of[batch[0][0]]),  # Flower shows the kind (a batch holds one)
         )
     more_due = len(claims) >= size
-    if more_due:
-        # A full claim means more rows are due: claim again now rather than at the next tick.
-        workers.claim.apply_async(expires=30)
     if claims:
         logger.debug("claimed due jobs", extra={"claimed": len(claims), "batches": len(batches) + bool(inline)})
     if inline:
@@ -84,59 +104,141 @@ def claim_and_dispatch(*, run_first_inline: bool, limit: int | None = None) -> C
     return ClaimReport(len(claims), len(batches) + (1 if inline else 0), len(inline), more_due)
 
 
-def plan_wakes() -> int:
-    """Send a wake-up for each distinct near due time (coalesced to the resolution); returns how many."""
-    from scheduling import workers
-
-    horizon = float(conf.get("SCHEDULING_WAKE_HORIZON_SECONDS"))
-    resolution = float(conf.get("SCHEDULING_WAKE_RESOLUTION_MS")) / 1000
-    upcoming = store.next_due_times(horizon, int(conf.get("SCHEDULING_MAX_WAKES_PER_TICK")))
-    planned_at = time.monotonic()
-    # Wake at the END of each resolution bucket: every row in it is due by then.
-    buckets: dict[int, float] = {}
-    for at, seconds in upcoming:
-        bucket = math.ceil(at.timestamp() / resolution)
-        buckets[bucket] = max(buckets.get(bucket, 0.0), seconds + (bucket * resolution - at.timestamp()))
-    fresh = wakeups.mark_planned(sorted(buckets))  # ticks overlap: skip instants already planned
-    for bucket in fresh:
-        countdown = max(0.0, buckets[bucket] - (time.monotonic() - planned_at))
-        workers.wake.apply_async(countdown=countdown, expires=countdown + 10)
-    return len(fresh)
-
-
 def tick() -> ClaimReport:
-    """Beat's claim: claim and fan out what is due, then plan wake-ups for what is about to be."""
-    report = claim_and_dispatch(run_first_inline=False)
-    plan_wakes()
+    """Beat's claim: run the claim loop unless another process in the cluster already runs it.
+
+    The loop claims what is due, then sleeps until the next due time it knows of (read from the
+    database) or until a NOTIFY says a row due sooner was committed, and claims again at that
+    instant. While a full claim says more rows are due, it claims again at once (subject to
+    back-pressure). One loop runs at a time, cluster-wide: it holds an advisory lock on its
+    LISTEN connection; beat's ticks that find the lock taken return at once. After
+    ``SCHEDULING_CLAIM_LOOP_SECONDS`` the loop hands over (sends the next claim, releases the
+    lock) so its worker process is recycled; if it dies, the lock dies with its connection and the
+    next beat tick, within a second, starts a new loop.
+    """
+    listener = _listener()
+    if listener is None:
+        # No LISTEN connection (PostgreSQL trouble): one short polling loop per tick.
+        return _loop(None, float(conf.get("SCHEDULING_CLAIM_INTERVAL_SECONDS")) * LOOP_WINDOW_FRACTION)
+    if not listener.try_lead():
+        return ClaimReport(0, 0, 0, False)
+    try:
+        report = _loop(listener, float(conf.get("SCHEDULING_CLAIM_LOOP_SECONDS")))
+    finally:
+        listener.release_lead()
+    _hand_over()
     return report
 
 
-def wake(hops: int = 0) -> ClaimReport:
-    """An early claim at a due time; re-arms briefly if the rows are not due yet by the database clock."""
+def _hand_over() -> None:
     from scheduling import workers
 
-    report = claim_and_dispatch(run_first_inline=True)
-    if report.claimed == 0 and hops < MAX_WAKE_HOPS:
-        soon = store.next_due_times(0.25, 1)
-        if soon:
-            countdown = max(0.0, soon[0][1])
-            workers.wake.apply_async(kwargs={"hops": hops + 1}, countdown=countdown, expires=countdown + 10)
-    return report
+    try:
+        workers.claim.apply_async(expires=5)
+    except Exception:  # the broker may be down: beat's next tick starts a loop anyway
+        logger.warning("could not hand the claim loop over; beat's next tick will start one", exc_info=True)
+
+
+def _loop(listener: Listener | None, seconds: float) -> ClaimReport:
+    deadline = time.monotonic() + seconds
+    claimed = batches = inline = 0
+    more_due = False
+    while True:
+        # The loop runs one batch of a short kind itself (the rest go to workers): for a job due
+        # now the hop through the broker and a second process costs more than the job. If the loop
+        # falls behind, its next claim simply takes everything due by then.
+        report = claim_and_dispatch(run_first_inline=True)
+        claimed += report.claimed
+        batches += report.batches
+        inline += report.ran_inline
+        more_due = report.more_due
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        if more_due and report.claimed:
+            continue  # a backlog: claim the next rows now
+        if more_due:  # the queue is full: let the workers catch up a little
+            _wait(listener, min(remaining, BACKPRESSURE_PAUSE_SECONDS))
+            continue
+        upcoming = store.next_due_times(remaining, 1)
+        timeout = remaining if not upcoming else min(remaining, max(0.0, upcoming[0][1]))
+        _wait(listener, timeout)
+    return ClaimReport(claimed, batches, inline, more_due)
+
+
+def _wait(listener: Listener | None, seconds: float) -> None:
+    if seconds <= 0:
+        return
+    if listener is None or not listener.wait(seconds):
+        # Without a listener (or if it broke) sleep in short steps, so a new near row waits little.
+        time.sleep(min(seconds, FALLBACK_POLL_SECONDS))
+
+
+class Listener:
+    """LISTEN on a dedicated connection: ``wait`` returns early when a near-due row is committed."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.conn = locks.dedicated_connection("timekeeper-claim-listener")
+        with self.conn.cursor() as cur:
+            cur.execute(f"LISTEN {NOTIFY_CHANNEL}")
+
+    def wait(self, seconds: float) -> bool:
+        """Block up to ``seconds`` or until a notification; False if the connection broke."""
+        try:
+            ready, _, _ = select.select([self.conn], [], [], seconds)
+            if ready:
+                self.conn.poll()
+                self.conn.notifies.clear()
+            return True
+        except (OSError, psycopg2.Error):
+            logger.warning("claim listener connection lost; polling until it is back", exc_info=True)
+            self.close()
+            return False
+
+    def try_lead(self) -> bool:
+        """Take the cluster-wide claim-loop lock on this connection; False if another process has it."""
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_lock(%s)", [LOOP_LOCK_KEY])
+                return bool(cur.fetchone()[0])
+        except psycopg2.Error:
+            logger.warning("claim listener connection lost", exc_info=True)
+            self.close()
+            return False
+
+    def release_lead(self) -> None:
+        with contextlib.suppress(psycopg2.Error), self.conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock(%s)", [LOOP_LOCK_KEY])
+
+    def close(self) -> None:
+        with contextlib.suppress(psycopg2.Error):
+            self.conn.close()
+
+
+_listener_instance: Listener | None = None
+
+
+def _listener() -> Listener | None:
+    """This process's listener (a connection does not survive a fork; one is made per process)."""
+    global _listener_instance
+    current = _listener_instance
+    if current is not None and current.pid == os.getpid() and not current.conn.closed:
+        return current
+    try:
+        _listener_instance = Listener()
+    except psycopg2.Error:
+        logger.warning("cannot LISTEN for near-due rows; the claim loop polls instead", exc_info=True)
+        _listener_instance = None
+    return _listener_instance
 
 
 def wake_on_commit(in_seconds: float, asked_at: float) -> None:
-    """After the caller's transaction commits, send a wake-up for a row due within the horizon."""
-    horizon = float(conf.get("SCHEDULING_WAKE_HORIZON_SECONDS"))
-    if in_seconds > horizon:
-        return  # beat's tick plans it when it comes within the horizon
+    """Tell the claim loop, when the caller's transaction commits, that a row is due within the tick.
 
-    def send() -> None:
-        from scheduling import workers
-
-        countdown = max(0.0, in_seconds - (time.monotonic() - asked_at))
-        try:
-            workers.wake.apply_async(countdown=countdown, expires=countdown + 10)
-        except Exception:
-            logger.warning("could not send a wake-up; the next claim tick will pick the job up", exc_info=True)
-
-    transaction.on_commit(send)
+    NOTIFY is transactional: sent only if the transaction commits, so a rolled-back job wakes no one.
+    Rows due later need no signal: the loop reads the next due time each time it goes to sleep.
+    """
+    if in_seconds > float(conf.get("SCHEDULING_CLAIM_INTERVAL_SECONDS")):
+        return
+    store.notify_due(NOTIFY_CHANNEL)

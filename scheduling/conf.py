@@ -11,9 +11,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULING_CLAIM_BATCH_SIZE": 500,  # rows: the most one claim statement takes
     "SCHEDULING_DEFAULT_BATCH_SIZE": 50,  # jobs: per run_batch message unless the kind says otherwise
     "SCHEDULING_CLAIM_INTERVAL_SECONDS": 1.0,  # beat fires the claim this often
-    "SCHEDULING_WAKE_HORIZON_SECONDS": 2.0,  # rows due this soon get an early wake-up message
-    "SCHEDULING_WAKE_RESOLUTION_MS": 5,  # wake-ups closer than this are coalesced into one
-    "SCHEDULING_MAX_WAKES_PER_TICK": 400,  # wake-up messages one claim tick may plan
+    "SCHEDULING_CLAIM_LOOP_SECONDS": 30.0,  # the claim loop hands over (recycling its process) this often
     "SCHEDULING_MAX_QUEUED_BATCHES": 20,  # messages: no claim while the queue holds this many
     "SCHEDULING_HEARTBEAT_SECONDS": 10.0,  # 0 turns heartbeats off (then the claimed_at rule applies)
     "SCHEDULING_LEASE_SECONDS": 60,  # a claim whose heartbeat is older than this is dead

@@ -1,22 +1,17 @@
-"""What the claim asks Redis: which wake-ups were already planned, and how full the queue is.
+"""What the claim asks Redis: how full the queue is (back-pressure), through one shared client.
 
-Both are optimisations only: if Redis cannot answer, every instant is planned again (a duplicate
-wake-up costs one cheap claim that finds nothing) and the queue is taken to be empty.
+An optimisation only: if Redis cannot answer, the queue is taken to be empty.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
 
 import redis
 from django.conf import settings
 
 logger = logging.getLogger(__name__)
-
-KEY_PREFIX = "timekeeper:wake:"  # after the deployment's CELERY_BROKER_KEYPREFIX
-REMEMBER_SECONDS = 30
 
 
 @functools.cache
@@ -27,21 +22,6 @@ def client() -> redis.Redis:
         path = url.split("://", 1)[1].split("?", 1)[0]
         return redis.Redis(unix_socket_path=path, socket_timeout=2)
     return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-
-
-def mark_planned(buckets: Sequence[int]) -> list[int]:
-    """Of ``buckets`` (wake-up instants in resolution units), those not planned before; marks them."""
-    if not buckets:
-        return []
-    try:
-        pipe = client().pipeline(transaction=False)
-        for bucket in buckets:
-            pipe.set(f"{settings.CELERY_BROKER_KEYPREFIX}{KEY_PREFIX}{bucket}", 1, nx=True, ex=REMEMBER_SECONDS)
-        answers = pipe.execute()
-    except redis.RedisError:
-        logger.warning("wake-up memory unavailable; planning every instant", exc_info=True)
-        return list(buckets)
-    return [bucket for bucket, fresh in zip(buckets, answers, strict=True) if fresh]
 
 
 def queued_messages() -> int:

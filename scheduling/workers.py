@@ -1,7 +1,6 @@
 """Timekeeper's Celery tasks: thin wrappers that call the modules holding the decisions.
 
-- ``scheduling.claim``: beat's tick (every second): claim due rows, fan out, plan wake-ups.
-- ``scheduling.wake``: an early claim at a near due time (countdown message).
+- ``scheduling.claim``: beat's tick (every second): claim due rows at their due instants, fan out.
 - ``scheduling.run_batch``: run a batch of claimed jobs.
 - ``scheduling.sweep``: take back dead claims, prune history.
 - ``scheduling.run_deferred``: run a short broker deferral (``deferral``), retried with countdowns.
@@ -31,13 +30,6 @@ def claim() -> dict[str, Any]:
     """Claim what is due and hand it to workers."""
     report = claim_module.tick()
     return {"claimed": report.claimed, "batches": report.batches}
-
-
-@shared_task(name="scheduling.wake", ignore_result=True, acks_late=False)
-def wake(hops: int = 0) -> dict[str, Any]:
-    """Claim at a due time, running the first batch here."""
-    report = claim_module.wake(hops)
-    return {"claimed": report.claimed, "ran_inline": report.ran_inline}
 
 
 @shared_task(name="scheduling.run_batch", ignore_result=True, acks_late=True, reject_on_worker_lost=True)
