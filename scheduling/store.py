@@ -85,6 +85,12 @@ def insert_job(job: NewJob, on_conflict: str) -> tuple[int, dt.datetime, float] 
     return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
 
 
+def notify_due(channel: str) -> None:
+    """NOTIFY the claim loop; delivered when the current transaction commits (never if it rolls back)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [channel])
+
+
 def live_job_by_key(key: str) -> tuple[int, str] | None:
     """(id, state) of the pending or claimed job holding ``key``."""
     rows = _fetchall("live_job_by_key", {"key": key})
