@@ -1,0 +1,79 @@
+"""Flower with a real worker: it refuses requests without credentials, and shows jobs under their kind's name."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from scheduling import api, claim
+from tasks.models import Execution
+from tests.e2e import harness
+
+pytestmark = pytest.mark.e2e
+
+USER, PASSWORD = "flower-user", "flower-pass"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str, credentials: tuple[str, str] | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET; HTTP errors are answers too. Connection errors become status 0."""
+    request = urllib.request.Request(url)  # noqa: S310 - a 127.0.0.1 URL this test built
+    if credentials:
+        token = base64.b64encode(f"{credentials[0]}:{credentials[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, b""
+
+
+def flower_tasks(base: str) -> dict[str, Any]:
+    status, body = get(f"{base}/api/tasks", (USER, PASSWORD))
+    return json.loads(body) if status == 200 else {}
+
+
+def test_flower_refuses_anonymous_requests_and_names_jobs_by_kind(cluster):
+    """Without credentials Flower answers 401, with them 200; a due_at batch shows as its kind, not run_batch."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    argv = [*harness.CELERY, "flower", f"--port={port}", "--address=127.0.0.1", f"--basic-auth={USER}:{PASSWORD}"]
+    flower = harness.Proc("flower", argv, harness.base_env(cluster.env), cluster.log_dir)
+    cluster.procs.append(flower)
+    harness.wait_for(lambda: get(f"{base}/")[0] != 0, timeout=90, message="Flower did not start listening")
+
+    assert get(f"{base}/")[0] == 401
+    assert get(f"{base}/api/tasks")[0] == 401
+    assert get(f"{base}/", (USER, "wrong"))[0] == 401
+    assert get(f"{base}/", (USER, PASSWORD))[0] == 200
+
+    worker = cluster.worker(concurrency=1, pool="solo")
+    harness.wait_for(lambda: "ready" in worker.log(), timeout=90, message="the worker did not start")
+    job = api.schedule("demo.record", {"label": "flower"}, delay=2.5)  # past the wake-up horizon: no early claim
+    time.sleep(3)
+    report = claim.claim_and_dispatch(run_first_inline=False)  # sends scheduling.run_batch, named by the kind
+    assert report.claimed == 1
+
+    def named_task() -> list[dict[str, Any]]:
+        return [
+            t for t in flower_tasks(base).values() if t.get("name") == "demo.record" and t.get("state") == "SUCCESS"
+        ]
+
+    tasks = harness.wait_for(named_task, timeout=60, message="Flower never showed a demo.record task")
+    assert f"[[({job.id}, '" in tasks[0]["args"]  # the batch's (id, token) pairs
+    assert Execution.objects.filter(idempotency_key=f"job:{job.id}").count() == 1
+    assert "run_batch" not in {t.get("name") for t in flower_tasks(base).values()}
