@@ -212,3 +212,14 @@ def test_dockerignore_keeps_local_state_out() -> None:
     """The build context leaves out the venv, the embedded services' data and git."""
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".venv", "var", ".git"} <= set(ignored)
+
+
+def test_deferrals_have_their_own_worker(services: dict[str, Any]) -> None:
+    """Countdowns go to worker-deferred only; the job worker excludes their queue, so an ETA limit never stalls it."""
+    from scheduling import deferral
+
+    worker = argv_of(services["worker"]["command"])
+    deferred = argv_of(services["worker-deferred"]["command"])
+    assert worker[worker.index("-X") + 1] == deferral.QUEUE
+    assert deferred[deferred.index("-Q") + 1] == deferral.QUEUE
+    assert "container_name" not in services["worker-deferred"]
