@@ -115,7 +115,8 @@ class ChangeJobForm(forms.ModelForm):
         return value
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if "due_at" in self.changed_data and data.get("due_at") is not None:
             # Lock the row until the admin's transaction ends: the claim skips locked rows, so the
             # state seen here is still the state when api.reschedule runs.
@@ -188,8 +189,8 @@ class ScheduledJobAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # jobs end by cancel; finished history is pruned by the sweeper
 
-    def get_readonly_fields(self, request: HttpRequest, obj: ScheduledJob | None = None) -> Sequence[str]:
-        shown = [f for _name, options in self.fieldsets for f in options["fields"]]
+    def get_readonly_fields(self, request: HttpRequest, obj: ScheduledJob | None = None) -> list[str]:
+        shown = [str(f) for _name, options in self.fieldsets for f in options["fields"]]
         if obj is not None and obj.state == JobState.PENDING:
             return [f for f in shown if f != "due_at"]
         return shown
@@ -226,7 +227,8 @@ class ScheduledJobAdmin(admin.ModelAdmin):
             ("When", {"fields": ["due_at", "delay_seconds"]}),
             ("Key and retries", {"fields": ["key", "on_conflict", "max_attempts"]}),
         ]
-        admin_form = helpers.AdminForm(form, fieldsets, {}, model_admin=self)
+        # django-stubs type these as ModelForm only; the admin's helpers work with any form.
+        admin_form = helpers.AdminForm(form, fieldsets, {}, model_admin=self)  # type: ignore[arg-type]
         context = {
             **self.admin_site.each_context(request),
             "title": "Schedule a job",
@@ -238,7 +240,7 @@ class ScheduledJobAdmin(admin.ModelAdmin):
             "to_field": None,
             "media": self.media + admin_form.media,
             "inline_admin_formsets": [],
-            "errors": helpers.AdminErrorList(form, []),
+            "errors": helpers.AdminErrorList(form, []),  # type: ignore[arg-type]
             "preserved_filters": self.get_preserved_filters(request),
             **(extra_context or {}),
         }
@@ -656,12 +658,12 @@ class ApiTokenAdmin(admin.ModelAdmin):
     search_fields = ("name", "user__username")
     actions = ("revoke_selected",)
 
-    def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> Sequence[str]:
+    def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> tuple[str, ...]:
         if obj is None:
             return ("user", "name")
         return ("user", "name", "created_at", "last_used_at", "revoked")
 
-    def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> Sequence[str]:
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> tuple[str, ...]:
         return () if obj is None else ("user", "created_at", "last_used_at")
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:

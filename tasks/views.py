@@ -60,7 +60,7 @@ def _schedule_reminder(trial: Trial) -> ScheduledJob:
 @require_GET
 def trial_list(request: HttpRequest) -> HttpResponse:
     """The user's trials with their reminders, and the form to start one."""
-    trials = list(Trial.objects.filter(user=request.user).order_by("-created_at")[:50])
+    trials = list(Trial.objects.filter(user=_user(request)).order_by("-created_at")[:50])
     jobs = reminder_jobs(trials)
     rows = [(t, jobs.get(t.reminder_key)) for t in trials]
     return render(request, "tasks/trial_list.html", {"rows": rows, "form": StartTrialForm()})
@@ -72,13 +72,13 @@ def trial_start(request: HttpRequest) -> HttpResponse:
     """Create a trial and schedule its reminder, together."""
     form = StartTrialForm(request.POST)
     if not form.is_valid():
-        trials = list(Trial.objects.filter(user=request.user).order_by("-created_at")[:50])
+        trials = list(Trial.objects.filter(user=_user(request)).order_by("-created_at")[:50])
         jobs = reminder_jobs(trials)
         rows = [(t, jobs.get(t.reminder_key)) for t in trials]
         return render(request, "tasks/trial_list.html", {"rows": rows, "form": form}, status=400)
     with transaction.atomic():
         trial = Trial.objects.create(
-            user=request.user, plan=form.cleaned_data["plan"], ends_at=form.cleaned_data["ends_at"]
+            user=_user(request), plan=form.cleaned_data["plan"], ends_at=form.cleaned_data["ends_at"]
         )
         job = _schedule_reminder(trial)
     messages.success(request, f"Trial started. The reminder (job #{job.pk}) is due {_when(job.due_at)}.")
@@ -89,9 +89,14 @@ def _when(at: dt.datetime) -> str:
     return f"{timezone.localtime(at):%Y-%m-%d %H:%M %Z}"
 
 
+def _user(request: HttpRequest) -> Any:
+    """The logged-in user (every view is behind ``login_required``)."""
+    return request.user
+
+
 def _own_trial(request: HttpRequest, trial_id: int, *, lock: bool = False) -> Trial:
     trials = Trial.objects.select_for_update() if lock else Trial.objects.all()
-    return get_object_or_404(trials, pk=trial_id, user=request.user)
+    return get_object_or_404(trials, pk=trial_id, user=_user(request))
 
 
 @login_required

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models.functions import Now
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
 from scheduling.models import ApiToken
@@ -75,8 +75,8 @@ class _CsrfCheck(CsrfViewMiddleware):
         return None
 
 
-def _no_view(request: HttpRequest) -> None:  # pragma: no cover - never called, only inspected
-    return None
+def _no_view(request: HttpRequest) -> HttpResponse:  # pragma: no cover - never called, only inspected
+    return HttpResponse(status=204)
 
 
 def csrf_problem(request: HttpRequest) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib.auth import get_user_model
@@ -115,13 +115,13 @@ class NewJobForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["kind"].choices = [("", "---------"), *kind_choices()]
-        self.fields[
-            "due_at"
-        ].help_text = f"In {timezone.get_current_timezone_name()}. Give a due time or a delay, not both."
+        cast(forms.ChoiceField, self.fields["kind"]).choices = [("", "---------"), *kind_choices()]
+        zone = timezone.get_current_timezone_name()
+        self.fields["due_at"].help_text = f"In {zone}. Give a due time or a delay, not both."
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("payload") is None and "payload" not in self.errors:
             data["payload"] = {}
         if data.get("due_at") is None and data.get("delay_seconds") is None and not self.errors.get("due_at"):
@@ -200,10 +200,11 @@ class SchedulePolicyForm(forms.ModelForm):
     def __init__(self, *args: Any, periodic_task: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.periodic_task = periodic_task
-        self.fields["kind"].choices = [("", "---------"), *kind_choices()]
+        cast(forms.ChoiceField, self.fields["kind"]).choices = [("", "---------"), *kind_choices()]
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if data.get("payload") is None and "payload" not in self.errors:
             data["payload"] = {}
         if self.errors or self.periodic_task is None:

@@ -327,9 +327,10 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
         raise from_scheduling_error(exc) from None
     stored = ScheduledJob.objects.get(pk=job.pk)
     outcome = "created" if existing is None else ("replaced" if on_conflict == "replace" else "kept")
-    body = {"outcome": outcome, "job": job_json(stored)}
+    job_body = job_json(stored)
+    body = {"outcome": outcome, "job": job_body}
     if outcome == "created":
-        return ok(body, status=201, Location=body["job"]["url"])
+        return ok(body, status=201, Location=job_body["url"])
     return ok(body)
 
 

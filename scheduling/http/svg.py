@@ -153,7 +153,7 @@ def stacked_bars(
             f'fill="var(--body-quiet-color, #666)">{escape(count_text(y_max * fraction))}</text>'
         )
     for i, label in enumerate(labels):
-        base = top + plot_h
+        base = float(top + plot_h)
         for j, (name, values) in enumerate(stacks):
             value = values[i]
             if value <= 0:
