@@ -190,6 +190,11 @@ SCHEDULING_HANDLER_PACKAGES = ["tasks"]
 SCHEDULING_HEARTBEAT_SECONDS = env.get_int("SCHEDULING_HEARTBEAT_SECONDS", 10, minimum=0)
 SCHEDULING_LEASE_SECONDS = env.get_int("SCHEDULING_LEASE_SECONDS", 60, minimum=1)
 SCHEDULING_SWEEP_INTERVAL_SECONDS = env.get_int("SCHEDULING_SWEEP_INTERVAL_SECONDS", 60, minimum=1)
+# /healthz and /metrics (scheduling.health, scheduling.metrics): a stale beat or a large backlog is a 503.
+SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS = env.get_int("SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS", 30, minimum=1)
+SCHEDULING_HEALTH_MAX_BACKLOG = env.get_int("SCHEDULING_HEALTH_MAX_BACKLOG", 10_000, minimum=0)
+SCHEDULING_METRICS_WINDOW_SECONDS = env.get_int("SCHEDULING_METRICS_WINDOW_SECONDS", 300, minimum=10)
+SCHEDULING_METRICS_TOKEN = os.environ.get("SCHEDULING_METRICS_TOKEN", "")  # set: /metrics needs "Bearer <it>"
 
 # Beat's own ticks (synced into django-celery-beat's tables at beat start-up).
 CELERY_BEAT_SCHEDULE = {

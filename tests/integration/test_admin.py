@@ -468,3 +468,16 @@ def test_dashboard_is_hidden_from_staff_without_job_permissions(client, django_u
     client.force_login(user)
     page = client.get("/admin/").content.decode()
     assert "timekeeper-dashboard" not in page
+
+
+def test_admin_posts_need_the_csrf_token(admin_user):
+    """A staff session posting an action or the add form without the CSRF token gets 403; nothing changes."""
+    from django.test import Client
+
+    job = api.schedule("demo.noop", {}, delay=600)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(admin_user)
+    cancel = {"action": "cancel_selected", ACTION_CHECKBOX_NAME: [job.id], "index": "0"}
+    assert client.post(CHANGELIST, cancel).status_code == 403
+    assert client.post(ADD, {"kind": "demo.noop", "payload": "{}", "delay_seconds": "1"}).status_code == 403
+    assert list(ScheduledJob.objects.values_list("id", "state")) == [(job.id, JobState.PENDING)]

@@ -347,6 +347,14 @@ def test_cancel_and_reschedule_of_a_claimed_job_are_409_and_change_nothing(alice
     assert _snapshot() == before
 
 
+def test_cancel_with_an_empty_body_works(alice):
+    """A cancel with Content-Length 0 and no content type (what curl -X POST sends) is accepted."""
+    job = api.schedule("demo.noop", {}, delay=600, owner=alice)
+    response = logged_in(alice).generic("POST", f"/api/jobs/{job.id}/cancel", b"")
+    assert response.status_code == 200
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.CANCELLED
+
+
 def test_cancel_with_a_form_body_is_415(alice):
     """A cancel may have no body or a JSON one; a form body is 415 and the job stays pending."""
     job = api.schedule("demo.noop", {}, delay=600, owner=alice)
