@@ -13,14 +13,23 @@ from scheduling.models import ScheduledJob
 from tasks.models import Execution, Notification, Payment, Trial
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Trial)
-class TrialAdmin(admin.ModelAdmin):
+class TrialAdmin(ReadOnlyAdmin):
+    """Trials are started, moved and upgraded on the product's pages, which keep the reminder job in step."""
+
     list_display = ("id", "user", "plan", "ends_at", "upgraded_at", "reminder_state")
     list_filter = ("plan",)
     list_select_related = ("user",)
     search_fields = ("user__username",)
     date_hierarchy = "ends_at"
-    readonly_fields = ("created_at", "reminder_state")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Trial]:
         key = Concat(Value("trial-ending:"), OuterRef("pk"), output_field=CharField())
@@ -30,14 +39,6 @@ class TrialAdmin(admin.ModelAdmin):
     @admin.display(description="reminder", ordering="reminder")
     def reminder_state(self, trial: Trial) -> str:
         return getattr(trial, "reminder", None) or "none"
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Notification)

@@ -137,3 +137,13 @@ def test_forms_need_the_csrf_token(user):
     response = client.post("/trials/start", {"plan": "pro", "ends_at": local(timezone.now() + dt.timedelta(days=9))})
     assert response.status_code == 403
     assert Trial.objects.count() == 0
+
+
+def test_trial_admin_shows_the_reminder_state_and_is_read_only(browser, admin_client):
+    """The trials list in the admin shows each reminder's state; trials are not added or edited there."""
+    trial = start(browser, timezone.now() + dt.timedelta(days=10))
+    page = admin_client.get("/admin/tasks/trial/")
+    assert page.context["cl"].result_list[0].reminder == "pending"
+    assert admin_client.get("/admin/tasks/trial/add/").status_code == 403
+    browser.post(f"/trials/{trial.pk}/upgrade")
+    assert admin_client.get("/admin/tasks/trial/").context["cl"].result_list[0].reminder == "cancelled"
