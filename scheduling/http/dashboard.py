@@ -18,7 +18,7 @@ from typing import Any
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
-from scheduling import api, exceptions, health, metrics, store
+from scheduling import api, exceptions, health, store
 from scheduling.http import svg
 
 logger = logging.getLogger(__name__)
@@ -80,9 +80,9 @@ def fixed_outlook(now: dt.datetime) -> list[FixedOutlook]:
 def gather() -> dict[str, Any]:
     """Every number and chart the dashboard shows."""
     now = store.database_now()
-    status = api.status()
+    status = api.status()  # with the broker's counts (None when Redis does not answer)
     beat = store.beat_heartbeat("beat")
-    broker = metrics.broker_counts()
+    broker = status["broker"]
     upcoming = store.upcoming_jobs(HORIZON_SECONDS)
     fixed = fixed_outlook(now)
 
