@@ -277,3 +277,163 @@ def test_pickle_message_in_the_queue_is_refused_and_never_runs(cluster, broker, 
         assert broker.llen(f"{prefix}{queue}") == 0, f"the pickle is not left waiting on {queue}"
     assert not broker.hlen(f"{prefix}unacked"), "nor held for redelivery"
     assert not Execution.objects.exclude(idempotency_key=f"job:{job.id}").exists()
+
+
+# --- The same bad job at every door: schedule(), the jobs API (token), the admin add form ---------------
+
+LIMIT = 64 * 1024  # SCHEDULING_MAX_PAYLOAD_BYTES's default, which these cases are written against
+
+DOOR_CASES: list[tuple[str, dict[str, Any], int]] = [
+    # (case, the job as JSON-able fields, the API's status)
+    ("unknown kind", {"kind": "no.such.kind", "payload": {}, "delay": 5}, 400),
+    (
+        "payload failing its schema",
+        {"kind": "reminders.trial_ending", "payload": {"user_id": "x", "trial_id": 2}, "delay": 5},
+        400,
+    ),
+    ("payload over the size limit", {"kind": "demo.record", "payload": {"blob": "x" * (LIMIT + 1)}, "delay": 5}, 413),
+    ("10,000-deep nesting", {"kind": "demo.record", "payload": deeply_nested(), "delay": 5}, 400),
+    ("impossible date", {"kind": "demo.record", "payload": {}, "due_at": "2026-02-30T10:00:00Z"}, 400),
+    ("naive Lisbon gap time", {"kind": "demo.record", "payload": {}, "due_at": "2026-03-29T01:30:00"}, 400),
+]
+
+
+def _call_schedule(fields: dict[str, Any]) -> None:
+    due_at = fields.get("due_at")
+    if due_at is not None:
+        try:  # what a Python caller would have: fromisoformat refuses Feb 30 itself; the naive time parses
+            due_at = dt.datetime.fromisoformat(due_at)
+        except ValueError as exc:
+            raise exceptions.InvalidSchedule(str(exc)) from None
+    api.schedule(fields["kind"], fields["payload"], due_at=due_at, delay=fields.get("delay"))
+
+
+def _admin_form(fields: dict[str, Any]) -> dict[str, str]:
+    due = fields.get("due_at", "")
+    return {
+        "kind": fields["kind"],
+        "payload": _dumps_deep(fields["payload"]),
+        "on_conflict": "error",
+        "due_at": due.removesuffix("Z"),  # the admin's due time is local wall time (here Europe/Lisbon)
+        "delay_seconds": str(fields.get("delay", "")),
+        "key": "",
+        "max_attempts": "",
+        "owner": "",
+    }
+
+
+def _body(fields: dict[str, Any]) -> str:
+    """The API request body for ``fields`` (the payload may be too deep for json.dumps)."""
+    return json.dumps({**fields, "payload": "<payload>"}).replace('"<payload>"', _dumps_deep(fields["payload"]))
+
+
+def _dumps_deep(value: Any) -> str:
+    """JSON text of ``value``; built by hand when it is too deep for json.dumps."""
+    try:
+        return json.dumps(value)
+    except RecursionError:
+        depth = 0
+        while isinstance(value, dict) and value:
+            value, depth = value["a"], depth + 1
+        return '{"a": ' * depth + "{}" + "}" * depth
+
+
+@pytest.mark.django_db
+@pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  # whitenoise: collectstatic has not run here
+@pytest.mark.parametrize(("case", "fields", "status"), DOOR_CASES, ids=[c[0] for c in DOOR_CASES])
+def test_every_door_refuses_the_same_bad_job(
+    case: str, fields: dict[str, Any], status: int, admin_client, django_user_model, django_capture_on_commit_callbacks
+) -> None:
+    """schedule(), POST /api/jobs/ with a token and the admin add form all refuse it clearly; no row, no message."""
+    from django.test import Client
+    from django.utils import timezone
+
+    from scheduling.http import auth
+
+    caller = django_user_model.objects.create_user("service")
+    _token, raw = auth.issue_token(caller, "fault-14")
+    bystander = api.schedule("demo.record", {"label": "bystander"}, delay=3600)
+    before = _snapshot()
+    with django_capture_on_commit_callbacks() as callbacks:
+        with pytest.raises(exceptions.SchedulingError):
+            _call_schedule(fields)
+        response = Client().post(
+            "/api/jobs/", _body(fields), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}"
+        )
+        with timezone.override("Europe/Lisbon"):
+            page = admin_client.post("/admin/scheduling/scheduledjob/add/", _admin_form(fields))
+    assert response.status_code == status, response.content[:500]
+    error = response.json()["error"]
+    assert error["status"] == status
+    assert error["code"]
+    assert error["message"]
+    assert page.status_code == 200, "the add form is shown again with its errors"
+    assert page.context["adminform"].form.errors, "the form says what is wrong"
+    assert callbacks == [], "no wake-up or deferral is sent"
+    assert _snapshot() == before
+    assert ScheduledJob.objects.get(pk=bystander.id).state == JobState.PENDING
+
+
+# --- Hostile requests at the API and admin doors -------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  # whitenoise: collectstatic has not run here
+def test_hostile_requests_are_refused_with_their_status_and_change_nothing(django_user_model) -> None:
+    """Wrong content type 415, wrong method 405, missing CSRF 403, another owner's job 404: nothing changes."""
+    from django.test import Client
+
+    alice = django_user_model.objects.create_user("alice", password="pw-a")
+    bob = django_user_model.objects.create_user("bob", password="pw-b")
+    staff = django_user_model.objects.create_user("ops", password="pw-o", is_staff=True, is_superuser=True)
+    mine = api.schedule("demo.record", {"who": "alice"}, delay=3600, owner=alice)
+    theirs = api.schedule("demo.record", {"who": "bob"}, delay=3600, owner=bob, key="bob:1")
+    session = Client(enforce_csrf_checks=True)
+    session.force_login(alice)
+    good = json.dumps({"kind": "demo.record", "payload": {}, "delay": 60})
+    before = _snapshot()
+    form = "application/x-www-form-urlencoded"
+    as_json = "application/json"
+    taken_key = json.dumps({**json.loads(good), "key": "bob:1"})
+    huge = json.dumps({"kind": "demo.record", "payload": {"x": "y" * 200_000}, "delay": 1})
+    attempts = [
+        (415, lambda: _csrf_post(session, "/api/jobs/", '{"kind": "demo.record", "delay": 1}', "text/plain")),
+        (415, lambda: _csrf_post(session, "/api/jobs/", "kind=demo.record&delay=1", form)),
+        (405, lambda: session.put("/api/jobs/", good, content_type=as_json)),
+        (405, lambda: session.delete(f"/api/jobs/{mine.id}")),
+        (405, lambda: session.get(f"/api/jobs/{mine.id}/cancel")),
+        (403, lambda: session.post("/api/jobs/", good, content_type=as_json)),  # no CSRF token
+        (403, lambda: session.post(f"/api/jobs/{mine.id}/cancel")),
+        (404, lambda: session.get(f"/api/jobs/{theirs.id}")),
+        (404, lambda: _csrf_post(session, f"/api/jobs/{theirs.id}/cancel", "", as_json)),
+        (404, lambda: _csrf_post(session, f"/api/jobs/{theirs.id}/reschedule", '{"delay": 5}', as_json)),
+        (409, lambda: _csrf_post(session, "/api/jobs/", taken_key, as_json)),
+        (401, lambda: Client().post("/api/jobs/", good, content_type=as_json)),
+        (413, lambda: _csrf_post(session, "/api/jobs/", huge, as_json)),
+    ]
+    for expected, request in attempts:
+        response = request()
+        assert response.status_code == expected, (expected, response.content[:300])
+        assert response.json()["error"]["message"]
+        assert _snapshot() == before
+    # The admin: a staff session without the CSRF token is refused too, and cancels nothing.
+    admin = Client(enforce_csrf_checks=True)
+    admin.force_login(staff)
+    refused = admin.post(
+        "/admin/scheduling/scheduledjob/",
+        {"action": "cancel_selected", "_selected_action": [mine.id, theirs.id], "index": "0"},
+    )
+    assert refused.status_code == 403
+    assert _snapshot() == before
+    # Non-staff users do not get into the admin at all.
+    visitor = Client()
+    visitor.force_login(alice)
+    assert visitor.get(f"/admin/scheduling/scheduledjob/{theirs.id}/change/").status_code == 302
+    assert _snapshot() == before
+
+
+def _csrf_post(client: Any, url: str, body: str, content_type: str) -> Any:
+    """POST with the session's CSRF cookie echoed in the header, as a well-behaved browser page would."""
+    client.get("/admin/login/")  # sets the csrftoken cookie
+    token = client.cookies["csrftoken"].value
+    return client.post(url, body, content_type=content_type, HTTP_X_CSRFTOKEN=token)
