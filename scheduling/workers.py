@@ -86,6 +86,17 @@ def refuse_unsafe_ceiling(sender: Any = None, **kwargs: Any) -> None:
         raise SystemExit(f"scheduling.E003: {problem}")  # Celery logs and swallows Exception subclasses
 
 
+@signals.worker_init.connect
+def refuse_non_json(sender: Any = None, **kwargs: Any) -> None:
+    """A worker does not start while scheduling.E002 fails: a pickle message from the broker is code execution."""
+    from scheduling import checks
+
+    errors = checks.check_json_only()
+    if errors:
+        logger.critical("worker refuses to start: %s", errors[0].msg, extra={"action": "refused_start"})
+        raise SystemExit(f"scheduling.E002: {errors[0].msg}")  # Celery logs and swallows Exception subclasses
+
+
 @signals.celeryd_after_setup.connect
 def warn_shared_deferral_queue(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
     """Say so when one worker consumes the deferral queue beside others (it can stall at its ETA limit)."""

@@ -88,6 +88,24 @@ def test_manage_check_fails_with_pickle_settings(tmp_path: Path) -> None:
     assert "scheduling.E002" not in good.stdout + good.stderr
 
 
+@pytest.mark.e2e
+def test_worker_refuses_to_start_when_pickle_is_accepted(tmp_path: Path, cluster) -> None:
+    """A celery worker under settings that accept pickle exits at start naming scheduling.E002, consuming nothing."""
+    (tmp_path / "pickle_worker_settings.py").write_text(
+        "from project.settings import *  # noqa\nCELERY_ACCEPT_CONTENT = ['json', 'pickle']\n"
+    )
+    pythonpath = os.pathsep.join([str(tmp_path), str(ROOT)])
+    env = {
+        "DJANGO_SETTINGS_MODULE": "pickle_worker_settings",
+        "PYTHONPATH": pythonpath,
+        "C_FORCE_ROOT": "1",  # as root Celery refuses pickle by itself; this test is about Timekeeper's refusal
+    }
+    worker = cluster.worker(env=env)
+    assert worker.popen.wait(60) != 0
+    assert "scheduling.E002" in worker.log()
+    assert "ready." not in worker.log()
+
+
 # --- Production mode -----------------------------------------------------------------------------
 
 
