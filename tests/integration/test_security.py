@@ -7,6 +7,7 @@ production environment (or a settings module that turns pickle on), Flower start
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.test import override_settings
+from django.contrib.auth import get_user_model
+from django.test import Client, override_settings
 
 from project.celery import app as celery_app
 from scheduling import api, checks
@@ -221,6 +223,7 @@ def _port_open(port: int) -> bool:
 
 
 @pytest.mark.e2e
+@pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  # whitenoise: collectstatic has not run here
 def test_payload_contents_never_reach_the_logs(cluster, caplog) -> None:
     """Jobs and deferrals carrying a secret marker run (and fail) through a real worker; no log shows it."""
     caplog.set_level(logging.DEBUG)
@@ -232,6 +235,22 @@ def test_payload_contents_never_reach_the_logs(cluster, caplog) -> None:
     failing = api.schedule("demo.fail", {"card": marker}, delay=1, max_attempts=2)
     deferred = api.defer("demo.record", {"label": marker}, 1)
     deferred_failing = api.defer("demo.fail", {"card": marker}, 1)
+    # Through the HTTP API too: a payload its schema refuses (the 400 answers the caller) and one it takes.
+    user = get_user_model().objects.create_user("logs-check")
+    web = Client()
+    web.force_login(user)
+    refused = web.post(
+        "/api/jobs/",
+        json.dumps({"kind": "reminders.trial_ending", "payload": {"user_id": marker, "trial_id": 1}, "delay": 1}),
+        content_type="application/json",
+    )
+    assert refused.status_code == 400
+    created = web.post(
+        "/api/jobs/",
+        json.dumps({"kind": "demo.record", "payload": {"label": marker}, "delay": 1}),
+        content_type="application/json",
+    )
+    assert created.status_code == 201
 
     harness.wait_for(lambda: ScheduledJob.objects.get(pk=ok.id).state == JobState.DONE, 60, message="the job")
     harness.wait_for(lambda: ScheduledJob.objects.get(pk=failing.id).state == JobState.DEAD, 60, message="the failure")
@@ -248,5 +267,6 @@ def test_payload_contents_never_reach_the_logs(cluster, caplog) -> None:
     # ... but no log line anywhere shows it.
     logs = {"worker": worker.log(), "beat": beat.log(), "test process": caplog.text}
     assert "deferral" in logs["test process"] or "scheduled" in logs["test process"]
+    assert "deferral dead" in logs["worker"], "the worker log covers the failing deferral"
     for where, text in logs.items():
         assert marker not in text, f"the payload marker appears in the {where} log"
