@@ -97,6 +97,9 @@ STORAGES = {
         else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },
 }
+# In development WhiteNoise serves straight from the apps' static folders (no collectstatic, and
+# no "No directory at STATIC_ROOT" warning, which the test suite treats as an error).
+WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "login"  # the demo pages' login (the admin has its own, for staff)
 LOGIN_REDIRECT_URL = "tasks:trial-list"
 LOGOUT_REDIRECT_URL = "login"
