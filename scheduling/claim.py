@@ -37,6 +37,8 @@ LOOP_LOCK_KEY = locks.lock_key("claim", "loop")
 BACKPRESSURE_PAUSE_SECONDS = 0.05  # pause while the queue is full
 FALLBACK_POLL_SECONDS = 0.05  # sleep step when no LISTEN connection is available
 INLINE_MAX_TIMEOUT_SECONDS = 10  # only kinds with a timeout this short may run inside the claim loop
+LEAD_SILENCE_SECONDS = 10  # PostgreSQL ends the leading loop's lock session once it is silent this long
+TOUCH_EVERY_SECONDS = 1.0  # the leading loop shows its lock session it is alive this often
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +146,8 @@ def _loop(listener: Listener | None, seconds: float) -> ClaimReport:
     claimed = batches = inline = 0
     more_due = False
     while True:
+        if listener is not None and not listener.touch():
+            break  # the lock went with its session (we were silent too long): another loop leads now
         # The loop runs one batch of a short kind itself (the rest go to workers): for a job due
         # now the hop through the broker and a second process costs more than the job. If the loop
         # falls behind, its next claim simply takes everything due by then.
@@ -180,12 +184,16 @@ class Listener:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.conn = locks.dedicated_connection("timekeeper-claim-listener")
+        self.touched = time.monotonic()
         with self.conn.cursor() as cur:
             cur.execute(f"LISTEN {NOTIFY_CHANNEL}")
 
     def wait(self, seconds: float) -> bool:
         """Block up to ``seconds`` or until a notification; False if the connection broke."""
         try:
+            if self.conn.notifies:  # arrived while ``touch`` ran a statement
+                self.conn.notifies.clear()
+                return True
             ready, _, _ = select.select([self.conn], [], [], seconds)
             if ready:
                 self.conn.poll()
@@ -201,7 +209,15 @@ class Listener:
         try:
             with self.conn.cursor() as cur:
                 cur.execute("SELECT pg_try_advisory_lock(%s)", [LOOP_LOCK_KEY])
-                return bool(cur.fetchone()[0])
+                if not cur.fetchone()[0]:
+                    return False
+                # A leader that stops without dying (SIGSTOP, a frozen VM) would hold the lock, and with
+                # it every claim, until it resumed: PostgreSQL ends this session once it has been idle
+                # that long, which releases the lock to the next tick. (PostgreSQL 14+; older: no bound.)
+                with contextlib.suppress(psycopg2.errors.UndefinedObject):
+                    cur.execute("SELECT set_config('idle_session_timeout', %s, false)", [f"{LEAD_SILENCE_SECONDS}s"])
+                self.touched = time.monotonic()
+                return True
         except psycopg2.Error:
             logger.warning("claim listener connection lost", exc_info=True)
             self.close()
@@ -210,6 +226,21 @@ class Listener:
     def release_lead(self) -> None:
         with contextlib.suppress(psycopg2.Error), self.conn.cursor() as cur:
             cur.execute("SELECT pg_advisory_unlock(%s)", [LOOP_LOCK_KEY])
+            cur.execute("SELECT set_config('idle_session_timeout', '0', false)")
+
+    def touch(self) -> bool:
+        """Reset the lock session's idle clock (at most once a second); False if the session is gone."""
+        if time.monotonic() - self.touched < TOUCH_EVERY_SECONDS:
+            return True
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute("SELECT 1")
+        except psycopg2.Error:
+            logger.warning("claim loop lost its lock session; another loop takes over", exc_info=True)
+            self.close()
+            return False
+        self.touched = time.monotonic()
+        return True
 
     def close(self) -> None:
         with contextlib.suppress(psycopg2.Error):
