@@ -3,7 +3,8 @@
 Each test starts its own beat and workers (``cluster``) with short leases (the test kinds in
 ``tests.faultkit.kinds`` lease for 2-3 s, workers heartbeat every second, beat sweeps every
 second), injects the fault with a signal on a pid the test started, and then checks the rows:
-the database is the truth. Recovery times are measured on the database clock, printed, and
+the database is the truth. Workers run two pool processes: the claim loop occupies one while it
+leads, jobs run in the other. Recovery times are measured on the database clock, printed, and
 written to ``tests/artifacts/faults.json``.
 """
 
@@ -19,9 +20,9 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db.models.functions import Now
+from django.db import connection
 
-from scheduling import api
+from scheduling import api, claim
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution, Notification
 from tests.e2e.harness import Cluster, Proc, wait_for, wait_ready
@@ -39,7 +40,7 @@ FAST = {
 }
 
 
-def _start(cluster: Cluster, workers: int = 1, concurrency: int = 1, env: dict[str, str] | None = None) -> list[Proc]:
+def _start(cluster: Cluster, workers: int = 1, concurrency: int = 2, env: dict[str, str] | None = None) -> list[Proc]:
     procs = [cluster.worker(f"w{i + 1}", concurrency=concurrency, env={**FAST, **(env or {})}) for i in range(workers)]
     cluster.beat(env=FAST)
     for proc in procs:
@@ -68,13 +69,23 @@ def _wait_state(job_id: int, state: str, timeout: float) -> ScheduledJob:
     return _job(job_id)
 
 
-def _schedule_due(kind: str, payload: dict, via: str = "wake") -> ScheduledJob:
-    """A job due now, reaching a worker by an early wake-up (run inline there) or by a run_batch message."""
-    if via == "wake":
-        return api.schedule(kind, payload, delay=0)  # the wake-up message claims it and runs it in place
-    job = api.schedule(kind, payload, delay=3600)  # no wake-up planned: beat's claim tick sends run_batch
-    ScheduledJob.objects.filter(pk=job.id).update(due_at=Now())
-    return job
+def _loop_lock_held() -> bool:
+    """Whether some process holds the cluster-wide claim-loop lock (a bigint advisory lock)."""
+    key = claim.LOOP_LOCK_KEY & 0xFFFFFFFFFFFFFFFF
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+            " AND classid::bigint = %s AND objid::bigint = %s",
+            [key >> 32, key & 0xFFFFFFFF],
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def _running_claim_loops(proc: Proc) -> list[str]:
+    """Ids of claim tasks ``proc`` started and has not finished: the claim loop, if it leads."""
+    log = proc.log()
+    started = re.findall(r"scheduling\.claim\[([0-9a-f-]+)\] received", log)
+    return [task_id for task_id in started if f"[{task_id}] succeeded" not in log]
 
 
 def _finished_lines(proc: Proc, task_id: str) -> list[str]:
@@ -99,11 +110,13 @@ def _owner(procs: list[Proc], pid: int) -> Proc:
 # --- 1. kill -9 in the middle of a due_at job -------------------------------------------------------
 
 
-@pytest.mark.parametrize("via", ["wake", "run_batch"])
-def test_kill_9_of_the_pool_process_mid_job_reruns_it_once(cluster, via):
-    """kill -9 of the pool process running a job: reclaimed after the lease, run again, one notification."""
+@pytest.mark.parametrize(
+    ("via", "kind", "hold"), [("run_batch", "faults.effect", 30), ("claim loop", "faults.effect_inline", 8)]
+)
+def test_kill_9_of_the_pool_process_mid_job_reruns_it_once(cluster, via, kind, hold):
+    """kill -9 of the pool process running a job (a batch, or the claim loop): reclaimed after the lease, rerun once."""
     (worker,) = _start(cluster)
-    job = _schedule_due("faults.effect", {"hold": 30}, via)
+    job = api.schedule(kind, {"hold": hold}, delay=0)
     first = wait_for(lambda: _executions(job.id), 30, message="the job to start")[0]
     assert first.pid in worker.children(), "the job runs in one of this worker's pool processes"
     os.kill(first.pid, signal.SIGKILL)
@@ -122,6 +135,9 @@ def test_kill_9_of_the_pool_process_mid_job_reruns_it_once(cluster, via):
     if via == "run_batch":
         # reject_on_worker_lost put the message back; its redelivery found the claim started and ran nothing.
         wait_for(lambda: "claims skipped" in worker.log(), 10, message="the redelivered batch to be skipped")
+    else:
+        # The loop died with its process (and its lock with its connection): a new loop took over.
+        assert first.pid not in worker.children()
     reclaim_s = measure.seconds(reclaimed.finished_at, killed_at)
     lease = fault_kinds.EFFECT_LEASE_SECONDS
     assert lease - 1.5 <= reclaim_s <= lease + 10, "taken back after the lease, not before, not much later"
@@ -145,10 +161,11 @@ def test_kill_9_of_a_whole_worker_mid_job_reruns_it_on_another(cluster):
         "SCHEDULING_VISIBILITY_MARGIN_SECONDS": "2",
     }
     workers = _start(cluster, workers=2, env=short_vt)
-    job = _schedule_due("faults.effect", {"hold": 30}, "run_batch")
+    job = api.schedule("faults.effect", {"hold": 30}, delay=0)
     first = wait_for(lambda: _executions(job.id), 30, message="the job to start")[0]
     victim = _owner(workers, first.pid)
     (survivor,) = [w for w in workers if w is not victim]
+    victim_led = bool(_running_claim_loops(victim))
     os.killpg(victim.pid, signal.SIGKILL)
     killed_at = measure.db_now()
     victim.popen.wait(10)
@@ -175,6 +192,7 @@ def test_kill_9_of_a_whole_worker_mid_job_reruns_it_on_another(cluster):
         "1b kill -9 whole worker mid-job",
         "another worker reruns it after the lease, 1 notification; the dead worker's message runs nothing",
         lease_s=fault_kinds.EFFECT_LEASE_SECONDS,
+        victim_ran_the_claim_loop=victim_led,
         kill_to_reclaim_s=measure.seconds(reclaimed.finished_at, killed_at),
         kill_to_rerun_s=measure.seconds(succeeded.started_at, killed_at),
         kill_to_done_s=measure.seconds(done.finished_at, killed_at),
@@ -187,10 +205,13 @@ def test_kill_9_of_a_whole_worker_mid_job_reruns_it_on_another(cluster):
 def test_a_stopped_worker_resumed_after_its_lease_cannot_complete(cluster):
     """kill -STOP a worker mid-job past its lease, then -CONT: its late completion is refused by the token."""
     workers = _start(cluster, workers=2)
-    job = _schedule_due("faults.effect", {"hold": 12})
+    job = api.schedule("faults.effect", {"hold": 15}, delay=0)
     first = wait_for(lambda: _executions(job.id), 30, message="the job to start")[0]
     victim = _owner(workers, first.pid)
     (survivor,) = [w for w in workers if w is not victim]
+    # If the victim also leads the claim loop, claiming resumes elsewhere only once its lock
+    # session has been silent for claim.LEAD_SILENCE_SECONDS: the rerun then waits for that.
+    victim_led = bool(_running_claim_loops(victim))
     first_token = str(_job(job.id).token)
     os.killpg(victim.pid, signal.SIGSTOP)
     stopped_at = measure.db_now()
@@ -212,12 +233,46 @@ def test_a_stopped_worker_resumed_after_its_lease_cannot_complete(cluster):
     assert "claim lost while running" in victim.log(), "its heartbeat learned the claim was gone"
     reclaimed, succeeded = JobAttempt.objects.filter(job_id=job.id).order_by("number")
     measure.record(
-        "2 SIGSTOP past the lease, then SIGCONT",
+        "2a SIGSTOP a worker mid-job past the lease, then SIGCONT",
         "rerun elsewhere after the lease; the resumed worker's completion refused by the token; 1 notification",
         lease_s=fault_kinds.EFFECT_LEASE_SECONDS,
+        victim_ran_the_claim_loop=victim_led,
         stop_to_reclaim_s=measure.seconds(reclaimed.finished_at, stopped_at),
         stop_to_rerun_s=measure.seconds(succeeded.started_at, stopped_at),
         stopped_for_s=measure.seconds(resumed_at, stopped_at),
+    )
+
+
+def test_claiming_moves_on_when_the_claim_loop_worker_is_stopped(cluster):
+    """kill -STOP the worker running the claim loop: another worker claims after the lead silence; resumed, it stops."""
+    leader = cluster.worker("w1", concurrency=2, env=FAST)
+    cluster.beat(env=FAST)
+    wait_ready(leader)
+    wait_for(_loop_lock_held, 20, message="the claim loop to start on the only worker")
+    other = cluster.worker("w2", concurrency=2, env=FAST)
+    wait_ready(other)
+    assert _running_claim_loops(leader), "w1 still leads (a loop hands over only every 30 s)"
+    os.killpg(leader.pid, signal.SIGSTOP)
+    stopped_at = measure.db_now()
+    try:
+        job = api.schedule("faults.effect", {"hold": 0, "hold_on": []}, delay=0)
+        done = _wait_state(job.id, JobState.DONE, 40)
+    finally:
+        os.killpg(leader.pid, signal.SIGCONT)
+    (run,) = _executions(job.id)
+    assert run.pid in other.children()
+    started = JobAttempt.objects.get(job_id=job.id).started_at
+    stop_to_run = measure.seconds(started, stopped_at)
+    assert stop_to_run >= claim.LEAD_SILENCE_SECONDS - 1, "claims waited for the stopped leader's lock to lapse"
+    # Resumed, the old leader finds its lock session ended and stops its loop; nothing runs twice.
+    wait_for(lambda: "claim loop lost its lock session" in leader.log(), 20, message="the old loop to stop")
+    assert len(_executions(job.id)) == 1
+    assert done.attempts == 1
+    measure.record(
+        "2b SIGSTOP the worker leading the claim loop",
+        "another worker's loop takes over once the stopped leader's lock session is silent; resumed, the old one stops",
+        lead_silence_s=claim.LEAD_SILENCE_SECONDS,
+        stop_to_claimed_and_run_s=stop_to_run,
     )
 
 
@@ -239,7 +294,7 @@ def _broker_messages(broker, task: str) -> int:
 def test_a_poison_job_that_kills_its_worker_ends_dead(cluster, broker):
     """A job that SIGKILLs its own process every time ends dead after max attempts; nothing requeues it after."""
     (worker,) = _start(cluster)
-    job = _schedule_due("faults.poison", {}, "run_batch")
+    job = api.schedule("faults.poison", {}, delay=0)
     wait_for(lambda: _executions(job.id), 30, message="the first attempt")
     first_at = _executions(job.id)[0].started_at
     dead = _wait_state(job.id, JobState.DEAD, 60)
@@ -280,15 +335,17 @@ TEN_MINUTES_AHEAD = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": f"+{SKEW_SECOND
 @pytest.mark.parametrize("ahead", ["worker", "worker and beat"])
 def test_a_worker_ten_minutes_ahead_runs_nothing_early(cluster, ahead):
     """A worker (and beat) with the clock 10 min ahead runs jobs at their due time by the database clock, none early."""
-    worker = cluster.worker("w1", concurrency=1, env={**FAST, **TEN_MINUTES_AHEAD})
+    worker = cluster.worker("w1", concurrency=2, env={**FAST, **TEN_MINUTES_AHEAD})
     cluster.beat(env={**FAST, **(TEN_MINUTES_AHEAD if ahead == "worker and beat" else {})})
     wait_ready(worker)
-    soon = [api.schedule("faults.effect", {"hold": 0, "hold_on": []}, delay=d) for d in (2, 4, 6)]
+    # Batches sent to workers and short jobs run inside the claim loop, both on the skewed worker.
+    kinds = ("faults.effect", "faults.effect_inline", "faults.effect")
+    soon = [api.schedule(kind, {"hold": 0, "hold_on": []}, delay=d) for kind, d in zip(kinds, (2, 4, 6), strict=True)]
     # Due in 5 minutes: by the worker's clock it has been due for 5 minutes already.
     later = api.schedule("faults.effect", {"hold": 0, "hold_on": []}, delay=300)
     for job in soon:
         _wait_state(job.id, JobState.DONE, 40)
-    time.sleep(3)  # a few more claim ticks and wake-ups from the skewed clock
+    time.sleep(3)  # a few more claims by the skewed worker
 
     lags, skews = [], []
     for job in soon:
@@ -305,16 +362,13 @@ def test_a_worker_ten_minutes_ahead_runs_nothing_early(cluster, ahead):
     waiting = _job(later.id)
     assert (waiting.state, waiting.attempts) == (JobState.PENDING, 0), "the job due in 5 minutes has not run"
     assert not _executions(later.id)
-    log = worker.log()
-    # What the skew does to the broker side: messages whose `expires` (set by a sender on the right
-    # clock) is already past by the worker's clock are discarded, and its own wake-ups may claim early.
-    discarded = {task: log.count(f"Discarding revoked task: scheduling.{task}[") for task in ("wake", "claim", "sweep")}
-    empty_wakes = len(re.findall(r"scheduling\.wake\[[^]]+\] succeeded [^{]*\{'claimed': 0", log))
+    # What the skew does on the broker side: a message whose `expires` was set by a sender on the
+    # right clock may already be past by the worker's clock, and is discarded unrun.
+    discarded = worker.log().count("Discarding revoked task")
     measure.record(
         f"9 clock 10 min ahead ({ahead})",
         "nothing ran early (database clock decides); a job due in 5 min stayed pending",
         worker_clock_ahead_s=round(sum(skews) / len(skews), 1),
         max_lag_s=round(max(lags), 2),
-        wakeups_that_found_nothing=empty_wakes,
-        discarded_as_expired=discarded,
+        messages_discarded_as_expired=discarded,
     )

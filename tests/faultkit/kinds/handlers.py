@@ -30,15 +30,6 @@ POISON_LEASE_SECONDS = 2
 POISON_MAX_ATTEMPTS = 3
 
 
-@registry.handler(
-    "faults.effect",
-    schema=EFFECT_SCHEMA,
-    timeout=60,
-    max_attempts=3,
-    backoff=registry.Backoff(1, 2),
-    lease_seconds=EFFECT_LEASE_SECONDS,
-    batch_size=1,
-)
 def effect(job: registry.Job) -> None:
     """Record the execution, send one notification per job, then hold ``hold`` s on the attempts in ``hold_on``."""
     Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
@@ -52,6 +43,28 @@ def effect(job: registry.Job) -> None:
         pass  # a re-run of a job whose notification was already sent: nothing more to do
     if job.attempt in job.payload.get("hold_on", [1]):
         time.sleep(float(job.payload.get("hold", 0)))
+
+
+# Sent to workers as run_batch messages (its timeout is too long to run inside the claim loop).
+registry.handler(
+    "faults.effect",
+    schema=EFFECT_SCHEMA,
+    timeout=60,
+    max_attempts=3,
+    backoff=registry.Backoff(1, 2),
+    lease_seconds=EFFECT_LEASE_SECONDS,
+    batch_size=1,
+)(effect)
+# Short enough (claim.INLINE_MAX_TIMEOUT_SECONDS) to run inside the claim loop itself.
+registry.handler(
+    "faults.effect_inline",
+    schema=EFFECT_SCHEMA,
+    timeout=10,
+    max_attempts=3,
+    backoff=registry.Backoff(1, 2),
+    lease_seconds=EFFECT_LEASE_SECONDS,
+    batch_size=1,
+)(effect)
 
 
 @registry.handler(
