@@ -256,6 +256,7 @@ def pickle_message(task: str, args: list[Any], queue: str) -> bytes:
 def test_pickle_message_in_the_queue_is_refused_and_never_runs(cluster, broker, tmp_path: Path) -> None:
     """A pickled message LPUSHed onto the worker's queue is refused by content type; its payload never runs."""
     worker = cluster.worker()
+    cluster.beat()  # claims the JSON job queued behind the pickles
     harness.wait_ready(worker)
     evidence = tmp_path / "unpickled"
     prefix = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")
