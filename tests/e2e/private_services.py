@@ -11,7 +11,10 @@ As root, PostgreSQL runs as the ``postgres`` user (``runuser``), which owns the 
 
 Usage in a test module::
 
-    from tests.e2e.private_services import pg_template, private_stack  # noqa: F401 (fixtures)
+    from tests.e2e import private_services
+
+    pg_template = private_services.pg_template  # the fixtures, made visible to this module's tests
+    private_stack = private_services.private_stack
 
     def test_x(private_stack):
         stack = private_stack

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import itertools
 import json
 import signal
 import time
@@ -198,6 +199,12 @@ def test_postgres_unreachable_for_30s(private_stack: Stack) -> None:
     assert len(beat_tries) >= 10, f"beat retried {len(beat_tries)} times in 30 s"
     gaps = [b - a for a, b in zip([stopped_at, *beat_tries], [*beat_tries, back_at], strict=True)]
     assert max(gaps) < 10, f"beat went {max(gaps):.1f}s without a try"
+    # ... and the worker that finished the sleeper kept retrying its outcome (bounded backoff), not hanging.
+    record_tries = sorted(
+        t for w in workers for t in _log_lines_between(w.log(), "cannot record outcomes", stopped_at, back_at)
+    )
+    assert len(record_tries) >= 5, f"the outcome was retried {len(record_tries)} times"
+    assert max(b - a for a, b in itertools.pairwise(record_tries)) < 5
     assert all(p.popen.poll() is None for p in [*workers, beat])
     record_result(
         "fault_8_postgres_unreachable_30s",
@@ -206,6 +213,7 @@ def test_postgres_unreachable_for_30s(private_stack: Stack) -> None:
             "outage_seconds": round(back_at - stopped_at, 3),
             "beat_retries_during_outage": len(beat_tries),
             "beat_longest_wait_seconds": round(max(gaps), 3),
+            "worker_outcome_retries_during_outage": len(record_tries),
             "attempt_outcomes": attempts,
             "recovery_first_job_done_seconds": round(first_after, 3),
             "recovery_backlog_done_seconds": round(backlog_after, 3),
