@@ -141,6 +141,10 @@ CELERY_TASK_IGNORE_RESULT = True  # job outcomes live in scheduling's own tables
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Soft shutdown: with REMAP_SIGTERM=SIGQUIT in a worker's environment, SIGTERM stops taking messages,
+# gives running tasks this long to finish, then stops the rest, whose claims their pool processes
+# give back at once (scheduling.runner). Keep it below the orchestrator's grace period (30 s in k8s).
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(env.get_int("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT_SECONDS", 20))
 CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_TASK_TRACK_STARTED = True

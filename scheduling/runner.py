@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from scheduling import exceptions, heartbeat, registry, store, timeouts
 from scheduling.models import AttemptOutcome
@@ -29,6 +29,7 @@ FLUSH_EVERY_SECONDS = 1.0  # finished jobs are written back at least this often 
 HARD_LIMIT_MARGIN_SECONDS = 30  # Celery kills a batch this long after the sum of its timeouts
 ERROR_TEXT_LIMIT = 4000  # characters of error text kept per attempt
 RECORD_RETRY_SECONDS = 60.0  # a finished job's outcome is retried this long while the database is unreachable
+RELEASE_REASON = "released: the worker stopped before the job finished"
 
 T = TypeVar("T")
 
@@ -108,6 +109,7 @@ def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:
     clock = _DbClock(started[0].db_now)
     successes: list[store.Outcome] = []
     failures: list[store.Outcome] = []
+    settled: set[int] = set()  # jobs whose outcome was written (or refused as stale)
     last_flush = time.monotonic()
 
     def flush() -> None:
@@ -128,17 +130,43 @@ def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:
         report.succeeded += len(done)
         report.failed += len(moved)
         report.stale += stale
+        settled.update(o.id for o in successes + failures)
         successes, failures = [], []
         last_flush = time.monotonic()
 
     with heartbeat.holding([(j.id, j.token) for j in started]):
-        for job in started:
-            outcome = _run_one(job, clock)
-            (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
-            if time.monotonic() - last_flush >= FLUSH_EVERY_SECONDS:
-                flush()
-        flush()
+        try:
+            for job in started:
+                outcome = _run_one(job, clock)
+                (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
+                if time.monotonic() - last_flush >= FLUSH_EVERY_SECONDS:
+                    flush()
+            flush()
+        except SystemExit:
+            # A shutdown is stopping this process mid-batch (billiard turns the SIGTERM of Celery's
+            # cold or soft shutdown into SystemExit): give back what did not finish now, not a lease later.
+            _give_back([(j.id, j.token) for j in started if j.id not in settled], successes, failures)
+            raise
     return report
+
+
+def _give_back(
+    claims: Sequence[tuple[int, str]], successes: list[store.Outcome], failures: list[store.Outcome]
+) -> None:
+    """Record the outcomes already known, release the other claims (pending again, attempt counted)."""
+    try:
+        store.complete_jobs(successes)
+        store.fail_jobs(failures)
+        finished = {o.id for o in successes + failures}
+        released = store.release_jobs([c for c in claims if c[0] not in finished], RELEASE_REASON)
+    except DatabaseError:
+        logger.warning("could not give claims back while stopping; the sweeper will", exc_info=True)
+        return
+    for job_id, state in released:
+        logger.warning(
+            "claim released: the worker is stopping",
+            extra={"job_id": job_id, "action": "released" if state == "pending" else state},
+        )
 
 
 def _run_one(job: store.StartedJob, clock: _DbClock) -> store.Outcome:

@@ -348,7 +348,7 @@ WITH ranked AS (
     DELETE FROM scheduling_schedulerun AS r
     USING ranked
     WHERE r.id = ranked.id
-      AND ranked.position > CASE WHEN ranked.ok THEN %(successful)s ELSE %(failed)s END
+      AND ranked.position > CASE WHEN ranked.ok THEN %(successful)s::int ELSE %(failed)s::int END
     RETURNING r.tick
 ), watermark AS (
     UPDATE scheduling_schedulepolicy AS p

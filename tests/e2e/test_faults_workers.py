@@ -22,7 +22,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from scheduling import api, claim
+from scheduling import api, claim, runner
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution, Notification
 from tests.e2e.harness import Cluster, Proc, wait_for, wait_ready
@@ -371,4 +371,59 @@ def test_a_worker_ten_minutes_ahead_runs_nothing_early(cluster, ahead):
         worker_clock_ahead_s=round(sum(skews) / len(skews), 1),
         max_lag_s=round(max(lags), 2),
         messages_discarded_as_expired=discarded,
+    )
+
+
+# --- 11. Warm shutdown with a short and a long job running ---------------------------------------------
+
+# REMAP_SIGTERM=SIGQUIT makes SIGTERM Celery's soft shutdown: stop taking messages, let running
+# tasks finish for CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT_SECONDS, then cancel the rest (SIGTERM to
+# their pool processes, which release their claims: scheduling.shutdown).
+SOFT_SHUTDOWN = {"REMAP_SIGTERM": "SIGQUIT", "CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT_SECONDS": "4"}
+QUICK = {"hold": 0, "hold_on": []}
+
+
+def test_sigterm_finishes_the_short_job_and_requeues_the_long_one_once(cluster):
+    """SIGTERM with a short and a long job running: the short one is recorded, the long one released once and rerun."""
+    leaving = cluster.worker("w1", concurrency=3, env={**FAST, **SOFT_SHUTDOWN})
+    cluster.beat(env=FAST)
+    wait_ready(leaving)
+    short = api.schedule("faults.effect", {"hold": 2}, delay=0)
+    long = api.schedule("faults.effect", {"hold": 30}, delay=0)
+    countdown = api.defer("faults.effect", QUICK, delay=10)  # a broker countdown w1 holds in memory
+    assert countdown.mechanism == "broker"
+    for job in (short, long):
+        wait_for(lambda job=job: _executions(job.id), 30, message=f"job {job.id} to start")
+    wait_for(lambda: f"[{countdown.id}] received" in leaving.log(), 15, message="w1 to hold the countdown")
+    leaving.signal(signal.SIGTERM)
+    term_at = measure.db_now()
+    staying = cluster.worker("w2", concurrency=2, env=FAST)
+    assert leaving.popen.wait(30) is not None
+
+    finished = _job(short.id)
+    assert finished.state == JobState.DONE, "the short job finished within the soft shutdown and was recorded"
+    assert _outcomes(short.id) == [AttemptOutcome.SUCCEEDED]
+    released = JobAttempt.objects.get(job_id=long.id, number=1)
+    assert released.outcome == AttemptOutcome.RECLAIMED
+    assert released.error == runner.RELEASE_REASON, "given back by the stopping process, not by the sweeper"
+    wait_ready(staying)
+    rerun = _wait_state(long.id, JobState.DONE, 30)
+    assert rerun.attempts == 2
+    assert _outcomes(long.id) == [AttemptOutcome.RECLAIMED, AttemptOutcome.SUCCEEDED], "requeued once"
+    assert [run.pid in staying.children() for run in _executions(long.id)] == [False, True]
+    assert _notifications(long.id) == 1
+    # The countdown w1 held unacknowledged went back to Redis when it left; w2 runs it, once.
+    key = f"broker:{countdown.id}"
+    wait_for(lambda: Execution.objects.filter(idempotency_key=key).exists(), 30, message="the countdown to run")
+    time.sleep(3)
+    assert Execution.objects.filter(idempotency_key=key).count() == 1, "no countdown lost, none doubled"
+    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+    ran = JobAttempt.objects.get(job_id=long.id, number=2)
+    measure.record(
+        "11 SIGTERM (soft shutdown) with a short and a long job",
+        "short job finished and recorded; long job released once and rerun on another worker; countdown ran once",
+        soft_shutdown_s=float(SOFT_SHUTDOWN["CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT_SECONDS"]),
+        term_to_release_s=measure.seconds(released.finished_at, term_at),
+        term_to_rerun_s=measure.seconds(ran.started_at, term_at),
+        short_finished_after_term_s=measure.seconds(finished.finished_at, term_at),
     )
