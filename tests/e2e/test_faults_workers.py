@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from scheduling import api, claim, runner
+from scheduling import api, claim, exceptions, runner, workers
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution, Notification
 from tests.e2e.harness import Cluster, Proc, wait_for, wait_ready
@@ -426,4 +427,61 @@ def test_sigterm_finishes_the_short_job_and_requeues_the_long_one_once(cluster):
         term_to_release_s=measure.seconds(released.finished_at, term_at),
         term_to_rerun_s=measure.seconds(ran.started_at, term_at),
         short_finished_after_term_s=measure.seconds(finished.finished_at, term_at),
+    )
+
+
+# --- 5. A countdown longer than the visibility timeout ------------------------------------------------
+
+# A worker whose Redis visibility timeout is 4 s, scanning for stale unacknowledged messages every
+# second; its ceiling (1 s) plus margin (2 s) sits below that, or scheduling.E003 stops it.
+SHORT_VISIBILITY = {
+    "CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS": "4",
+    "SCHEDULING_BROKER_DELAY_MAX_SECONDS": "1",
+    "SCHEDULING_VISIBILITY_MARGIN_SECONDS": "2",
+}
+
+
+def test_a_countdown_longer_than_the_visibility_timeout_runs_once_only_through_the_guard(cluster, settings):
+    """A raw countdown past the visibility timeout is delivered again and again; through defer() every one runs once."""
+    (worker,) = _start(cluster, env=SHORT_VISIBILITY)
+    # Without the guard: a 12 s countdown sent straight to the deferral task.
+    raw_id = str(uuid.uuid4())
+    sent_at = measure.db_now()
+    workers.run_deferred.apply_async(args=["faults.effect", QUICK, 1, raw_id], task_id=raw_id, countdown=12)
+    # Through the guard, with this process configured like the worker.
+    settings.SCHEDULING_BROKER_DELAY_MAX_SECONDS = 1
+    settings.SCHEDULING_VISIBILITY_MARGIN_SECONDS = 2
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = {**settings.CELERY_BROKER_TRANSPORT_OPTIONS, "visibility_timeout": 4}
+    long = api.defer("faults.effect", QUICK, delay=12)
+    short = api.defer("faults.effect", QUICK, delay=1)
+    assert (long.mechanism, short.mechanism) == ("table", "broker"), "over the ceiling it is a due_at row"
+    settings.SCHEDULING_BROKER_DELAY_MAX_SECONDS = 30  # a ceiling too close to the visibility timeout
+    with pytest.raises(exceptions.DelayTooLong):
+        api.defer("faults.effect", QUICK, delay=12)
+    # ...and a worker configured that way refuses to start at all.
+    refused = cluster.worker("w-misconfigured", env={**FAST, "CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS": "4"})
+    assert refused.popen.wait(60) != 0
+    assert "scheduling.E003" in refused.log()
+
+    raw_key = f"broker:{raw_id}"
+    wait_for(lambda: Execution.objects.filter(idempotency_key=raw_key).exists(), 30, message="the raw countdown")
+    _wait_state(long.id, JobState.DONE, 30)
+    time.sleep(6)  # longer than the visibility timeout: any copy still held would come back and run
+    raw_runs = Execution.objects.filter(idempotency_key=raw_key).count()
+    redelivered = len(re.findall(rf"\[{raw_id}\] received", worker.log()))
+    assert raw_runs >= 2, "Redis handed the held countdown out again each visibility timeout (celery #2599, #4400)"
+    assert Notification.objects.filter(idempotency_key=raw_key).count() == 1, "only an idempotent handler saves it"
+    assert Execution.objects.filter(idempotency_key=f"broker:{short.id}").count() == 1
+    assert len(_executions(long.id)) == 1
+    first_run = Execution.objects.filter(idempotency_key=raw_key).order_by("id").first()
+    measure.record(
+        "5 countdown longer than the visibility timeout",
+        "raw 12 s countdown with a 4 s visibility timeout: delivered and run repeatedly; through defer() it "
+        "becomes a due_at row (or DelayTooLong; a worker with such a ceiling refuses to start): each runs once",
+        visibility_timeout_s=4,
+        raw_countdown_s=12,
+        raw_deliveries=redelivered,
+        raw_executions=raw_runs,
+        guarded_executions=1,
+        raw_first_run_after_s=measure.seconds(first_run.started_at, sent_at),
     )
