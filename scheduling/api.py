@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from scheduling import claim, conf, deferral, exceptions, registry, store
@@ -164,6 +165,44 @@ def schedule(
     return job
 
 
+def schedule_many(
+    kind: str,
+    payloads: Sequence[Any],
+    *,
+    due_at: dt.datetime | None = None,
+    delay: float | int | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    owner: Any = None,
+) -> list[int]:
+    """Schedule one job of ``kind`` per payload, all at ``due_at`` or after ``delay``; returns their ids.
+
+    The same checks as ``schedule()`` (every payload is validated before anything is stored) and
+    the same transaction rules, in one statement: for bulk loads, where a row-per-call insert
+    dominates. No keys: a keyed job needs ``schedule()``'s conflict handling.
+    """
+    job_kind = registry.get(kind)
+    encoded = [encode_payload(job_kind, payload) for payload in payloads]
+    resolved_due_at, resolved_delay = _resolve_time(due_at, delay)
+    attempts = job_kind.max_attempts if max_attempts is None else max_attempts
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 1000:
+        raise exceptions.InvalidSchedule(f"max_attempts must be a whole number from 1 to 1000, got {max_attempts!r}.")
+    if not encoded:
+        return []
+    asked_at = time.monotonic()
+    rows = store.insert_jobs(
+        kind,
+        encoded,
+        due_at=resolved_due_at,
+        delay_seconds=resolved_delay,
+        lease_seconds=job_kind.lease_seconds,
+        max_attempts=attempts,
+        owner_id=getattr(owner, "pk", owner),
+    )
+    claim.wake_on_commit(min(row[2] for row in rows), asked_at)  # one wake-up: all rows share the due time
+    logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
+    return [row[0] for row in rows]
+
+
 def _find(job_id: int | None, key: str | None) -> int:
     if (job_id is None) == (key is None):
         raise exceptions.InvalidSchedule("Give exactly one of job_id and key.")
@@ -235,10 +274,12 @@ def status(*, include_broker: bool = True) -> dict[str, Any]:
     unacked), or None when Redis does not answer; ``include_broker=False`` skips reading Redis
     (which reads every queued message to sort them by ETA) when only the table matters.
     """
-    numbers = store.backlog_status(float(conf.get("SCHEDULING_STUCK_AFTER_SECONDS")))
+    numbers = store.backlog_status(
+        float(conf.get("SCHEDULING_STUCK_AFTER_SECONDS")), int(conf.get("SCHEDULING_STATUS_EXACT_LIMIT"))
+    )
     if include_broker:
         numbers["broker"] = deferral.broker_counts()
     return numbers
 
 
-__all__ = ["cancel", "defer", "reschedule", "schedule", "status"]
+__all__ = ["cancel", "defer", "reschedule", "schedule", "schedule_many", "status"]

@@ -164,8 +164,12 @@ def _loop(listener: Listener | None, seconds: float) -> ClaimReport:
         if more_due:  # the queue is full: let the workers catch up a little
             _wait(listener, min(remaining, BACKPRESSURE_PAUSE_SECONDS))
             continue
-        upcoming = store.next_due_times(remaining, 1)
-        timeout = remaining if not upcoming else min(remaining, max(0.0, upcoming[0][1]))
+        # Sleep to the next due time, but re-read it at least every claim interval: wake_on_commit
+        # only NOTIFYs rows due within one interval, so a row committed due further out than that
+        # (while the loop sleeps with nothing upcoming) is found by the next re-read, before it is due.
+        horizon = min(remaining, float(conf.get("SCHEDULING_CLAIM_INTERVAL_SECONDS")))
+        upcoming = store.next_due_times(horizon, 1)
+        timeout = horizon if not upcoming else min(horizon, max(0.0, upcoming[0][1]))
         _wait(listener, timeout)
     return ClaimReport(claimed, batches, inline, more_due)
 

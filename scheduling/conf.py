@@ -23,6 +23,8 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULING_DEFAULT_TIMEOUT_SECONDS": 300,
     "SCHEDULING_MAX_PAYLOAD_BYTES": 64 * 1024,
     "SCHEDULING_STUCK_AFTER_SECONDS": 300,  # claimed longer than this counts as stuck in status
+    "SCHEDULING_STATUS_EXACT_LIMIT": 10_000,  # rows: pending counts above this are planner estimates in status
+    "SCHEDULING_ASYNC_COMMIT": True,  # claim-path commits skip the WAL flush wait (store._fetchall_async_commit)
     # broker path
     "SCHEDULING_BROKER_DELAY_MAX_SECONDS": 900,  # like SQS DelaySeconds; must stay below the visibility timeout
     "SCHEDULING_VISIBILITY_MARGIN_SECONDS": 300,  # the ceiling must sit this far below the visibility timeout

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
+
+from scheduling import conf
 
 SQL_FILE = Path(__file__).with_name("sql") / "queries.sql"
 _NAME = re.compile(r"^--\s*name:\s*(?P<name>\w+)\s*$")
@@ -47,6 +49,23 @@ def queries() -> dict[str, str]:
 def _fetchall(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
         cursor.execute(queries()[name], params)
+        return cursor.fetchall()
+
+
+def _fetchall_async_commit(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run a claim-path statement in its own transaction that commits without waiting for the WAL flush.
+
+    The claim, start, heartbeat and outcome statements are most of what the claim loop waits for:
+    on a busy disk each commit's flush takes milliseconds, and a job due meanwhile waits too. With
+    ``synchronous_commit = off`` a PostgreSQL crash can undo the last fraction of a second of them;
+    the jobs concerned are claimed and run again (at-least-once, as after a worker crash): no job is
+    lost, since schedule() and cancel() keep synchronous commits. Inside a caller's transaction the
+    statement simply joins it. ``SCHEDULING_ASYNC_COMMIT = False`` turns this off.
+    """
+    if not conf.get("SCHEDULING_ASYNC_COMMIT") or not connection.get_autocommit():
+        return _fetchall(name, params)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off;\n" + queries()[name], params)
         return cursor.fetchall()
 
 
@@ -83,6 +102,29 @@ def insert_job(job: NewJob, on_conflict: str) -> tuple[int, dt.datetime, float] 
     name = "insert_job" if job.key is None else "upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep"
     rows = _fetchall(name, params)
     return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+
+def insert_jobs(
+    kind: str,
+    payloads: Sequence[str],
+    *,
+    due_at: dt.datetime | None,
+    delay_seconds: float | None,
+    lease_seconds: int,
+    max_attempts: int,
+    owner_id: int | None,
+) -> list[tuple[int, dt.datetime, float]]:
+    """Insert many jobs of one kind (payloads already JSON text): (id, due_at, seconds until due) each."""
+    params = {
+        "kind": kind,
+        "payloads": list(payloads),
+        "due_at": due_at,
+        "delay": delay_seconds or 0.0,
+        "lease_seconds": lease_seconds,
+        "max_attempts": max_attempts,
+        "owner_id": owner_id,
+    }
+    return [(row[0], row[1], row[2]) for row in _fetchall("insert_jobs", params)]
 
 
 def notify_due(channel: str) -> None:
@@ -153,7 +195,7 @@ class StartedJob:
 
 
 def claim_due_jobs(limit: int) -> list[Claim]:
-    return [Claim(*row) for row in _fetchall("claim_due_jobs", {"limit": limit})]
+    return [Claim(*row) for row in _fetchall_async_commit("claim_due_jobs", {"limit": limit})]
 
 
 def next_due_times(horizon_seconds: float, limit: int) -> list[tuple[dt.datetime, float]]:
@@ -164,7 +206,7 @@ def next_due_times(horizon_seconds: float, limit: int) -> list[tuple[dt.datetime
 def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJob]:
     ids = [c[0] for c in claims]
     tokens = [c[1] for c in claims]
-    rows = _fetchall("start_jobs", {"ids": ids, "tokens": tokens, "worker": worker})
+    rows = _fetchall_async_commit("start_jobs", {"ids": ids, "tokens": tokens, "worker": worker})
     # Django's psycopg2 connections hand jsonb back as text (its JSONField decodes it): decode here.
     return [StartedJob(*row[:3], json.loads(row[3]) if isinstance(row[3], str) else row[3], *row[4:]) for row in rows]
 
@@ -172,7 +214,7 @@ def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJo
 def heartbeat_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
     """Refresh the claims; returns the ids still held (others were taken back)."""
     params = {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
-    return [row[0] for row in _fetchall("heartbeat_jobs", params)]
+    return [row[0] for row in _fetchall_async_commit("heartbeat_jobs", params)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +240,7 @@ def complete_jobs(outcomes: Sequence[Outcome]) -> list[int]:
         "started": [o.started_at for o in outcomes],
         "finished": [o.finished_at for o in outcomes],
     }
-    return [row[0] for row in _fetchall("complete_jobs", params)]
+    return [row[0] for row in _fetchall_async_commit("complete_jobs", params)]
 
 
 def fail_jobs(outcomes: Sequence[Outcome]) -> list[tuple[int, str, dt.datetime]]:
@@ -214,7 +256,7 @@ def fail_jobs(outcomes: Sequence[Outcome]) -> list[tuple[int, str, dt.datetime]]
         "errors": [o.error for o in outcomes],
         "delays": [o.retry_delay_seconds for o in outcomes],
     }
-    return [(row[0], row[1], row[2]) for row in _fetchall("fail_jobs", params)]
+    return [(row[0], row[1], row[2]) for row in _fetchall_async_commit("fail_jobs", params)]
 
 
 def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[tuple[int, str]]:
@@ -236,11 +278,24 @@ def prune_finished_jobs(*, days: int, limit: int) -> int:
     return len(_fetchall("prune_finished_jobs", {"days": days, "limit": limit}))
 
 
-def backlog_status(stuck_after_seconds: float) -> dict[str, Any]:
+ESTIMATED_COUNTS = ("backlog", "pending", "due_next_24h")
+
+
+def backlog_status(stuck_after_seconds: float, exact_limit: int = 10_000) -> dict[str, Any]:
+    """The status numbers; pending counts past ``exact_limit`` are planner estimates, named in ``estimated``."""
     with connection.cursor() as cursor:
-        cursor.execute(queries()["backlog_status"], {"stuck_after": stuck_after_seconds})
+        cursor.execute(queries()["backlog_status"], {"stuck_after": stuck_after_seconds, "exact_limit": exact_limit})
         names = [col[0] for col in cursor.description]
-        return dict(zip(names, cursor.fetchone(), strict=True))
+        status = dict(zip(names, cursor.fetchone(), strict=True))
+        status["estimated"] = []
+        for name in ESTIMATED_COUNTS:
+            if status[name] > exact_limit:
+                cursor.execute("EXPLAIN (FORMAT JSON) " + queries()[f"estimate_{name}"])
+                plan = cursor.fetchone()[0]
+                plan = json.loads(plan) if isinstance(plan, str) else plan
+                status[name] = max(exact_limit + 1, int(plan[0]["Plan"]["Plan Rows"]))
+                status["estimated"].append(name)
+        return status
 
 
 def database_now() -> dt.datetime:

@@ -11,6 +11,18 @@ VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now() + make_interval
         %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now())
 RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
 
+-- name: insert_jobs
+-- Bulk insert for schedule_many: one statement for any number of rows of one kind (no keys), in
+-- the caller's transaction. The payloads come as one text array; ORDINALITY keeps their order.
+INSERT INTO scheduling_scheduledjob
+    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+     claimed_by, created_at, updated_at)
+SELECT %(kind)s, t.payload::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
+       %(lease_seconds)s, 0, %(max_attempts)s, '', NULL, %(owner_id)s, '', now(), now()
+FROM unnest(%(payloads)s::text[]) WITH ORDINALITY AS t(payload, n)
+ORDER BY t.n
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
+
 -- name: upsert_job_replace
 -- on_conflict="replace": a second job for a key that already has a pending job moves that job
 -- (new due time, payload, attempts budget) instead of adding a row. A claimed job is running and
@@ -257,14 +269,21 @@ DELETE FROM scheduling_scheduledjob WHERE id IN (SELECT id FROM victims)
 RETURNING id;
 
 -- name: backlog_status
--- One pass over the partial indexes for the numbers operators watch.
+-- One pass over the partial indexes for the numbers operators watch (status, /metrics, /healthz).
+-- The pending counts are exact up to exact_limit rows: each counts a LIMITed scan of the partial
+-- index, so the query costs the same with a million pending rows as with ten thousand (counting a
+-- million index entries takes hundreds of milliseconds, on every scrape). A count that comes back
+-- as exact_limit + 1 means "more": store.backlog_status replaces it with the planner's estimate.
 SELECT
-    (SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()) AS backlog,
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
+                           LIMIT %(exact_limit)s + 1) AS capped) AS backlog,
     (SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0)::float8
        FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()) AS oldest_overdue_seconds,
-    (SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'pending') AS pending,
-    (SELECT count(*) FROM scheduling_scheduledjob
-       WHERE state = 'pending' AND due_at > now() AND due_at <= now() + interval '24 hours') AS due_next_24h,
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending'
+                           LIMIT %(exact_limit)s + 1) AS capped) AS pending,
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
+                           WHERE state = 'pending' AND due_at > now() AND due_at <= now() + interval '24 hours'
+                           LIMIT %(exact_limit)s + 1) AS capped) AS due_next_24h,
     (SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'claimed') AS claimed,
     (SELECT count(*) FROM scheduling_scheduledjob
        WHERE state = 'claimed'
@@ -272,6 +291,17 @@ SELECT
               OR claimed_at < now() - make_interval(secs => %(stuck_after)s))) AS stuck,
     (SELECT count(*) FROM scheduling_scheduledjob
        WHERE state = 'dead' AND finished_at > now() - interval '24 hours') AS dead_last_24h;
+
+-- name: estimate_backlog
+-- Planner estimates (EXPLAIN, from the table statistics) for counts past backlog_status's exact limit.
+SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now();
+
+-- name: estimate_pending
+SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending';
+
+-- name: estimate_due_next_24h
+SELECT 1 FROM scheduling_scheduledjob
+WHERE state = 'pending' AND due_at > now() AND due_at <= now() + interval '24 hours';
 
 -- --- Fixed-time schedules ------------------------------------------------------------------------
 
