@@ -37,6 +37,7 @@ LOOP_LOCK_KEY = locks.lock_key("claim", "loop")
 BACKPRESSURE_PAUSE_SECONDS = 0.05  # pause while the queue is full
 FALLBACK_POLL_SECONDS = 0.05  # sleep step when no LISTEN connection is available
 INLINE_MAX_TIMEOUT_SECONDS = 10  # only kinds with a timeout this short may run inside the claim loop
+INLINE_CLAIM_ROWS = 100  # rows the loop claims for itself to run while the queue is full
 LEAD_SILENCE_SECONDS = 10  # PostgreSQL ends the leading loop's lock session once it is silent this long
 TOUCH_EVERY_SECONDS = 1.0  # the leading loop shows its lock session it is alive this often
 
@@ -72,12 +73,15 @@ def _short(kind_name: str) -> bool:
         return False
 
 
-def claim_and_dispatch(*, run_first_inline: bool, limit: int | None = None) -> ClaimReport:
-    """Claim due rows and send them to workers; optionally run the first batch here."""
+def claim_and_dispatch(*, run_first_inline: bool, limit: int | None = None, backpressure: bool = True) -> ClaimReport:
+    """Claim due rows and send them to workers; optionally run the first batch here.
+
+    ``backpressure=False`` claims even while the queue is full: for a claim the caller runs itself.
+    """
     from scheduling import runner, workers
 
     size = int(limit or conf.get("SCHEDULING_CLAIM_BATCH_SIZE"))
-    queued = wakeups.queued_messages()
+    queued = wakeups.queued_messages() if backpressure else 0
     if queued >= int(conf.get("SCHEDULING_MAX_QUEUED_BATCHES")):
         # Back-pressure: workers have enough waiting. Claiming more would only age claims in the
         # broker (their heartbeat starts when they run) until the sweeper takes them back.
@@ -161,8 +165,15 @@ def _loop(listener: Listener | None, seconds: float) -> ClaimReport:
             break
         if more_due and report.claimed:
             continue  # a backlog: claim the next rows now
-        if more_due:  # the queue is full: let the workers catch up a little
-            _wait(listener, min(remaining, BACKPRESSURE_PAUSE_SECONDS))
+        if more_due:
+            # The queue is full: rather than idle (it holds one of the workers' processes), the loop
+            # claims a batch for itself and runs it; it waits only if there was nothing short to run.
+            own = claim_and_dispatch(run_first_inline=True, limit=INLINE_CLAIM_ROWS, backpressure=False)
+            claimed += own.claimed
+            batches += own.batches
+            inline += own.ran_inline
+            if not own.ran_inline:
+                _wait(listener, min(remaining, BACKPRESSURE_PAUSE_SECONDS))
             continue
         # Sleep to the next due time, but re-read it at least every claim interval: wake_on_commit
         # only NOTIFYs rows due within one interval, so a row committed due further out than that
