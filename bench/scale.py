@@ -93,7 +93,7 @@ def measure_level(pending: int) -> dict[str, Any]:
         drained += len(store.complete_jobs(outcomes))
         round_s += time.perf_counter() - t0
     drain_s = round_s
-    status_ms = timed_ms(api.status, 5)
+    status_ms = timed_ms(lambda: api.status(include_broker=False), 5)
     count_ms = timed_ms(lambda: ScheduledJob.objects.due().count(), 5)
     page_ms = timed_ms(lambda: list(ScheduledJob.objects.due().order_by("due_at", "id")[:100]), 5)
     with connection.cursor() as cur:
@@ -111,6 +111,31 @@ def measure_level(pending: int) -> dict[str, Any]:
         "backlog_page_ms": round(common.median(page_ms), 2),
         "uses_partial_index": bool(index_lines),
         "plan_line": index_lines[0] if index_lines else " / ".join(line.strip() for line in plan[:4]),
+    }
+
+
+DEAD_INDEX = "bench_scheduledjob_dead_finished_idx"
+
+
+def status_with_dead_index() -> dict[str, float]:
+    """Status's one unbounded part is dead_last_24h: PostgreSQL has no index for dead rows by finish time,
+    so it walks the finished rows of the last day. Time that subquery, then status again with the index
+    the benchmark recommends (created here by hand and dropped: the benchmark creates no migration)."""
+    from scheduling import api
+
+    dead_sql = (
+        "SELECT count(*) FROM scheduling_scheduledjob"
+        " WHERE state = 'dead' AND finished_at > now() - interval '24 hours'"
+    )
+    dead_ms = timed_ms(lambda: _execute(dead_sql), 5)
+    _execute(f"CREATE INDEX IF NOT EXISTS {DEAD_INDEX} ON scheduling_scheduledjob (finished_at) WHERE state = 'dead'")
+    try:
+        with_index = timed_ms(lambda: api.status(include_broker=False), 5)
+    finally:
+        _execute(f"DROP INDEX IF EXISTS {DEAD_INDEX}")
+    return {
+        "dead_last_24h_ms": round(common.median(dead_ms), 2),
+        "status_ms_with_dead_index": round(common.median(with_index), 2),
     }
 
 
@@ -134,6 +159,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         common.vacuum_analyze("scheduling_scheduledjob")
         results.append(measure_level(level))
     base, top = results[0], results[-1]
+    top.update(status_with_dead_index())
     rows = [
         [
             f"{r['pending']:,}",
@@ -155,6 +181,11 @@ def main(quick: bool = False) -> dict[str, Any]:
         )
     )
     print(f"claim plan at {top['pending']:,} pending: {top['plan_line']}")
+    print(
+        f"status at {top['pending']:,} pending: {top['status_ms']} ms,"
+        f" of which dead_last_24h {top['dead_last_24h_ms']} ms;"
+        f" with an index on finished_at WHERE state = 'dead': {top['status_ms_with_dead_index']} ms"
+    )
     ratio = common.ratio(top["claim_p50_ms"], base["claim_p50_ms"])
     figures = {
         "finished_rows": finished,
@@ -166,6 +197,8 @@ def main(quick: bool = False) -> dict[str, Any]:
         "ratio_claim_top_vs_10k": ratio,
         "drain_ratio_top_vs_10k": common.ratio(top["drain_rows_per_s"], base["drain_rows_per_s"]),
         "status_ms_at_top": top["status_ms"],
+        "status_ms_at_top_with_dead_index": top["status_ms_with_dead_index"],
+        "dead_last_24h_subquery_ms_at_top": top["dead_last_24h_ms"],
         "target_ratio": TARGET_RATIO,
         "target_status_ms": TARGET_STATUS_MS,
         "target_met": ratio <= TARGET_RATIO and top["status_ms"] <= TARGET_STATUS_MS,
