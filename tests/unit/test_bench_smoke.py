@@ -50,3 +50,29 @@ def test_cli_lists_every_scenario():
     assert set(bench_main.SCENARIOS) == {"throughput", "lag", "scale", "sweep", "memory", "beat"}
     with pytest.raises(SystemExit):
         bench_main.main(["no-such-scenario"])
+
+
+def test_report_renders_a_markdown_table_even_without_results(tmp_path, monkeypatch):
+    """The README table renders; a scenario with no results file says so instead of failing."""
+    from bench import report
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    (tmp_path / "sweep.json").write_text(
+        json.dumps(
+            {
+                "rows": 10,
+                "stranded_claims": 2,
+                "past_retention": 3,
+                "reclaim_s": 0.1,
+                "prune_s": 0.2,
+                "max_statement_ms": 12.5,
+                "reclaim_batch_size": 200,
+                "prune_batch_size": 200,
+                "target_met": True,
+            }
+        )
+    )
+    text = report.markdown()
+    assert text.startswith("| scenario |")
+    assert "| throughput | not measured |" in text
+    assert "longest statement 12.5 ms" in text

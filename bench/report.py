@@ -1,0 +1,147 @@
+"""``python -m bench.report``: the README's table of figures against targets, from ``bench/results/*.json``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from bench import common
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = common.RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        value = f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.1f}"
+    elif isinstance(value, int):
+        value = f"{value:,}"
+    return f"{value}{unit}"
+
+
+Row = tuple[str, str, str, str, str]
+
+
+def _rows() -> list[Row]:
+    rows: list[Row] = []
+
+    def add(name: str, build: Callable[[dict[str, Any]], list[Row]]) -> None:
+        data = _load(name)
+        if data is None:
+            rows.append((name, "not measured", "", "", ""))
+            return
+        rows.extend(build(data))
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**missed**"
+
+    add(
+        "throughput",
+        lambda d: [
+            (
+                "throughput",
+                f"{_fmt(d['jobs'])} no-op jobs, {d['worker_processes']} worker processes, median of {d['runs']}",
+                f"{_fmt(d['jobs_per_s'])} jobs/s = {d['ratio_vs_celery']}x Celery ({_fmt(d['celery_jobs_per_s'])}/s), "
+                f"{d['ratio_vs_procrastinate']}x Procrastinate ({_fmt(d['procrastinate_jobs_per_s'])}/s); "
+                f"raw SQL batch 50: {_fmt(d['raw_batch_50_rows_per_s'])}/s, row per txn: "
+                f"{_fmt(d['raw_row_per_txn_rows_per_s'])}/s",
+                ">= 3,000 jobs/s, >= 3x Procrastinate, >= 2x Celery",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
+    add(
+        "lag",
+        lambda d: [
+            (
+                "lag",
+                f"{d['rate_per_s']} jobs/s due 0.5-5 s ahead for {d['seconds']:.0f} s",
+                f"p50 {_fmt(d['p50_ms'])} / p95 {_fmt(d['p95_ms'])} / p99 {_fmt(d['p99_ms'])} / max "
+                f"{_fmt(d['max_ms'])} ms; idle p99 {_fmt(d['idle_p99_ms'])} ms; bare Celery countdown p99 "
+                f"{_fmt(d['celery_p99_ms'])} ms (idle {_fmt(d['celery_idle_p99_ms'])} ms)",
+                "p99 <= 50 ms under load",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
+    add(
+        "scale",
+        lambda d: [
+            (
+                "scale",
+                f"claim of {d['claim_limit']} on {_fmt(d['finished_rows'])} finished rows",
+                f"claim p50 ratio {d['ratio_claim_top_vs_10k']} ({_fmt(d['levels'][-1]['pending'])} vs 10,000 "
+                f"pending); status {_fmt(d['status_ms_at_top'])} ms at {_fmt(d['levels'][-1]['pending'])} pending; "
+                "partial index used: " + ("yes" if all(lv["uses_partial_index"] for lv in d["levels"]) else "NO"),
+                "ratio <= 1.2, status < 50 ms",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
+    add(
+        "beat",
+        lambda d: [
+            (
+                "beat",
+                f"every {d['every_seconds']} s for {d['seconds']} s, 2 beats, 2 workers",
+                f"tick to run start p50 {_fmt(d['p50_ms'])} / p99 {_fmt(d['p99_ms'])} ms; "
+                f"{d['duplicate_runs']} duplicate runs, {d['missing_ticks']} missing ticks",
+                "p99 <= 500 ms, zero duplicates",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
+    add(
+        "memory",
+        lambda d: [
+            (
+                "memory",
+                "a deferral worker holding 600 s countdowns",
+                f"peak RSS {_fmt(d['peak_rss_mb_limited_10k'])} MB with 10,000 vs {_fmt(d['peak_rss_mb_limited_1k'])}"
+                f" MB with 1,000 (ETA limit {_fmt(d['eta_task_limit'])}); without the limit "
+                f"{_fmt(d['peak_rss_mb_unlimited_10k'])} MB",
+                "bounded: the same with 10,000 as with 1,000",
+                verdict(d["ratio_10k_vs_1k_limited"] is not None and d["ratio_10k_vs_1k_limited"] <= 1.05),
+            )
+        ],
+    )
+    add(
+        "sweep",
+        lambda d: [
+            (
+                "sweep",
+                f"{_fmt(d['rows'])} rows, {_fmt(d['stranded_claims'])} stranded claims, "
+                f"{_fmt(d['past_retention'])} past retention",
+                f"reclaim {d['reclaim_s']} s, prune {d['prune_s']} s; longest statement "
+                f"{_fmt(d['max_statement_ms'])} ms (batches {d['reclaim_batch_size']} / {d['prune_batch_size']})",
+                "no statement holds locks over 100 ms",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
+    return rows
+
+
+def markdown() -> str:
+    lines = [
+        "| scenario | setup | measured | target | |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in _rows()]
+    loads = {name: (_load(name) or {}).get("load_average_1_5_15") for name in ("throughput", "lag", "scale", "beat")}
+    lines.append("")
+    lines.append(
+        "Load average (1/5/15 min) when each scenario ended: "
+        + "; ".join(f"{name} {load}" for name, load in loads.items() if load)
+        + "."
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown())
