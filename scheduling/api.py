@@ -29,8 +29,33 @@ MAX_DELAY_SECONDS = 10 * 366 * 86_400  # ten years: anything further is a unit m
 MAX_KEY_LENGTH = 200
 
 
+def payload_depth(payload: Any) -> int:
+    """How deeply ``payload`` nests lists and objects (a scalar is 0), walked without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(payload, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def encode_payload(kind: registry.Kind, payload: Any) -> str:
-    """Validate ``payload`` for ``kind`` and return its JSON text; raises ``InvalidPayload``."""
+    """Validate ``payload`` for ``kind`` and return its JSON text; raises ``InvalidPayload``.
+
+    Every door (Python, the API, the admin) goes through here, so they refuse the same payloads:
+    not JSON, nested deeper than ``SCHEDULING_MAX_PAYLOAD_DEPTH`` (a worker must be able to decode
+    and validate whatever was stored), over the size limit, or failing the kind's schema.
+    """
+    max_depth = int(conf.get("SCHEDULING_MAX_PAYLOAD_DEPTH"))
+    if payload_depth(payload) > max_depth:
+        raise exceptions.InvalidPayload(f"Payload for {kind.name} is nested deeper than {max_depth} levels.")
     try:
         encoded = json.dumps(payload, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

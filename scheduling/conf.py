@@ -22,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULING_DEFAULT_MAX_ATTEMPTS": 5,
     "SCHEDULING_DEFAULT_TIMEOUT_SECONDS": 300,
     "SCHEDULING_MAX_PAYLOAD_BYTES": 64 * 1024,
+    "SCHEDULING_MAX_PAYLOAD_DEPTH": 32,  # levels of nested lists/objects a payload may have
     "SCHEDULING_STUCK_AFTER_SECONDS": 300,  # claimed longer than this counts as stuck in status
     "SCHEDULING_STATUS_EXACT_LIMIT": 10_000,  # rows: pending counts above this are planner estimates in status
     "SCHEDULING_ASYNC_COMMIT": True,  # claim-path commits skip the WAL flush wait (store._fetchall_async_commit)

@@ -148,3 +148,23 @@ def test_reschedule_refuses_naive_datetime():
     with pytest.raises(exceptions.InvalidSchedule):
         api.reschedule(job.id, due_at=dt.datetime(2031, 1, 1))
     assert ScheduledJob.objects.get(pk=job.id).due_at == job.due_at
+
+
+def test_payload_depth_limit():
+    """A payload nested just past SCHEDULING_MAX_PAYLOAD_DEPTH is refused; one at the limit is stored."""
+    from scheduling import conf
+
+    def nested(levels: int) -> dict:
+        node: dict = {}
+        root = node
+        for _ in range(levels - 1):
+            node["a"] = {}
+            node = node["a"]
+        return root
+
+    limit = conf.get("SCHEDULING_MAX_PAYLOAD_DEPTH")
+    assert api.payload_depth(nested(limit)) == limit
+    api.schedule("demo.noop", nested(limit), delay=60)
+    with pytest.raises(exceptions.InvalidPayload, match="deeper"):
+        api.schedule("demo.noop", nested(limit + 1), delay=60)
+    assert ScheduledJob.objects.count() == 1
