@@ -208,7 +208,19 @@ def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJo
     tokens = [c[1] for c in claims]
     rows = _fetchall_async_commit("start_jobs", {"ids": ids, "tokens": tokens, "worker": worker})
     # Django's psycopg2 connections hand jsonb back as text (its JSONField decodes it): decode here.
-    return [StartedJob(*row[:3], json.loads(row[3]) if isinstance(row[3], str) else row[3], *row[4:]) for row in rows]
+    return [
+        StartedJob(
+            id=row[0],
+            token=row[1],
+            kind=row[2],
+            payload=json.loads(row[3]) if isinstance(row[3], str) else row[3],
+            attempts=row[4],
+            max_attempts=row[5],
+            due_at=row[6],
+            db_now=row[7],
+        )
+        for row in rows
+    ]
 
 
 def heartbeat_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
