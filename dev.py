@@ -134,19 +134,25 @@ def raise_on_sigterm() -> None:
 # --- test ----------------------------------------------------------------------------------------
 
 
-CHROMIUM = Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))
+# Debian packages the test suite drives: (package, a file it installs). Chromium for the browser
+# tests; libfaketime for the clock-skew fault test (a worker whose clock is ten minutes ahead).
+SYSTEM_PACKAGES = [
+    ("chromium", Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))),
+    ("faketime", Path("/usr/bin/faketime")),
+]
 
 
-def ensure_chromium() -> int:
-    """The browser tests drive Debian's Chromium; install it (as root, with apt) when it is missing."""
-    if CHROMIUM.exists():
+def ensure_system_packages() -> int:
+    """Install the Debian packages the tests need (as root, with apt-get) when they are missing."""
+    missing = [name for name, path in SYSTEM_PACKAGES if not path.exists()]
+    if not missing:
         return 0
     if not shutil.which("apt-get") or os.geteuid() != 0:
-        say(f"{CHROMIUM} is missing and cannot be installed here (needs root and apt-get); browser tests will fail")
+        say(f"missing {', '.join(missing)} and cannot install them here (needs root and apt-get)")
         return 1
-    say("installing Debian's chromium for the browser tests (apt-get)")
+    say(f"installing Debian's {', '.join(missing)} for the tests (apt-get)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
         status = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL).returncode
         if status:
             return status
@@ -164,12 +170,12 @@ def command_test(pytest_args: list[str]) -> int:
             ("ruff", [sys.executable, "-m", "ruff", "check", "."]),
             ("makemigrations --check", [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"]),
             ("mypy", [sys.executable, "-m", "mypy", "scheduling", "tasks"]),
-            ("chromium", []),
+            ("system packages", []),
             ("pytest", [sys.executable, "-m", "pytest", *pytest_args]),
         ]
         for name, argv in steps:
-            if name == "chromium":
-                status = ensure_chromium()
+            if name == "system packages":
+                status = ensure_system_packages()
             else:
                 say(f"{name}: {' '.join(argv[1:])}")
                 status = subprocess.run(argv, cwd=ROOT).returncode

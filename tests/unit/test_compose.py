@@ -223,3 +223,13 @@ def test_deferrals_have_their_own_worker(services: dict[str, Any]) -> None:
     assert worker[worker.index("-X") + 1] == deferral.QUEUE
     assert deferred[deferred.index("-Q") + 1] == deferral.QUEUE
     assert "container_name" not in services["worker-deferred"]
+
+
+def test_workers_stop_softly(services: dict[str, Any]) -> None:
+    """Workers remap SIGTERM to a soft shutdown that ends within the container's stop grace period."""
+    for name in ["worker", "worker-deferred"]:
+        env = services[name]["environment"]
+        assert env["REMAP_SIGTERM"] == "SIGQUIT"
+        soft = int(str(env["CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT_SECONDS"]).split(":-")[-1].rstrip("}"))
+        grace = int(str(services[name]["stop_grace_period"]).rstrip("s"))
+        assert soft < grace, name
