@@ -166,6 +166,9 @@ def command_test(pytest_args: list[str]) -> int:
     try:
         os.environ.update(DATABASE_URL=services.database_url, CELERY_BROKER_URL=services.broker_url)
         os.environ.setdefault("DEBUG", "1")
+        # Importing the project package (for project.services) set DJANGO_SETTINGS_MODULE to the
+        # project's settings; pytest-django would prefer it to pyproject's tests.settings.
+        os.environ.pop("DJANGO_SETTINGS_MODULE", None)
         steps = [
             ("ruff", [sys.executable, "-m", "ruff", "check", "."]),
             ("makemigrations --check", [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"]),
