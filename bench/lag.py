@@ -196,7 +196,7 @@ def chart(tk: list[float], cel: list[float]) -> None:
     plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for values, label, color in (
-        (tk, "timekeeper (table + wake-ups)", "#2b7bba"),
+        (tk, "timekeeper (table + claim loop)", "#2b7bba"),
         (cel, "bare Celery countdown", "#9aa5b1"),
     ):
         if not values:
@@ -207,6 +207,7 @@ def chart(tk: list[float], cel: list[float]) -> None:
     ax.axvline(TARGET_P99_MS, color="#c0392b", linestyle="--", label=f"target p99 {TARGET_P99_MS} ms")
     ax.axhline(99, color="#555", linewidth=0.5)
     ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlim(left=0)
     ax.set_xlabel("handler start minus due time (ms)")
     ax.set_ylabel("% of jobs")
     ax.set_title(f"Lag at {RATE_PER_S} jobs/s due 0.5-5 s ahead (cumulative)")
