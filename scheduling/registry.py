@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import importlib
 import logging
 import pkgutil
@@ -73,6 +74,12 @@ class Kind:
     batch_size: int
     description: str
 
+    @functools.cached_property
+    def validator(self) -> jsonschema.protocols.Validator:
+        """The kind's schema compiled once (jsonschema.validate would re-check the schema every call)."""
+        assert self.schema is not None
+        return jsonschema.validators.validator_for(self.schema)(self.schema)
+
     def validate(self, payload: Any) -> None:
         """Raise ``InvalidPayload`` unless ``payload`` is a JSON object that passes the schema."""
         if not isinstance(payload, dict):
@@ -81,7 +88,7 @@ class Kind:
             )
         if self.schema is not None:
             try:
-                jsonschema.validate(payload, self.schema)
+                self.validator.validate(payload)
             except jsonschema.ValidationError as exc:
                 where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
                 raise exceptions.InvalidPayload(

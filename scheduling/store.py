@@ -55,12 +55,13 @@ def _fetchall(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
 def _fetchall_async_commit(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     """Run a claim-path statement in its own transaction that commits without waiting for the WAL flush.
 
-    The claim, start, heartbeat and outcome statements are most of what the claim loop waits for:
-    on a busy disk each commit's flush takes milliseconds, and a job due meanwhile waits too. With
-    ``synchronous_commit = off`` a PostgreSQL crash can undo the last fraction of a second of them;
-    the jobs concerned are claimed and run again (at-least-once, as after a worker crash): no job is
-    lost, since schedule() and cancel() keep synchronous commits. Inside a caller's transaction the
-    statement simply joins it. ``SCHEDULING_ASYNC_COMMIT = False`` turns this off.
+    The claim, start and heartbeat statements are most of what the claim loop waits for: on a busy
+    disk each commit's flush takes milliseconds, and a job due meanwhile waits too. With
+    ``synchronous_commit = off`` a PostgreSQL crash can undo the last fraction of a second of them:
+    those jobs are claimed and run again (at-least-once, as after a worker crash). Outcomes
+    (complete, fail), schedule() and cancel() always commit synchronously, so nothing a caller or a
+    worker was told is committed is lost. Inside a caller's transaction the statement simply joins
+    it. ``SCHEDULING_ASYNC_COMMIT = False`` turns this off.
     """
     if not conf.get("SCHEDULING_ASYNC_COMMIT") or not connection.get_autocommit():
         return _fetchall(name, params)
@@ -252,7 +253,9 @@ def complete_jobs(outcomes: Sequence[Outcome]) -> list[int]:
         "started": [o.started_at for o in outcomes],
         "finished": [o.finished_at for o in outcomes],
     }
-    return [row[0] for row in _fetchall_async_commit("complete_jobs", params)]
+    # Outcomes commit synchronously: a completion the worker was told about survives a crash (and
+    # its flush makes every earlier asynchronous claim and start durable too).
+    return [row[0] for row in _fetchall("complete_jobs", params)]
 
 
 def fail_jobs(outcomes: Sequence[Outcome]) -> list[tuple[int, str, dt.datetime]]:
@@ -268,7 +271,7 @@ def fail_jobs(outcomes: Sequence[Outcome]) -> list[tuple[int, str, dt.datetime]]
         "errors": [o.error for o in outcomes],
         "delays": [o.retry_delay_seconds for o in outcomes],
     }
-    return [(row[0], row[1], row[2]) for row in _fetchall_async_commit("fail_jobs", params)]
+    return [(row[0], row[1], row[2]) for row in _fetchall("fail_jobs", params)]
 
 
 def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[tuple[int, str]]:

@@ -19,7 +19,7 @@ import pytest
 from celery import Celery
 from django.conf import settings
 
-from scheduling import conf, store
+from scheduling import store
 from tests.e2e import private_services
 from tests.e2e.harness import wait_for, wait_ready
 from tests.e2e.private_services import Stack, record_result
@@ -75,14 +75,6 @@ def _unexplained_reruns(stack: Stack) -> list[tuple[Any, ...]]:
     )
 
 
-def _async_commit() -> bool:
-    """Whether the processes commit claim-path statements without waiting for the WAL flush."""
-    try:
-        return bool(conf.get("SCHEDULING_ASYNC_COMMIT"))
-    except KeyError:  # a platform without the option commits synchronously
-        return False
-
-
 def test_postgres_restart_during_claims_and_completions(private_stack: Stack) -> None:
     """pg_ctl restart -m immediate mid-stream: nothing committed lost, processes reconnect, nothing stranded."""
     stack = private_stack
@@ -120,10 +112,9 @@ def test_postgres_restart_during_claims_and_completions(private_stack: Stack) ->
         stack.sql("SELECT id, finished_at FROM scheduling_scheduledjob WHERE id = ANY(%s)", [list(committed_before)])
     )
     undone = sorted(i for i, finished in committed_before.items() if still[i] != finished)
-    # ... and every completion, unless claim-path statements commit asynchronously (SCHEDULING_ASYNC_COMMIT):
-    # then the crash may undo the last completions (and claims); those jobs run again and end done once more.
-    if not _async_commit():
-        assert undone == [], "completions committed before the restart were lost"
+    # ... and every completion: outcomes always commit synchronously (only claims and starts may be
+    # asynchronous, SCHEDULING_ASYNC_COMMIT; a lost claim just means that job is claimed again).
+    assert undone == [], "completions committed before the restart were lost"
     after = stack.executions_per_key()
     assert all(after.get(k, 0) >= n for k, n in executions_before.items())
     # Every job ran, finished with exactly one succeeded attempt; any rerun is explained by an attempt row.
@@ -150,7 +141,6 @@ def test_postgres_restart_during_claims_and_completions(private_stack: Stack) ->
             "recovery_first_job_done_seconds": round(first_after, 3),
             "recovery_backlog_done_seconds": round(due_by_then_done_after, 3),
             "reruns_explained_by_attempt_rows": reruns,
-            "async_commit": _async_commit(),
             "completions_undone_by_the_crash": len(undone),
         },
     )
