@@ -6,36 +6,23 @@ Each process gets its own session (so a stop takes its pool children with it), l
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from bench import common
+from tests.e2e import harness
 
 CELERY = [sys.executable, "-m", "celery"]
 
 
-class Proc:
+class Proc(harness.Proc):
+    """A logged process in its own session (the e2e tests' kind), with the waits a scenario needs."""
+
     def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], log_dir: Path) -> None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("wb")
-        self.popen = subprocess.Popen(
-            list(argv), cwd=common.ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        (log_dir / f"{name}.log").unlink(missing_ok=True)  # a fresh log: waits must not match a past run's
+        super().__init__(name, list(argv), env, log_dir)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -48,18 +35,6 @@ class Proc:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} did not print {text!r} within {timeout}s:\n{self.log()[-3000:]}")
             time.sleep(0.1)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """TERM the process group, wait, then KILL it."""
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        self.popen.wait(5)
-        self._log.close()
 
 
 class Group:
