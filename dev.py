@@ -173,6 +173,7 @@ def command_test(pytest_args: list[str]) -> int:
             ("ruff", [sys.executable, "-m", "ruff", "check", "."]),
             ("makemigrations --check", [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"]),
             ("mypy", [sys.executable, "-m", "mypy", "scheduling", "tasks"]),
+            ("import contracts", [str(Path(sys.executable).with_name("lint-imports"))]),
             ("system packages", []),
             ("pytest", [sys.executable, "-m", "pytest", *pytest_args]),
         ]

@@ -26,7 +26,8 @@ def main(quick: bool = False) -> dict[str, Any]:
     common.setup()
     from django.db import connection
 
-    from scheduling import schedules, store
+    from scheduling import schedules
+    from scheduling.core import store
     from scheduling.models import ScheduleRun
 
     seconds = 90 if quick else 600

@@ -54,7 +54,7 @@ def add_rows(n: int, state: str) -> float:
 def claim_plan() -> list[str]:
     from django.db import connection
 
-    from scheduling import store
+    from scheduling.core import store
 
     with connection.cursor() as cur:
         sql = cur.mogrify(store.queries()["claim_due_jobs"], {"limit": CLAIM_LIMIT}).decode()
@@ -74,7 +74,8 @@ def timed_ms(fn: Any, reps: int) -> list[float]:
 def measure_level(pending: int) -> dict[str, Any]:
     from django.db import connection
 
-    from scheduling import api, runner, store
+    from scheduling import api
+    from scheduling.core import leadership, store
     from scheduling.models import ScheduledJob
 
     plan = claim_plan()
@@ -87,7 +88,7 @@ def measure_level(pending: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         claims = store.claim_due_jobs(CLAIM_LIMIT)
         claim_ms.append((time.perf_counter() - t0) * 1000)
-        started = store.start_jobs([(c.id, c.token) for c in claims], runner.worker_name())
+        started = store.start_jobs([(c.id, c.token) for c in claims], leadership.process_name())
         now = started[0].db_now
         outcomes = [store.Outcome(j.id, j.token, now, now, "succeeded") for j in started]
         drained += len(store.complete_jobs(outcomes))

@@ -83,7 +83,7 @@ class StatementTimer:
         self.samples: list[tuple[str, float]] = []
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        from scheduling import store
+        from scheduling.core import store
 
         name = next((n for n, q in store.queries().items() if q == sql), sql.split()[0].lower())
         start = time.perf_counter()
@@ -105,7 +105,8 @@ def timed(fn: Any) -> tuple[Any, float, list[tuple[str, float]]]:
 
 def main(quick: bool = False) -> dict[str, Any]:
     common.setup()
-    from scheduling import conf, sweep
+    from scheduling.core import conf
+    from scheduling.jobs import sweep
 
     total = 300_000 if quick else 1_000_000
     common.reset_state()
@@ -144,7 +145,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         [
             "pruner",
             pruned,
-            int(conf.get("SCHEDULING_PRUNE_BATCH_SIZE")),
+            conf.get().prune_batch_size,
             p["statements"],
             prune_s,
             p["p50_ms"],
@@ -170,7 +171,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "reclaim_s": round(reclaim_s, 3),
         "prune_s": round(prune_s, 3),
         "reclaim_batch_size": sweep.RECLAIM_BATCH_SIZE,
-        "prune_batch_size": int(conf.get("SCHEDULING_PRUNE_BATCH_SIZE")),
+        "prune_batch_size": conf.get().prune_batch_size,
         "reclaim_statements": r,
         "prune_statements": p,
         "max_statement_ms": longest,

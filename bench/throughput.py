@@ -185,7 +185,7 @@ def _insert_due(cur: Any, n: int) -> None:
 
 def run_raw(jobs: int, batch: int) -> dict[str, Any]:
     """Claim ``batch`` rows and complete them, one transaction per batch, on one connection."""
-    from scheduling import store
+    from scheduling.core import store
 
     common.reset_state()
     conn = common.admin_connect(common.BENCH_DB)

@@ -2,7 +2,7 @@
 
 Configuration comes from Django settings under the CELERY_ namespace (JSON only, late acks,
 prefetch 1, an explicit visibility timeout). Timekeeper's own Celery tasks live in
-``scheduling.workers``; job handlers in ``tasks/`` are discovered by ``scheduling.registry``.
+``scheduling.tasks``; job handlers in ``tasks/`` are discovered by ``scheduling.registry``.
 """
 
 from __future__ import annotations
@@ -38,4 +38,4 @@ Connection.maybe_close_channel = _close_channel_of_detached_connection  # type: 
 
 app = Celery("timekeeper")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["scheduling"], related_name="workers")
+app.autodiscover_tasks()  # finds scheduling.tasks (and any installed app's tasks.py)

@@ -143,7 +143,7 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Soft shutdown: with REMAP_SIGTERM=SIGQUIT in a worker's environment, SIGTERM stops taking messages,
 # gives running tasks this long to finish, then stops the rest, whose claims their pool processes
-# give back at once (scheduling.runner). Keep it below the orchestrator's grace period (30 s in k8s).
+# give back at once (scheduling.jobs.runner). Keep it below the orchestrator's grace period (30 s in k8s).
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(env.get_int("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT_SECONDS", 20))
 CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
 CELERY_TASK_SEND_SENT_EVENT = True
@@ -179,7 +179,7 @@ CELERY_TASK_QUEUES = [
     for name in (CELERY_TASK_DEFAULT_QUEUE, "timekeeper.deferred")
 ]
 CELERY_TASK_ROUTES = {"scheduling.run_deferred": {"queue": "timekeeper.deferred"}}
-CELERY_BEAT_SCHEDULER = "scheduling.beat:LeaderDatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "scheduling.fixed.beat:LeaderDatabaseScheduler"
 CELERY_BEAT_MAX_LOOP_INTERVAL = 1  # seconds: beat wakes at least this often (claim ticks are 1 s)
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_ENABLE_UTC = True
@@ -197,7 +197,7 @@ SCHEDULING_HANDLER_PACKAGES = ["tasks"]
 SCHEDULING_HEARTBEAT_SECONDS = env.get_int("SCHEDULING_HEARTBEAT_SECONDS", 10, minimum=0)
 SCHEDULING_LEASE_SECONDS = env.get_int("SCHEDULING_LEASE_SECONDS", 60, minimum=1)
 SCHEDULING_SWEEP_INTERVAL_SECONDS = env.get_int("SCHEDULING_SWEEP_INTERVAL_SECONDS", 60, minimum=1)
-# /healthz and /metrics (scheduling.health, scheduling.metrics): a stale beat or a large backlog is a 503.
+# /healthz and /metrics (scheduling.web.health, scheduling.web.metrics): a stale beat or a large backlog is a 503.
 SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS = env.get_int("SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS", 30, minimum=1)
 SCHEDULING_HEALTH_MAX_BACKLOG = env.get_int("SCHEDULING_HEALTH_MAX_BACKLOG", 10_000, minimum=0)
 SCHEDULING_METRICS_WINDOW_SECONDS = env.get_int("SCHEDULING_METRICS_WINDOW_SECONDS", 300, minimum=10)

@@ -7,11 +7,11 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from scheduling import health, metrics
+from scheduling.web import health, metrics
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("api/jobs/", include("scheduling.http.urls")),
+    path("api/jobs/", include("scheduling.web.urls")),
     path("trials/", include("tasks.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -14,10 +14,8 @@ class SchedulingConfig(AppConfig):
         from django.db.models.signals import post_save
         from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-        from scheduling import (
-            checks,  # noqa: F401 - registers the checks on import
-            policies,
-        )
+        from scheduling import checks  # noqa: F401 - registers the checks on import
+        from scheduling.fixed import policies
         from scheduling.models import SchedulePolicy
 
         # Safe edits of fixed-time schedules: a save that changes the timing moves the anchor.

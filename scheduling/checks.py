@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections
 
-from scheduling import conf
+from scheduling.deferrals import countdowns
 
 
 @checks.register(checks.Tags.database, deploy=False)
@@ -53,28 +53,17 @@ def check_json_only(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     return errors
 
 
-def visibility_timeout_seconds() -> float:
-    """The broker's visibility timeout as Celery will use it."""
-    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}) or {}
-    # kombu's Redis transport default when none is configured.
-    return float(options.get("visibility_timeout", 3600))
-
-
 @checks.register()
 def check_delay_ceiling(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """A countdown that outlives the visibility timeout is redelivered again and again (celery #2599, #4400)."""
-    ceiling = float(conf.get("SCHEDULING_BROKER_DELAY_MAX_SECONDS"))
-    margin = float(conf.get("SCHEDULING_VISIBILITY_MARGIN_SECONDS"))
-    timeout = visibility_timeout_seconds()
-    if margin <= 0 or ceiling + margin >= timeout:
-        return [
-            checks.Error(
-                f"SCHEDULING_BROKER_DELAY_MAX_SECONDS ({ceiling:g}s) plus the {margin:g}s margin "
-                f"(SCHEDULING_VISIBILITY_MARGIN_SECONDS, which must be positive) is not below the broker "
-                f"visibility timeout ({timeout:g}s): a countdown that long would be delivered twice.",
-                hint="Lower the ceiling or raise CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS. Until this passes, "
-                "workers refuse to start and defer() refuses such delays.",
-                id="scheduling.E003",
-            )
-        ]
-    return []
+    problem = countdowns.ceiling_problem()
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            problem,
+            hint="Lower the ceiling or raise CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS. Until this passes, "
+            "workers refuse to start and defer() refuses such delays.",
+            id="scheduling.E003",
+        )
+    ]

@@ -22,7 +22,8 @@ from typing import Any
 from django.db.models import F
 from django.db.models.functions import Now
 
-from scheduling import api, deferral, registry
+from scheduling import api, registry
+from scheduling.deferrals import countdowns
 from tasks.models import Execution, Payment, PaymentState
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ gateway = FakeGateway()
 
 def retry_later(
     reference: str, amount_cents: int, error: str, *, fail_times: int = 0, delay: float = RETRY_DELAY_SECONDS
-) -> deferral.Deferral:
+) -> countdowns.Deferral:
     """Record that the payment ``reference`` failed with ``error`` and retry it after ``delay`` seconds."""
     Payment.objects.update_or_create(
         reference=reference,

@@ -15,7 +15,7 @@ register = template.Library()
 @register.inclusion_tag("scheduling/dashboard.html", takes_context=True)
 def timekeeper_dashboard(context: dict[str, Any]) -> dict[str, Any]:
     """The dashboard, for users who may view scheduled jobs (nothing for others)."""
-    from scheduling.http import dashboard
+    from scheduling.web import dashboard
 
     request = context.get("request")
     user = getattr(request, "user", None)

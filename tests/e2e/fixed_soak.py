@@ -19,7 +19,9 @@ import time
 from django.db.models import Sum
 
 from project.celery import app as celery_app
-from scheduling import cron, schedules, store
+from scheduling import schedules
+from scheduling.core import store
+from scheduling.fixed import cron
 from scheduling.models import SchedulerHeartbeat, ScheduleRun
 from tasks.models import Execution
 from tests.e2e import harness

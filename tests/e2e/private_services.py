@@ -45,7 +45,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from scheduling import store
+from scheduling.core import store
 from tests.e2e import harness
 
 DATABASE = "timekeeper"

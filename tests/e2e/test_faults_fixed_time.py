@@ -18,7 +18,9 @@ import pytest
 from django.db import connection
 
 from project.celery import app as celery_app
-from scheduling import cron, fixed, locks, schedules, store
+from scheduling import schedules
+from scheduling.core import locks, store
+from scheduling.fixed import cron, gate
 from scheduling.models import RunState, SchedulePolicy, ScheduleRun
 from tasks.models import Execution
 from tests.e2e import fixed_soak
@@ -175,16 +177,16 @@ def test_kill_9_of_the_lock_holding_process_frees_the_lock_and_the_next_tick_run
     )
     holder = int(running.worker.rsplit(":", 1)[1])
     assert holder in worker.children(), "the run is on a pool process of our worker"
-    key = locks.lock_key(fixed.LOCK_NAMESPACE, str(policy.pk))
+    key = locks.lock_key(gate.LOCK_NAMESPACE, str(policy.pk))
     wait_for(lambda: _advisory_locks_in_pg_locks(key) == 1, 10, message="the run to hold the lock")
-    assert fixed.is_running(policy.pk)
+    assert gate.is_running(policy.pk)
 
     os.kill(holder, signal.SIGKILL)  # only the process holding the lock; the worker itself lives on
     killed = time.monotonic()
     killed_at = store.database_now()
     wait_for(lambda: _advisory_locks_in_pg_locks(key) == 0, 15, 0.02, message="the lock to leave pg_locks")
     released = time.monotonic() - killed
-    assert not locks.is_locked(fixed.LOCK_NAMESPACE, str(policy.pk))
+    assert not locks.is_locked(gate.LOCK_NAMESPACE, str(policy.pk))
     nxt = wait_for(
         lambda: (
             ScheduleRun.objects.filter(schedule=policy, tick__gt=running.tick, state=RunState.RUNNING).first()

@@ -23,7 +23,9 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from scheduling import api, claim, exceptions, runner, workers
+from scheduling import api, exceptions
+from scheduling import tasks as celery_tasks
+from scheduling.jobs import claim, runner
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution, Notification
 from tests.e2e.harness import Cluster, Proc, wait_for, wait_ready
@@ -449,7 +451,7 @@ def test_a_countdown_longer_than_the_visibility_timeout_runs_once_only_through_t
     # Without the guard: a 12 s countdown sent straight to the deferral task.
     raw_id = str(uuid.uuid4())
     sent_at = measure.db_now()
-    workers.run_deferred.apply_async(args=["faults.effect", QUICK, 1, raw_id], task_id=raw_id, countdown=12)
+    celery_tasks.run_deferred.apply_async(args=["faults.effect", QUICK, 1, raw_id], task_id=raw_id, countdown=12)
     # Through the guard, with this process configured like the worker.
     settings.SCHEDULING_BROKER_DELAY_MAX_SECONDS = 1
     settings.SCHEDULING_VISIBILITY_MARGIN_SECONDS = 2

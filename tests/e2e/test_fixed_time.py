@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from scheduling import fixed, schedules, store
+from scheduling import schedules
+from scheduling.core import store
+from scheduling.fixed import gate
 from scheduling.models import RunState, SchedulePolicy, ScheduleRun
 from tests.e2e import fixed_soak
 from tests.e2e.harness import wait_for, wait_ready
@@ -92,11 +94,11 @@ def test_kill_9_of_a_worker_mid_run_releases_the_lock_and_the_next_tick_runs(clu
     pid = int(running.worker.rsplit(":", 1)[1])
     victim = next(w for w in workers if pid in w.children())
     survivor = next(w for w in workers if w is not victim)
-    assert fixed.is_running(policy.pk)
+    assert gate.is_running(policy.pk)
     os.killpg(victim.pid, signal.SIGKILL)  # the worker and its pool processes, as kill -9 of the container would
     killed = time.monotonic()
     killed_at = store.database_now()
-    wait_for(lambda: not fixed.is_running(policy.pk), 15, message="the lock to be released")
+    wait_for(lambda: not gate.is_running(policy.pk), 15, message="the lock to be released")
     released = time.monotonic() - killed
     nxt = wait_for(
         lambda: [r for r in runs("killed-3s") if r.tick > running.tick and r.state in ("running", "succeeded")],

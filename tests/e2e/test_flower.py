@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from scheduling import api, claim
+from scheduling import api
+from scheduling.jobs import claim
 from tasks.models import Execution
 from tests.e2e import harness
 

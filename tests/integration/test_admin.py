@@ -17,9 +17,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-from scheduling import api, store
-from scheduling.http import auth
+from scheduling import api
+from scheduling.core import store
 from scheduling.models import ApiToken, JobState, ScheduledJob, SchedulePolicy, ScheduleRun
+from scheduling.web import auth
 
 pytestmark = [
     pytest.mark.django_db,

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduling import api, exceptions
+from scheduling.core import validation
 from scheduling.models import JobState, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -152,7 +153,7 @@ def test_reschedule_refuses_naive_datetime():
 
 def test_payload_depth_limit():
     """A payload nested just past SCHEDULING_MAX_PAYLOAD_DEPTH is refused; one at the limit is stored."""
-    from scheduling import conf
+    from scheduling.core import conf
 
     def nested(levels: int) -> dict:
         node: dict = {}
@@ -162,8 +163,8 @@ def test_payload_depth_limit():
             node = node["a"]
         return root
 
-    limit = conf.get("SCHEDULING_MAX_PAYLOAD_DEPTH")
-    assert api.payload_depth(nested(limit)) == limit
+    limit = conf.get().max_payload_depth
+    assert validation.payload_depth(nested(limit)) == limit
     api.schedule("demo.noop", nested(limit), delay=60)
     with pytest.raises(exceptions.InvalidPayload, match="deeper"):
         api.schedule("demo.noop", nested(limit + 1), delay=60)

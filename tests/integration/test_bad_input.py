@@ -24,7 +24,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django_celery_beat.models import PeriodicTask
 
-from scheduling import api, conf, exceptions
+from scheduling import api, exceptions
+from scheduling.core import conf
 from scheduling.models import JobState, ScheduledJob
 from tasks.models import Execution
 from tests.e2e import conftest as e2e_fixtures
@@ -74,7 +75,7 @@ SCHEDULE_CASES: list[tuple[str, Callable[[], Any], type[Exception]]] = [
     (
         "payload over the size limit",
         lambda: api.schedule(
-            "demo.record", {"blob": "x" * (int(conf.get("SCHEDULING_MAX_PAYLOAD_BYTES")) + 1)}, delay=1
+            "demo.record", {"blob": "x" * (conf.get().max_payload_bytes + 1)}, delay=1
         ),
         exceptions.PayloadTooLarge,
     ),
@@ -124,7 +125,7 @@ SCHEDULE_CASES: list[tuple[str, Callable[[], Any], type[Exception]]] = [
     ("defer: 10,000-deep nesting", lambda: api.defer("demo.record", deeply_nested(), 1), exceptions.InvalidPayload),
     (
         "defer: payload over the size limit",
-        lambda: api.defer("demo.record", {"blob": "x" * (int(conf.get("SCHEDULING_MAX_PAYLOAD_BYTES")) + 1)}, 1),
+        lambda: api.defer("demo.record", {"blob": "x" * (conf.get().max_payload_bytes + 1)}, 1),
         exceptions.PayloadTooLarge,
     ),
     ("defer: negative delay", lambda: api.defer("demo.record", {}, -5), exceptions.InvalidSchedule),
@@ -349,7 +350,7 @@ def test_every_door_refuses_the_same_bad_job(
     from django.test import Client
     from django.utils import timezone
 
-    from scheduling.http import auth
+    from scheduling.web import auth
 
     caller = django_user_model.objects.create_user("service")
     _token, raw = auth.issue_token(caller, "fault-14")

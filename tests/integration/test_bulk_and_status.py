@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from django.db import connection, transaction
 
-from scheduling import api, exceptions, store
+from scheduling import api, exceptions
+from scheduling.core import store
 from scheduling.models import JobState, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)

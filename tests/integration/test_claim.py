@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from scheduling import api, exceptions, store
+from scheduling import api, exceptions
+from scheduling.core import store
 from scheduling.models import JobState, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -138,13 +139,14 @@ def test_claim_waits_while_the_queue_is_full(run_sql):
     """Back-pressure: with SCHEDULING_MAX_QUEUED_BATCHES messages waiting, a claim takes nothing."""
     from django.conf import settings
 
-    from scheduling import claim, conf, wakeups
+    from scheduling.core import broker, conf
+    from scheduling.jobs import claim
 
     _make_due(run_sql, 3)
     key = f"{settings.CELERY_BROKER_KEYPREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
-    client = wakeups.client()
+    client = broker.client()
     client.delete(key)
-    client.rpush(key, *[b"placeholder"] * int(conf.get("SCHEDULING_MAX_QUEUED_BATCHES")))
+    client.rpush(key, *[b"placeholder"] * conf.get().max_queued_batches)
     try:
         report = claim.claim_and_dispatch(run_first_inline=False)
         assert report.claimed == 0

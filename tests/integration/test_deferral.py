@@ -1,4 +1,4 @@
-"""scheduling.deferral against real PostgreSQL and Redis: the mechanism choice, the guard, runs, retries, counts."""
+"""scheduling.deferrals against real PostgreSQL and Redis: the mechanism choice, the guard, runs, retries, counts."""
 
 from __future__ import annotations
 
@@ -21,7 +21,11 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from scheduling import api, conf, deferral, exceptions, registry, store, wakeups, workers
+from scheduling import api, exceptions, registry
+from scheduling import tasks as celery_tasks
+from scheduling.core import broker as core_broker
+from scheduling.core import conf, store
+from scheduling.deferrals import countdowns
 from scheduling.models import JobState, ScheduledJob
 from tasks import payments
 from tasks.models import Execution, Payment, PaymentState
@@ -30,7 +34,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = settings.CELERY_BROKER_KEYPREFIX
-DEFERRED = f"{PREFIX}{deferral.QUEUE}"
+DEFERRED = f"{PREFIX}{countdowns.QUEUE}"
 DEFAULT = f"{PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
 
 
@@ -69,7 +73,7 @@ def test_short_delay_is_a_countdown_message_and_no_row(broker):
     [message] = queued(broker)
     assert message["headers"]["task"] == "scheduling.run_deferred"
     assert message["headers"]["id"] == handle.id
-    assert deferral.parse_eta(message["headers"]["eta"]) == handle.due_at
+    assert countdowns.parse_eta(message["headers"]["eta"]) == handle.due_at
     assert message["args"] == ["demo.record", {"label": "soon"}, 1, handle.id]
     assert ScheduledJob.objects.count() == 0
     assert broker.llen(DEFAULT) == 0, "deferrals never share the claim workers' queue"
@@ -174,7 +178,7 @@ def test_rolled_back_transaction_sends_nothing(broker):
 def test_run_gives_the_handler_a_broker_job():
     """A run calls the handler with mechanism broker, the deferral id as ref and its attempt number."""
     due = timezone.now()
-    result = deferral.run("demo.record", {"label": "x"}, 1, "d-1", due)
+    result = countdowns.run("demo.record", {"label": "x"}, 1, "d-1", due)
     assert result.outcome == "succeeded"
     [execution] = Execution.objects.all()
     assert execution.idempotency_key == "broker:d-1"
@@ -184,13 +188,13 @@ def test_run_gives_the_handler_a_broker_job():
 def test_failure_retries_with_capped_backoff_then_is_recorded_dead():
     """demo.fail (3 attempts) retries twice with its backoff, then its last failure becomes a dead row."""
     due = timezone.now()
-    first = deferral.run("demo.fail", {}, 1, "d-2", due)
-    second = deferral.run("demo.fail", {}, 2, "d-2", due)
+    first = countdowns.run("demo.fail", {}, 1, "d-2", due)
+    second = countdowns.run("demo.fail", {}, 2, "d-2", due)
     assert (first.outcome, second.outcome) == ("retry", "retry")
     assert 0.5 <= first.retry_in_seconds <= 1.0  # Backoff(1, 2): attempt 1 waits 0.5..1 s
     assert 1.0 <= second.retry_in_seconds <= 2.0
     assert ScheduledJob.objects.count() == 0, "nothing is written while attempts remain"
-    last = deferral.run("demo.fail", {}, 3, "d-2", due)
+    last = countdowns.run("demo.fail", {}, 3, "d-2", due)
     assert last.outcome == "dead"
     dead = ScheduledJob.objects.get(pk=last.dead_job_id)
     assert dead.state == JobState.DEAD
@@ -200,7 +204,7 @@ def test_failure_retries_with_capped_backoff_then_is_recorded_dead():
     assert dead.finished_at is not None
     assert abs((dead.due_at - due).total_seconds()) < 0.01
     assert Execution.objects.filter(idempotency_key="broker:d-2").count() == 3
-    again = deferral.run("demo.fail", {}, 3, "d-2", due)
+    again = countdowns.run("demo.fail", {}, 3, "d-2", due)
     assert again.outcome == "dead"
     assert again.dead_job_id is None
     assert ScheduledJob.objects.count() == 1, "a redelivered last attempt records no second dead row"
@@ -208,16 +212,16 @@ def test_failure_retries_with_capped_backoff_then_is_recorded_dead():
 
 def test_dead_deferral_can_be_retried_as_a_row():
     """The dead record is an ordinary dead job: the admin's retry makes it pending again."""
-    result = deferral.run("demo.fail", {}, 3, "d-3", None)
+    result = countdowns.run("demo.fail", {}, 3, "d-3", None)
     assert store.retry_dead_jobs([result.dead_job_id]) == [result.dead_job_id]
     assert ScheduledJob.objects.get(pk=result.dead_job_id).state == JobState.PENDING
 
 
 def test_unknown_kind_at_run_time_is_retried_then_dead():
     """A message for a kind this worker does not know fails like a handler error, and ends dead."""
-    attempts = int(conf.get("SCHEDULING_DEFAULT_MAX_ATTEMPTS"))
-    assert deferral.run("gone.kind", {}, 1, "d-4", None).outcome == "retry"
-    result = deferral.run("gone.kind", {}, attempts, "d-4", None)
+    attempts = conf.get().default_max_attempts
+    assert countdowns.run("gone.kind", {}, 1, "d-4", None).outcome == "retry"
+    result = countdowns.run("gone.kind", {}, attempts, "d-4", None)
     assert result.outcome == "dead"
     assert "Unknown job kind" in ScheduledJob.objects.get(pk=result.dead_job_id).last_error
 
@@ -225,15 +229,15 @@ def test_unknown_kind_at_run_time_is_retried_then_dead():
 def test_retry_countdown_is_capped_at_the_ceiling():
     """A backoff longer than the ceiling is cut to the ceiling, so a retry never breaks the guard."""
     long = registry.Backoff(base_seconds=10_000, cap_seconds=100_000)
-    assert deferral.retry_countdown(long, 3) == 900
+    assert countdowns.retry_countdown(long, 3) == 900
     with override_settings(SCHEDULING_BROKER_DELAY_MAX_SECONDS=60):
-        assert deferral.retry_countdown(long, 1) == 60
+        assert countdowns.retry_countdown(long, 1) == 60
 
 
 def test_timeout_is_a_failure_that_retries():
     """A handler past its kind's timeout is stopped and retried like a failure."""
     started = time.monotonic()
-    result = deferral.run("demo.sleep", {"seconds": 30}, 1, "d-5", None)  # demo.sleep: timeout 2 s
+    result = countdowns.run("demo.sleep", {"seconds": 30}, 1, "d-5", None)  # demo.sleep: timeout 2 s
     assert result.outcome == "retry"
     assert result.error == "timed out after 2s"
     assert time.monotonic() - started < 10
@@ -254,13 +258,13 @@ def test_payment_declined_twice_succeeds_on_the_third_attempt_and_is_charged_onc
     assert message["args"][:3] == ["payments.retry", {"reference": "pay-1", "fail_times": 2}, 1]
     assert 29 <= (handle.due_at - timezone.now()).total_seconds() <= 30
     payload = message["args"][1]
-    outcomes = [deferral.run("payments.retry", payload, n, handle.id, handle.due_at).outcome for n in (1, 2, 3)]
+    outcomes = [countdowns.run("payments.retry", payload, n, handle.id, handle.due_at).outcome for n in (1, 2, 3)]
     assert outcomes == ["retry", "retry", "succeeded"]
     payment = Payment.objects.get(reference="pay-1")
     assert (payment.state, payment.attempts, payment.last_error) == (PaymentState.SUCCEEDED, 3, "")
     assert charges("pay-1") == 1
-    assert deferral.run("payments.retry", payload, 3, handle.id, handle.due_at).outcome == "succeeded"
-    assert deferral.run("payments.retry", payload, 4, handle.id, handle.due_at).outcome == "succeeded"
+    assert countdowns.run("payments.retry", payload, 3, handle.id, handle.due_at).outcome == "succeeded"
+    assert countdowns.run("payments.retry", payload, 4, handle.id, handle.due_at).outcome == "succeeded"
     assert charges("pay-1") == 1, "a succeeded payment is never charged again"
     assert Payment.objects.get(reference="pay-1").attempts == 3
 
@@ -281,7 +285,7 @@ def test_payment_that_keeps_failing_is_recorded_dead_after_five_attempts():
     """A card declined every time: five attempts, then a dead row a person sees; the payment stays failed."""
     Payment.objects.create(reference="pay-2", amount_cents=500, state=PaymentState.FAILED)
     payload = {"reference": "pay-2", "fail_times": 100}
-    results = [deferral.run("payments.retry", payload, n, "d-pay-2", None) for n in range(1, 6)]
+    results = [countdowns.run("payments.retry", payload, n, "d-pay-2", None) for n in range(1, 6)]
     assert [r.outcome for r in results] == ["retry"] * 4 + ["dead"]
     dead = ScheduledJob.objects.get(pk=results[-1].dead_job_id)
     assert (dead.kind, dead.state, dead.attempts, dead.key) == ("payments.retry", "dead", 5, "broker:d-pay-2")
@@ -306,8 +310,8 @@ def test_counts_split_queued_messages_into_visible_and_delayed(broker):
     """Countdown messages in a queue list are delayed; a plain message is visible; nothing is unacked."""
     for seconds in (30, 60, 120):
         api.defer("demo.noop", {}, seconds)
-    workers.sweep.apply_async()
-    counts = deferral.broker_counts()
+    celery_tasks.sweep.apply_async()
+    counts = countdowns.broker_counts()
     assert counts == {
         "visible": 1,
         "delayed": 3,
@@ -318,8 +322,8 @@ def test_counts_split_queued_messages_into_visible_and_delayed(broker):
         "exact": True,
     }
     later = time.time() + 90  # seen from 90 s on, two of the three are due: visible
-    assert deferral.broker_counts(now=later)["visible"] == 3
-    assert deferral.broker_counts(now=later)["delayed"] == 1
+    assert countdowns.broker_counts(now=later)["visible"] == 3
+    assert countdowns.broker_counts(now=later)["delayed"] == 1
 
 
 def test_counts_read_the_unacked_hash(broker):
@@ -329,23 +333,23 @@ def test_counts_read_the_unacked_hash(broker):
     # Take both the way kombu's Redis transport does: pop from the list, keep [message, exchange, key].
     for tag in ("tag-a", "tag-b"):
         raw = broker.rpop(DEFERRED)
-        broker.hset(f"{PREFIX}unacked", tag, json.dumps([json.loads(raw), deferral.QUEUE, deferral.QUEUE]))
+        broker.hset(f"{PREFIX}unacked", tag, json.dumps([json.loads(raw), countdowns.QUEUE, countdowns.QUEUE]))
         broker.zadd(f"{PREFIX}unacked_index", {tag: time.time()})
-    counts = deferral.broker_counts()
+    counts = countdowns.broker_counts()
     assert (counts["visible"], counts["delayed"], counts["delayed_held"], counts["in_flight"]) == (0, 2, 2, 0)
-    counts = deferral.broker_counts(now=time.time() + 10)
+    counts = countdowns.broker_counts(now=time.time() + 10)
     assert (counts["delayed"], counts["in_flight"], counts["unacked"]) == (1, 1, 2)
 
 
 @override_settings(CELERY_BROKER_URL="redis://127.0.0.1:1/0")
 def test_counts_are_none_when_redis_does_not_answer():
     """No Redis: broker_counts() says None (status() still answers for the table)."""
-    wakeups.client.cache_clear()
+    core_broker.client.cache_clear()
     try:
-        assert deferral.broker_counts() is None
+        assert countdowns.broker_counts() is None
         assert api.status()["broker"] is None
     finally:
-        wakeups.client.cache_clear()
+        core_broker.client.cache_clear()
 
 
 def test_status_command_shows_table_and_broker_counts(broker, capsys):
@@ -394,6 +398,6 @@ def test_misconfigured_ceiling_fails_the_system_check():
 
 def test_worker_queue_warning_only_for_a_shared_deferral_queue():
     """A worker consuming the deferral queue with others is warned; a dedicated or a main-only worker is not."""
-    assert deferral.worker_queue_warning(["celery", deferral.QUEUE]) is not None
-    assert deferral.worker_queue_warning([deferral.QUEUE]) is None
-    assert deferral.worker_queue_warning(["celery"]) is None
+    assert countdowns.worker_queue_warning(["celery", countdowns.QUEUE]) is not None
+    assert countdowns.worker_queue_warning([countdowns.QUEUE]) is None
+    assert countdowns.worker_queue_warning(["celery"]) is None

@@ -20,7 +20,9 @@ from django_celery_beat.models import CrontabSchedule, PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler
 
 from project.celery import app as celery_app
-from scheduling import beat, schedules, store
+from scheduling import schedules
+from scheduling.core import store
+from scheduling.fixed import beat
 from scheduling.models import SchedulePolicy, ScheduleRun
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -19,7 +19,10 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from scheduling import fixed, registry, schedules, store, workers
+from scheduling import registry, schedules
+from scheduling import tasks as celery_tasks
+from scheduling.core import store
+from scheduling.fixed import gate
 from scheduling.models import RunState, SchedulePolicy, ScheduleRun
 from tasks.models import Execution
 from tests.e2e import harness
@@ -94,9 +97,9 @@ def test_duplicate_deliveries_of_a_tick_are_refused_counted_and_never_run(make_s
     tick = db_now().replace(microsecond=0)
     barrier = threading.Barrier(4)
 
-    def deliver() -> fixed.RunReport:
+    def deliver() -> gate.RunReport:
         barrier.wait()
-        return fixed.run("gate", tick, task_id="t")
+        return gate.run("gate", tick, task_id="t")
 
     threads = [in_thread(deliver) for _ in range(4)]
     for thread, _ in threads:
@@ -104,7 +107,7 @@ def test_duplicate_deliveries_of_a_tick_are_refused_counted_and_never_run(make_s
     outcomes = sorted(out[0].outcome for _, out in threads)
     assert outcomes == ["refused", "refused", "refused", "succeeded"]
     assert run_of(policy, tick).duplicates_refused == 3
-    assert fixed.run("gate", tick).outcome == "refused"
+    assert gate.run("gate", tick).outcome == "refused"
     row = run_of(policy, tick)
     assert row.duplicates_refused == 4
     assert row.state == RunState.SUCCEEDED
@@ -115,11 +118,11 @@ def test_duplicate_deliveries_of_a_tick_are_refused_counted_and_never_run(make_s
 def test_forbid_skips_a_tick_while_another_session_holds_the_lock(make_schedule):
     """forbid: with the schedule's lock held by another connection the tick is recorded skipped, not run."""
     policy = make_schedule(concurrency_policy="forbid", failed_history_limit=5)
-    other = fixed.lock_for(policy.pk)
+    other = gate.lock_for(policy.pk)
     assert other.try_acquire()
     try:
         tick = db_now()
-        report = fixed.run("gate", tick)
+        report = gate.run("gate", tick)
     finally:
         other.release()
     assert report.outcome == RunState.SKIPPED
@@ -128,7 +131,7 @@ def test_forbid_skips_a_tick_while_another_session_holds_the_lock(make_schedule)
     assert "still going" in row.error
     assert row.finished_at is not None
     assert CALLS == []
-    assert fixed.run("gate", db_now()).outcome == RunState.SUCCEEDED, "free again once the other session let go"
+    assert gate.run("gate", db_now()).outcome == RunState.SUCCEEDED, "free again once the other session let go"
 
 
 @pytest.mark.parametrize("repeat", range(3))
@@ -139,9 +142,9 @@ def test_two_ticks_at_once_under_forbid_one_runs_and_the_other_is_skipped(make_s
     ticks = [now - dt.timedelta(seconds=2), now - dt.timedelta(seconds=1)]
     barrier = threading.Barrier(2)
 
-    def deliver(tick: dt.datetime) -> fixed.RunReport:
+    def deliver(tick: dt.datetime) -> gate.RunReport:
         barrier.wait()
-        return fixed.run("gate", tick)
+        return gate.run("gate", tick)
 
     threads = [in_thread(lambda t=t: deliver(t)) for t in ticks]
     for thread, _ in threads:
@@ -154,10 +157,10 @@ def test_two_ticks_at_once_under_forbid_one_runs_and_the_other_is_skipped(make_s
 def test_allow_runs_even_while_the_lock_is_held(make_schedule):
     """allow takes no lock: a tick runs while another session holds the schedule's lock."""
     policy = make_schedule(concurrency_policy="allow")
-    other = fixed.lock_for(policy.pk)
+    other = gate.lock_for(policy.pk)
     assert other.try_acquire()
     try:
-        assert fixed.run("gate", db_now()).outcome == RunState.SUCCEEDED
+        assert gate.run("gate", db_now()).outcome == RunState.SUCCEEDED
     finally:
         other.release()
 
@@ -166,12 +169,12 @@ def test_a_tick_past_its_starting_deadline_is_missed_not_run(make_schedule):
     """A tick 120 s old by the database clock with a 60 s starting deadline is missed; a fresh one runs."""
     policy = make_schedule(starting_deadline_seconds=60, failed_history_limit=5)
     old = db_now() - dt.timedelta(seconds=120)
-    assert fixed.run("gate", old).outcome == RunState.MISSED
+    assert gate.run("gate", old).outcome == RunState.MISSED
     assert "starting deadline is 60s" in run_of(policy, old).error
     assert CALLS == []
     fresh = db_now() - dt.timedelta(seconds=30)
-    assert fixed.run("gate", fresh).outcome == RunState.SUCCEEDED
-    assert fixed.run("gate", old - dt.timedelta(seconds=1), trigger="manual").outcome == RunState.SUCCEEDED
+    assert gate.run("gate", fresh).outcome == RunState.SUCCEEDED
+    assert gate.run("gate", old - dt.timedelta(seconds=1), trigger="manual").outcome == RunState.SUCCEEDED
 
 
 def test_history_is_pruned_to_its_limits_and_pruned_ticks_stay_refused(make_schedule):
@@ -180,16 +183,16 @@ def test_history_is_pruned_to_its_limits_and_pruned_ticks_stay_refused(make_sche
     base = db_now().replace(microsecond=0) - dt.timedelta(minutes=30)
     ok_ticks = [base + dt.timedelta(minutes=i) for i in range(4)]
     for tick in ok_ticks:
-        assert fixed.run("gate", tick).outcome == RunState.SUCCEEDED
+        assert gate.run("gate", tick).outcome == RunState.SUCCEEDED
     SchedulePolicy.objects.filter(pk=policy.pk).update(payload={"fail_times": 9})
     bad_ticks = [base + dt.timedelta(minutes=10 + i) for i in range(2)]
     for tick in bad_ticks:
-        assert fixed.run("gate", tick).outcome == RunState.FAILED
+        assert gate.run("gate", tick).outcome == RunState.FAILED
     rows = list(ScheduleRun.objects.filter(schedule=policy).order_by("tick").values_list("tick", "state"))
     assert rows == [(ok_ticks[2], "succeeded"), (ok_ticks[3], "succeeded"), (bad_ticks[1], "failed")]
     calls = len(CALLS)
-    assert fixed.run("gate", ok_ticks[0]).outcome == "refused"
-    assert fixed.run("gate", bad_ticks[0]).outcome == "refused"
+    assert gate.run("gate", ok_ticks[0]).outcome == "refused"
+    assert gate.run("gate", bad_ticks[0]).outcome == "refused"
     assert len(CALLS) == calls
     assert SchedulePolicy.objects.get(pk=policy.pk).pruned_through == bad_ticks[0]
 
@@ -198,14 +201,14 @@ def test_the_lock_is_held_for_the_run_and_released_after_it(make_schedule):
     """While a run goes the schedule's lock is in pg_locks and its row says running; after it, neither."""
     policy = make_schedule(payload={"wait": True})
     tick = db_now()
-    thread, out = in_thread(lambda: fixed.run("gate", tick))
+    thread, out = in_thread(lambda: gate.run("gate", tick))
     harness.wait_for(lambda: CALLS, 10, message="the run to start")
-    assert fixed.is_running(policy.pk)
+    assert gate.is_running(policy.pk)
     assert run_of(policy, tick).state == RunState.RUNNING
     RELEASE.set()
     thread.join(30)
     assert out[0].outcome == RunState.SUCCEEDED
-    assert not fixed.is_running(policy.pk)
+    assert not gate.is_running(policy.pk)
     row = run_of(policy, tick)
     assert row.state == RunState.SUCCEEDED
     assert row.finished_at >= row.started_at
@@ -214,8 +217,8 @@ def test_the_lock_is_held_for_the_run_and_released_after_it(make_schedule):
 def _subprocess_run(name: str, tick: dt.datetime, task_id: str) -> subprocess.Popen[bytes]:
     """A separate process running one tick through the gate (demo.record sleeping 60 s), like a worker."""
     code = (
-        "import datetime, django; django.setup(); from scheduling import fixed; "
-        f"fixed.run({name!r}, datetime.datetime.fromisoformat({tick.isoformat()!r}), task_id={task_id!r})"
+        "import datetime, django; django.setup(); from scheduling.fixed import gate; "
+        f"gate.run({name!r}, datetime.datetime.fromisoformat({tick.isoformat()!r}), task_id={task_id!r})"
     )
     env = harness.base_env()
     return subprocess.Popen(
@@ -229,22 +232,22 @@ def test_a_killed_run_releases_the_lock_and_the_next_tick_closes_its_row(make_sc
     first = db_now()
     proc = _subprocess_run("killed", first, "task-1")
     try:
-        harness.wait_for(lambda: fixed.is_running(policy.pk), 30, message="the subprocess to take the lock")
-        assert fixed.run("killed", db_now()).outcome == RunState.SKIPPED, "forbid while it runs"
+        harness.wait_for(lambda: gate.is_running(policy.pk), 30, message="the subprocess to take the lock")
+        assert gate.run("killed", db_now()).outcome == RunState.SKIPPED, "forbid while it runs"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-        harness.wait_for(lambda: not fixed.is_running(policy.pk), 10, message="the lock to be released")
+        harness.wait_for(lambda: not gate.is_running(policy.pk), 10, message="the lock to be released")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
     SchedulePolicy.objects.filter(pk=policy.pk).update(payload={})
     second = db_now()
-    assert fixed.run("killed", second).outcome == RunState.SUCCEEDED
+    assert gate.run("killed", second).outcome == RunState.SUCCEEDED
     dead = run_of(policy, first)
     assert dead.state == RunState.FAILED
     assert "worker running it was lost" in dead.error
-    assert not fixed.is_running(policy.pk)
+    assert not gate.is_running(policy.pk)
 
 
 def test_replace_waits_for_the_stopped_run_and_marks_it_replaced(make_schedule, settings):
@@ -254,10 +257,10 @@ def test_replace_waits_for_the_stopped_run_and_marks_it_replaced(make_schedule, 
     first = db_now()
     proc = _subprocess_run("swap", first, "task-old")
     try:
-        harness.wait_for(lambda: fixed.is_running(policy.pk), 30, message="the first run to take the lock")
+        harness.wait_for(lambda: gate.is_running(policy.pk), 30, message="the first run to take the lock")
         SchedulePolicy.objects.filter(pk=policy.pk).update(payload={})
         second = db_now()
-        thread, out = in_thread(lambda: fixed.run("swap", second, task_id="task-new"))
+        thread, out = in_thread(lambda: gate.run("swap", second, task_id="task-new"))
         time.sleep(1.5)
         assert thread.is_alive(), "the new run waits while the old one holds the lock"
         assert not ScheduleRun.objects.filter(schedule=policy, tick=second).exists(), "admission is not committed yet"
@@ -277,11 +280,11 @@ def test_replace_gives_up_when_the_previous_run_does_not_stop(make_schedule, set
     """replace: if the previous run still holds the lock after the wait, the new tick is recorded skipped."""
     settings.SCHEDULING_FIXED_REPLACE_WAIT_SECONDS = 1
     policy = make_schedule(concurrency_policy="replace", failed_history_limit=5)
-    other = fixed.lock_for(policy.pk)
+    other = gate.lock_for(policy.pk)
     assert other.try_acquire()
     try:
         tick = db_now()
-        assert fixed.run("gate", tick).outcome == RunState.SKIPPED
+        assert gate.run("gate", tick).outcome == RunState.SKIPPED
     finally:
         other.release()
     assert "did not stop within 1s" in run_of(policy, tick).error
@@ -292,26 +295,26 @@ def test_the_active_deadline_stops_a_run(make_schedule):
     policy = make_schedule(payload={"sleep": 5}, active_deadline_seconds=1, failed_history_limit=5)
     tick = db_now()
     started = time.monotonic()
-    assert fixed.run("gate", tick).outcome == RunState.TIMED_OUT
+    assert gate.run("gate", tick).outcome == RunState.TIMED_OUT
     assert time.monotonic() - started < 4
     row = run_of(policy, tick)
     assert row.state == RunState.TIMED_OUT
     assert row.error == "stopped after 1s (active deadline)"
-    assert not fixed.is_running(policy.pk)
+    assert not gate.is_running(policy.pk)
 
 
 def test_backoff_retries_within_the_tick(make_schedule):
     """backoff_limit=2: two failures then success is one succeeded run of attempt 3; with 1 retry it fails."""
     policy = make_schedule(payload={"fail_times": 2}, backoff_limit=2, failed_history_limit=5)
     tick = db_now()
-    assert fixed.run("gate", tick).outcome == RunState.SUCCEEDED
+    assert gate.run("gate", tick).outcome == RunState.SUCCEEDED
     row = run_of(policy, tick)
     assert row.attempt == 3
     assert [attempt for _, attempt in CALLS] == [1, 2, 3]
     assert len({ref for ref, _ in CALLS}) == 1, "one idempotency key across the retries of a tick"
     SchedulePolicy.objects.filter(pk=policy.pk).update(backoff_limit=1)
     later = db_now()
-    assert fixed.run("gate", later).outcome == RunState.FAILED
+    assert gate.run("gate", later).outcome == RunState.FAILED
     failed = run_of(policy, later)
     assert failed.attempt == 2
     assert failed.error == "RuntimeError: attempt 2 fails on purpose"
@@ -321,7 +324,7 @@ def test_the_celery_task_without_a_tick_is_a_manual_run_at_database_now(make_sch
     """scheduling.run_fixed without a tick runs through the gate as a manual run ticked at the database clock."""
     policy = make_schedule()
     before = db_now()
-    result = workers.run_fixed.apply(kwargs={"schedule": "gate"}).get()
+    result = celery_tasks.run_fixed.apply(kwargs={"schedule": "gate"}).get()
     assert result["outcome"] == RunState.SUCCEEDED
     row = ScheduleRun.objects.get(pk=result["run_id"])
     assert row.trigger == "manual"
@@ -336,7 +339,7 @@ def test_run_now_sends_a_manual_tick_to_the_broker(make_schedule):
     queue = settings.CELERY_BROKER_KEYPREFIX + settings.CELERY_TASK_DEFAULT_QUEUE  # this run's keys only
     client.delete(queue)
     before = db_now()
-    task_id = fixed.run_now("gate")
+    task_id = gate.run_now("gate")
     messages = [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
     client.delete(queue)
     ours = [m for m in messages if m["headers"]["id"] == task_id]
@@ -352,6 +355,6 @@ def test_demo_record_counts_executions_per_tick(make_schedule):
     """A demo.record schedule writes one Execution per tick, keyed fixed:<schedule>@<tick>."""
     make_schedule(name="counted", kind="demo.record")
     tick = db_now()
-    fixed.run("counted", tick)
-    fixed.run("counted", tick)
+    gate.run("counted", tick)
+    gate.run("counted", tick)
     assert Execution.objects.filter(idempotency_key=f"fixed:counted@{tick.isoformat()}").count() == 1

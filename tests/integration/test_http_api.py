@@ -12,9 +12,10 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from scheduling import api, store
-from scheduling.http import auth
+from scheduling import api
+from scheduling.core import store
 from scheduling.models import ApiToken, JobState, ScheduledJob
+from scheduling.web import auth
 
 pytestmark = [
     pytest.mark.django_db,

@@ -17,7 +17,8 @@ from django.db.models.functions import Now
 from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduling import api, metrics, store
+from scheduling import api
+from scheduling.core import conf, store
 from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulerHeartbeat
 from tests.e2e import harness
 
@@ -71,7 +72,7 @@ def test_metrics_report_the_table_the_attempts_and_the_broker(client):
     assert m["timekeeper_due_to_start_lag_seconds_sum"][()] == pytest.approx(4004.203, abs=0.01)
     assert m["timekeeper_up"] == {(("part", "database"),): 1.0, (("part", "broker"),): 1.0}
     assert "timekeeper_broker_delayed_messages" in m
-    assert m["timekeeper_metrics_window_seconds"][()] == metrics.WINDOW_SECONDS
+    assert m["timekeeper_metrics_window_seconds"][()] == conf.Settings().metrics_window_seconds
 
 
 @pytest.mark.django_db

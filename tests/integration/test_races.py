@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from scheduling import api, exceptions, store
+from scheduling import api, exceptions
+from scheduling.core import store
 from scheduling.models import JobState, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,7 +7,9 @@ import datetime as dt
 import pytest
 from django.test import override_settings
 
-from scheduling import api, runner, store, sweep
+from scheduling import api
+from scheduling.core import store
+from scheduling.jobs import runner, sweep
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
 

@@ -13,7 +13,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask, PeriodicTasks
 
-from scheduling import exceptions, policies, schedules
+from scheduling import exceptions, schedules
+from scheduling.fixed import declarations, policies
 from scheduling.models import SchedulePolicy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,12 +29,12 @@ def extra_declaration() -> Iterator[dict[str, schedules.Declaration]]:
     schedules.declared()  # import tasks/ first
     yield added
     for name in added:
-        schedules._declared.pop(name, None)
+        declarations._declared.pop(name, None)
 
 
 def add(registry: dict[str, schedules.Declaration], declaration: schedules.Declaration) -> None:
     registry[declaration.name] = declaration
-    schedules._declared[declaration.name] = declaration
+    declarations._declared[declaration.name] = declaration
 
 
 def test_sync_writes_crontab_with_zone_task_and_policy():

@@ -7,7 +7,7 @@ import re
 import pytest
 from django.db import connection, transaction
 
-from scheduling import store
+from scheduling.core import store
 
 pytestmark = pytest.mark.django_db
 

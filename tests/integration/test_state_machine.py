@@ -38,7 +38,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from scheduling import api, exceptions, store
+from scheduling import api, exceptions
+from scheduling.core import store
 from scheduling.models import AttemptOutcome, JobState
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,7 +11,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from scheduling import api, claim, tasknames
+from scheduling import api
+from scheduling.core import tasknames
+from scheduling.jobs import claim
 
 pytestmark = pytest.mark.django_db
 

@@ -216,12 +216,12 @@ def test_dockerignore_keeps_local_state_out() -> None:
 
 def test_deferrals_have_their_own_worker(services: dict[str, Any]) -> None:
     """Countdowns go to worker-deferred only; the job worker excludes their queue, so an ETA limit never stalls it."""
-    from scheduling import deferral
+    from scheduling.deferrals import countdowns
 
     worker = argv_of(services["worker"]["command"])
     deferred = argv_of(services["worker-deferred"]["command"])
-    assert worker[worker.index("-X") + 1] == deferral.QUEUE
-    assert deferred[deferred.index("-Q") + 1] == deferral.QUEUE
+    assert worker[worker.index("-X") + 1] == countdowns.QUEUE
+    assert deferred[deferred.index("-Q") + 1] == countdowns.QUEUE
     assert "container_name" not in services["worker-deferred"]
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for scheduling.cron: parsing, DST-correct cron ticks and interval ticks (no database)."""
+"""Unit tests for scheduling.fixed.cron: parsing, DST-correct cron ticks and interval ticks (no database)."""
 from __future__ import annotations
 
 import functools
@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduling import cron, exceptions
-from scheduling.cron import CronSchedule
+from scheduling import exceptions
+from scheduling.fixed import cron
+from scheduling.fixed.cron import CronSchedule
 
 LISBON = "Europe/Lisbon"
 # Europe/Lisbon 2026: clocks go forward at 01:00 UTC on Sunday 29 March (01:00 WET -> 02:00 WEST)

@@ -1,6 +1,6 @@
-"""Beat's due-ness for fixed-time schedules (``scheduling.ticks.plan``) walked with a controlled clock.
+"""Beat's due-ness for fixed-time schedules (``scheduling.fixed.ticks.plan``) walked with a controlled clock.
 
-``scheduling.cron``'s own tests cover the tick arithmetic; these drive the planner the way beat
+``scheduling.fixed.cron``'s own tests cover the tick arithmetic; these drive the planner the way beat
 does (look, carry out, sleep until the next tick or a re-check, wake a little late) across the
 Lisbon DST days of 2026, after downtime, and through edits.
 """
@@ -14,7 +14,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from scheduling import exceptions, schedules, ticks
+from scheduling import exceptions, schedules
+from scheduling.fixed import ticks
 
 LISBON = ZoneInfo("Europe/Lisbon")
 LATE = 60.0

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from scheduling import store
+from scheduling.core import store
 
 
 def test_every_named_block_is_loaded():

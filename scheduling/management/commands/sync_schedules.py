@@ -6,12 +6,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduling import exceptions, schedules
+from scheduling.core import exceptions
+from scheduling.fixed import declarations
 
 
 class Command(BaseCommand):
     help = (
-        "Create or update the fixed-time schedules declared in code (schedules.declare in the handler "
+        "Create or update the fixed-time schedules declared in code (declarations.declare in the handler "
         "packages): their crontab (with its time zone) or interval, periodic task and policy. Idempotent: "
         "a schedule that already matches its declaration is not written. Run at every deploy."
     )
@@ -31,7 +32,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            report = schedules.sync(options["names"] or None, disable_undeclared=options["disable_undeclared"])
+            report = declarations.sync(options["names"] or None, disable_undeclared=options["disable_undeclared"])
         except (
             exceptions.InvalidCronExpression,
             exceptions.UnknownTimeZone,
@@ -40,7 +41,7 @@ class Command(BaseCommand):
             exceptions.InvalidPayload,
             exceptions.UnknownJobKind,
         ) as exc:
-            raise CommandError(f"{exc} Fix the declaration (schedules.declare in tasks/) and run again.") from exc
+            raise CommandError(f"{exc} Fix the declaration (declarations.declare in tasks/) and run again.") from exc
         for label, names in (
             ("created", report.created),
             ("updated", report.updated),

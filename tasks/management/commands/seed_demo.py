@@ -9,7 +9,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from scheduling import api, exceptions, store
+from scheduling import api, exceptions
+from scheduling.core import store
 from tasks.models import Trial
 
 DEMO_USER = "demo"

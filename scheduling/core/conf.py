@@ -1,0 +1,135 @@
+"""Timekeeper's settings: one typed, frozen object with a default for every field.
+
+Each field ``x`` is read from the Django setting ``SCHEDULING_X`` (``claim_batch_size`` from
+``SCHEDULING_CLAIM_BATCH_SIZE``) when the project defines it, else the default here; the unit is in
+the name or the comment. Code reads ``conf.get().claim_batch_size``, never a string. A value of
+the wrong type is an ``ImproperlyConfigured`` naming the setting, raised on first use.
+
+The object is built once and rebuilt when a test changes a setting (``setting_changed``). The
+settings reference in ``docs/configuration.md`` is generated from this class (``python -m
+scheduling.core.conf``), so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+PREFIX = "SCHEDULING_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Every tunable, with its default; the comments become the settings reference."""
+
+    # --- due_at engine: claiming --------------------------------------------------------------------
+    claim_batch_size: int = 500  # rows: the most one claim statement takes
+    default_batch_size: int = 50  # jobs per run_batch message unless the kind says otherwise
+    claim_interval_seconds: float = 1.0  # beat fires the claim this often; the claim loop re-reads due times this often
+    claim_loop_seconds: float = 30.0  # the claim loop hands over to a fresh tick this often
+    max_queued_batches: int = 20  # messages: no claim while the job queue holds this many
+    # --- due_at engine: leases and the sweeper --------------------------------------------------------
+    heartbeat_seconds: float = 10.0  # a running claim's lease is renewed this often; 0 turns heartbeats off
+    lease_seconds: int = 60  # a claim whose heartbeat is older than this is dead (a kind may override)
+    sweep_after_seconds: int = 900  # claimed_at age that counts as dead when heartbeats are off
+    sweep_interval_seconds: float = 60.0  # beat fires the sweeper this often
+    retention_days: int = 14  # finished jobs and attempts older than this are pruned
+    prune_batch_size: int = 200  # rows per prune statement (~10-20 ms each: bench sweep)
+    stuck_after_seconds: float = 300.0  # claimed longer than this counts as stuck in status
+    status_exact_limit: int = 10_000  # rows: pending counts above this are planner estimates
+    async_commit: bool = True  # claim-path commits skip the WAL flush wait (store._fetchall_async_commit)
+    # --- kinds' defaults ------------------------------------------------------------------------------
+    default_max_attempts: int = 5
+    default_timeout_seconds: float = 300.0
+    max_payload_bytes: int = 64 * 1024
+    max_payload_depth: int = 32  # levels of nested lists/objects a payload may have
+    handler_packages: tuple[str, ...] = ("tasks",)  # packages whose modules register handlers
+    # --- broker deferrals -----------------------------------------------------------------------------
+    broker_delay_max_seconds: float = 900.0  # like SQS DelaySeconds; must stay below the visibility timeout
+    visibility_margin_seconds: float = 300.0  # the ceiling must sit this far below the visibility timeout
+    # --- fixed-time schedules -------------------------------------------------------------------------
+    fixed_late_seconds: float = 60.0  # beat still sends a tick it notices this late; older ones are missed
+    fixed_max_catch_up: int = 100  # ticks: the most catch-up runs one planning step sends (run_all)
+    fixed_recheck_seconds: float = 60.0  # beat re-reads a fixed-time schedule at least this often
+    fixed_replace_wait_seconds: float = 10.0  # replace: how long a new run waits for the stopped one's lock
+    fixed_clock_sync_seconds: float = 30.0  # beat re-measures its offset to the database clock this often
+    # --- web doors ------------------------------------------------------------------------------------
+    health_beat_max_age_seconds: float = 30.0  # /healthz: a beat heartbeat older than this is a 503
+    health_max_backlog: int = 10_000  # /healthz: a backlog above this is a 503
+    metrics_window_seconds: float = 300.0  # /metrics and the dashboard: the recent window counted
+    metrics_token: str = ""  # when set, /metrics needs "Authorization: Bearer <token>"
+
+    @classmethod
+    def from_django(cls) -> Settings:
+        """Build from the Django settings, casting each value to its field's type."""
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            name = PREFIX + field.name.upper()
+            if not hasattr(django_settings, name):
+                continue
+            values[field.name] = _cast(name, getattr(django_settings, name), field.default)
+        return cls(**values)
+
+
+def _cast(name: str, value: Any, default: Any) -> Any:
+    kind = type(default)
+    if kind is tuple:
+        if isinstance(value, str) or not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ImproperlyConfigured(f"{name} must be a list of strings, got {value!r}.")
+        return tuple(value)
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ImproperlyConfigured(f"{name} must be True or False, got {value!r}.")
+        return value
+    if kind is str:
+        return "" if value is None else str(value)
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}.")
+    try:
+        number = kind(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}.") from None
+    if kind is int and isinstance(value, float) and value != number:
+        raise ImproperlyConfigured(f"{name} must be a whole number, got {value!r}.")
+    return number
+
+
+@functools.cache
+def get() -> Settings:
+    """The settings in force (built on first use)."""
+    return Settings.from_django()
+
+
+@receiver(setting_changed)
+def _forget(setting: str = "", **kwargs: Any) -> None:
+    if setting.startswith(PREFIX):
+        get.cache_clear()
+
+
+def reference() -> str:
+    """The settings reference as Markdown: one row per field, from the class above."""
+    import inspect
+
+    comments: dict[str, str] = {}
+    for line in inspect.getsource(Settings).splitlines():
+        head, _, comment = line.partition("#")
+        field_name = head.strip().split(":", 1)[0]
+        if comment and field_name and field_name.isidentifier():
+            comments[field_name] = comment.strip()
+    rows = ["| Django setting | default | meaning |", "| --- | --- | --- |"]
+    for field in dataclasses.fields(Settings):
+        default = field.default
+        shown = list(default) if isinstance(default, tuple) else default
+        rows.append(f"| `{PREFIX}{field.name.upper()}` | `{shown!r}` | {comments.get(field.name, '')} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover - prints the reference for docs/configuration.md
+    sys.stdout.write(reference())

@@ -1,0 +1,133 @@
+"""Timekeeper's exceptions: every error raised on purpose derives from ``SchedulingError``.
+
+SchedulingError
+ ├── UnknownJobKind                 no handler is registered for the kind
+ ├── InvalidPayload                 the payload fails the kind's schema or is not JSON
+ │    └── PayloadTooLarge           the encoded payload is over the size limit
+ ├── InvalidSchedule                bad due_at / delay (naive, both, neither, negative, out of range)
+ ├── DelayTooLong                   a broker countdown would outlive the visibility timeout guard
+ ├── JobNotFound                    no job with that id or live key (or not the caller's)
+ ├── JobStateConflict               the job is not in a state that allows the change
+ │    ├── JobNotCancellable
+ │    └── JobNotReschedulable
+ ├── KeyConflict                    on_conflict="error" and the key already has a live job
+ ├── LockNotAcquired                an advisory lock is held by someone else
+ ├── InvalidCronExpression          a cron expression or nickname cannot be parsed
+ ├── UnknownTimeZone                a zone the tz database does not know
+ ├── InvalidPolicy                  a fixed-time policy that cannot work (timeout >= interval ...)
+ └── ScheduleNotFound               no fixed-time schedule (periodic task with a policy) has that name
+"""
+
+from __future__ import annotations
+
+
+class SchedulingError(Exception):
+    """Root of every error Timekeeper raises on purpose."""
+
+
+class UnknownJobKind(SchedulingError):
+    """Raised when a job names a kind that no handler in ``tasks/`` registered."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"Unknown job kind {kind!r}: no handler is registered for it.")
+        self.kind = kind
+
+
+class InvalidPayload(SchedulingError):
+    """Raised when a payload is not JSON-serialisable or fails its kind's JSON schema."""
+
+
+class PayloadTooLarge(InvalidPayload):
+    """Raised when a payload's JSON encoding is over ``SCHEDULING_MAX_PAYLOAD_BYTES``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"Payload is {size} bytes encoded; the limit is {limit} bytes.")
+        self.size = size
+        self.limit = limit
+
+
+class InvalidSchedule(SchedulingError):
+    """Raised for a bad due time: naive datetime, both or neither of due_at/delay, out of range."""
+
+
+class DelayTooLong(SchedulingError):
+    """Raised when a broker countdown would not end safely before the broker's visibility timeout."""
+
+
+class JobNotFound(SchedulingError):
+    """Raised when no job matches the id or live key (or it belongs to another owner)."""
+
+
+class JobStateConflict(SchedulingError):
+    """Raised when a job's current state forbids the requested change; ``state`` says which it is."""
+
+    action = "change"
+
+    def __init__(self, job_id: int, state: str) -> None:
+        super().__init__(f"Job {job_id} is {state}; only a pending job can {self.action}.")
+        self.job_id = job_id
+        self.state = state
+
+
+class JobNotCancellable(JobStateConflict):
+    """Raised by ``cancel()`` when the job is no longer pending (claimed, done, cancelled, dead)."""
+
+    action = "be cancelled"
+
+
+class JobNotReschedulable(JobStateConflict):
+    """Raised by ``reschedule()`` when the job is no longer pending."""
+
+    action = "be rescheduled"
+
+
+class KeyConflict(SchedulingError):
+    """Raised by ``schedule(..., on_conflict="error")`` when the key already has a live job."""
+
+    def __init__(self, key: str, job_id: int) -> None:
+        super().__init__(f"Key {key!r} already has a live job ({job_id}).")
+        self.key = key
+        self.job_id = job_id
+
+
+class LockNotAcquired(SchedulingError):
+    """Raised when an advisory lock is already held by another session."""
+
+
+class InvalidCronExpression(SchedulingError):
+    """Raised when a cron expression or nickname cannot be parsed."""
+
+
+class UnknownTimeZone(SchedulingError):
+    """Raised when a schedule names a time zone the tz database does not know."""
+
+
+class InvalidPolicy(SchedulingError):
+    """Raised when a fixed-time schedule's policy cannot work, e.g. a timeout not shorter than its interval."""
+
+
+class ScheduleNotFound(SchedulingError):
+    """Raised when no fixed-time schedule (a periodic task with a policy) has the given name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"No fixed-time schedule is named {name!r}.")
+        self.name = name
+
+__all__ = [
+    "DelayTooLong",
+    "InvalidCronExpression",
+    "InvalidPayload",
+    "InvalidPolicy",
+    "InvalidSchedule",
+    "JobNotCancellable",
+    "JobNotFound",
+    "JobNotReschedulable",
+    "JobStateConflict",
+    "KeyConflict",
+    "LockNotAcquired",
+    "PayloadTooLarge",
+    "ScheduleNotFound",
+    "SchedulingError",
+    "UnknownJobKind",
+    "UnknownTimeZone",
+]

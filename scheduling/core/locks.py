@@ -1,0 +1,153 @@
+"""PostgreSQL advisory locks on dedicated connections.
+
+A session-level advisory lock belongs to the connection that took it. Taking it on Django's
+connection would tie it to whatever else that connection does (a ``close_old_connections`` at the
+end of a task, a pooler handing the session to someone else) and release it at random. So each
+lock gets its own psycopg2 connection, opened here, outside Django's connection handling and any
+pool, and held open for as long as the lock is held. If the process dies, the server closes the
+connection and releases the lock: nothing is left in ``pg_locks``. TCP keepalives bound how long a
+silently vanished holder (a cut network) keeps it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from types import TracebackType
+from typing import Any
+
+import psycopg2
+from django.conf import settings
+
+from scheduling.core import exceptions
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_SECONDS = 5
+KEEPALIVE_IDLE_SECONDS = 10  # a dead peer is noticed after about idle + interval * count
+KEEPALIVE_INTERVAL_SECONDS = 5
+KEEPALIVE_COUNT = 3
+
+
+def lock_key(namespace: str, name: str) -> int:
+    """A stable signed 64-bit key for (namespace, name), the same in every process and release."""
+    digest = hashlib.blake2b(f"timekeeper:{namespace}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def dedicated_connection(application_name: str = "timekeeper-lock") -> Any:
+    """A new autocommit psycopg2 connection to the default database, not shared with anyone."""
+    db = settings.DATABASES["default"]
+    options: dict[str, Any] = dict(db.get("OPTIONS") or {})
+    options.pop("options", None)  # the statement timeout is for request work, not for holding a lock
+    conn = psycopg2.connect(
+        dbname=db["NAME"],
+        user=db.get("USER") or None,
+        password=db.get("PASSWORD") or None,
+        host=db.get("HOST") or None,
+        port=db.get("PORT") or None,
+        connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        keepalives=1,
+        keepalives_idle=KEEPALIVE_IDLE_SECONDS,
+        keepalives_interval=KEEPALIVE_INTERVAL_SECONDS,
+        keepalives_count=KEEPALIVE_COUNT,
+        application_name=application_name,
+        **{k: v for k, v in options.items() if k not in {"connect_timeout"}},
+    )
+    conn.autocommit = True
+    return conn
+
+
+class AdvisoryLock:
+    """``pg_try_advisory_lock`` held on its own connection; release in ``finally`` (or use ``with``)."""
+
+    def __init__(self, namespace: str, name: str) -> None:
+        self.namespace = namespace
+        self.name = name
+        self.key = lock_key(namespace, name)
+        self._conn: Any = None
+
+    @property
+    def held(self) -> bool:
+        return self._conn is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if free; False at once if another session holds it."""
+        if self._conn is not None:
+            return True
+        conn = dedicated_connection(f"timekeeper-lock:{self.namespace}")
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_try_advisory_lock(%s)", [self.key])
+                (acquired,) = cur.fetchone()
+        except psycopg2.Error:
+            conn.close()
+            raise
+        if not acquired:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def acquire(self) -> None:
+        """Take the lock or raise ``LockNotAcquired``."""
+        if not self.try_acquire():
+            raise exceptions.LockNotAcquired(f"Advisory lock {self.namespace}:{self.name} is held by another session.")
+
+    def alive(self) -> bool:
+        """Whether the connection holding the lock still answers (if not, the lock is gone)."""
+        if self._conn is None:
+            return False
+        try:
+            with self._conn.cursor() as cur:
+                cur.execute("SELECT 1")
+            return True
+        except psycopg2.Error:
+            self._drop()
+            return False
+
+    def backend_pid(self) -> int | None:
+        """The server process id of the holding connection (to find it in pg_locks)."""
+        return self._conn.get_backend_pid() if self._conn is not None else None
+
+    def release(self) -> None:
+        """Unlock and close the connection; closing alone would release it too."""
+        if self._conn is None:
+            return
+        try:
+            with self._conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s)", [self.key])
+        except psycopg2.Error:
+            logger.warning("advisory unlock failed; closing the connection releases it", exc_info=True)
+        finally:
+            self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        with contextlib.suppress(psycopg2.Error):
+            conn.close()
+
+    def __enter__(self) -> AdvisoryLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def is_locked(namespace: str, name: str) -> bool:
+    """Whether any session holds the lock (reads pg_locks; for health checks and tests)."""
+    key = lock_key(namespace, name)
+    classid, objid = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::bigint::oid"
+            " AND objid = %s::bigint::oid AND objsubid = 1 AND granted",
+            [classid, objid],
+        )
+        return cur.fetchone()[0] > 0

@@ -1,0 +1,178 @@
+"""The registry of job kinds: ``@registry.handler("reminders.trial_ending", schema=..., ...)``.
+
+Handlers live in ``tasks/`` and are imported on first use (every module of the packages named in
+``SCHEDULING_HANDLER_PACKAGES``), so the web process, workers and beat all know the same kinds.
+A handler receives a ``Job`` and does its work; it never touches Timekeeper's tables or locks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import importlib
+import logging
+import pkgutil
+import random
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+
+from scheduling.core import conf, exceptions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with equal jitter: half the step is fixed, half random, capped."""
+
+    base_seconds: float = 10.0
+    cap_seconds: float = 3600.0
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
+        step = min(self.cap_seconds, self.base_seconds * (2 ** max(0, attempt - 1)))
+        return step / 2 + (rng or random).uniform(0, step / 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What a handler receives: a claimed table row or a broker deferral, read-only."""
+
+    kind: str
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    due_at: dt.datetime | None
+    id: int | None = None  # the ScheduledJob id on the table path
+    token: str | None = None  # the claim's fencing token on the table path
+    mechanism: str = "table"  # "table", "broker" or "fixed"
+    ref: str = ""  # the deferral's task id, or the fixed-time run id
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across re-runs of the same job (not of the same attempt): key side effects on it."""
+        if self.mechanism == "table":
+            return f"job:{self.id}"
+        return f"{self.mechanism}:{self.ref}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A registered job kind and how it runs."""
+
+    name: str
+    func: Callable[[Job], Any]
+    schema: dict[str, Any] | None
+    timeout_seconds: float
+    max_attempts: int
+    backoff: Backoff
+    lease_seconds: int
+    batch_size: int
+    description: str
+
+    @functools.cached_property
+    def validator(self) -> jsonschema.protocols.Validator:
+        """The kind's schema compiled once (jsonschema.validate would re-check the schema every call)."""
+        assert self.schema is not None
+        return jsonschema.validators.validator_for(self.schema)(self.schema)
+
+    def validate(self, payload: Any) -> None:
+        """Raise ``InvalidPayload`` unless ``payload`` is a JSON object that passes the schema."""
+        if not isinstance(payload, dict):
+            raise exceptions.InvalidPayload(
+                f"Payload for {self.name} must be a JSON object, got {type(payload).__name__}."
+            )
+        if self.schema is not None:
+            try:
+                self.validator.validate(payload)
+            except jsonschema.ValidationError as exc:
+                where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+                raise exceptions.InvalidPayload(
+                    f"Payload for {self.name} fails its schema at {where}: {exc.message}"
+                ) from None
+            except RecursionError:
+                raise exceptions.InvalidPayload(f"Payload for {self.name} is nested too deeply.") from None
+
+
+_kinds: dict[str, Kind] = {}
+_loaded = False
+_load_lock = threading.Lock()
+
+
+def handler(
+    name: str,
+    *,
+    schema: dict[str, Any] | None = None,
+    timeout: float | None = None,
+    max_attempts: int | None = None,
+    backoff: Backoff | None = None,
+    lease_seconds: int | None = None,
+    batch_size: int | None = None,
+) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
+    """Register the decorated function as the handler of job kind ``name``."""
+
+    def register(func: Callable[[Job], Any]) -> Callable[[Job], Any]:
+        if name in _kinds and _kinds[name].func is not func:
+            raise exceptions.SchedulingError(f"Job kind {name!r} is registered twice.")
+        if schema is not None:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        _kinds[name] = Kind(
+            name=name,
+            func=func,
+            schema=schema,
+            timeout_seconds=float(timeout if timeout is not None else conf.get().default_timeout_seconds),
+            max_attempts=int(max_attempts or conf.get().default_max_attempts),
+            backoff=backoff or Backoff(),
+            lease_seconds=int(lease_seconds or conf.get().lease_seconds),
+            batch_size=int(batch_size or conf.get().default_batch_size),
+            description=(func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else "",
+        )
+        return func
+
+    return register
+
+
+def autodiscover() -> None:
+    """Import every module of the handler packages once, so their decorators run."""
+    global _loaded
+    if _loaded:
+        return
+    with _load_lock:
+        if _loaded:
+            return
+        for package_name in conf.get().handler_packages:
+            package = importlib.import_module(package_name)
+            for info in pkgutil.iter_modules(package.__path__, prefix=f"{package_name}."):
+                if info.name.rsplit(".", 1)[-1] in {"models", "admin", "apps", "views", "urls", "migrations", "tests"}:
+                    continue
+                importlib.import_module(info.name)
+        _loaded = True
+
+
+def get(name: str) -> Kind:
+    """The registered kind ``name``, or ``UnknownJobKind``."""
+    autodiscover()
+    try:
+        return _kinds[name]
+    except KeyError:
+        raise exceptions.UnknownJobKind(name) from None
+
+
+def all_kinds() -> dict[str, Kind]:
+    """Every registered kind, by name."""
+    autodiscover()
+    return dict(_kinds)
+
+__all__ = [
+    "Backoff",
+    "Job",
+    "Kind",
+    "all_kinds",
+    "autodiscover",
+    "get",
+    "handler",
+]

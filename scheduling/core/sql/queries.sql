@@ -1,0 +1,537 @@
+-- Every hand-written statement Timekeeper runs, by name. Loaded once by scheduling.core.store.
+-- Times come from the database clock (now(), clock_timestamp()) only.
+-- Every state change is conditional on the state (and claim token) the caller believes in.
+
+-- name: insert_job
+-- A plain insert; the caller's transaction decides whether it survives.
+INSERT INTO scheduling_scheduledjob
+    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+     claimed_by, created_at, updated_at)
+VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
+        %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now())
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
+
+-- name: insert_jobs
+-- Bulk insert for schedule_many: one statement for any number of rows of one kind (no keys), in
+-- the caller's transaction. The payloads come as one text array; ORDINALITY keeps their order.
+INSERT INTO scheduling_scheduledjob
+    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+     claimed_by, created_at, updated_at)
+SELECT %(kind)s, t.payload::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
+       %(lease_seconds)s, 0, %(max_attempts)s, '', NULL, %(owner_id)s, '', now(), now()
+FROM unnest(%(payloads)s::text[]) WITH ORDINALITY AS t(payload, n)
+ORDER BY t.n
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
+
+-- name: upsert_job_replace
+-- on_conflict="replace": a second job for a key that already has a pending job moves that job
+-- (new due time, payload, attempts budget) instead of adding a row. A claimed job is running and
+-- is not touched: no row comes back and the caller reports the conflict.
+INSERT INTO scheduling_scheduledjob
+    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+     claimed_by, created_at, updated_at)
+VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
+        %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now())
+ON CONFLICT (key) WHERE state IN ('pending', 'claimed') DO UPDATE
+    SET kind = EXCLUDED.kind, payload = EXCLUDED.payload, due_at = EXCLUDED.due_at,
+        max_attempts = greatest(EXCLUDED.max_attempts, scheduling_scheduledjob.attempts + 1),
+        lease_seconds = EXCLUDED.lease_seconds, owner_id = EXCLUDED.owner_id, updated_at = now()
+    WHERE scheduling_scheduledjob.state = 'pending'
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
+
+-- name: upsert_job_keep
+-- on_conflict="keep" and "error": never touch the live job; no row back means the key is taken.
+INSERT INTO scheduling_scheduledjob
+    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+     claimed_by, created_at, updated_at)
+VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
+        %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now())
+ON CONFLICT (key) WHERE state IN ('pending', 'claimed') DO NOTHING
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
+
+-- name: live_job_by_key
+SELECT id, state FROM scheduling_scheduledjob WHERE key = %(key)s AND state IN ('pending', 'claimed');
+
+-- name: job_state
+SELECT state FROM scheduling_scheduledjob WHERE id = %(id)s;
+
+-- name: cancel_job
+UPDATE scheduling_scheduledjob
+SET state = 'cancelled', finished_at = now(), updated_at = now()
+WHERE id = %(id)s AND state = 'pending'
+RETURNING id;
+
+-- name: cancel_jobs
+-- Bulk cancel for the admin: only pending rows change; the rest are reported by the caller.
+UPDATE scheduling_scheduledjob
+SET state = 'cancelled', finished_at = now(), updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+RETURNING id;
+
+-- name: reschedule_job
+UPDATE scheduling_scheduledjob
+SET due_at = %(due_at)s, updated_at = now()
+WHERE id = %(id)s AND state = 'pending'
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
+
+-- name: reschedule_jobs
+UPDATE scheduling_scheduledjob
+SET due_at = %(due_at)s, updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+RETURNING id;
+
+-- name: run_jobs_now
+UPDATE scheduling_scheduledjob
+SET due_at = now(), updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+RETURNING id;
+
+-- name: retry_dead_jobs
+-- A dead job gets a fresh attempts budget and is due now. Its key may have been reused by a
+-- newer live job meanwhile: then it stays dead (the NOT EXISTS keeps the partial unique index happy).
+UPDATE scheduling_scheduledjob AS j
+SET state = 'pending', attempts = 0, due_at = now(), finished_at = NULL, token = NULL, claimed_at = NULL,
+    heartbeat_at = NULL, claimed_by = '', updated_at = now()
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead'
+  AND (j.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM scheduling_scheduledjob AS o
+        WHERE o.key = j.key AND o.state IN ('pending', 'claimed')))
+RETURNING j.id;
+
+-- name: claim_due_jobs
+-- The claim is one statement so that choosing the rows and claiming them cannot be separated:
+-- FOR UPDATE SKIP LOCKED makes concurrent claimers pass over each other's rows instead of waiting,
+-- so any number of them get disjoint sets, and the partial index on due_at WHERE state = 'pending'
+-- keeps this cheap however many finished rows the table holds. Each claim gets a new token
+-- (fencing): only the holder of the current token can complete or fail the job.
+WITH due AS (
+    SELECT id
+    FROM scheduling_scheduledjob
+    WHERE state = 'pending' AND due_at <= now()
+    ORDER BY due_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE scheduling_scheduledjob AS j
+SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = now(),
+    claimed_by = '', attempts = j.attempts + 1, updated_at = now()
+FROM due
+WHERE j.id = due.id
+RETURNING j.id, j.token::text, j.kind;
+
+-- name: next_due_times
+-- Distinct due instants coming up soon, for early wake-ups (the row stays the truth).
+SELECT DISTINCT date_trunc('milliseconds', due_at) AS at,
+       extract(epoch FROM date_trunc('milliseconds', due_at) - now())::float8 AS in_seconds
+FROM scheduling_scheduledjob
+WHERE state = 'pending' AND due_at > now() AND due_at <= now() + make_interval(secs => %(horizon)s)
+ORDER BY at
+LIMIT %(limit)s;
+
+-- name: start_jobs
+-- A claim runs at most once: only rows still claimed under the presented token and not yet
+-- started are handed to the handler. A redelivered message finds them started and leaves them
+-- to the sweeper, which records the attempt and counts it against max_attempts.
+WITH started AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET claimed_by = %(worker)s, heartbeat_at = now()
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
+    WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed' AND j.claimed_by = ''
+    RETURNING j.id, j.token::text, j.kind, j.payload, j.attempts, j.max_attempts, j.due_at
+)
+SELECT started.*, clock_timestamp() AS db_now FROM started;
+
+-- name: heartbeat_jobs
+UPDATE scheduling_scheduledjob AS j
+SET heartbeat_at = now()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
+WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed'
+RETURNING j.id;
+
+-- name: complete_jobs
+-- Success for a batch: conditional on the token, so a worker whose claim was taken back (and
+-- maybe run again by someone else) cannot overwrite the newer attempt. One attempt row per job.
+WITH input AS (
+    SELECT t.id, t.token, t.started_at, t.finished_at, j.due_at, j.attempts, j.claimed_by
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(started)s::timestamptz[], %(finished)s::timestamptz[])
+         AS t(id, token, started_at, finished_at)
+    JOIN scheduling_scheduledjob AS j ON j.id = t.id
+), done AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET state = 'done', finished_at = now(), updated_at = now(), heartbeat_at = NULL, last_error = ''
+    FROM input
+    WHERE j.id = input.id AND j.token = input.token AND j.state = 'claimed'
+    RETURNING j.id
+), logged AS (
+    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
+    SELECT input.id, input.attempts, input.token, input.claimed_by, input.due_at, input.started_at,
+           input.finished_at, 'succeeded', ''
+    FROM input JOIN done USING (id)
+)
+SELECT id FROM done;
+
+-- name: fail_jobs
+-- Failure or timeout for a batch: back to pending with the due time pushed by the caller's
+-- backoff, or dead when the attempts are spent. Conditional on the token like complete_jobs.
+WITH input AS (
+    SELECT t.*, j.due_at AS old_due_at, j.attempts, j.max_attempts, j.claimed_by
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(started)s::timestamptz[], %(finished)s::timestamptz[],
+                %(outcomes)s::text[], %(errors)s::text[], %(delays)s::float8[])
+         AS t(id, token, started_at, finished_at, outcome, error, delay)
+    JOIN scheduling_scheduledjob AS j ON j.id = t.id
+), failed AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET state = CASE WHEN input.attempts >= input.max_attempts THEN 'dead' ELSE 'pending' END,
+        due_at = CASE WHEN input.attempts >= input.max_attempts THEN j.due_at
+                      ELSE now() + make_interval(secs => input.delay) END,
+        finished_at = CASE WHEN input.attempts >= input.max_attempts THEN now() END,
+        token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
+        last_error = input.error, updated_at = now()
+    FROM input
+    WHERE j.id = input.id AND j.token = input.token AND j.state = 'claimed'
+    RETURNING j.id, j.state, j.due_at
+), logged AS (
+    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
+    SELECT input.id, input.attempts, input.token, input.claimed_by, input.old_due_at, input.started_at,
+           input.finished_at, input.outcome, input.error
+    FROM input JOIN failed USING (id)
+)
+SELECT id, state, due_at FROM failed;
+
+-- name: release_jobs
+-- A worker shutting down gives back claims it has not finished: back to pending now, the attempt
+-- recorded as reclaimed (it counts against max_attempts, so a job that always outlives shutdowns dies).
+WITH input AS (
+    SELECT t.id, t.token, j.due_at, j.attempts, j.max_attempts, j.claimed_at, j.claimed_by
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
+    JOIN scheduling_scheduledjob AS j ON j.id = t.id
+), released AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET state = CASE WHEN input.attempts >= input.max_attempts THEN 'dead' ELSE 'pending' END,
+        finished_at = CASE WHEN input.attempts >= input.max_attempts THEN now() END,
+        token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
+        last_error = %(reason)s, updated_at = now()
+    FROM input
+    WHERE j.id = input.id AND j.token = input.token AND j.state = 'claimed'
+    RETURNING j.id, j.state
+), logged AS (
+    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
+    SELECT input.id, input.attempts, input.token, input.claimed_by, input.due_at, input.claimed_at, now(),
+           'reclaimed', %(reason)s
+    FROM input JOIN released USING (id)
+)
+SELECT id, state FROM released;
+
+-- name: sweep_expired_claims
+-- The sweeper: claims whose holder stopped heartbeating for longer than the job's lease (or, with
+-- heartbeats off, claims older than sweep_after) go back to pending, or to dead when their
+-- attempts are spent. SKIP LOCKED and a LIMIT keep each statement short; the caller loops.
+WITH stale AS (
+    SELECT id, token, attempts, max_attempts, due_at, claimed_at, claimed_by
+    FROM scheduling_scheduledjob
+    WHERE state = 'claimed'
+      AND CASE WHEN %(heartbeats)s
+               THEN coalesce(heartbeat_at, claimed_at) < now() - make_interval(secs => lease_seconds)
+               ELSE claimed_at < now() - make_interval(secs => %(sweep_after)s) END
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET state = CASE WHEN stale.attempts >= stale.max_attempts THEN 'dead' ELSE 'pending' END,
+        finished_at = CASE WHEN stale.attempts >= stale.max_attempts THEN now() END,
+        token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
+        last_error = 'claim expired: the worker stopped heartbeating', updated_at = now()
+    FROM stale
+    WHERE j.id = stale.id
+    RETURNING j.id, j.state
+), logged AS (
+    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
+    SELECT stale.id, stale.attempts, stale.token, stale.claimed_by, stale.due_at, stale.claimed_at, now(),
+           'reclaimed', 'claim expired: the worker stopped heartbeating'
+    FROM stale JOIN moved USING (id)
+)
+SELECT id, state FROM moved;
+
+-- name: prune_finished_jobs
+-- History retention in small batches: each statement locks at most `limit` rows, briefly.
+-- Attempts go in the same statement (the foreign key is checked at commit).
+WITH victims AS (
+    SELECT id FROM scheduling_scheduledjob
+    WHERE state IN ('done', 'cancelled', 'dead') AND finished_at < now() - make_interval(days => %(days)s)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), attempts AS (
+    DELETE FROM scheduling_jobattempt WHERE job_id IN (SELECT id FROM victims)
+)
+DELETE FROM scheduling_scheduledjob WHERE id IN (SELECT id FROM victims)
+RETURNING id;
+
+-- name: backlog_status
+-- One pass over the partial indexes for the numbers operators watch (status, /metrics, /healthz).
+-- The pending counts are exact up to exact_limit rows: each counts a LIMITed scan of the partial
+-- index, so the query costs the same with a million pending rows as with ten thousand (counting a
+-- million index entries takes hundreds of milliseconds, on every scrape). A count that comes back
+-- as exact_limit + 1 means "more": store.backlog_status replaces it with the planner's estimate.
+SELECT
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
+                           LIMIT %(exact_limit)s + 1) AS capped) AS backlog,
+    (SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0)::float8
+       FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()) AS oldest_overdue_seconds,
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending'
+                           LIMIT %(exact_limit)s + 1) AS capped) AS pending,
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
+                           WHERE state = 'pending' AND due_at > now() AND due_at <= now() + interval '24 hours'
+                           LIMIT %(exact_limit)s + 1) AS capped) AS due_next_24h,
+    (SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'claimed') AS claimed,
+    (SELECT count(*) FROM scheduling_scheduledjob
+       WHERE state = 'claimed'
+         AND (coalesce(heartbeat_at, claimed_at) < now() - make_interval(secs => lease_seconds)
+              OR claimed_at < now() - make_interval(secs => %(stuck_after)s))) AS stuck,
+    (SELECT count(*) FROM scheduling_scheduledjob
+       WHERE state = 'dead' AND finished_at > now() - interval '24 hours') AS dead_last_24h;
+
+-- name: estimate_backlog
+-- Planner estimates (EXPLAIN, from the table statistics) for counts past backlog_status's exact limit.
+SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now();
+
+-- name: estimate_pending
+SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending';
+
+-- name: estimate_due_next_24h
+SELECT 1 FROM scheduling_scheduledjob
+WHERE state = 'pending' AND due_at > now() AND due_at <= now() + interval '24 hours';
+
+-- --- Fixed-time schedules ------------------------------------------------------------------------
+
+-- name: insert_schedule_run
+-- The exactly-once gate. The unique (schedule, tick) constraint admits the first delivery of a
+-- tick; any later one (a second beat, a redelivered message, a re-sent tick) lands in ON CONFLICT,
+-- which counts it on the existing row and returns inserted = false (xmax is 0 only for a row this
+-- statement inserted). A tick at or before the schedule's pruned_through watermark had its row
+-- pruned: no row comes back and the caller refuses it too. Lateness is measured on the database clock.
+WITH policy AS (
+    SELECT id, pruned_through FROM scheduling_schedulepolicy WHERE id = %(schedule_id)s
+)
+INSERT INTO scheduling_schedulerun AS r
+    (schedule_id, tick, state, trigger, attempt, worker, task_id, started_at, error, duplicates_refused)
+SELECT policy.id, coalesce(%(tick)s, now()), 'running', %(trigger)s, 1, %(worker)s, %(task_id)s, now(), '', 0
+FROM policy
+WHERE policy.pruned_through IS NULL OR coalesce(%(tick)s, now()) > policy.pruned_through
+ON CONFLICT (schedule_id, tick) DO UPDATE SET duplicates_refused = r.duplicates_refused + 1
+RETURNING r.id, (r.xmax = 0) AS inserted, r.tick, r.state, extract(epoch FROM now() - r.tick)::float8 AS late_seconds;
+
+-- name: finish_schedule_run
+-- A run's outcome, recorded only if it is still running: a run marked replaced (or closed as
+-- orphaned) meanwhile keeps that state.
+UPDATE scheduling_schedulerun
+SET state = %(state)s, error = %(error)s, finished_at = now()
+WHERE id = %(id)s AND state = 'running'
+RETURNING id;
+
+-- name: set_schedule_run_attempt
+UPDATE scheduling_schedulerun
+SET attempt = %(attempt)s
+WHERE id = %(id)s AND state = 'running'
+RETURNING id;
+
+-- name: running_schedule_runs
+-- Other runs of the schedule still marked running (replace stops them by their Celery task id).
+SELECT id, task_id, worker, tick
+FROM scheduling_schedulerun
+WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
+ORDER BY tick;
+
+-- name: close_other_running_runs
+-- Called by a run that holds the schedule's advisory lock: any other run still marked running
+-- cannot be running (it would hold the lock), so its process died or was stopped. Replace marks
+-- them 'replaced'; forbid marks them 'failed' with the reason.
+UPDATE scheduling_schedulerun
+SET state = %(state)s, error = %(error)s, finished_at = now()
+WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
+RETURNING id, tick;
+
+-- name: record_missed_ticks
+-- Ticks beat was not there to send in time (or that missed_policy leaves out), recorded as missed
+-- so that the history shows them. A tick that already has a row keeps it.
+INSERT INTO scheduling_schedulerun
+    (schedule_id, tick, state, trigger, attempt, worker, task_id, started_at, finished_at, error, duplicates_refused)
+SELECT p.id, t.tick, 'missed', 'beat', 1, '', '', now(), now(), %(error)s, 0
+FROM scheduling_schedulepolicy AS p
+CROSS JOIN unnest(%(ticks)s::timestamptz[]) AS t(tick)
+WHERE p.id = %(schedule_id)s AND (p.pruned_through IS NULL OR t.tick > p.pruned_through)
+ON CONFLICT (schedule_id, tick) DO NOTHING
+RETURNING tick;
+
+-- name: prune_schedule_runs
+-- History limits: keep the latest `successful` succeeded runs and the latest `failed` runs of the
+-- other final states; running rows are never pruned. The watermark pruned_through moves to the
+-- latest pruned tick, so a late delivery of a pruned tick is still refused by the gate.
+WITH ranked AS (
+    SELECT id, tick,
+           row_number() OVER (PARTITION BY (state = 'succeeded') ORDER BY tick DESC) AS position,
+           state = 'succeeded' AS ok
+    FROM scheduling_schedulerun
+    WHERE schedule_id = %(schedule_id)s AND state <> 'running'
+), victims AS (
+    DELETE FROM scheduling_schedulerun AS r
+    USING ranked
+    WHERE r.id = ranked.id
+      AND ranked.position > CASE WHEN ranked.ok THEN %(successful)s::int ELSE %(failed)s::int END
+    RETURNING r.tick
+), watermark AS (
+    UPDATE scheduling_schedulepolicy AS p
+    SET pruned_through = greatest(p.pruned_through, (SELECT max(tick) FROM victims))
+    WHERE p.id = %(schedule_id)s AND EXISTS (SELECT 1 FROM victims)
+    RETURNING p.id
+)
+SELECT count(*) FROM victims;
+
+-- name: advance_last_tick
+-- Beat has handled every tick up to `tick` (sent, or recorded as missed). Never moves backwards,
+-- so a slow former leader cannot undo a newer one's progress.
+UPDATE scheduling_schedulepolicy
+SET last_tick = %(tick)s
+WHERE id = %(schedule_id)s AND (last_tick IS NULL OR last_tick < %(tick)s)
+RETURNING id;
+
+-- name: move_anchor_for_timing
+-- Safe edits: when the timing of a schedule changes (expression, zone, interval, DST rule,
+-- suspension, enabled), ticks at or before the moment of the change must neither fire nor count as
+-- missed, and the next tick of the new timing must. Moving anchor_at forward to that moment does
+-- both. Conditional on the stored fingerprint, so it happens once per change whoever notices it.
+UPDATE scheduling_schedulepolicy
+SET timing_key = %(key)s, anchor_at = greatest(anchor_at, coalesce(%(at)s, now()))
+WHERE id = %(schedule_id)s AND timing_key IS DISTINCT FROM %(key)s
+RETURNING anchor_at;
+
+-- name: record_dead_deferral
+-- A broker deferral whose attempts are spent becomes a dead row, so a person sees it in the admin
+-- beside every other dead job (and can retry it there: it then runs as a row). Keyed
+-- broker:<deferral id>; a redelivery of the same last attempt finds the row and adds no second one
+-- (the kind, state index finds it).
+INSERT INTO scheduling_scheduledjob
+    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+     claimed_by, created_at, updated_at, finished_at)
+SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now()), 'dead', %(lease_seconds)s, %(attempts)s,
+       %(attempts)s, %(error)s, %(key)s, NULL, '', now(), now(), now()
+WHERE NOT EXISTS (
+    SELECT 1 FROM scheduling_scheduledjob WHERE kind = %(kind)s AND state = 'dead' AND key = %(key)s)
+RETURNING id;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Dashboard, /metrics and /healthz: read-only, database clock, bounded to a recent window.
+
+-- name: beat_heartbeat
+-- The leading beat's heartbeat and its age by the database clock (no row: no beat ever led).
+SELECT holder, acquired_at, heartbeat_at, extract(epoch FROM now() - heartbeat_at)::float8 AS age_seconds
+FROM scheduling_schedulerheartbeat
+WHERE role = %(role)s;
+
+-- name: attempt_lag_by_minute
+-- Due-to-start lag (started_at - due_at, never below 0) of the attempts that started in the last
+-- `window` seconds, per minute. Attempts are written when they end, so a job still running is not
+-- in it yet. The finished_at bound lets the jobattempt_finished_idx index find the rows.
+WITH lags AS (
+    SELECT started_at, greatest(extract(epoch FROM started_at - due_at), 0)::float8 AS lag
+    FROM scheduling_jobattempt
+    WHERE finished_at >= now() - make_interval(secs => %(window)s)
+      AND started_at >= now() - make_interval(secs => %(window)s)
+)
+SELECT date_trunc('minute', started_at) AS minute, count(*) AS attempts,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY lag) AS p95,
+       max(lag) AS max
+FROM lags
+GROUP BY 1
+ORDER BY 1;
+
+-- name: attempt_lag_histogram
+-- The same lags as a histogram: bucket i holds lags in [bounds[i], bounds[i+1]) (0 below the
+-- first bound); the caller makes the buckets cumulative.
+WITH lags AS (
+    SELECT greatest(extract(epoch FROM started_at - due_at), 0)::float8 AS lag
+    FROM scheduling_jobattempt
+    WHERE finished_at >= now() - make_interval(secs => %(window)s)
+      AND started_at >= now() - make_interval(secs => %(window)s)
+)
+SELECT width_bucket(lag, %(bounds)s::float8[]) AS bucket, count(*) AS n, sum(lag) AS total
+FROM lags
+GROUP BY 1
+ORDER BY 1;
+
+-- name: backlog_history
+-- The backlog (pending and due, not yet claimed) at `points` + 1 instants over the last `window`
+-- seconds, rebuilt from row timestamps rather than sampled. A job was waiting from its due time
+-- until its attempt started (job_attempt.due_at .. started_at), until it was claimed (claimed
+-- rows), until it was cancelled (cancelled rows), or is still waiting (pending and due). Caveats:
+-- a reschedule or "run now" overwrites due_at, so a job moved while overdue loses the time it waited
+-- before the move; the claim-to-start gap of finished attempts counts as waiting.
+-- Each waiting span becomes the range of sample indexes it covers (since <= at < until), summed
+-- with a difference array, so the cost is one pass over the spans whatever the number of points.
+WITH bounds AS (
+    SELECT now() - make_interval(secs => %(window)s) AS t_start,
+           %(window)s::float8 / %(points)s AS step, %(points)s::int AS n
+), waits AS (
+    SELECT a.due_at AS since, coalesce(a.started_at, a.finished_at) AS until
+    FROM scheduling_jobattempt AS a, bounds
+    WHERE a.finished_at >= bounds.t_start
+    UNION ALL
+    SELECT j.due_at, j.claimed_at
+    FROM scheduling_scheduledjob AS j, bounds
+    WHERE j.state = 'claimed' AND j.claimed_at >= bounds.t_start
+    UNION ALL
+    SELECT j.due_at, now() + interval '1 day'
+    FROM scheduling_scheduledjob AS j
+    WHERE j.state = 'pending' AND j.due_at <= now()
+    UNION ALL
+    SELECT j.due_at, j.finished_at
+    FROM scheduling_scheduledjob AS j, bounds
+    WHERE j.state = 'cancelled' AND j.finished_at >= bounds.t_start AND j.due_at < j.finished_at
+), spans AS (
+    SELECT greatest(0, ceil(extract(epoch FROM w.since - b.t_start) / b.step))::int AS first_i,
+           least(b.n, ceil(extract(epoch FROM w.until - b.t_start) / b.step) - 1)::int AS last_i
+    FROM waits AS w, bounds AS b
+    WHERE w.until > b.t_start
+), deltas AS (
+    SELECT i, sum(d) AS d
+    FROM (SELECT first_i AS i, 1 AS d FROM spans WHERE first_i <= last_i
+          UNION ALL
+          SELECT last_i + 1, -1 FROM spans WHERE first_i <= last_i) AS e
+    GROUP BY i
+)
+SELECT b.t_start + make_interval(secs => g.i * b.step) AS at,
+       (sum(coalesce(deltas.d, 0)) OVER (ORDER BY g.i))::bigint AS backlog
+FROM bounds AS b
+CROSS JOIN generate_series(0, b.n) AS g(i)
+LEFT JOIN deltas ON deltas.i = g.i
+ORDER BY g.i;
+
+-- name: upcoming_jobs
+-- Pending jobs due in the next `horizon` seconds, per kind and per hour from now (0 = the next hour).
+SELECT kind, floor(extract(epoch FROM due_at - now()) / 3600)::int AS hour, count(*) AS n, min(due_at) AS first_due
+FROM scheduling_scheduledjob
+WHERE state = 'pending' AND due_at > now() AND due_at <= now() + make_interval(secs => %(horizon)s)
+GROUP BY 1, 2
+ORDER BY 2, 1;
+
+-- name: attempt_outcomes
+-- Attempts that ended in the last `window` seconds, per kind and outcome.
+SELECT j.kind, a.outcome, count(*) AS n
+FROM scheduling_jobattempt AS a
+JOIN scheduling_scheduledjob AS j ON j.id = a.job_id
+WHERE a.finished_at >= now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: schedule_run_states
+-- Fixed-time runs that started in the last `window` seconds, per schedule and state, with each
+-- schedule's latest success (kept by the history limits, so it may be older than the window).
+SELECT t.name, r.state, count(*) FILTER (WHERE r.started_at >= now() - make_interval(secs => %(window)s)) AS n,
+       max(r.finished_at) FILTER (WHERE r.state = 'succeeded') AS last_success
+FROM scheduling_schedulerun AS r
+JOIN scheduling_schedulepolicy AS p ON p.id = r.schedule_id
+JOIN django_celery_beat_periodictask AS t ON t.id = p.periodic_task_id
+GROUP BY 1, 2
+ORDER BY 1, 2;

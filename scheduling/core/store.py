@@ -1,0 +1,474 @@
+"""The only module that holds a cursor: runs the named statements of ``sql/queries.sql``.
+
+Functions take and return plain values; decisions (what to claim, when to retry) live in
+``api``, ``claim``, ``runner`` and ``sweep``. Statements run on Django's connection for the
+current thread, so they join the caller's transaction when there is one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+
+from scheduling.core import conf
+
+SQL_FILE = Path(__file__).with_name("sql") / "queries.sql"
+_NAME = re.compile(r"^--\s*name:\s*(?P<name>\w+)\s*$")
+
+
+def parse_queries(text: str) -> dict[str, str]:
+    """Split a file of ``-- name: x`` blocks into {name: statement}; comments stay in the text."""
+    queries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        match = _NAME.match(line)
+        if match:
+            name = match["name"]
+            if name in queries:
+                raise ValueError(f"query {name!r} is defined twice in {SQL_FILE.name}")
+            current = queries[name] = []
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines).strip().rstrip(";") for name, lines in queries.items()}
+
+
+@functools.cache
+def queries() -> dict[str, str]:
+    """Every named statement, loaded once."""
+    return parse_queries(SQL_FILE.read_text())
+
+
+def _fetchall(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(queries()[name], params)
+        return cursor.fetchall()
+
+
+def _fetchall_async_commit(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run a claim-path statement in its own transaction that commits without waiting for the WAL flush.
+
+    The claim, start and heartbeat statements are most of what the claim loop waits for: on a busy
+    disk each commit's flush takes milliseconds, and a job due meanwhile waits too. With
+    ``synchronous_commit = off`` a PostgreSQL crash can undo the last fraction of a second of them:
+    those jobs are claimed and run again (at-least-once, as after a worker crash). Outcomes
+    (complete, fail), schedule() and cancel() always commit synchronously, so nothing a caller or a
+    worker was told is committed is lost. Inside a caller's transaction the statement simply joins
+    it. ``SCHEDULING_ASYNC_COMMIT = False`` turns this off.
+    """
+    if not conf.get().async_commit or not connection.get_autocommit():
+        return _fetchall(name, params)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL synchronous_commit = off;\n" + queries()[name], params)
+        return cursor.fetchall()
+
+
+# --- Scheduling ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NewJob:
+    kind: str
+    payload: Any
+    due_at: dt.datetime | None
+    delay_seconds: float | None
+    lease_seconds: int
+    max_attempts: int
+    key: str | None
+    owner_id: int | None
+
+
+def insert_job(job: NewJob, on_conflict: str) -> tuple[int, dt.datetime, float] | None:
+    """Insert (or, with a key, upsert) a job: (id, due_at, seconds until due by the database clock).
+
+    None when the key's live job was left alone.
+    """
+    params = {
+        "kind": job.kind,
+        "payload": json.dumps(job.payload),
+        "due_at": job.due_at,
+        "delay": job.delay_seconds or 0.0,
+        "lease_seconds": job.lease_seconds,
+        "max_attempts": job.max_attempts,
+        "key": job.key,
+        "owner_id": job.owner_id,
+    }
+    name = "insert_job" if job.key is None else "upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep"
+    rows = _fetchall(name, params)
+    return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+
+def insert_jobs(
+    kind: str,
+    payloads: Sequence[str],
+    *,
+    due_at: dt.datetime | None,
+    delay_seconds: float | None,
+    lease_seconds: int,
+    max_attempts: int,
+    owner_id: int | None,
+) -> list[tuple[int, dt.datetime, float]]:
+    """Insert many jobs of one kind (payloads already JSON text): (id, due_at, seconds until due) each."""
+    params = {
+        "kind": kind,
+        "payloads": list(payloads),
+        "due_at": due_at,
+        "delay": delay_seconds or 0.0,
+        "lease_seconds": lease_seconds,
+        "max_attempts": max_attempts,
+        "owner_id": owner_id,
+    }
+    return [(row[0], row[1], row[2]) for row in _fetchall("insert_jobs", params)]
+
+
+def notify_due(channel: str) -> None:
+    """NOTIFY the claim loop; delivered when the current transaction commits (never if it rolls back)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [channel])
+
+
+def live_job_by_key(key: str) -> tuple[int, str] | None:
+    """(id, state) of the pending or claimed job holding ``key``."""
+    rows = _fetchall("live_job_by_key", {"key": key})
+    return (rows[0][0], rows[0][1]) if rows else None
+
+
+def job_state(job_id: int) -> str | None:
+    rows = _fetchall("job_state", {"id": job_id})
+    return rows[0][0] if rows else None
+
+
+def cancel_job(job_id: int) -> bool:
+    return bool(_fetchall("cancel_job", {"id": job_id}))
+
+
+def reschedule_job(job_id: int, due_at: dt.datetime) -> tuple[dt.datetime, float] | None:
+    """(new due_at, seconds until due) or None when the job is not pending."""
+    rows = _fetchall("reschedule_job", {"id": job_id, "due_at": due_at})
+    return (rows[0][1], rows[0][2]) if rows else None
+
+
+def cancel_jobs(ids: Sequence[int]) -> list[int]:
+    return [row[0] for row in _fetchall("cancel_jobs", {"ids": list(ids)})]
+
+
+def reschedule_jobs(ids: Sequence[int], due_at: dt.datetime) -> list[int]:
+    return [row[0] for row in _fetchall("reschedule_jobs", {"ids": list(ids), "due_at": due_at})]
+
+
+def run_jobs_now(ids: Sequence[int]) -> list[int]:
+    return [row[0] for row in _fetchall("run_jobs_now", {"ids": list(ids)})]
+
+
+def retry_dead_jobs(ids: Sequence[int]) -> list[int]:
+    return [row[0] for row in _fetchall("retry_dead_jobs", {"ids": list(ids)})]
+
+
+# --- Claiming and running --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A row just claimed: enough to route it; the payload is read when it starts."""
+
+    id: int
+    token: str
+    kind: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StartedJob:
+    id: int
+    token: str
+    kind: str
+    payload: Any
+    attempts: int
+    max_attempts: int
+    due_at: dt.datetime
+    db_now: dt.datetime
+
+
+def claim_due_jobs(limit: int) -> list[Claim]:
+    return [Claim(*row) for row in _fetchall_async_commit("claim_due_jobs", {"limit": limit})]
+
+
+def next_due_times(horizon_seconds: float, limit: int) -> list[tuple[dt.datetime, float]]:
+    """(instant, seconds from now by the database clock) of upcoming distinct due times."""
+    return [(row[0], row[1]) for row in _fetchall("next_due_times", {"horizon": horizon_seconds, "limit": limit})]
+
+
+def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJob]:
+    ids = [c[0] for c in claims]
+    tokens = [c[1] for c in claims]
+    rows = _fetchall_async_commit("start_jobs", {"ids": ids, "tokens": tokens, "worker": worker})
+    # Django's psycopg2 connections hand jsonb back as text (its JSONField decodes it): decode here.
+    return [
+        StartedJob(
+            id=row[0],
+            token=row[1],
+            kind=row[2],
+            payload=json.loads(row[3]) if isinstance(row[3], str) else row[3],
+            attempts=row[4],
+            max_attempts=row[5],
+            due_at=row[6],
+            db_now=row[7],
+        )
+        for row in rows
+    ]
+
+
+def heartbeat_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
+    """Refresh the claims; returns the ids still held (others were taken back)."""
+    params = {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
+    return [row[0] for row in _fetchall_async_commit("heartbeat_jobs", params)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How one job's attempt ended, as the runner saw it."""
+
+    id: int
+    token: str
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    outcome: str  # AttemptOutcome value
+    error: str = ""
+    retry_delay_seconds: float = 0.0
+
+
+def complete_jobs(outcomes: Sequence[Outcome]) -> list[int]:
+    """Mark succeeded jobs done; returns the ids whose token still matched."""
+    if not outcomes:
+        return []
+    params = {
+        "ids": [o.id for o in outcomes],
+        "tokens": [o.token for o in outcomes],
+        "started": [o.started_at for o in outcomes],
+        "finished": [o.finished_at for o in outcomes],
+    }
+    # Outcomes commit synchronously: a completion the worker was told about survives a crash (and
+    # its flush makes every earlier asynchronous claim and start durable too).
+    return [row[0] for row in _fetchall("complete_jobs", params)]
+
+
+def fail_jobs(outcomes: Sequence[Outcome]) -> list[tuple[int, str, dt.datetime]]:
+    """Record failures; returns (id, new state, new due_at) for the jobs whose token still matched."""
+    if not outcomes:
+        return []
+    params = {
+        "ids": [o.id for o in outcomes],
+        "tokens": [o.token for o in outcomes],
+        "started": [o.started_at for o in outcomes],
+        "finished": [o.finished_at for o in outcomes],
+        "outcomes": [o.outcome for o in outcomes],
+        "errors": [o.error for o in outcomes],
+        "delays": [o.retry_delay_seconds for o in outcomes],
+    }
+    return [(row[0], row[1], row[2]) for row in _fetchall("fail_jobs", params)]
+
+
+def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[tuple[int, str]]:
+    if not claims:
+        return []
+    params = {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims], "reason": reason}
+    return [(row[0], row[1]) for row in _fetchall("release_jobs", params)]
+
+
+# --- Sweeping and status ---------------------------------------------------------------------------
+
+
+def sweep_expired_claims(*, heartbeats: bool, sweep_after_seconds: float, limit: int) -> list[tuple[int, str]]:
+    params = {"heartbeats": heartbeats, "sweep_after": sweep_after_seconds, "limit": limit}
+    return [(row[0], row[1]) for row in _fetchall("sweep_expired_claims", params)]
+
+
+def prune_finished_jobs(*, days: int, limit: int) -> int:
+    return len(_fetchall("prune_finished_jobs", {"days": days, "limit": limit}))
+
+
+ESTIMATED_COUNTS = ("backlog", "pending", "due_next_24h")
+
+
+def backlog_status(stuck_after_seconds: float, exact_limit: int = 10_000) -> dict[str, Any]:
+    """The status numbers; pending counts past ``exact_limit`` are planner estimates, named in ``estimated``."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries()["backlog_status"], {"stuck_after": stuck_after_seconds, "exact_limit": exact_limit})
+        names = [col[0] for col in cursor.description]
+        status = dict(zip(names, cursor.fetchone(), strict=True))
+        status["estimated"] = []
+        for name in ESTIMATED_COUNTS:
+            if status[name] > exact_limit:
+                cursor.execute("EXPLAIN (FORMAT JSON) " + queries()[f"estimate_{name}"])
+                plan = cursor.fetchone()[0]
+                plan = json.loads(plan) if isinstance(plan, str) else plan
+                status[name] = max(exact_limit + 1, int(plan[0]["Plan"]["Plan Rows"]))
+                status["estimated"].append(name)
+        return status
+
+
+def database_now() -> dt.datetime:
+    """The database clock: what every due-time decision uses."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+# --- Fixed-time schedules ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEntry:
+    """What the gate's insert returned: the run row, whether this delivery created it, and how late it is."""
+
+    id: int
+    inserted: bool
+    tick: dt.datetime
+    state: str
+    late_seconds: float
+
+
+def insert_schedule_run(
+    schedule_id: int, tick: dt.datetime | None, trigger: str, worker: str, task_id: str
+) -> LedgerEntry | None:
+    """Record (schedule, tick) as running, or count a duplicate; None when the tick was pruned already."""
+    params = {"schedule_id": schedule_id, "tick": tick, "trigger": trigger, "worker": worker, "task_id": task_id}
+    rows = _fetchall("insert_schedule_run", params)
+    return LedgerEntry(*rows[0]) if rows else None
+
+
+def finish_schedule_run(run_id: int, state: str, error: str = "") -> bool:
+    """Record a run's outcome; False when it was no longer running (replaced or closed meanwhile)."""
+    return bool(_fetchall("finish_schedule_run", {"id": run_id, "state": state, "error": error}))
+
+
+def set_schedule_run_attempt(run_id: int, attempt: int) -> bool:
+    return bool(_fetchall("set_schedule_run_attempt", {"id": run_id, "attempt": attempt}))
+
+
+def running_schedule_runs(schedule_id: int, exclude_id: int) -> list[tuple[int, str, str, dt.datetime]]:
+    """(id, task id, worker, tick) of the schedule's other runs marked running."""
+    rows = _fetchall("running_schedule_runs", {"schedule_id": schedule_id, "id": exclude_id})
+    return [(row[0], row[1], row[2], row[3]) for row in rows]
+
+
+def close_other_running_runs(schedule_id: int, exclude_id: int, state: str, error: str) -> list[int]:
+    params = {"schedule_id": schedule_id, "id": exclude_id, "state": state, "error": error}
+    return [row[0] for row in _fetchall("close_other_running_runs", params)]
+
+
+def record_missed_ticks(schedule_id: int, ticks: Sequence[dt.datetime], error: str) -> list[dt.datetime]:
+    """Insert missed rows for ``ticks`` (those without a row yet); returns the ticks recorded."""
+    if not ticks:
+        return []
+    rows = _fetchall("record_missed_ticks", {"schedule_id": schedule_id, "ticks": list(ticks), "error": error})
+    return [row[0] for row in rows]
+
+
+def prune_schedule_runs(schedule_id: int, successful: int, failed: int) -> int:
+    """Delete history beyond the limits; returns how many rows went."""
+    params = {"schedule_id": schedule_id, "successful": successful, "failed": failed}
+    return int(_fetchall("prune_schedule_runs", params)[0][0])
+
+
+def advance_last_tick(schedule_id: int, tick: dt.datetime) -> bool:
+    return bool(_fetchall("advance_last_tick", {"schedule_id": schedule_id, "tick": tick}))
+
+
+def move_anchor_for_timing(schedule_id: int, key: str, at: dt.datetime | None = None) -> dt.datetime | None:
+    """Store a new timing fingerprint and move the anchor to ``at`` (default: database now).
+
+    Returns the new anchor, or None when the fingerprint was already ``key`` (nothing changed).
+    """
+    rows = _fetchall("move_anchor_for_timing", {"schedule_id": schedule_id, "key": key, "at": at})
+    return rows[0][0] if rows else None
+
+
+# --- Broker deferrals ------------------------------------------------------------------------------
+
+
+def record_dead_deferral(
+    *,
+    kind: str,
+    payload: Any,
+    due_at: dt.datetime | None,
+    attempts: int,
+    error: str,
+    key: str,
+    lease_seconds: int,
+) -> int | None:
+    """Record a spent broker deferral as a dead row; its id, or None if that key is already recorded dead."""
+    params = {
+        "kind": kind,
+        "payload": json.dumps(payload),
+        "due_at": due_at,
+        "attempts": max(1, attempts),
+        "error": error,
+        "key": key,
+        "lease_seconds": max(1, lease_seconds),
+    }
+    rows = _fetchall("record_dead_deferral", params)
+    return rows[0][0] if rows else None
+
+
+# --- Dashboard, /metrics and /healthz (read-only) ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat:
+    holder: str
+    acquired_at: dt.datetime
+    heartbeat_at: dt.datetime
+    age_seconds: float
+
+
+def beat_heartbeat(role: str = "beat") -> Heartbeat | None:
+    """The leading process's heartbeat for ``role`` with its age by the database clock."""
+    rows = _fetchall("beat_heartbeat", {"role": role})
+    return Heartbeat(*rows[0]) if rows else None
+
+
+@dataclasses.dataclass(frozen=True)
+class LagMinute:
+    minute: dt.datetime
+    attempts: int
+    p50: float
+    p95: float
+    max: float
+
+
+def attempt_lag_by_minute(window_seconds: float) -> list[LagMinute]:
+    """Due-to-start lag per minute of the attempts that started within the window."""
+    return [LagMinute(*row) for row in _fetchall("attempt_lag_by_minute", {"window": window_seconds})]
+
+
+def attempt_lag_histogram(window_seconds: float, bounds: Sequence[float]) -> list[tuple[int, int, float]]:
+    """(bucket index, count, sum of lags) of the window's attempts; bucket i is [bounds[i-1], bounds[i])."""
+    rows = _fetchall("attempt_lag_histogram", {"window": window_seconds, "bounds": list(bounds)})
+    return [(row[0], row[1], row[2]) for row in rows]
+
+
+def backlog_history(window_seconds: float, points: int) -> list[tuple[dt.datetime, int]]:
+    """The backlog at ``points`` + 1 evenly spaced instants of the window, rebuilt from row timestamps."""
+    return [(row[0], row[1]) for row in _fetchall("backlog_history", {"window": window_seconds, "points": points})]
+
+
+def upcoming_jobs(horizon_seconds: float) -> list[tuple[str, int, int, dt.datetime]]:
+    """(kind, hour from now, count, first due time) of the pending jobs due within the horizon."""
+    return [(row[0], row[1], row[2], row[3]) for row in _fetchall("upcoming_jobs", {"horizon": horizon_seconds})]
+
+
+def attempt_outcomes(window_seconds: float) -> list[tuple[str, str, int]]:
+    """(kind, outcome, count) of the attempts that ended within the window."""
+    return [(row[0], row[1], row[2]) for row in _fetchall("attempt_outcomes", {"window": window_seconds})]
+
+
+def schedule_run_states(window_seconds: float) -> list[tuple[str, str, int, dt.datetime | None]]:
+    """(schedule name, state, runs started within the window, latest success) of the fixed-time runs."""
+    return [(row[0], row[1], row[2], row[3]) for row in _fetchall("schedule_run_states", {"window": window_seconds})]

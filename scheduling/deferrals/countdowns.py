@@ -1,0 +1,352 @@
+"""Short deferrals on the broker: the choice of mechanism, the run, its retries, and the delayed count.
+
+``defer()`` picks the mechanism. A delay up to ``SCHEDULING_BROKER_DELAY_MAX_SECONDS`` (900 s by
+default, like SQS DelaySeconds) with no key becomes one Celery message (``scheduling.run_deferred``,
+JSON args ``[kind, payload, attempt, deferral_id]``) with an ETA, on the ``timekeeper.deferred``
+queue, and no table row. A longer delay, or a ``key`` (which asks for something that can be found,
+moved and cancelled), becomes a ``due_at`` row (``scheduling.api.defer`` makes that choice).
+
+The visibility-timeout guard: Redis hands a taken, unacknowledged message to another worker once
+it is older than the visibility timeout, and a worker takes a countdown message as soon as it can
+and holds it unacknowledged until its ETA. A countdown longer than the visibility timeout is
+therefore delivered again and again (celery #2599, #4400). Every countdown (first runs and retries)
+must end ``SCHEDULING_VISIBILITY_MARGIN_SECONDS`` before it: the system check ``scheduling.E003``
+refuses a ceiling that would allow otherwise, ``defer()`` refuses such a delay with
+``DelayTooLong``, and retry countdowns are capped at the ceiling.
+
+Queues and the ETA limit: a worker holding ``CELERY_WORKER_ETA_TASK_LIMIT`` countdown messages
+stops taking messages from *every* queue it consumes until one comes due (Celery caps the
+channel's prefetch count; kombu's Redis QoS then stops fetching). Deferrals therefore travel on
+their own queue, so that production can give them their own workers (``-Q timekeeper.deferred``)
+and keep the claim and run_batch workers (``-X timekeeper.deferred``) from ever stalling.
+
+Runs: the handler gets a ``registry.Job`` with ``mechanism="broker"`` and ``ref`` the deferral id
+(the Celery task id, the same across retries), so ``job.idempotency_key`` is stable across
+redeliveries and retries. A failure is retried with the kind's backoff up to its max_attempts; the
+last failure is recorded as a ``dead`` ScheduledJob row (key ``broker:<deferral id>``) where a
+person sees it with every other dead job, and can retry it from the admin (it then runs as a row).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from scheduling.core import broker, conf, exceptions, executor, registry, store, tasknames
+
+logger = logging.getLogger(__name__)
+
+QUEUE = "timekeeper.deferred"  # the deferral queue (project settings route run_deferred to it)
+HARD_LIMIT_MARGIN_SECONDS = 30  # Celery kills a run this long after the kind's own timeout
+DEAD_KEY_PREFIX = "broker:"  # key of the dead row recording a spent deferral: broker:<deferral id>
+ERROR_TEXT_LIMIT = 4000  # characters of error text kept on the dead row
+COUNT_CHUNK = 1000  # messages read per Redis round trip when counting
+COUNT_LIMIT_PER_KEY = 200_000  # messages read at most per list or hash when counting; more are estimated
+# kombu's Redis transport keeps priorities 3, 6 and 9 in sibling lists "<queue>\x06\x16<priority>".
+PRIORITY_SEPARATOR = "\x06\x16"
+PRIORITY_STEPS = (0, 3, 6, 9)
+
+
+@dataclasses.dataclass(frozen=True)
+class Deferral:
+    """What ``defer()`` did: which mechanism, the id to find it again, and when it is due.
+
+    ``id`` is the deferral id (the Celery task id, a UUID string) on the broker path, and the
+    ScheduledJob id on the table path. ``due_at`` is by the sender's clock on the broker path (the
+    message's ETA) and by the database clock on the table path.
+    """
+
+    mechanism: str  # "broker" | "table"
+    id: str | int
+    due_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """How one broker run ended: ``succeeded``, ``retry`` (in ``retry_in_seconds``) or ``dead``."""
+
+    outcome: str
+    attempt: int
+    retry_in_seconds: float = 0.0
+    error: str = ""
+    dead_job_id: int | None = None
+
+
+# --- Settings and the guard ---------------------------------------------------------------------
+
+
+def ceiling_seconds() -> float:
+    """The longest delay that goes to the broker (``SCHEDULING_BROKER_DELAY_MAX_SECONDS``)."""
+    return conf.get().broker_delay_max_seconds
+
+
+def margin_seconds() -> float:
+    """How long before the visibility timeout every countdown must end."""
+    return conf.get().visibility_margin_seconds
+
+
+def guard_allows(countdown_seconds: float) -> bool:
+    """Whether a countdown this long ends at least the margin before the visibility timeout."""
+    return countdown_seconds + margin_seconds() < broker.visibility_timeout_seconds()
+
+
+def retry_countdown(backoff: registry.Backoff, attempt: int) -> float:
+    """Seconds before the retry after failed attempt ``attempt``: the kind's backoff, capped at the ceiling."""
+    return max(0.0, min(backoff.delay(attempt), ceiling_seconds()))
+
+
+# --- Deferring ----------------------------------------------------------------------------------
+
+
+def send(job_kind: registry.Kind, payload: Any, seconds: float) -> Deferral:
+    """Send a validated deferral of ``seconds`` (at most the ceiling) as a countdown message.
+
+    The message is sent when the caller's transaction commits (at once outside a transaction):
+    roll back and nothing runs. Raises ``DelayTooLong`` for a delay that would not end the margin
+    before the broker's visibility timeout (only possible when the ceiling is misconfigured: E003).
+    """
+    kind = job_kind.name
+    if not guard_allows(seconds):
+        raise exceptions.DelayTooLong(
+            f"A {seconds:g}s countdown would not end {margin_seconds():g}s before the broker's visibility timeout "
+            f"({broker.visibility_timeout_seconds():g}s): Redis would deliver it again while it waits. "
+            "Lower SCHEDULING_BROKER_DELAY_MAX_SECONDS (check scheduling.E003)."
+        )
+    deferral_id = str(uuid.uuid4())
+    due_at = timezone.now() + dt.timedelta(seconds=seconds)
+    time_limit = job_kind.timeout_seconds + HARD_LIMIT_MARGIN_SECONDS
+
+    def publish() -> None:
+        broker.send(
+            tasknames.RUN_DEFERRED, args=[kind, payload, 1, deferral_id], task_id=deferral_id, eta=due_at,
+            time_limit=time_limit,
+        )
+        logger.info(
+            "deferral sent to the broker",
+            extra={"deferral_id": deferral_id, "kind": kind, "action": "deferred_to_broker", "delay": seconds},
+        )
+
+    transaction.on_commit(publish)
+    return Deferral(mechanism="broker", id=deferral_id, due_at=due_at)
+
+
+# --- Running ------------------------------------------------------------------------------------
+
+
+def parse_eta(value: Any) -> dt.datetime | None:
+    """A message's ETA (ISO text or datetime) as an aware datetime; None when absent or unreadable."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, dt.datetime):
+        parsed = value
+    else:
+        try:
+            parsed = dt.datetime.fromisoformat(str(value))
+        except ValueError:
+            return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
+
+
+def run(kind_name: str, payload: Any, attempt: int, deferral_id: str, due_at: dt.datetime | None) -> RunResult:
+    """Run attempt ``attempt`` of a broker deferral under its kind's timeout; decide retry or dead on failure.
+
+    Called by the ``scheduling.run_deferred`` task, which turns ``retry`` into a Celery retry.
+    """
+    max_attempts = conf.get().default_max_attempts
+    backoff = registry.Backoff()
+    lease_seconds = conf.get().lease_seconds
+    log_context = {"deferral_id": deferral_id, "kind": kind_name, "attempt": attempt}
+    try:
+        kind = registry.get(kind_name)
+    except exceptions.UnknownJobKind as exc:
+        error = str(exc)
+    else:
+        max_attempts, backoff, lease_seconds = kind.max_attempts, kind.backoff, kind.lease_seconds
+        job = registry.Job(
+            kind=kind_name,
+            payload=payload if isinstance(payload, dict) else {},
+            attempt=attempt,
+            max_attempts=max_attempts,
+            due_at=due_at,
+            mechanism="broker",
+            ref=deferral_id,
+        )
+        try:
+            with executor.limit(kind.timeout_seconds):
+                kind.func(job)
+        except executor.JobTimeout:
+            error = f"timed out after {kind.timeout_seconds:g}s"
+            logger.warning("deferral timed out", extra={**log_context, "action": "timed_out"})
+        except Exception as exc:
+            error = _error_text(exc)
+            logger.warning("deferral raised %s", type(exc).__name__, extra={**log_context, "action": "failed"})
+        else:
+            lateness = None if due_at is None else (timezone.now() - due_at).total_seconds()
+            logger.info("deferral ran", extra={**log_context, "action": "succeeded", "late_seconds": lateness})
+            return RunResult("succeeded", attempt)
+    if attempt < max_attempts:
+        countdown = retry_countdown(backoff, attempt)
+        logger.info("deferral will be retried", extra={**log_context, "action": "retry", "countdown": countdown})
+        return RunResult("retry", attempt, retry_in_seconds=countdown, error=error)
+    dead_id = store.record_dead_deferral(
+        kind=kind_name,
+        payload=payload,
+        due_at=due_at,
+        attempts=attempt,
+        error=error,
+        key=f"{DEAD_KEY_PREFIX}{deferral_id}",
+        lease_seconds=lease_seconds,
+    )
+    logger.error("deferral dead: attempts spent", extra={**log_context, "action": "dead", "job_id": dead_id})
+    return RunResult("dead", attempt, error=error, dead_job_id=dead_id)
+
+
+# --- Counting -----------------------------------------------------------------------------------
+
+
+def queue_names() -> list[str]:
+    """The Celery queues this deployment declares (the default queue and the deferral queue)."""
+    from celery import current_app
+
+    return sorted(current_app.amqp.queues.keys())
+
+
+def _list_keys(names: Iterable[str]) -> list[str]:
+    prefix = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")
+    return [
+        f"{prefix}{name}" if step == 0 else f"{prefix}{name}{PRIORITY_SEPARATOR}{step}"
+        for name in names
+        for step in PRIORITY_STEPS
+    ]
+
+
+def _eta_of(message: Any) -> float | None:
+    """The ETA of a stored message (kombu's JSON envelope) as a POSIX timestamp, or None."""
+    headers = message.get("headers") if isinstance(message, dict) else None
+    eta = parse_eta(headers.get("eta")) if isinstance(headers, dict) else None
+    return None if eta is None else eta.timestamp()
+
+
+def _eta(raw: bytes | str) -> float | None:
+    """The ETA of a raw queue entry (JSON text), or None."""
+    try:
+        return _eta_of(json.loads(raw))
+    except ValueError:
+        return None
+
+
+def broker_counts(now: float | None = None) -> dict[str, int | bool] | None:
+    """Messages on the broker: ``visible``, ``delayed``, ``in_flight``, ``unacked`` (None if Redis is down).
+
+    - ``visible``: waiting in a queue list and due (no ETA, or its ETA has passed): ready to run.
+    - ``delayed``: not yet due (ETA in the future), wherever they are: held unacknowledged by a
+      worker (``delayed_held``: how Redis workers keep countdowns) or still in a queue list
+      (``delayed_queued``: no worker had room under its ETA limit). The counterpart of SQS's
+      ApproximateNumberOfMessagesDelayed; it includes the claim engine's own wake-ups (<= 2 s).
+    - ``in_flight``: taken by a worker and due: running, or about to.
+    - ``unacked``: everything taken and not acknowledged (``delayed_held`` + ``in_flight``).
+
+    How exact: a snapshot read in several round trips, not atomically. A message that moves
+    between a list and the unacked hash while counting can be counted twice or missed; ETAs are
+    compared with this process's clock (an ETA within clock skew of now may be on either side);
+    messages held by a worker that died stay counted (as delayed or in flight) until Redis
+    restores them after the visibility timeout. Beyond ``COUNT_LIMIT_PER_KEY`` messages per list
+    or hash the rest are estimated from the part read (``exact`` is then False).
+    """
+    moment = time.time() if now is None else now
+    prefix = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")
+    counts = {"visible": 0, "delayed_queued": 0, "delayed_held": 0, "in_flight": 0}
+    exact = True
+    try:
+        client = broker.client()
+        keys = _list_keys(queue_names())
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.llen(key)
+        lengths = pipe.execute()
+        for key, length in zip(keys, lengths, strict=True):
+            future, read = 0, 0
+            while read < min(length, COUNT_LIMIT_PER_KEY):
+                chunk = client.lrange(key, read, read + COUNT_CHUNK - 1)
+                if not chunk:
+                    break
+                read += len(chunk)
+                future += sum(1 for raw in chunk if (_eta(raw) or 0) > moment)
+            if read < length:
+                exact = False
+                future = round(future * length / read) if read else 0
+            counts["delayed_queued"] += future
+            counts["visible"] += length - future
+        held, total = 0, 0
+        for _tag, raw in client.hscan_iter(f"{prefix}unacked", count=COUNT_CHUNK):
+            total += 1
+            try:
+                message = json.loads(raw)[0]
+            except (ValueError, IndexError, TypeError):
+                continue
+            if (_eta_of(message) or 0) > moment:
+                held += 1
+            if total >= COUNT_LIMIT_PER_KEY:
+                exact = False
+                full = int(client.hlen(f"{prefix}unacked"))
+                held = round(held * full / total)
+                total = full
+                break
+        counts["delayed_held"] = held
+        counts["in_flight"] = total - held
+    except redis.RedisError:
+        logger.warning("cannot count broker messages: Redis did not answer", exc_info=True)
+        return None
+    return {
+        "visible": counts["visible"],
+        "delayed": counts["delayed_queued"] + counts["delayed_held"],
+        "in_flight": counts["in_flight"],
+        "unacked": counts["delayed_held"] + counts["in_flight"],
+        "delayed_held": counts["delayed_held"],
+        "delayed_queued": counts["delayed_queued"],
+        "exact": exact,
+    }
+
+
+# --- Worker start ---------------------------------------------------------------------------------
+
+
+def worker_queue_warning(consumed: Iterable[str]) -> str | None:
+    """The warning for a worker consuming the deferral queue beside others (it can stall at its ETA limit)."""
+    names = set(consumed)
+    if QUEUE not in names or names == {QUEUE}:
+        return None
+    limit = getattr(settings, "CELERY_WORKER_ETA_TASK_LIMIT", None)
+    others = ", ".join(sorted(names - {QUEUE}))
+    return (
+        f"This worker consumes the deferral queue {QUEUE} beside {others}. Holding {limit or 'unlimited'} "
+        f"countdown messages would stop it taking {others} messages until one comes due; in production run "
+        f"deferral workers apart (-Q {QUEUE}) and the others with -X {QUEUE}."
+    )
+
+
+def ceiling_problem() -> str | None:
+    """Why the ceiling is unsafe (scheduling.E003): it plus the margin is not below the visibility timeout."""
+    ceiling, margin, timeout = ceiling_seconds(), margin_seconds(), broker.visibility_timeout_seconds()
+    if margin > 0 and ceiling + margin < timeout:
+        return None
+    return (
+        f"SCHEDULING_BROKER_DELAY_MAX_SECONDS ({ceiling:g}s) plus the {margin:g}s margin "
+        f"(SCHEDULING_VISIBILITY_MARGIN_SECONDS, which must be positive) is not below the broker "
+        f"visibility timeout ({timeout:g}s): a countdown that long would be delivered twice."
+    )

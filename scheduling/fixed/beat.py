@@ -1,0 +1,331 @@
+"""Celery Beat with django-celery-beat's database scheduler, one leader among replicas.
+
+Any number of ``celery -A project beat`` processes may run. Each tick, a process that does not
+lead tries ``pg_try_advisory_lock`` on a dedicated connection (``locks``); the one holding it
+leads and sends messages, the others send nothing and retry every ``STANDBY_RETRY_SECONDS``. The
+lock dies with the leader's connection, so a standby takes over within seconds of a crash. The
+leader records a heartbeat row that health checks and the admin read.
+
+Leadership only avoids duplicate sends in the normal case; exactly-once per tick is the run
+ledger's job (``fixed``), which also covers a handover in the middle of a tick.
+
+Fixed-time schedules (periodic tasks with a ``SchedulePolicy``) are ``FixedEntry`` entries: their
+due-ness is not Celery's crontab arithmetic from ``last_run_at`` but ``ticks.plan()`` on the
+schedule's row (anchor, last tick, policy) with the DST-correct ``scheduling.fixed.cron``, at the
+*database* clock as this process sees it (``DatabaseClock``: local time plus an offset measured
+every ``SCHEDULING_FIXED_CLOCK_SYNC_SECONDS``). The message carries the tick's scheduled instant,
+a value of the schedule, so two beats compute the same tick for the same moment. Beat's progress
+is ``SchedulePolicy.last_tick`` in the database, so a new leader carries on where the old one
+stopped: a tick the old leader sent but did not record is sent again and refused by the ledger.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any, Protocol
+
+import psycopg2
+from celery.schedules import schedstate
+from django.db import DatabaseError, close_old_connections
+from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
+
+from scheduling.core import conf, exceptions, leadership, locks, store, tasknames
+from scheduling.fixed import policies, ticks
+from scheduling.models import SchedulePolicy, SchedulerHeartbeat
+
+logger = logging.getLogger(__name__)
+
+LEADER_LOCK = ("beat", "leader")
+STANDBY_RETRY_SECONDS = 1.0  # how often a standby tries to take the lead
+LEADER_CHECK_SECONDS = 2.0  # how often the leader checks its lock connection is alive
+HEARTBEAT_SECONDS = 5.0  # how often the leader writes its heartbeat row
+SEND_RETRY_SECONDS = 2.0  # after a failed send of a fixed-time tick, look again this soon
+MISSED_ERROR = "beat was not running in time for this tick (missed_policy={policy})"
+
+
+class Clock(Protocol):
+    """Where beat reads the time for fixed-time due-ness (injected in tests)."""
+
+    def now(self) -> dt.datetime: ...
+
+
+class DatabaseClock:
+    """The database clock as seen from this process: local time plus an offset measured now and then.
+
+    Only the database clock says what is due; asking PostgreSQL on every beat loop would cost a
+    query per second, so the offset is measured every ``SCHEDULING_FIXED_CLOCK_SYNC_SECONDS`` (half
+    the round trip is the error) and the local clock runs in between.
+    """
+
+    def __init__(self) -> None:
+        self._offset_seconds = 0.0
+        self._synced_at: float | None = None
+
+    def now(self) -> dt.datetime:
+        mono = time.monotonic()
+        every = conf.get().fixed_clock_sync_seconds
+        if self._synced_at is None or mono - self._synced_at >= every:
+            self._sync(mono)
+        return dt.datetime.fromtimestamp(time.time() + self._offset_seconds, dt.UTC)
+
+    def _sync(self, mono: float) -> None:
+        try:
+            before = time.time()
+            database_now = store.database_now()
+            after = time.time()
+        except DatabaseError:
+            logger.warning("cannot read the database clock; using the last offset", exc_info=True)
+            return
+        offset = database_now.timestamp() - (before + after) / 2
+        if self._synced_at is None or abs(offset - self._offset_seconds) > 1.0:
+            logger.info(
+                "beat clock offset to the database measured",
+                extra={"offset_seconds": round(offset, 3), "action": "clock_sync"},
+            )
+        self._offset_seconds = offset
+        self._synced_at = mono
+
+
+_default_clock: DatabaseClock | None = None
+
+
+def default_clock() -> DatabaseClock:
+    """The process's database clock, created on first use."""
+    global _default_clock
+    if _default_clock is None:
+        _default_clock = DatabaseClock()
+    return _default_clock
+
+
+class FixedEntry(ModelEntry):
+    """A fixed-time schedule's beat entry: due-ness from ``ticks.plan()`` on the schedule's row.
+
+    ``is_due()`` re-reads the row (anchor, last tick, policy, timing) each time beat asks, so
+    suspension and policy edits apply at once, and keeps the plan for ``apply_entry`` to carry out.
+    The delay it returns is until the schedule's next tick, capped at
+    ``SCHEDULING_FIXED_RECHECK_SECONDS``.
+    """
+
+    def __init__(self, model: Any, app: Any = None, clock: Clock | None = None) -> None:
+        super().__init__(model, app=app)
+        self.clock: Clock = clock or default_clock()
+        self.policy_id: int = model.policy.pk
+        self.plan: ticks.TickPlan | None = None
+
+    def __next__(self) -> FixedEntry:
+        entry = super().__next__()
+        assert isinstance(entry, FixedEntry)
+        entry.clock = self.clock
+        return entry
+
+    def is_due(self) -> schedstate:
+        recheck = conf.get().fixed_recheck_seconds
+        self.plan = None
+        if not self.model.enabled:
+            return schedstate(False, recheck)
+        now = self.clock.now()
+        policy = (
+            SchedulePolicy.objects.select_related("periodic_task", "periodic_task__crontab", "periodic_task__interval")
+            .filter(pk=self.policy_id)
+            .first()
+        )
+        if policy is None:
+            return schedstate(False, recheck)
+        try:
+            if policies.timing_key(policy.periodic_task, policy) != policy.timing_key:
+                # An edit that bypassed the save signals (a QuerySet.update()): count from now on.
+                policies.note_timing_change(policy, at=now)
+            state = policies.tick_state(policy)
+        except exceptions.SchedulingError as exc:
+            logger.error(
+                "fixed-time schedule is invalid; not firing it",
+                extra={"schedule": self.name, "error": str(exc), "action": "invalid_schedule"},
+            )
+            return schedstate(False, recheck)
+        plan = ticks.plan(
+            state,
+            now,
+            late_seconds=conf.get().fixed_late_seconds,
+            max_ticks=conf.get().fixed_max_catch_up,
+        )
+        self.plan = plan
+        return schedstate(plan.due, ticks.seconds_until(plan.next_tick, now, recheck))
+
+
+
+class LeaderDatabaseScheduler(DatabaseScheduler):
+    """django-celery-beat's DatabaseScheduler that only sends while it holds the leader lock."""
+
+    def __init__(self, *args: Any, clock: Clock | None = None, **kwargs: Any) -> None:
+        self._leader_lock = locks.AdvisoryLock(*LEADER_LOCK)
+        self._last_check = 0.0
+        self._last_heartbeat = 0.0
+        self._acquired_at: Any = None
+        self._send_failed = False
+        self.clock: Clock = clock or default_clock()
+        super().__init__(*args, **kwargs)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader_lock.held
+
+    def _ensure_leader(self) -> bool:
+        now = time.monotonic()
+        if self._leader_lock.held:
+            if now - self._last_check >= LEADER_CHECK_SECONDS:
+                self._last_check = now
+                if not self._leader_lock.alive():
+                    logger.error("lost the beat leader lock (its connection died); standing by")
+            if self._leader_lock.held:
+                return True
+        try:
+            acquired = self._leader_lock.try_acquire()
+        except psycopg2.Error:
+            logger.warning("cannot reach PostgreSQL to take the beat lead; sending nothing", exc_info=True)
+            return False
+        if acquired:
+            self._last_check = now
+            self._last_heartbeat = 0.0
+            self._acquired_at = None
+            logger.info("this beat leads now", extra={"holder": leadership.process_name(), "action": "leader_acquired"})
+            # Re-read the schedule: the previous leader may have advanced it.
+            self._initial_read = True
+            self._heap = None
+        return acquired
+
+    def _write_heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_heartbeat < HEARTBEAT_SECONDS:
+            return
+        self._last_heartbeat = now
+        try:
+            close_old_connections()
+            from django.db.models.functions import Now
+
+            row, _created = SchedulerHeartbeat.objects.update_or_create(
+                role="beat",
+                defaults={"holder": leadership.process_name(), "heartbeat_at": Now()},
+                create_defaults={"holder": leadership.process_name(), "heartbeat_at": Now(), "acquired_at": Now()},
+            )
+            if self._acquired_at is None:
+                # A new leadership starts its "leading since" now, even if the row existed.
+                SchedulerHeartbeat.objects.filter(pk=row.pk).update(acquired_at=Now())
+                self._acquired_at = True
+        except DatabaseError:
+            logger.warning("could not record the beat heartbeat", exc_info=True)
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if not self._ensure_leader():
+            return STANDBY_RETRY_SECONDS
+        self._write_heartbeat()
+        delay = min(super().tick(*args, **kwargs), LEADER_CHECK_SECONDS)
+        if self._send_failed:
+            self._send_failed = False
+            return SEND_RETRY_SECONDS
+        return delay
+
+    # --- fixed-time schedules ----------------------------------------------------------------------
+
+    def enabled_models_qs(self) -> Any:
+        """django-celery-beat's set, plus every enabled fixed-time schedule.
+
+        django-celery-beat leaves out crontabs whose hour is not near the current one (an
+        optimisation that assumes fixed zone offsets); fixed-time schedules decide their own
+        due-ness and must always be present to record missed ticks and to follow edits.
+        """
+        fixed_time = self.Model.objects.enabled().filter(policy__isnull=False)
+        return (super().enabled_models_qs() | fixed_time).select_related("policy", "crontab", "interval")
+
+    def all_as_schedule(self) -> dict[str, Any]:
+        entries: dict[str, Any] = {}
+        for model in self.enabled_models():
+            try:
+                if _has_policy(model):
+                    entries[model.name] = FixedEntry(model, app=self.app, clock=self.clock)
+                else:
+                    entries[model.name] = self.Entry(model, app=self.app)
+            except ValueError:
+                pass
+        return entries
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        if not isinstance(entry, FixedEntry):
+            super().apply_entry(entry, producer=producer)
+            return
+        plan, entry.plan = entry.plan, None
+        if plan is None or not plan.due:
+            return
+        try:
+            carry_out(self.app, entry.policy_id, entry.name, plan, producer=producer, options=entry.options)
+        except Exception:  # a broker or database error: nothing advanced, the tick is sent again soon
+            logger.exception(
+                "could not carry out a fixed-time tick; retrying shortly",
+                extra={"schedule": entry.name, "action": "send_failed"},
+            )
+            self._send_failed = True
+            self._heap = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._leader_lock.release()
+
+
+def _has_policy(model: Any) -> bool:
+    try:
+        model.policy  # noqa: B018 - the reverse one-to-one raises when there is none
+    except SchedulePolicy.DoesNotExist:
+        return False
+    return True
+
+
+def carry_out(
+    app: Any,
+    policy_id: int,
+    name: str,
+    plan: ticks.TickPlan,
+    *,
+    producer: Any = None,
+    options: dict[str, Any] | None = None,
+) -> None:
+    """Do what ``plan`` says for one schedule: record missed ticks, send ticks, advance ``last_tick``.
+
+    ``last_tick`` moves only after every send went out; if beat dies in between, the next leader
+    sends the same ticks again and the gate's ledger refuses whatever already ran.
+    """
+    log = {"schedule": name}
+    if plan.missed:
+        policy = SchedulePolicy.objects.filter(pk=policy_id).first()
+        missed_policy = policy.missed_policy if policy is not None else "skip"
+        recorded = store.record_missed_ticks(policy_id, plan.missed, MISSED_ERROR.format(policy=missed_policy))
+        logger.warning(
+            "ticks missed while beat was not running",
+            extra={
+                **log,
+                "missed": len(plan.missed),
+                "more_not_examined": plan.missed_more,
+                "recorded": len(recorded),
+                "first": plan.missed[0].isoformat(),
+                "last": plan.missed[-1].isoformat(),
+                "action": "missed",
+            },
+        )
+        if policy is not None:
+            store.prune_schedule_runs(policy_id, policy.successful_history_limit, policy.failed_history_limit)
+    send_options = {k: v for k, v in (options or {}).items() if k in {"queue", "exchange", "routing_key", "priority"}}
+    for send in plan.sends:
+        app.send_task(
+            tasknames.RUN_FIXED,
+            kwargs={"schedule": name, "tick": send.tick.isoformat(), "trigger": send.trigger},
+            producer=producer,
+            headers={"periodic_task_name": name, "celery_beat_task": True},
+            **send_options,
+        )
+        logger.info(
+            "tick sent", extra={**log, "tick": send.tick.isoformat(), "trigger": send.trigger, "action": "sent"}
+        )
+    if plan.advance_to is not None:
+        store.advance_last_tick(policy_id, plan.advance_to)

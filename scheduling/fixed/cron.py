@@ -1,0 +1,518 @@
+"""Fixed-time schedule ticks: cron expressions and intervals, correct across DST changes.
+
+Pure Python: no database, no Django settings. Every instant returned is an aware UTC datetime.
+
+Cron expressions
+    Five fields, ``minute hour day-of-month month day-of-week``, each parsed by Celery's
+    ``crontab_parser``: ``*``, numbers, ranges ``a-b``, steps ``*/n`` and ``a-b/n``, lists ``a,b``.
+    Month names (``jan``..``dec``) are accepted in the month field and day names (``sun``..``sat``)
+    in the day-of-week field, three letters, any case. Day of week 0 and 7 both mean Sunday.
+    A descending range wraps around, as in Celery: ``fri-sun`` is Friday, Saturday and Sunday,
+    ``50-10`` in the minute field is minutes 50..59 and 0..10. A step needs ``*`` or a range in
+    front of it (``5/10`` is refused). Nicknames: ``@yearly``/``@annually``, ``@monthly``,
+    ``@weekly``, ``@daily``/``@midnight``, ``@hourly``; ``@reboot`` has no time and is refused.
+
+    Day of month and day of week follow the Vixie cron rule: when both are restricted, a day
+    matches if either matches. A field is restricted unless it covers its whole range, so ``*``,
+    ``*/1``, ``1-31`` and ``0-6`` all count as unrestricted. (Vixie cron looks only at a leading
+    ``*``, so it treats ``*/2`` as unrestricted and ``1-31`` as restricted; this module, like
+    Kubernetes, treats ``*/2`` as restricted and ``1-31`` as unrestricted.)
+
+DST semantics
+    A schedule runs on the wall clock of its time zone. Each matching wall time fires once:
+    * Clocks go back (the wall time happens twice): it fires at its first occurrence only. That
+      holds for every schedule, minute-level ones included: on Lisbon's fall-back night
+      ``*/15 * * * *`` fires at 01:00, 01:15, 01:30, 01:45 WEST and next at 02:00 WET, 1h15 later;
+      the repeated 01:00-01:45 WET are not fired again. A schedule that must keep a steady
+      real-time cadence should use the UTC zone or an interval schedule.
+    * Clocks go forward (the wall time does not exist): with ``dst_gap="shift"`` it fires at the
+      instant the gap ends, the first instant the clock reads that wall time or later (01:30 on
+      2026-03-29 in Europe/Lisbon fires at 02:00 WEST = 01:00 UTC); with ``dst_gap="skip"`` it
+      does not fire that day. Several wall times that shift to the same instant fire once.
+    With these rules the instant of a wall time never decreases as the wall time increases, so
+    the ticks come out in order of the wall times, and searches can bisect within a day.
+
+Intervals
+    ``interval_tick`` and ``interval_next_after`` place ticks on a grid ``anchor + k * every``
+    (anchor defaults to the Unix epoch) with integer microsecond arithmetic, so every replica
+    computes the same tick for the same moment.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from celery.schedules import ParseException, crontab_parser
+from cron_descriptor import (
+    ExpressionDescriptor,
+    FormatException,
+    MissingFieldException,
+    Options,
+    WrongArgumentException,
+)
+
+from scheduling.core import exceptions
+
+DST_GAP_SHIFT: Final = "shift"
+DST_GAP_SKIP: Final = "skip"
+DST_GAP_CHOICES: Final = (DST_GAP_SHIFT, DST_GAP_SKIP)
+
+NICKNAMES: Final[dict[str, str]] = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+# Longest stretch a search walks without finding a tick. Feb 29 can be 8 years apart (2096, 2104).
+SEARCH_LIMIT_DAYS: Final = 8 * 366
+
+# min_interval_seconds() looks at the ticks in this many days from its reference date...
+MIN_INTERVAL_WINDOW_DAYS: Final = 366
+# ... which is fixed, so the answer does not depend on when it is asked.
+MIN_INTERVAL_REFERENCE: Final = datetime(2026, 1, 1, tzinfo=UTC)
+
+EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+_MONTH_NAMES: Final = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAY_NAMES: Final = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+# Longest month lengths, Feb 29 included: a day-of-month no listed month reaches never fires.
+_MONTH_DAYS: Final = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
+
+_PART = re.compile(
+    r"(?:\*|(?P<low>[0-9]+|[a-z]+)(?:-(?P<high>[0-9]+|[a-z]+))?)(?:/(?P<step>[0-9]+))?",
+    re.ASCII | re.IGNORECASE,
+)
+_ONE_MICROSECOND: Final = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class _FieldSpec:
+    name: str
+    low: int
+    high: int
+    names: tuple[str, ...] = ()
+
+    @property
+    def full(self) -> frozenset[int]:
+        return frozenset(range(self.low, self.high + 1))
+
+
+_MINUTE = _FieldSpec("minute", 0, 59)
+_HOUR = _FieldSpec("hour", 0, 23)
+_DAY_OF_MONTH = _FieldSpec("day-of-month", 1, 31)
+_MONTH = _FieldSpec("month", 1, 12, _MONTH_NAMES)
+# 7 is accepted here and folded onto 0 (Sunday) after parsing.
+_DAY_OF_WEEK = _FieldSpec("day-of-week", 0, 7, _DAY_NAMES)
+_FIELD_SPECS: Final = (_MINUTE, _HOUR, _DAY_OF_MONTH, _MONTH, _DAY_OF_WEEK)
+
+
+@dataclass(frozen=True)
+class _Fields:
+    """The value sets of a parsed expression; day of week counts from Sunday = 0."""
+
+    minutes: frozenset[int]
+    hours: frozenset[int]
+    days_of_month: frozenset[int]
+    months: frozenset[int]
+    days_of_week: frozenset[int]
+
+    @property
+    def dom_restricted(self) -> bool:
+        return self.days_of_month != _DAY_OF_MONTH.full
+
+    @property
+    def dow_restricted(self) -> bool:
+        return self.days_of_week != frozenset(range(7))
+
+    def day_matches(self, day: date) -> bool:
+        """Whether ``day`` is a day the expression runs on (Vixie rule for dom/dow)."""
+        if day.month not in self.months:
+            return False
+        dom = day.day in self.days_of_month
+        dow = day.isoweekday() % 7 in self.days_of_week
+        if self.dom_restricted and self.dow_restricted:
+            return dom or dow
+        return dom and dow  # an unrestricted field holds every value
+
+    def minutes_of_day(self) -> tuple[int, ...]:
+        """Matching wall times of a day, as minutes after midnight, ascending."""
+        return tuple(sorted(h * 60 + m for h in self.hours for m in self.minutes))
+
+
+def expand(expr: str) -> str:
+    """Return the five-field form of a cron expression or nickname, validated.
+
+    Raises ``InvalidCronExpression`` saying what is wrong: unknown nickname, wrong number of
+    fields, a value out of range, a name where none is allowed, garbage, or a day that never comes.
+    """
+    return _parse(expr)[0]
+
+
+def _parse(expr: str) -> tuple[str, _Fields]:
+    if not isinstance(expr, str):
+        raise exceptions.InvalidCronExpression(f"A cron expression must be a string, not {type(expr).__name__}.")
+    text = expr.strip()
+    if not text:
+        raise exceptions.InvalidCronExpression("The cron expression is empty.")
+    if text.startswith("@"):
+        nickname = text.lower()
+        if nickname == "@reboot":
+            raise exceptions.InvalidCronExpression("'@reboot' has no fixed time and is not supported.")
+        if nickname not in NICKNAMES:
+            known = ", ".join(NICKNAMES)
+            raise exceptions.InvalidCronExpression(f"Unknown cron nickname {text!r}; known ones are {known}.")
+        text = NICKNAMES[nickname]
+    parts = text.split()
+    if len(parts) != len(_FIELD_SPECS):
+        raise exceptions.InvalidCronExpression(
+            f"Cron expression {expr!r} has {len(parts)} field(s); expected 5: "
+            "minute hour day-of-month month day-of-week."
+        )
+    minutes, hours, days_of_month, months, days_of_week = (
+        _parse_field(spec, part) for spec, part in zip(_FIELD_SPECS, parts, strict=True)
+    )
+    fields = _Fields(
+        minutes=minutes,
+        hours=hours,
+        days_of_month=days_of_month,
+        months=months,
+        days_of_week=frozenset(d % 7 for d in days_of_week),
+    )
+    reachable = any(day <= _MONTH_DAYS[month] for month in fields.months for day in fields.days_of_month)
+    if fields.dom_restricted and not fields.dow_restricted and not reachable:
+        raise exceptions.InvalidCronExpression(
+            f"Cron expression {expr!r} never fires: none of its months has any of its days of the month."
+        )
+    return " ".join(parts), fields
+
+
+def _parse_field(spec: _FieldSpec, text: str) -> frozenset[int]:
+    """Check one field strictly, then let Celery's ``crontab_parser`` expand it."""
+    for part in text.split(","):
+        if not part:
+            raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r} has an empty list item.")
+        match = _PART.fullmatch(part)
+        if match is None:
+            raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r} cannot be parsed at {part!r}.")
+        low, high, step = match.group("low", "high", "step")
+        if step is not None:
+            if low is not None and high is None:
+                raise exceptions.InvalidCronExpression(
+                    f"The {spec.name} field {text!r}: a step needs '*' or a range before it "
+                    f"(e.g. '*/{step}' or '{low}-{spec.high}/{step}'), not {part!r}."
+                )
+            if int(step) == 0:
+                raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r}: a step must be at least 1.")
+        for atom in (low, high):
+            if atom is not None:
+                _check_atom(spec, text, atom)
+    try:
+        values = crontab_parser(spec.high - spec.low + 1, spec.low).parse(text)
+    except (ValueError, ParseException) as exc:  # the checks above should leave nothing for these
+        raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r} is invalid: {exc}") from exc
+    return frozenset(values)
+
+
+def _check_atom(spec: _FieldSpec, text: str, atom: str) -> None:
+    if atom.isdigit():
+        value = int(atom)
+        if not spec.low <= value <= spec.high:
+            raise exceptions.InvalidCronExpression(
+                f"The {spec.name} field {text!r}: {value} is out of range {spec.low}-{spec.high}."
+            )
+    elif atom.lower() not in spec.names:
+        if spec.names:
+            allowed = f"{spec.names[0]}..{spec.names[-1]}"
+            raise exceptions.InvalidCronExpression(
+                f"The {spec.name} field {text!r}: {atom!r} is not a number or a name ({allowed})."
+            )
+        raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r}: {atom!r} is not a number.")
+
+
+def _zone(name: str) -> ZoneInfo:
+    if not isinstance(name, str) or not name:
+        raise exceptions.UnknownTimeZone(f"A time zone name is required, got {name!r}.")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        # ValueError: malformed key (absolute, '..'); OSError: a directory such as 'Europe'.
+        raise exceptions.UnknownTimeZone(f"The tz database has no time zone {name!r}.") from exc
+
+
+def _as_utc(instant: datetime, what: str = "instant") -> datetime:
+    if not isinstance(instant, datetime) or instant.utcoffset() is None:
+        raise exceptions.InvalidSchedule(f"The {what} must be a timezone-aware datetime, got {instant!r}.")
+    return instant.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class CronSchedule:
+    """A cron expression (or nickname) on the wall clock of a time zone.
+
+    Construction validates everything: ``InvalidCronExpression`` for the expression,
+    ``UnknownTimeZone`` for the zone, ``InvalidPolicy`` for a ``dst_gap`` other than
+    ``"shift"``/``"skip"``. See the module docstring for the DST semantics.
+    """
+
+    expression: str
+    timezone: str
+    dst_gap: str = DST_GAP_SHIFT
+    _expanded: str = field(init=False, repr=False, compare=False)
+    _fields: _Fields = field(init=False, repr=False, compare=False)
+    _zone: ZoneInfo = field(init=False, repr=False, compare=False)
+    _minutes_of_day: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        expanded, fields = _parse(self.expression)
+        if self.dst_gap not in DST_GAP_CHOICES:
+            raise exceptions.InvalidPolicy(f"dst_gap must be 'shift' or 'skip', not {self.dst_gap!r}.")
+        object.__setattr__(self, "_expanded", expanded)
+        object.__setattr__(self, "_fields", fields)
+        object.__setattr__(self, "_zone", _zone(self.timezone))
+        object.__setattr__(self, "_minutes_of_day", fields.minutes_of_day())
+
+    @classmethod
+    def parse(cls, expr: str, tz: str, dst_gap: str = DST_GAP_SHIFT) -> CronSchedule:
+        """Validate and build a schedule; whitespace in ``expr`` is normalised."""
+        if isinstance(expr, str):
+            expr = " ".join(expr.split())
+        return cls(expression=expr, timezone=tz, dst_gap=dst_gap)
+
+    @property
+    def expanded(self) -> str:
+        """The five-field form of the expression (nicknames expanded)."""
+        return self._expanded
+
+    @property
+    def nickname(self) -> str | None:
+        """The nickname the schedule was declared with (``@daily`` ...), if any."""
+        return self.expression.lower() if self.expression.startswith("@") else None
+
+    # --- public queries ---------------------------------------------------------------------
+
+    def next_after(self, instant: datetime) -> datetime:
+        """The first tick strictly after ``instant`` (aware, any zone), in UTC."""
+        return next(self._ticks_after(_as_utc(instant)))
+
+    def ticks_between(self, start: datetime, end: datetime) -> Iterator[datetime]:
+        """The ticks ``t`` with ``start < t <= end``, in order, in UTC."""
+        after, until = _as_utc(start, "start"), _as_utc(end, "end")
+        if until <= after:
+            return iter(())
+        return itertools.takewhile(lambda tick: tick <= until, self._ticks_after(after))
+
+    def next_n(self, after: datetime, n: int) -> list[datetime]:
+        """The first ``n`` ticks strictly after ``after``, for previews."""
+        if n <= 0:
+            return []
+        return list(itertools.islice(self._ticks_after(_as_utc(after, "after")), n))
+
+    def latest_at_or_before(self, instant: datetime) -> datetime | None:
+        """The latest tick at or before ``instant``, or None if none within the search limit."""
+        at = _as_utc(instant)
+        count = len(self._minutes_of_day)
+        local_day = at.astimezone(self._zone).date()
+        try:
+            # A wall time later than the local time of `instant` can still have occurred before it
+            # when `instant` is in the second pass of a repeated hour, so start a day ahead.
+            start = local_day + timedelta(days=1)
+        except OverflowError:
+            start = local_day
+        for day in self._matching_days(start, forward=False):
+            key = self._bisect_key(day)
+            index = bisect.bisect_right(range(count), at, key=key) - 1
+            while index >= 0:
+                tick = self._tick(day, index)
+                if tick is not None:  # None: a wall time skipped by a DST gap
+                    return tick
+                index -= 1
+        return None
+
+    def min_interval_seconds(self, reference: datetime | None = None) -> float:
+        """The shortest gap between consecutive ticks in the year after ``reference``.
+
+        ``reference`` defaults to ``MIN_INTERVAL_REFERENCE`` (fixed, so the answer is stable); the
+        window grows past a year until it holds two ticks (``0 0 29 2 *``). DST days count, so
+        ``0 3 * * *`` in a DST zone gives 23 hours. ``math.inf`` if fewer than two ticks are found.
+        Days without a clock change are not resolved tick by tick: their gaps are the wall-clock gaps.
+        """
+        ref = _as_utc(reference if reference is not None else MIN_INTERVAL_REFERENCE, "reference")
+        first_day = ref.astimezone(self._zone).date()
+        window_end = first_day + timedelta(days=MIN_INTERVAL_WINDOW_DAYS)
+        walls = self._minutes_of_day
+        wall_gap = min((b - a for a, b in itertools.pairwise(walls)), default=None)
+        best = math.inf
+        count = 0
+        previous: datetime | None = None
+        for day in self._matching_days(first_day, forward=True):
+            if day >= window_end and count >= 2:
+                break
+            if self._has_clock_change(day):
+                ticks = [tick for i in range(len(walls)) if (tick := self._tick(day, i)) is not None]
+            else:
+                ticks = [self._instant(day, 0)[0], self._instant(day, len(walls) - 1)[0]]
+                if wall_gap is not None:
+                    best = min(best, wall_gap * 60.0)
+            for tick in ticks:
+                if previous is not None and tick != previous:
+                    best = min(best, (tick - previous).total_seconds())
+                    count += 1
+                elif previous is None:
+                    count += 1
+                previous = tick
+        return best if count >= 2 else math.inf
+
+    def describe(self) -> str:
+        """A readable English description, e.g. ``At 03:00 AM (Europe/Lisbon)``."""
+        options = Options()
+        options.day_of_week_start_index_zero = True
+        try:
+            text = ExpressionDescriptor(self._expanded, options).get_description()
+        except (FormatException, MissingFieldException, WrongArgumentException):
+            text = f"Cron {self._expanded!r}"
+        notes = [self.timezone]
+        if self._fields.dom_restricted and self._fields.dow_restricted:
+            notes.append("on days matching either the day of the month or the day of the week")
+        if self.dst_gap == DST_GAP_SKIP:
+            notes.append("times skipped by a clock change do not run")
+        described = f"{text} ({'; '.join(notes)})"
+        if self.nickname is not None:
+            described = f"{self.nickname}: {described}"
+        return described
+
+    # --- machinery ----------------------------------------------------------------------------
+
+    def _ticks_after(self, after: datetime) -> Iterator[datetime]:
+        """Every tick strictly after ``after`` (UTC), ascending; raises if one never comes."""
+        count = len(self._minutes_of_day)
+        previous: datetime | None = None
+        for day in self._matching_days(after.astimezone(self._zone).date(), forward=True):
+            start = 0
+            if previous is None:
+                start = bisect.bisect_right(range(count), after, key=self._bisect_key(day))
+            for index in range(start, count):
+                tick = self._tick(day, index)
+                if tick is None or tick <= after or tick == previous:
+                    continue  # skipped by a gap / second pass of a repeated hour / same gap end
+                previous = tick
+                yield tick
+        raise exceptions.InvalidCronExpression(
+            f"Cron expression {self.expression!r} never fires in {self.timezone} within "
+            f"{SEARCH_LIMIT_DAYS // 366} years after {(previous or after).isoformat()}."
+        )
+
+    def _matching_days(self, start: date, *, forward: bool) -> Iterator[date]:
+        """Local days the expression runs on, from ``start`` on (or back), skipping whole months.
+
+        Stops after ``SEARCH_LIMIT_DAYS`` days without a match or at the end of the calendar.
+        """
+        months = self._fields.months
+        day = origin = start
+        try:
+            while abs((day - origin).days) <= SEARCH_LIMIT_DAYS:
+                if day.month not in months:
+                    if forward:
+                        day = (day.replace(day=28) + timedelta(days=4)).replace(day=1)
+                    else:
+                        day = day.replace(day=1) - timedelta(days=1)
+                    continue
+                if self._fields.day_matches(day):
+                    yield day
+                    origin = day
+                day += timedelta(days=1 if forward else -1)
+        except OverflowError:
+            return
+
+    def _wall(self, day: date, index: int) -> datetime:
+        minute = self._minutes_of_day[index]
+        return datetime.combine(day, time(minute // 60, minute % 60))
+
+    def _instant(self, day: date, index: int) -> tuple[datetime, bool]:
+        """The UTC instant of a wall time and whether it fell in a DST gap (then: the gap's end)."""
+        wall = self._wall(day, index)
+        first = wall.replace(tzinfo=self._zone).astimezone(UTC)  # fold=0: first occurrence if repeated
+        if first.astimezone(self._zone).replace(tzinfo=None) == wall:
+            return first, False
+        return self._gap_end(wall), True
+
+    def _tick(self, day: date, index: int) -> datetime | None:
+        """The tick of a wall time, or None if it falls in a gap and the policy is skip."""
+        instant, in_gap = self._instant(day, index)
+        if in_gap and self.dst_gap == DST_GAP_SKIP:
+            return None
+        return instant
+
+    def _bisect_key(self, day: date) -> Callable[[int], datetime]:
+        """Index of a wall time of ``day`` -> its instant; non-decreasing, so bisect can use it."""
+        return lambda index: self._instant(day, index)[0]
+
+    def _gap_end(self, wall: datetime) -> datetime:
+        """The first instant at which the local clock reads ``wall`` or later (``wall`` is in a gap)."""
+        candidates = sorted(
+            (wall.replace(tzinfo=self._zone, fold=fold).astimezone(UTC) for fold in (0, 1)),
+        )
+        low, high = math.floor(candidates[0].timestamp()), math.ceil(candidates[1].timestamp())
+
+        def reached(seconds: int) -> bool:
+            local = datetime.fromtimestamp(seconds, UTC).astimezone(self._zone)
+            return local.replace(tzinfo=None) >= wall
+
+        if reached(low) or not reached(high):  # not a simple gap; the later reading will do
+            return datetime.fromtimestamp(high, UTC)
+        while high - low > 1:  # invariant: not reached at low, reached at high
+            middle = (low + high) // 2
+            if reached(middle):
+                high = middle
+            else:
+                low = middle
+        return datetime.fromtimestamp(high, UTC)
+
+    def _has_clock_change(self, day: date) -> bool:
+        """Whether the UTC offset changes during ``day`` or at either of its midnights."""
+        offsets = set()
+        for midnight in (day, day + timedelta(days=1)):
+            for fold in (0, 1):
+                local = datetime.combine(midnight, time(), tzinfo=self._zone).replace(fold=fold)
+                offsets.add(local.utcoffset())
+        return len(offsets) > 1
+
+
+def _interval_micros(every_seconds: float) -> int:
+    if isinstance(every_seconds, bool) or not isinstance(every_seconds, int | float):
+        raise exceptions.InvalidSchedule(f"An interval must be a number of seconds, got {every_seconds!r}.")
+    if not math.isfinite(every_seconds) or every_seconds <= 0:
+        raise exceptions.InvalidSchedule(f"An interval must be a positive number of seconds, got {every_seconds!r}.")
+    micros = round(every_seconds * 1_000_000)
+    if micros < 1:
+        raise exceptions.InvalidSchedule(f"An interval must be at least 1 microsecond, got {every_seconds!r}.")
+    return micros
+
+
+def interval_tick(now: datetime, every_seconds: float, anchor: datetime | None = None) -> datetime:
+    """The latest tick at or before ``now`` of the grid ``anchor + k * every_seconds``, in UTC.
+
+    ``anchor`` defaults to the Unix epoch; the grid extends before the anchor too. Integer
+    microsecond arithmetic makes every replica compute the same tick for the same moment.
+    """
+    at = _as_utc(now, "now")
+    origin = _as_utc(anchor if anchor is not None else EPOCH, "anchor")
+    every = _interval_micros(every_seconds)
+    elapsed = (at - origin) // _ONE_MICROSECOND
+    return origin + timedelta(microseconds=(elapsed // every) * every)
+
+
+def interval_next_after(instant: datetime, every_seconds: float, anchor: datetime | None = None) -> datetime:
+    """The first tick strictly after ``instant`` of the grid ``anchor + k * every_seconds``, in UTC."""
+    every = _interval_micros(every_seconds)
+    return interval_tick(instant, every_seconds, anchor) + timedelta(microseconds=every)

@@ -1,0 +1,272 @@
+"""The gate every fixed-time run goes through: ledger, overlap policy, deadline, timeout, outcome.
+
+``run(schedule, tick, trigger)`` is what the ``scheduling.run_fixed`` Celery task calls, for
+beat's ticks, catch-up ticks and "run now" alike:
+
+1. **Ledger.** Insert the ``ScheduleRun`` (schedule, tick) as ``running``. The unique constraint
+   admits the first delivery of a tick; a duplicate (a second beat during a handover, a
+   redelivered message, a re-sent tick) is refused there, counted in ``duplicates_refused`` and
+   logged, and never runs. A tick whose row was pruned is refused by the ``pruned_through`` mark.
+2. **Starting deadline.** A tick older than ``starting_deadline_seconds`` by the *database* clock
+   is recorded as ``missed`` and not run ("run now" has no deadline).
+3. **Overlap.** ``pg_try_advisory_lock`` keyed on the schedule, on a dedicated connection
+   (``locks.AdvisoryLock``), held for the whole run and released in ``finally``; a crashed worker
+   releases it with its connection. ``forbid``: lock busy -> ``skipped``. ``replace``: revoke the
+   running run's Celery task (``terminate=True``), wait up to ``SCHEDULING_FIXED_REPLACE_WAIT_SECONDS``
+   for its lock, mark it ``replaced``. ``allow``: no lock.
+4. **Run** the registered handler with ``mechanism="fixed"`` under ``active_deadline_seconds``
+   (the kind's timeout when unset) for the whole run, retries included -> ``timed_out``;
+   ``backoff_limit`` retries within the tick with the kind's backoff; then ``succeeded``/``failed``.
+5. **Prune** the history to the schedule's limits.
+
+Why both a ledger and a lock: the lock alone only says "nobody is running this schedule right
+now". A run that finishes quickly releases it, and a second delivery of the same tick (the other
+beat replica's message, a redelivery after a lost ack) then finds it free and runs the tick again.
+The ledger alone would stop that, but says nothing about a run of the *previous* tick still
+going, and cannot tell a crashed run (whose row says ``running`` forever) from a live one, while
+the lock dies with its holder's connection. The ledger answers "was this tick run?", the lock
+"is a run going?".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+from celery import current_app
+from django.db import transaction
+from django_celery_beat.models import PeriodicTask
+
+from scheduling.core import conf, exceptions, executor, leadership, locks, registry, store, tasknames
+from scheduling.models import ConcurrencyPolicy, RunState, RunTrigger, SchedulePolicy
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAMESPACE = "schedule"
+LOCK_POLL_SECONDS = 0.2  # replace: how often the new run tries the stopped run's lock
+ERROR_TEXT_LIMIT = 4000  # characters of error text kept per run
+
+
+@dataclasses.dataclass(frozen=True)
+class RunReport:
+    """How one delivery of a tick ended at the gate."""
+
+    outcome: str  # a RunState value; "refused" for a duplicate; "closed" if the row was closed meanwhile
+    run_id: int | None
+    tick: dt.datetime | None
+    attempt: int = 0
+
+
+def lock_for(policy_id: int) -> locks.AdvisoryLock:
+    """The advisory lock that guards the overlap of one schedule's runs."""
+    return locks.AdvisoryLock(LOCK_NAMESPACE, str(policy_id))
+
+
+def is_running(policy_id: int) -> bool:
+    """Whether some session holds the schedule's lock (a run is going)."""
+    return locks.is_locked(LOCK_NAMESPACE, str(policy_id))
+
+
+def find(schedule: str) -> SchedulePolicy:
+    """The policy of the fixed-time schedule named ``schedule``, or ``ScheduleNotFound``."""
+    policy = SchedulePolicy.objects.select_related("periodic_task").filter(periodic_task__name=schedule).first()
+    if policy is None:
+        raise exceptions.ScheduleNotFound(schedule)
+    return policy
+
+
+def run(schedule: str, tick: dt.datetime | None, trigger: str = RunTrigger.BEAT, task_id: str = "") -> RunReport:
+    """Run one tick of ``schedule`` through the gate (see the module docstring)."""
+    policy = find(schedule)
+    log: dict[str, Any] = {"schedule": schedule, "trigger": trigger}
+    lock = lock_for(policy.pk) if policy.concurrency_policy != ConcurrencyPolicy.ALLOW else None
+    try:
+        # Admission is one transaction: the ledger row becomes visible as 'running' only together
+        # with the lock being held (or as skipped/missed/refused, never half-way). So a run that
+        # holds the lock may close every other 'running' row of the schedule as orphaned: none of
+        # them can be a run that was admitted but has not tried the lock yet.
+        with transaction.atomic():
+            admitted = _admit(policy, lock, tick, trigger, task_id, log)
+        if isinstance(admitted, RunReport):
+            return admitted
+        entry, kind = admitted
+        state, error, attempt = _execute(policy, kind, entry, log)
+        return _finish(policy, entry, state, error, attempt, log)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _admit(
+    policy: SchedulePolicy,
+    lock: locks.AdvisoryLock | None,
+    tick: dt.datetime | None,
+    trigger: str,
+    task_id: str,
+    log: dict[str, Any],
+) -> RunReport | tuple[store.LedgerEntry, registry.Kind]:
+    """Ledger, deadline, kind and overlap: a report when the tick does not run, else what to run."""
+    entry = store.insert_schedule_run(policy.pk, tick, trigger, leadership.process_name(), task_id)
+    if entry is None:
+        logger.warning(
+            "tick refused: its history was pruned, so it ran (or was recorded) long ago",
+            extra={**log, "tick": tick.isoformat() if tick else None, "action": "refused_pruned"},
+        )
+        return RunReport("refused", None, tick)
+    log["tick"] = entry.tick.isoformat()
+    if not entry.inserted:
+        logger.warning(
+            "duplicate tick refused: it already has a run",
+            extra={**log, "run_id": entry.id, "state": entry.state, "action": "duplicate_refused"},
+        )
+        return RunReport("refused", entry.id, entry.tick)
+    deadline = policy.starting_deadline_seconds
+    if trigger != RunTrigger.MANUAL and deadline is not None and entry.late_seconds > deadline:
+        error = f"started {entry.late_seconds:.1f}s after its tick; the starting deadline is {deadline}s"
+        return _finish(policy, entry, RunState.MISSED, error, 1, log)
+    try:
+        kind = registry.get(policy.kind)
+    except exceptions.UnknownJobKind as exc:
+        return _finish(policy, entry, RunState.FAILED, str(exc), 1, log)
+    if lock is not None and not lock.try_acquire():
+        if policy.concurrency_policy == ConcurrencyPolicy.FORBID:
+            return _finish(policy, entry, RunState.SKIPPED, "the previous run is still going (forbid)", 1, log)
+        if not _replace_previous(policy, entry, lock, log):
+            wait = conf.get().fixed_replace_wait_seconds
+            error = f"the previous run did not stop within {wait:g}s (replace)"
+            return _finish(policy, entry, RunState.SKIPPED, error, 1, log)
+    if lock is not None:
+        _close_orphans(policy, entry, log)
+    return entry, kind
+
+
+def run_now(schedule: str | PeriodicTask | SchedulePolicy) -> str:
+    """Send a manual run of ``schedule`` through the gate; its tick is the database clock now.
+
+    Returns the Celery task id. A redelivery of that message is refused like any duplicate tick.
+    """
+    if isinstance(schedule, SchedulePolicy):
+        name = schedule.periodic_task.name
+    elif isinstance(schedule, PeriodicTask):
+        name = schedule.name
+    else:
+        name = schedule
+    find(name)
+    tick = store.database_now()
+    result = current_app.send_task(
+        tasknames.RUN_FIXED, kwargs={"schedule": name, "tick": tick.isoformat(), "trigger": RunTrigger.MANUAL}
+    )
+    logger.info("manual run sent", extra={"schedule": name, "tick": tick.isoformat(), "action": "run_now"})
+    return str(result.id)
+
+
+def _replace_previous(
+    policy: SchedulePolicy, entry: store.LedgerEntry, lock: locks.AdvisoryLock, log: dict[str, Any]
+) -> bool:
+    """Stop the running run(s) of the schedule and wait for the lock; True once it is held."""
+    for run_id, task_id, worker, tick in store.running_schedule_runs(policy.pk, entry.id):
+        if not task_id:
+            logger.warning(
+                "cannot stop the previous run: it has no Celery task id",
+                extra={**log, "previous_run_id": run_id, "action": "replace_unstoppable"},
+            )
+            continue
+        current_app.control.revoke(task_id, terminate=True, signal="SIGTERM")
+        logger.info(
+            "stopping the previous run (replace)",
+            extra={
+                **log,
+                "previous_run_id": run_id,
+                "previous_tick": tick.isoformat(),
+                "worker": worker,
+                "action": "replace_revoke",
+            },
+        )
+    deadline = time.monotonic() + conf.get().fixed_replace_wait_seconds
+    while time.monotonic() < deadline:
+        time.sleep(LOCK_POLL_SECONDS)
+        if lock.try_acquire():
+            return True
+    return False
+
+
+def _close_orphans(policy: SchedulePolicy, entry: store.LedgerEntry, log: dict[str, Any]) -> None:
+    """With the lock held, no other run of the schedule can be going: close rows still saying so."""
+    if policy.concurrency_policy == ConcurrencyPolicy.REPLACE:
+        state, error = RunState.REPLACED, f"stopped for the run of {entry.tick.isoformat()}"
+    else:
+        state, error = RunState.FAILED, "the worker running it was lost (its lock was released without an outcome)"
+    closed = store.close_other_running_runs(policy.pk, entry.id, state, error)
+    if closed:
+        replaced = state == RunState.REPLACED
+        message = "marked the stopped runs replaced" if replaced else "closed runs whose worker is gone"
+        logger.warning(message, extra={**log, "run_ids": closed, "state": state, "action": "closed"})
+
+
+def _execute(
+    policy: SchedulePolicy, kind: registry.Kind, entry: store.LedgerEntry, log: dict[str, Any]
+) -> tuple[str, str, int]:
+    """Run the handler with retries under the active deadline: (state, error, attempts made)."""
+    max_attempts = policy.backoff_limit + 1
+    timeout = float(policy.active_deadline_seconds or kind.timeout_seconds)
+    ref = f"{policy.periodic_task.name}@{entry.tick.isoformat()}"
+    attempt = 1
+    try:
+        with executor.limit(timeout):
+            while True:
+                job = registry.Job(
+                    kind=kind.name,
+                    payload=policy.payload if isinstance(policy.payload, dict) else {},
+                    attempt=attempt,
+                    max_attempts=max_attempts,
+                    due_at=entry.tick,
+                    mechanism="fixed",
+                    ref=ref,
+                )
+                try:
+                    kind.func(job)
+                except Exception as exc:
+                    if attempt >= max_attempts:
+                        logger.warning(
+                            "fixed-time run failed",
+                            extra={**log, "run_id": entry.id, "attempt": attempt, "error_type": type(exc).__name__},
+                        )
+                        return RunState.FAILED, _error_text(exc), attempt
+                    delay = kind.backoff.delay(attempt)
+                    logger.info(
+                        "fixed-time run failed; retrying within the tick",
+                        extra={**log, "run_id": entry.id, "attempt": attempt, "retry_in_seconds": round(delay, 3)},
+                    )
+                    attempt += 1
+                    store.set_schedule_run_attempt(entry.id, attempt)
+                    time.sleep(delay)
+                else:
+                    return RunState.SUCCEEDED, "", attempt
+    except executor.JobTimeout:
+        logger.warning("fixed-time run timed out", extra={**log, "run_id": entry.id, "timeout_seconds": timeout})
+        return RunState.TIMED_OUT, f"stopped after {timeout:g}s (active deadline)", attempt
+
+
+def _finish(
+    policy: SchedulePolicy, entry: store.LedgerEntry, state: str, error: str, attempt: int, log: dict[str, Any]
+) -> RunReport:
+    recorded = store.finish_schedule_run(entry.id, state, error[:ERROR_TEXT_LIMIT])
+    if not recorded:
+        logger.warning(
+            "outcome not recorded: the run was closed meanwhile (replaced)",
+            extra={**log, "run_id": entry.id, "state": state, "action": "outcome_refused"},
+        )
+    else:
+        level = logging.INFO if state == RunState.SUCCEEDED else logging.WARNING
+        logger.log(level, f"fixed-time run {state}", extra={**log, "run_id": entry.id, "state": state})
+    pruned = store.prune_schedule_runs(policy.pk, policy.successful_history_limit, policy.failed_history_limit)
+    if pruned:
+        logger.debug("history pruned", extra={**log, "pruned": pruned, "action": "pruned"})
+    return RunReport(state if recorded else "closed", entry.id, entry.tick, attempt)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]

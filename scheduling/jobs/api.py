@@ -1,0 +1,192 @@
+"""Per-entity future work: schedule, cancel and reschedule rows with a ``due_at``.
+
+``schedule()`` writes a row in the caller's transaction: roll back and there is no job. Every
+check (kind, payload, due time) happens here, at schedule time, never at run time. Changes are
+conditional on the job being pending; any other state raises a named ``JobStateConflict``.
+Application code imports these through ``scheduling.api``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from scheduling.core import conf, exceptions, registry, store, validation
+from scheduling.jobs import claim
+from scheduling.models import ScheduledJob
+
+logger = logging.getLogger(__name__)
+
+ON_CONFLICT_CHOICES = ("replace", "keep", "error")
+
+
+def schedule(
+    kind: str,
+    payload: Any,
+    *,
+    due_at: dt.datetime | None = None,
+    delay: float | int | dt.timedelta | None = None,
+    key: str | None = None,
+    on_conflict: str = "replace",
+    max_attempts: int | None = None,
+    owner: Any = None,
+) -> ScheduledJob:
+    """Schedule ``kind`` with ``payload`` at ``due_at`` (aware) or after ``delay`` (by the database clock).
+
+    With a ``key``, a second job for a key whose job is still pending either moves that job
+    (``replace``), leaves it (``keep``: the existing job is returned) or raises ``KeyConflict``
+    (``error``). A key whose job is running (claimed) cannot be replaced: ``JobNotReschedulable``.
+    """
+    job_kind = registry.get(kind)
+    validation.encode_payload(job_kind, payload)
+    resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
+    validation.check_key(key)
+    if on_conflict not in ON_CONFLICT_CHOICES:
+        raise exceptions.InvalidSchedule(
+            f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, got {on_conflict!r}."
+        )
+    attempts = validation.check_max_attempts(job_kind, max_attempts)
+    owner_id = getattr(owner, "pk", owner)
+
+    new = store.NewJob(
+        kind=kind,
+        payload=payload,
+        due_at=resolved_due_at,
+        delay_seconds=resolved_delay,
+        lease_seconds=job_kind.lease_seconds,
+        max_attempts=attempts,
+        key=key,
+        owner_id=owner_id,
+    )
+    asked_at = time.monotonic()
+    row = store.insert_job(new, on_conflict)
+    if row is None:
+        assert key is not None
+        live = store.live_job_by_key(key)
+        if live is None:  # the live job finished between the two statements: try once more
+            row = store.insert_job(new, on_conflict)
+            if row is None:
+                raise exceptions.KeyConflict(key, -1)
+        else:
+            live_id, live_state = live
+            if on_conflict == "error":
+                raise exceptions.KeyConflict(key, live_id)
+            if on_conflict == "replace":
+                raise exceptions.JobNotReschedulable(live_id, live_state)
+            logger.info("schedule kept the live job for the key", extra={"job_id": live_id, "action": "kept"})
+            return ScheduledJob.objects.get(pk=live_id)
+    job_id, stored_due_at, in_seconds = row
+    claim.wake_on_commit(in_seconds, asked_at)
+    logger.info("job scheduled", extra={"job_id": job_id, "kind": kind, "action": "scheduled"})
+    job = ScheduledJob(
+        id=job_id,
+        kind=kind,
+        payload=payload,
+        due_at=stored_due_at,
+        state="pending",
+        lease_seconds=job_kind.lease_seconds,
+        attempts=0,
+        max_attempts=attempts,
+        key=key,
+        owner_id=owner_id,
+    )
+    job._state.adding = False
+    return job
+
+
+def schedule_many(
+    kind: str,
+    payloads: Sequence[Any],
+    *,
+    due_at: dt.datetime | None = None,
+    delay: float | int | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    owner: Any = None,
+) -> list[int]:
+    """Schedule one job of ``kind`` per payload, all at ``due_at`` or after ``delay``; returns their ids.
+
+    The same checks as ``schedule()`` (every payload is validated before anything is stored) and
+    the same transaction rules, in one statement: for bulk loads, where a row-per-call insert
+    dominates. No keys: a keyed job needs ``schedule()``'s conflict handling.
+    """
+    job_kind = registry.get(kind)
+    encoded = [validation.encode_payload(job_kind, payload) for payload in payloads]
+    resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
+    attempts = validation.check_max_attempts(job_kind, max_attempts)
+    if not encoded:
+        return []
+    asked_at = time.monotonic()
+    rows = store.insert_jobs(
+        kind,
+        encoded,
+        due_at=resolved_due_at,
+        delay_seconds=resolved_delay,
+        lease_seconds=job_kind.lease_seconds,
+        max_attempts=attempts,
+        owner_id=getattr(owner, "pk", owner),
+    )
+    claim.wake_on_commit(min(row[2] for row in rows), asked_at)  # one wake-up: all rows share the due time
+    logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
+    return [row[0] for row in rows]
+
+
+def _find(job_id: int | None, key: str | None) -> int:
+    if (job_id is None) == (key is None):
+        raise exceptions.InvalidSchedule("Give exactly one of job_id and key.")
+    if job_id is not None:
+        return job_id
+    assert key is not None
+    live = store.live_job_by_key(key)
+    if live is None:
+        raise exceptions.JobNotFound(f"No pending or claimed job has key {key!r}.")
+    return live[0]
+
+
+def cancel(job_id: int | None = None, *, key: str | None = None) -> int:
+    """Cancel a pending job; returns its id. ``JobNotCancellable`` says which state it is in otherwise."""
+    target = _find(job_id, key)
+    if store.cancel_job(target):
+        logger.info("job cancelled", extra={"job_id": target, "action": "cancelled"})
+        return target
+    state = store.job_state(target)
+    if state is None:
+        raise exceptions.JobNotFound(f"No job {target}.")
+    raise exceptions.JobNotCancellable(target, state)
+
+
+def reschedule(
+    job_id: int | None = None,
+    *,
+    key: str | None = None,
+    due_at: dt.datetime | None = None,
+    delay: float | int | dt.timedelta | None = None,
+) -> dt.datetime:
+    """Move a pending job to ``due_at`` (or ``delay`` from now); returns the stored due time."""
+    resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
+    target = _find(job_id, key)
+    if resolved_due_at is None:
+        assert resolved_delay is not None
+        resolved_due_at = store.database_now() + dt.timedelta(seconds=resolved_delay)
+    asked_at = time.monotonic()
+    row = store.reschedule_job(target, resolved_due_at)
+    if row is not None:
+        stored_due_at, in_seconds = row
+        claim.wake_on_commit(in_seconds, asked_at)
+        logger.info("job rescheduled", extra={"job_id": target, "action": "rescheduled"})
+        return stored_due_at
+    state = store.job_state(target)
+    if state is None:
+        raise exceptions.JobNotFound(f"No job {target}.")
+    raise exceptions.JobNotReschedulable(target, state)
+
+
+def status() -> dict[str, Any]:
+    """The table's numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck."""
+    settings = conf.get()
+    return store.backlog_status(settings.stuck_after_seconds, settings.status_exact_limit)
+
+
+__all__ = ["cancel", "reschedule", "schedule", "schedule_many", "status"]

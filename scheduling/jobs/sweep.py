@@ -1,0 +1,65 @@
+"""The sweeper: take back claims whose worker died, and prune old history.
+
+Run by beat every ``SCHEDULING_SWEEP_INTERVAL_SECONDS``. Each statement handles a bounded batch
+(``SKIP LOCKED``, ``LIMIT``) and commits on its own, so no lock is held for long however much
+there is to do; the loop stops when a batch comes back short.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from scheduling.core import conf, store
+from scheduling.jobs import lease
+
+logger = logging.getLogger(__name__)
+
+RECLAIM_BATCH_SIZE = 200  # claims taken back per statement: ~20-40 ms each, under 100 ms (bench sweep)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepReport:
+    reclaimed: int  # back to pending
+    killed: int  # attempts spent: dead
+    pruned: int  # finished jobs deleted (with their attempts)
+
+
+def reclaim_expired() -> tuple[int, int]:
+    """Return stranded claims to pending (or dead); (reclaimed, killed)."""
+    reclaimed = killed = 0
+    while True:
+        moved = store.sweep_expired_claims(
+            heartbeats=lease.enabled(),
+            sweep_after_seconds=conf.get().sweep_after_seconds,
+            limit=RECLAIM_BATCH_SIZE,
+        )
+        for job_id, state in moved:
+            logger.warning(
+                "claim expired; job taken back",
+                extra={"job_id": job_id, "action": "reclaimed" if state == "pending" else "dead"},
+            )
+        reclaimed += sum(1 for _, state in moved if state == "pending")
+        killed += sum(1 for _, state in moved if state == "dead")
+        if len(moved) < RECLAIM_BATCH_SIZE:
+            return reclaimed, killed
+
+
+def prune(max_batches: int = 1000) -> int:
+    """Delete finished jobs (and their attempts) older than the retention, a batch at a time."""
+    days = conf.get().retention_days
+    limit = conf.get().prune_batch_size
+    total = 0
+    for _ in range(max_batches):
+        deleted = store.prune_finished_jobs(days=days, limit=limit)
+        total += deleted
+        if deleted < limit:
+            break
+    if total:
+        logger.info("pruned finished jobs", extra={"pruned": total, "action": "pruned"})
+    return total
+
+
+def sweep() -> SweepReport:
+    reclaimed, killed = reclaim_expired()
+    return SweepReport(reclaimed=reclaimed, killed=killed, pruned=prune())

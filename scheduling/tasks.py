@@ -1,0 +1,108 @@
+"""Timekeeper's Celery tasks: thin wrappers that call the modules holding the decisions.
+
+- ``scheduling.claim``: beat's tick (every second): claim due rows at their due instants, fan out.
+- ``scheduling.run_batch``: run a batch of claimed jobs.
+- ``scheduling.sweep``: take back dead claims, prune history.
+- ``scheduling.run_deferred``: run a short broker deferral (``deferrals.countdowns``), retried with countdowns.
+- ``scheduling.run_fixed``: one tick of a fixed-time schedule, through the gate (``fixed.gate``).
+
+Claim-type messages expire quickly: a tick that waited in the queue longer than that is useless,
+the next one is coming. Run messages never expire; if lost, their rows are swept back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from celery import Task, shared_task, signals
+
+from scheduling.deferrals import countdowns
+from scheduling.fixed import gate
+from scheduling.jobs import claim as claim_module
+from scheduling.jobs import runner
+from scheduling.jobs import sweep as sweep_module
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="scheduling.claim", ignore_result=True, acks_late=False)
+def claim() -> dict[str, Any]:
+    """Claim what is due and hand it to workers."""
+    report = claim_module.tick()
+    return {"claimed": report.claimed, "batches": report.batches}
+
+
+@shared_task(name="scheduling.run_batch", ignore_result=True, acks_late=True, reject_on_worker_lost=True)
+def run_batch(claims: list[list[Any]]) -> dict[str, Any]:
+    """Run a batch of claimed jobs, each given as [id, token]."""
+    report = runner.run_batch([(int(c[0]), str(c[1])) for c in claims])
+    return {"started": report.started, "succeeded": report.succeeded, "failed": report.failed}
+
+
+@shared_task(name="scheduling.sweep", ignore_result=True, acks_late=False)
+def sweep() -> dict[str, Any]:
+    """Take back claims of dead workers and prune finished history."""
+    report = sweep_module.sweep()
+    return {"reclaimed": report.reclaimed, "killed": report.killed, "pruned": report.pruned}
+
+
+@shared_task(
+    name="scheduling.run_deferred",
+    bind=True,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=None,  # attempts are counted in the args against the kind's max_attempts
+)
+def run_deferred(self: Task, kind: str, payload: dict[str, Any], attempt: int, deferral_id: str) -> dict[str, Any]:
+    """Run a broker deferral; on failure retry it with a countdown, or record it dead when attempts are spent."""
+    attempt = int(attempt)
+    result = countdowns.run(kind, payload, attempt, str(deferral_id), countdowns.parse_eta(self.request.eta))
+    if result.outcome == "retry":
+        raise self.retry(args=[kind, payload, attempt + 1, deferral_id], countdown=result.retry_in_seconds)
+    return {"outcome": result.outcome, "attempt": attempt}
+
+
+@shared_task(name="scheduling.run_fixed", bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
+def run_fixed(self: Task, schedule: str, tick: str | None = None, trigger: str = "beat") -> dict[str, Any]:
+    """Run one tick of a fixed-time schedule; a redelivered or repeated tick is refused by the gate's ledger.
+
+    Without a tick (a periodic task sent by hand, e.g. django-celery-beat's "run" action) it is a
+    manual run whose tick is the database clock now.
+    """
+    when = dt.datetime.fromisoformat(tick) if tick else None
+    if tick is None:
+        trigger = "manual"
+    report = gate.run(schedule, when, trigger, task_id=str(self.request.id or ""))
+    return {"outcome": report.outcome, "run_id": report.run_id, "attempt": report.attempt}
+
+
+@signals.worker_init.connect
+def refuse_unsafe_ceiling(sender: Any = None, **kwargs: Any) -> None:
+    """A worker does not start while scheduling.E003 fails: its countdowns would be delivered twice."""
+    problem = countdowns.ceiling_problem()
+    if problem:
+        logger.critical("worker refuses to start: %s", problem, extra={"action": "refused_start"})
+        raise SystemExit(f"scheduling.E003: {problem}")  # Celery logs and swallows Exception subclasses
+
+
+@signals.worker_init.connect
+def refuse_non_json(sender: Any = None, **kwargs: Any) -> None:
+    """A worker does not start while scheduling.E002 fails: a pickle message from the broker is code execution."""
+    from scheduling import checks
+
+    errors = checks.check_json_only()
+    if errors:
+        logger.critical("worker refuses to start: %s", errors[0].msg, extra={"action": "refused_start"})
+        raise SystemExit(f"scheduling.E002: {errors[0].msg}")  # Celery logs and swallows Exception subclasses
+
+
+@signals.celeryd_after_setup.connect
+def warn_shared_deferral_queue(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
+    """Say so when one worker consumes the deferral queue beside others (it can stall at its ETA limit)."""
+    consumed = instance.app.amqp.queues.consume_from if instance is not None else None
+    warning = countdowns.worker_queue_warning((consumed or {}).keys())
+    if warning:
+        logger.warning(warning, extra={"action": "shared_deferral_queue"})

@@ -1,0 +1,698 @@
+"""Timekeeper in the Django admin: scheduled jobs, fixed-time schedules, their runs, API tokens.
+
+The admin holds no scheduling logic. Adding a job calls ``api.schedule``; changing its due time
+calls ``api.reschedule``; the bulk actions call one ``store`` statement each, which changes only the
+rows in the state the action is for (pending, or dead for a retry) and reports the rest as not
+touched. Rows are never saved with ``Model.save()`` here, so an edit cannot overwrite a claim.
+Fixed-time schedules are django-celery-beat's periodic tasks with the policy inline; "run now"
+goes through the same gate as beat's ticks (``gate.run_now``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Now
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import ngettext
+from django_celery_beat import admin as beat_admin
+from django_celery_beat.models import PeriodicTask
+
+from scheduling import api
+from scheduling.core import exceptions, registry, store, tasknames
+from scheduling.models import (
+    ApiToken,
+    JobAttempt,
+    JobState,
+    RunState,
+    ScheduledJob,
+    SchedulePolicy,
+    SchedulerHeartbeat,
+    ScheduleRun,
+)
+from scheduling.templatetags.timekeeper_admin import relative
+from scheduling.web import admin_forms as admin_forms
+from scheduling.web import auth
+
+RECENT_RUNS_SHOWN = 10  # runs listed on a schedule's page (the full history is linked)
+NEXT_RUNS_SHOWN = 5
+SELECTION_SHOWN = 20  # jobs listed on the reschedule page
+
+
+# --- Scheduled jobs -----------------------------------------------------------------------------------
+
+
+class JobAttemptInline(admin.TabularInline):
+    model = JobAttempt
+    fields = ("number", "outcome", "due_at", "started_at", "finished_at", "lag", "worker", "error")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ("number",)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="due-to-start lag")
+    def lag(self, attempt: JobAttempt) -> str:
+        if attempt.started_at is None:
+            return "—"
+        return f"{max((attempt.started_at - attempt.due_at).total_seconds(), 0):.3f} s"
+
+
+class KindFilter(admin.SimpleListFilter):
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in sorted(registry.all_kinds())]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> QuerySet[ScheduledJob]:
+        return queryset.filter(kind=self.value()) if self.value() else queryset
+
+
+class OverdueFilter(admin.SimpleListFilter):
+    title = "overdue"
+    parameter_name = "overdue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "overdue (pending, due time passed)"), ("no", "not overdue")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> QuerySet[ScheduledJob]:
+        overdue = Q(state=JobState.PENDING, due_at__lte=Now())
+        if self.value() == "yes":
+            return queryset.filter(overdue)
+        if self.value() == "no":
+            return queryset.exclude(overdue)
+        return queryset
+
+
+class ChangeJobForm(forms.ModelForm):
+    """A job's change page edits only the due time of a pending job (``api.reschedule``)."""
+
+    class Meta:
+        model = ScheduledJob
+        fields = ["due_at"]
+
+    def clean_due_at(self) -> Any:
+        value = self.cleaned_data["due_at"]
+        admin_forms.check_year(value)
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        data = self.cleaned_data
+        if "due_at" in self.changed_data and data.get("due_at") is not None:
+            # Lock the row until the admin's transaction ends: the claim skips locked rows, so the
+            # state seen here is still the state when api.reschedule runs.
+            state = (
+                ScheduledJob.objects.select_for_update()
+                .filter(pk=self.instance.pk)
+                .values_list("state", flat=True)
+                .first()
+            )
+            if state != JobState.PENDING:
+                self.add_error("due_at", str(exceptions.JobNotReschedulable(self.instance.pk, state or "gone")))
+        return data
+
+
+@admin.register(ScheduledJob)
+class ScheduledJobAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "key", "owner", "due", "state_badge", "attempts_of")
+    list_display_links = ("id", "kind")
+    list_filter = ("state", KindFilter, OverdueFilter)
+    search_fields = ("key",)
+    search_help_text = "A job id, or (part of) a key."
+    date_hierarchy = "due_at"
+    list_select_related = ("owner",)
+    list_per_page = 100
+    show_full_result_count = False  # one count per page view is enough on a large table
+    ordering = ("due_at", "id")
+    inlines = (JobAttemptInline,)
+    form = ChangeJobForm
+    actions = ("cancel_selected", "run_now_selected", "retry_dead_selected", "reschedule_selected")
+    fieldsets = (
+        (None, {"fields": ("kind", "key", "state", "due_at", "due_relative", "owner")}),
+        ("Payload", {"fields": ("payload_pretty",)}),
+        ("Attempts", {"fields": ("attempts", "max_attempts", "lease_seconds", "last_error")}),
+        ("Current claim", {"fields": ("claimed_at", "heartbeat_at", "claimed_by"), "classes": ("collapse",)}),
+        ("History", {"fields": ("created_at", "updated_at", "finished_at")}),
+    )
+
+    # -- list columns
+
+    @admin.display(description="due", ordering="due_at")
+    def due(self, job: ScheduledJob) -> str:
+        local = timezone.localtime(job.due_at)
+        return format_html('{}<br><span class="quiet">{}</span>', f"{local:%Y-%m-%d %H:%M:%S %Z}", relative(job.due_at))
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, job: ScheduledJob) -> str:
+        overdue = job.state == JobState.PENDING and job.due_at <= timezone.now()
+        return format_html(
+            '<span class="tk-state tk-state-{}" data-state="{}">{}{}</span>',
+            job.state,
+            job.state,
+            job.state,
+            " (overdue)" if overdue else "",
+        )
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_of(self, job: ScheduledJob) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
+
+    @admin.display(description="due")
+    def due_relative(self, job: ScheduledJob) -> str:
+        return f"{timezone.localtime(job.due_at):%Y-%m-%d %H:%M:%S %Z} ({relative(job.due_at)})"
+
+    @admin.display(description="payload")
+    def payload_pretty(self, job: ScheduledJob) -> str:
+        return format_html("<pre>{}</pre>", admin_forms.pretty_json(job.payload))
+
+    # -- permissions and fields
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # jobs end by cancel; finished history is pruned by the sweeper
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ScheduledJob | None = None) -> list[str]:
+        shown = [str(f) for _name, options in self.fieldsets for f in options["fields"]]
+        if obj is not None and obj.state == JobState.PENDING:
+            return [f for f in shown if f != "due_at"]
+        return shown
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[ScheduledJob], search_term: str
+    ) -> tuple[QuerySet[ScheduledJob], bool]:
+        term = search_term.strip()
+        if term.isdigit() and len(term) <= 19:
+            return queryset.filter(Q(pk=int(term)) | Q(key__icontains=term)), False
+        return super().get_search_results(request, queryset, search_term)
+
+    # -- add and change go through scheduling.api
+
+    def add_view(self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None) -> Any:
+        """Schedule a job with ``api.schedule``; its errors become form errors and nothing is stored."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = admin_forms.NewJobForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                with transaction.atomic():
+                    job = api.schedule(
+                        form.cleaned_data["kind"], form.cleaned_data["payload"], **form.schedule_arguments()
+                    )
+            except exceptions.SchedulingError as exc:
+                form.add_scheduling_error(exc)
+            else:
+                stored = ScheduledJob.objects.get(pk=job.pk)
+                self.log_addition(request, stored, [{"added": {}}])
+                return self.response_add(request, stored)
+        fieldsets = [
+            (None, {"fields": ["kind", "payload", "owner"]}),
+            ("When", {"fields": ["due_at", "delay_seconds"]}),
+            ("Key and retries", {"fields": ["key", "on_conflict", "max_attempts"]}),
+        ]
+        # django-stubs type these as ModelForm only; the admin's helpers work with any form.
+        admin_form = helpers.AdminForm(form, fieldsets, {}, model_admin=self)  # type: ignore[arg-type]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Schedule a job",
+            "subtitle": None,
+            "adminform": admin_form,
+            "object_id": None,
+            "original": None,
+            "is_popup": False,
+            "to_field": None,
+            "media": self.media + admin_form.media,
+            "inline_admin_formsets": [],
+            "errors": helpers.AdminErrorList(form, []),  # type: ignore[arg-type]
+            "preserved_filters": self.get_preserved_filters(request),
+            **(extra_context or {}),
+        }
+        return self.render_change_form(request, context, add=True, form_url=form_url)
+
+    def save_model(self, request: HttpRequest, obj: ScheduledJob, form: Any, change: bool) -> None:
+        """Only the due time of a pending job changes, through ``api.reschedule`` (the form locked the row)."""
+        if change and "due_at" in form.changed_data:
+            obj.due_at = api.reschedule(obj.pk, due_at=form.cleaned_data["due_at"])
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        return None  # attempts are read-only
+
+    def construct_change_message(self, request: HttpRequest, form: Any, formsets: Any, add: bool = False) -> Any:
+        return [{"changed": {"fields": ["due at"]}}] if "due_at" in form.changed_data else []
+
+    # -- bulk actions: one statement each, counts of changed and not touched
+
+    def _selection(self, queryset: QuerySet[ScheduledJob]) -> dict[int, str]:
+        return dict(queryset.values_list("id", "state"))
+
+    def _report(
+        self, request: HttpRequest, selection: dict[int, str], changed: Sequence[int], done: str, why_not: str
+    ) -> None:
+        """``done``/``why_not`` are ngettext pairs keyed by count; the states of the others come from the selection."""
+        changed_set = set(changed)
+        if changed_set:
+            self.message_user(request, done % {"count": len(changed_set)}, messages.SUCCESS)
+        others = Counter(state for job_id, state in selection.items() if job_id not in changed_set)
+        if others:
+            states = ", ".join(f"{n} {state}" for state, n in sorted(others.items()))
+            self.message_user(request, why_not % {"count": sum(others.values()), "states": states}, messages.WARNING)
+
+    @admin.action(description="Cancel selected pending jobs", permissions=["change"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
+        selection = self._selection(queryset)
+        changed = store.cancel_jobs(list(selection))
+        n, m = len(changed), len(selection) - len(changed)
+        self._report(
+            request,
+            selection,
+            changed,
+            ngettext("Cancelled %(count)d job.", "Cancelled %(count)d jobs.", n),
+            ngettext(
+                "%(count)d job was not touched: only pending jobs can be cancelled (it was %(states)s).",
+                "%(count)d jobs were not touched: only pending jobs can be cancelled (they were %(states)s).",
+                m,
+            ),
+        )
+
+    @admin.action(description="Run selected pending jobs now", permissions=["change"])
+    def run_now_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
+        selection = self._selection(queryset)
+        changed = store.run_jobs_now(list(selection))
+        n, m = len(changed), len(selection) - len(changed)
+        self._report(
+            request,
+            selection,
+            changed,
+            ngettext(
+                "%(count)d job is due now; a worker takes it within a second.",
+                "%(count)d jobs are due now; workers take them within a second.",
+                n,
+            ),
+            ngettext(
+                "%(count)d job was not touched: only pending jobs can be run now (it was %(states)s).",
+                "%(count)d jobs were not touched: only pending jobs can be run now (they were %(states)s).",
+                m,
+            ),
+        )
+
+    @admin.action(description="Retry selected dead jobs", permissions=["change"])
+    def retry_dead_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
+        selection = self._selection(queryset)
+        changed = store.retry_dead_jobs(list(selection))
+        n, m = len(changed), len(selection) - len(changed)
+        self._report(
+            request,
+            selection,
+            changed,
+            ngettext(
+                "%(count)d dead job is pending again, due now, with a fresh attempts budget.",
+                "%(count)d dead jobs are pending again, due now, with a fresh attempts budget.",
+                n,
+            ),
+            ngettext(
+                "%(count)d job was not touched: only dead jobs whose key is free can be retried (%(states)s).",
+                "%(count)d jobs were not touched: only dead jobs whose key is free can be retried (%(states)s).",
+                m,
+            ),
+        )
+
+    @admin.action(description="Reschedule selected pending jobs…", permissions=["change"])
+    def reschedule_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> HttpResponse | None:
+        form = admin_forms.RescheduleForm(request.POST if "apply" in request.POST else None)
+        if "apply" in request.POST and form.is_valid():
+            selection = self._selection(queryset)
+            due_at = form.cleaned_data["due_at"]
+            changed = store.reschedule_jobs(list(selection), due_at)
+            n, m = len(changed), len(selection) - len(changed)
+            when = f"{timezone.localtime(due_at):%Y-%m-%d %H:%M:%S %Z}"
+            self._report(
+                request,
+                selection,
+                changed,
+                ngettext(
+                    "Rescheduled %(count)d job to %(when)s.", "Rescheduled %(count)d jobs to %(when)s.", n
+                ).replace("%(when)s", when),
+                ngettext(
+                    "%(count)d job was not touched: only pending jobs can be rescheduled (it was %(states)s).",
+                    "%(count)d jobs were not touched: only pending jobs can be rescheduled (they were %(states)s).",
+                    m,
+                ),
+            )
+            return None
+        total = queryset.count()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Reschedule jobs",
+            "opts": self.model._meta,
+            "form": form,
+            "media": self.media + form.media,
+            "jobs": list(queryset.select_related("owner")[:SELECTION_SHOWN]),
+            "total": total,
+            "more": max(total - SELECTION_SHOWN, 0),
+            "pending": queryset.filter(state=JobState.PENDING).count(),
+            "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action": "reschedule_selected",
+        }
+        return TemplateResponse(request, "admin/scheduling/scheduledjob/reschedule.html", context)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+
+# --- Fixed-time schedules: django-celery-beat's periodic tasks with Timekeeper's policy -------------------
+
+
+class SchedulePolicyInline(admin.StackedInline):
+    model = SchedulePolicy
+    form = admin_forms.SchedulePolicyForm
+    formset = admin_forms.PolicyFormSet
+    extra = 1
+    max_num = 1
+    can_delete = False
+    verbose_name = "fixed-time policy"
+    verbose_name_plural = "fixed-time policy (runs through Timekeeper's exactly-once gate)"
+    readonly_fields = ("anchor_at", "last_tick")
+    fieldsets = (
+        (None, {"fields": ("kind", "payload", "expression", "suspend")}),
+        (
+            "Overlap and deadlines",
+            {
+                "fields": (
+                    "concurrency_policy",
+                    "starting_deadline_seconds",
+                    "active_deadline_seconds",
+                    "backoff_limit",
+                )
+            },
+        ),
+        ("Missed ticks and clock changes", {"fields": ("missed_policy", "missed_window_seconds", "dst_gap")}),
+        ("History", {"fields": ("successful_history_limit", "failed_history_limit", "anchor_at", "last_tick")}),
+    )
+
+
+admin.site.unregister(PeriodicTask)
+
+
+@admin.register(PeriodicTask)
+class PeriodicTaskAdmin(beat_admin.PeriodicTaskAdmin):
+    """django-celery-beat's admin plus the policy, a readable timing, the next runs, history and "run now"."""
+
+    inlines = (SchedulePolicyInline,)
+    list_display = ("name", "enabled", "timing", "next_run", "last_run_state", "last_run_at")
+    actions = ("enable_tasks", "disable_tasks", "toggle_tasks", "run_now_selected")
+    change_form_template = "admin/scheduling/periodictask/change_form.html"
+    fieldsets = (
+        *beat_admin.PeriodicTaskAdmin.fieldsets[:2],
+        ("Timekeeper", {"fields": ("timing", "next_runs", "recent_runs")}),
+        *beat_admin.PeriodicTaskAdmin.fieldsets[2:],
+    )
+    readonly_fields = (*beat_admin.PeriodicTaskAdmin.readonly_fields, "timing", "next_runs", "recent_runs")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[PeriodicTask]:
+        last_state = ScheduleRun.objects.filter(schedule__periodic_task=OuterRef("pk")).order_by("-tick")
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("policy")
+            .annotate(last_run_state=Subquery(last_state.values("state")[:1]))
+        )
+
+    @staticmethod
+    def _policy(task: PeriodicTask) -> SchedulePolicy | None:
+        try:
+            return task.policy  # type: ignore[attr-defined]
+        except SchedulePolicy.DoesNotExist:
+            return None
+
+    @admin.display(description="timing")
+    def timing(self, task: PeriodicTask) -> str:
+        from scheduling.fixed import policies
+
+        if task.pk is None:
+            return "—"
+        return policies.describe(task)
+
+    @admin.display(description="next run")
+    def next_run(self, task: PeriodicTask) -> str:
+        runs = self._preview(task, 1)
+        if isinstance(runs, str):
+            return runs
+        return f"{runs[0]:%Y-%m-%d %H:%M %Z}" if runs else "—"
+
+    @admin.display(description="last run", ordering="last_run_state")
+    def last_run_state(self, task: PeriodicTask) -> str:
+        state = getattr(task, "last_run_state", None)
+        return RunState(state).label if state else "—"
+
+    def _preview(self, task: PeriodicTask, n: int) -> list[Any] | str:
+        from scheduling.fixed import policies
+
+        if task.pk is None or not task.enabled:
+            return "disabled" if task.pk is not None else "—"
+        policy = self._policy(task)
+        if policy is not None and policy.suspend:
+            return "suspended"
+        try:
+            return policies.preview(task, n=n)
+        except exceptions.SchedulingError as exc:
+            return f"invalid: {exc}"
+
+    @admin.display(description=f"next {NEXT_RUNS_SHOWN} runs (in the schedule's zone)")
+    def next_runs(self, task: PeriodicTask) -> str:
+        runs = self._preview(task, NEXT_RUNS_SHOWN)
+        if isinstance(runs, str):
+            return runs
+        if not runs:
+            return "none"
+        return format_html(
+            '<ol class="tk-next-runs">{}</ol>',
+            format_html_join(
+                "",
+                '<li>{} <span class="quiet">({})</span></li>',
+                ((f"{tick:%a %Y-%m-%d %H:%M:%S %Z}", relative(tick)) for tick in runs),
+            ),
+        )
+
+    @admin.display(description="recent runs")
+    def recent_runs(self, task: PeriodicTask) -> str:
+        policy = self._policy(task) if task.pk is not None else None
+        if policy is None:
+            return "not a fixed-time schedule (no policy)"
+        runs = list(ScheduleRun.objects.filter(schedule=policy).order_by("-tick")[:RECENT_RUNS_SHOWN])
+        link = reverse("admin:scheduling_schedulerun_changelist") + f"?schedule__id__exact={policy.pk}"
+        if not runs:
+            return format_html('no runs yet · <a href="{}">history</a>', link)
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    f"{timezone.localtime(r.tick):%Y-%m-%d %H:%M:%S %Z}",
+                    r.get_state_display(),
+                    r.get_trigger_display(),
+                    f"{(r.finished_at - r.started_at).total_seconds():.2f} s" if r.finished_at else "running",
+                    (r.error[:120] if r.error else ""),
+                )
+                for r in runs
+            ),
+        )
+        return format_html(
+            '<table class="tk-runs"><thead><tr><th>tick</th><th>state</th><th>trigger</th><th>took</th>'
+            '<th>error</th></tr></thead><tbody>{}</tbody></table><a href="{}">full history</a>',
+            rows,
+            link,
+        )
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        """A periodic task with a policy runs through the gate: task ``scheduling.run_fixed`` naming itself."""
+
+        super().save_related(request, form, formsets, change)
+        task = form.instance
+        if self._policy_exists(task):
+            wanted = json.dumps({"schedule": task.name})
+            if task.task != tasknames.RUN_FIXED or task.kwargs != wanted:
+                task.task = tasknames.RUN_FIXED
+                task.kwargs = wanted
+                task.save(update_fields=["task", "kwargs"])
+
+    @staticmethod
+    def _policy_exists(task: PeriodicTask) -> bool:
+        return SchedulePolicy.objects.filter(periodic_task=task).exists()
+
+    def get_urls(self) -> list[Any]:
+        urls = super().get_urls()
+        run_now = path(
+            "<path:object_id>/run-now/",
+            self.admin_site.admin_view(self.run_now_view),
+            name="django_celery_beat_periodictask_run_now",
+        )
+        return [run_now, *urls]
+
+    def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """POST: send one manual run of this schedule through the gate."""
+        task = self.get_object(request, object_id)
+        if task is None or request.method != "POST" or not self.has_change_permission(request, task):
+            raise PermissionDenied
+        self._run_now(request, PeriodicTask.objects.filter(pk=task.pk))
+        return HttpResponseRedirect(reverse("admin:django_celery_beat_periodictask_change", args=[task.pk]))
+
+    @admin.action(description="Run selected schedules now (through the exactly-once gate)", permissions=["change"])
+    def run_now_selected(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        self._run_now(request, queryset)
+
+    def _run_now(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        from scheduling.fixed import gate
+
+        sent, skipped = [], []
+        for task in queryset.select_related("policy"):
+            if self._policy(task) is None:
+                skipped.append(task.name)
+                continue
+            try:
+                gate.run_now(task)
+            except exceptions.SchedulingError as exc:
+                self.message_user(request, f"{task.name}: {exc}", messages.ERROR)
+            else:
+                sent.append(task.name)
+        if sent:
+            self.message_user(
+                request,
+                ngettext(
+                    "Sent a manual run of %(names)s; it appears in the run history when a worker takes it.",
+                    "Sent manual runs of %(count)d schedules (%(names)s); they appear in their run histories.",
+                    len(sent),
+                )
+                % {"count": len(sent), "names": ", ".join(sent)},
+                messages.SUCCESS,
+            )
+        if skipped:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d periodic task was not run: %(names)s has no fixed-time policy.",
+                    "%(count)d periodic tasks were not run: %(names)s have no fixed-time policy.",
+                    len(skipped),
+                )
+                % {"count": len(skipped), "names": ", ".join(skipped)},
+                messages.WARNING,
+            )
+
+
+@admin.register(ScheduleRun)
+class ScheduleRunAdmin(admin.ModelAdmin):
+    list_display = ("schedule_name", "tick", "state", "trigger", "attempt", "duration", "duplicates_refused", "worker")
+    list_filter = ("state", "trigger", "schedule")
+    list_select_related = ("schedule__periodic_task",)
+    date_hierarchy = "tick"
+    ordering = ("-tick",)
+    search_fields = ("schedule__periodic_task__name", "task_id")
+
+    @admin.display(description="schedule", ordering="schedule__periodic_task__name")
+    def schedule_name(self, run: ScheduleRun) -> str:
+        return run.schedule.periodic_task.name
+
+    @admin.display(description="took")
+    def duration(self, run: ScheduleRun) -> str:
+        if run.finished_at is None:
+            return "running"
+        return f"{(run.finished_at - run.started_at).total_seconds():.2f} s"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the history is the ledger; the gate prunes it to the policy's limits
+
+
+@admin.register(SchedulerHeartbeat)
+class SchedulerHeartbeatAdmin(admin.ModelAdmin):
+    list_display = ("role", "holder", "acquired_at", "heartbeat_at", "age")
+
+    @admin.display(description="age (database clock)")
+    def age(self, row: SchedulerHeartbeat) -> str:
+        beat = store.beat_heartbeat(row.role)
+        return f"{beat.age_seconds:.1f} s" if beat else "—"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+# --- API tokens -----------------------------------------------------------------------------------------
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens for services calling the jobs API; the secret is shown once, on the page after "Save"."""
+
+    list_display = ("name", "user", "created_at", "last_used_at", "revoked")
+    list_filter = ("revoked",)
+    list_select_related = ("user",)
+    search_fields = ("name", "user__username")
+    actions = ("revoke_selected",)
+
+    def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> tuple[str, ...]:
+        if obj is None:
+            return ("user", "name")
+        return ("user", "name", "created_at", "last_used_at", "revoked")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> tuple[str, ...]:
+        return () if obj is None else ("user", "created_at", "last_used_at")
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        if change:
+            ApiToken.objects.filter(pk=obj.pk).update(name=obj.name, revoked=obj.revoked)
+            return
+        token, raw = auth.issue_token(obj.user, obj.name)
+        obj.pk, obj.key_hash, obj.created_at = token.pk, token.key_hash, token.created_at
+        request._timekeeper_new_token = raw  # type: ignore[attr-defined] # shown by response_add, never stored
+
+    def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None) -> HttpResponse:
+        raw = getattr(request, "_timekeeper_new_token", None)
+        if raw is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "API token created",
+            "opts": self.model._meta,
+            "token": obj,
+            "secret": raw,
+            "changelist_url": reverse("admin:scheduling_apitoken_changelist"),
+        }
+        response = TemplateResponse(request, "admin/scheduling/apitoken/created.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        revoked = queryset.filter(revoked=False).update(revoked=True)
+        self.message_user(
+            request, ngettext("Revoked %(count)d token.", "Revoked %(count)d tokens.", revoked) % {"count": revoked}
+        )

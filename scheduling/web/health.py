@@ -1,0 +1,142 @@
+"""``/healthz``: is this deployment able to do its work? 200 when every part is, 503 naming the parts that are not.
+
+Parts checked, each with a bounded wait:
+
+- ``database``: a round trip to PostgreSQL (``connect_timeout`` and ``statement_timeout`` bound it).
+- ``broker``: a Redis ``PING`` with a 2 s socket timeout (other brokers: a kombu connection).
+- ``beat``: the leading beat's heartbeat is younger than ``SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS``
+  (the leader writes it every 5 s, so 30 s means several missed beats, not one slow one).
+- ``backlog``: pending jobs past their due time are at most ``SCHEDULING_HEALTH_MAX_BACKLOG``.
+
+Database failures are caught as ``django.db.Error``: a connection closed under the process raises
+``InterfaceError``, which is not a ``DatabaseError``. ``beat`` and ``backlog`` read the database;
+when it is down they are reported ``skipped``, and only ``database`` is named as failing. The body
+never holds payloads or personal data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import kombu
+import redis
+from django import db
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+from kombu import exceptions as kombu_exceptions
+
+from scheduling import api
+from scheduling.core import conf, store
+
+logger = logging.getLogger(__name__)
+
+BROKER_TIMEOUT_SECONDS = 2.0
+
+OK, FAILING, SKIPPED = "ok", "failing", "skipped"
+
+
+def beat_max_age_seconds() -> float:
+    return conf.get().health_beat_max_age_seconds
+
+
+def max_backlog() -> int:
+    return conf.get().health_max_backlog
+
+
+@dataclasses.dataclass
+class Part:
+    status: str
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"status": self.status, **self.detail}
+
+
+def check_database() -> Part:
+    started = time.monotonic()
+    try:
+        store.database_now()
+    except db.Error as exc:
+        logger.warning("health: database unreachable", extra={"part": "database", "error": type(exc).__name__})
+        return Part(FAILING, {"error": f"{type(exc).__name__}: {str(exc).strip()[:200]}"})
+    return Part(OK, {"latency_ms": round((time.monotonic() - started) * 1000, 1)})
+
+
+def ping_broker(url: str, timeout: float = BROKER_TIMEOUT_SECONDS) -> None:
+    """Raise unless the broker at ``url`` answers within ``timeout`` seconds."""
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            client.ping()
+        finally:
+            client.close()
+        return
+    with kombu.Connection(url, connect_timeout=timeout) as conn:
+        conn.ensure_connection(max_retries=1, timeout=timeout)
+
+
+def check_broker() -> Part:
+    started = time.monotonic()
+    try:
+        ping_broker(settings.CELERY_BROKER_URL)
+    except (redis.RedisError, OSError, kombu_exceptions.OperationalError) as exc:
+        logger.warning("health: broker unreachable", extra={"part": "broker", "error": type(exc).__name__})
+        return Part(FAILING, {"error": f"{type(exc).__name__}: {str(exc).strip()[:200]}"})
+    return Part(OK, {"latency_ms": round((time.monotonic() - started) * 1000, 1)})
+
+
+def check_beat() -> Part:
+    limit = beat_max_age_seconds()
+    beat = store.beat_heartbeat("beat")
+    if beat is None:
+        return Part(FAILING, {"error": "no beat process has ever led", "max_age_seconds": limit})
+    detail = {"heartbeat_age_seconds": round(beat.age_seconds, 1), "max_age_seconds": limit}
+    if beat.age_seconds > limit:
+        return Part(FAILING, {**detail, "error": f"the beat leader's heartbeat is {beat.age_seconds:.0f}s old"})
+    return Part(OK, detail)
+
+
+def check_backlog() -> Part:
+    limit = max_backlog()
+    status = api.status(include_broker=False)  # the broker part checks Redis itself
+    detail = {
+        "backlog": status["backlog"],
+        "threshold": limit,
+        "oldest_overdue_seconds": round(float(status["oldest_overdue_seconds"]), 1),
+    }
+    if status["backlog"] > limit:
+        return Part(FAILING, {**detail, "error": f"{status['backlog']} jobs are overdue (threshold {limit})"})
+    return Part(OK, detail)
+
+
+def report() -> tuple[bool, dict[str, Any]]:
+    """(healthy, JSON body) for every part."""
+    parts: dict[str, Part] = {"database": check_database(), "broker": check_broker()}
+    for name, check in (("beat", check_beat), ("backlog", check_backlog)):
+        if parts["database"].status != OK:
+            parts[name] = Part(SKIPPED, {"error": "not checked: the database is unavailable"})
+            continue
+        try:
+            parts[name] = check()
+        except db.Error as exc:
+            parts[name] = Part(FAILING, {"error": f"{type(exc).__name__}: {str(exc).strip()[:200]}"})
+    failing = [name for name, part in parts.items() if part.status == FAILING]
+    body = {
+        "status": FAILING if failing else OK,
+        "failing": failing,
+        "checks": {name: part.as_json() for name, part in parts.items()},
+    }
+    return not failing, body
+
+
+@never_cache
+@require_safe
+def healthz(request: HttpRequest) -> JsonResponse:
+    """200 when database, broker, beat and backlog are fine; 503 naming the failing parts otherwise."""
+    healthy, body = report()
+    return JsonResponse(body, status=200 if healthy else 503)

@@ -1,0 +1,392 @@
+"""The jobs JSON API: ``/api/jobs/`` (list, create), ``/api/jobs/<id>`` (get), ``.../cancel``, ``.../reschedule``.
+
+Plain Django views over ``scheduling.api``: every check (kind, payload, time) is the API's, so a
+request gets the same answer as a call to ``schedule()``, and an error stores or changes nothing
+(each write runs in one transaction). Rows belong to their owner: another caller gets 404, staff
+see everything.
+
+Status codes: 400 the request is wrong (with the reason), 401 no or bad credentials, 403 failed
+CSRF check (session callers), 404 no such job for this caller, 405 wrong method, 409 the job's
+state (or its key's owner) forbids the change, 413 body or payload over the limit, 415 not JSON.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from typing import Any
+
+from django.core.paginator import EmptyPage, Paginator
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.http import HttpRequest, JsonResponse
+from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
+
+from scheduling import api
+from scheduling.core import conf, exceptions, validation
+from scheduling.models import LIVE_STATES, JobState, ScheduledJob
+from scheduling.web import auth
+
+logger = logging.getLogger(__name__)
+
+ENVELOPE_ALLOWANCE_BYTES = 16 * 1024  # a request body may exceed the payload limit by this much (the other fields)
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+MAX_JOB_ID = 2**63 - 1  # bigint: a larger id cannot exist (and would be a database error, not a 404)
+MAX_DATETIME_TEXT = 64  # characters: no ISO-8601 date-time is longer
+CREATE_FIELDS = frozenset({"kind", "payload", "due_at", "delay", "key", "on_conflict", "max_attempts"})
+RESCHEDULE_FIELDS = frozenset({"due_at", "delay"})
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, a stable code, a message for people, and extra fields."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> JsonResponse:
+    body = {"error": {"status": exc.status, "code": exc.code, "message": exc.message, **exc.extra}}
+    response = JsonResponse(body, status=exc.status, encoder=DjangoJSONEncoder)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def from_scheduling_error(exc: exceptions.SchedulingError) -> ApiError:
+    """The HTTP answer for an error of ``scheduling.api``."""
+    if isinstance(exc, exceptions.PayloadTooLarge):
+        return ApiError(413, "payload_too_large", str(exc), size=exc.size, limit=exc.limit)
+    if isinstance(exc, exceptions.UnknownJobKind):
+        return ApiError(400, "unknown_kind", str(exc))
+    if isinstance(exc, exceptions.InvalidPayload):
+        return ApiError(400, "invalid_payload", str(exc))
+    if isinstance(exc, exceptions.InvalidSchedule):
+        return ApiError(400, "invalid_schedule", str(exc))
+    if isinstance(exc, exceptions.JobNotFound):
+        return ApiError(404, "not_found", "No such job.")
+    if isinstance(exc, exceptions.JobStateConflict):
+        return ApiError(409, "state_conflict", str(exc), job_id=exc.job_id, state=exc.state)
+    if isinstance(exc, exceptions.KeyConflict):
+        return ApiError(409, "key_conflict", str(exc), key=exc.key, job_id=exc.job_id)
+    return ApiError(400, "invalid_request", str(exc))
+
+
+# --- Request reading --------------------------------------------------------------------------------
+
+
+def max_body_bytes() -> int:
+    return conf.get().max_payload_bytes + ENVELOPE_ALLOWANCE_BYTES
+
+
+def read_json(request: HttpRequest, *, optional: bool = False) -> dict[str, Any]:
+    """The request's JSON object; raises ``ApiError`` 415, 413 or 400. ``optional``: an empty body is {}."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise ApiError(400, "bad_request", "Content-Length is not a number.") from None
+    if length > max_body_bytes():
+        raise ApiError(413, "body_too_large", f"The body is {length} bytes; the limit is {max_body_bytes()} bytes.")
+    if optional and length == 0:
+        return {}
+    if request.content_type != "application/json":
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"Send JSON with 'Content-Type: application/json', not {request.content_type!r}.",
+        )
+    body = request.body
+    if len(body) > max_body_bytes():
+        raise ApiError(413, "body_too_large", f"The body is over the {max_body_bytes()} byte limit.")
+    try:
+        data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ApiError(400, "invalid_json", "The JSON is nested too deeply.") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ApiError(400, "invalid_json", f"The body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_json", f"The body must be a JSON object, not {type(data).__name__}.")
+    return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_fields(data: dict[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ApiError(
+            400, "unknown_field", f"Unknown field(s): {', '.join(unknown)}. Allowed: {', '.join(sorted(allowed))}."
+        )
+
+
+def parse_due_at(value: Any) -> dt.datetime:
+    """An ISO-8601 date-time with an offset; naive, impossible or out-of-range times raise ``ApiError``."""
+    if not isinstance(value, str) or len(value) > MAX_DATETIME_TEXT:
+        raise ApiError(400, "invalid_schedule", "due_at must be an ISO-8601 date-time string with an offset.")
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_schedule", f"due_at {value!r} is not a valid ISO-8601 date-time: {exc}.") from None
+    try:
+        validation.check_due_at(parsed)
+        parsed.astimezone(dt.UTC)
+    except exceptions.InvalidSchedule as exc:
+        raise from_scheduling_error(exc) from None
+    except OverflowError:
+        raise ApiError(400, "invalid_schedule", f"due_at {value!r} is out of range.") from None
+    return parsed
+
+
+def _time_arguments(data: dict[str, Any]) -> dict[str, Any]:
+    """``due_at`` (parsed) and/or ``delay`` as given; ``scheduling.api`` decides which combinations are valid."""
+    out: dict[str, Any] = {}
+    if data.get("due_at") is not None:
+        out["due_at"] = parse_due_at(data["due_at"])
+    if data.get("delay") is not None:
+        out["delay"] = data["delay"]
+    return out
+
+
+# --- Output -----------------------------------------------------------------------------------------
+
+
+def job_json(job: ScheduledJob, *, attempts: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": job.id,
+        "url": reverse("jobs-api:detail", args=[job.id]),
+        "kind": job.kind,
+        "key": job.key,
+        "state": job.state,
+        "due_at": job.due_at,
+        "payload": job.payload,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "last_error": job.last_error,
+        "owner": job.owner_id,
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "finished_at": job.finished_at,
+    }
+    if attempts:
+        out["attempt_history"] = [
+            {
+                "number": a.number,
+                "outcome": a.outcome,
+                "due_at": a.due_at,
+                "started_at": a.started_at,
+                "finished_at": a.finished_at,
+                "worker": a.worker,
+                "error": a.error,
+            }
+            for a in job.attempt_set.order_by("number")
+        ]
+    return out
+
+
+def ok(body: dict[str, Any], status: int = 200, **headers: str) -> JsonResponse:
+    response = JsonResponse(body, status=status, encoder=DjangoJSONEncoder)
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+# --- The views --------------------------------------------------------------------------------------
+
+
+def _endpoint(allowed: tuple[str, ...]) -> Any:
+    """Method check (405), authentication (401), CSRF for session writes (403), ``ApiError`` answers."""
+
+    def wrap(view: Any) -> Any:
+        @csrf_exempt  # checked below for session callers only; token callers need none
+        def handle(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+            allow = ", ".join(allowed)
+            if request.method not in allowed:
+                return error_response(
+                    ApiError(405, "method_not_allowed", f"{request.method} is not allowed here; use {allow}."),
+                    {"Allow": allow},
+                )
+            caller = auth.identify(request)
+            if caller.user is None:
+                return error_response(
+                    ApiError(401, "unauthenticated", caller.problem),
+                    {"WWW-Authenticate": 'Bearer realm="timekeeper"'},
+                )
+            if not caller.by_token and request.method not in {"GET", "HEAD", "OPTIONS"}:
+                problem = auth.csrf_problem(request)
+                if problem:
+                    return error_response(ApiError(403, "csrf_failed", f"CSRF check failed: {problem}"))
+            try:
+                return view(request, caller.user, *args, **kwargs)
+            except ApiError as exc:
+                return error_response(exc)
+
+        handle.__name__ = view.__name__
+        handle.__doc__ = view.__doc__
+        return handle
+
+    return wrap
+
+
+def _visible(user: Any, job_id: int) -> ScheduledJob:
+    if job_id > MAX_JOB_ID:
+        raise ApiError(404, "not_found", "No such job.")
+    job = ScheduledJob.objects.for_owner(user).filter(pk=job_id).first()
+    if job is None:
+        raise ApiError(404, "not_found", "No such job.")
+    return job
+
+
+@_endpoint(("GET", "HEAD", "POST"))
+def collection(request: HttpRequest, user: Any) -> JsonResponse:
+    """GET: the caller's jobs (filters state, kind, key; page, page_size). POST: schedule a job."""
+    if request.method == "POST":
+        return _create(request, user)
+    return _list(request, user)
+
+
+def _list(request: HttpRequest, user: Any) -> JsonResponse:
+    params = request.GET
+    unknown = sorted(set(params) - {"state", "kind", "key", "page", "page_size"})
+    if unknown:
+        raise ApiError(400, "unknown_parameter", f"Unknown query parameter(s): {', '.join(unknown)}.")
+    jobs = ScheduledJob.objects.for_owner(user)
+    if "state" in params:
+        states = params["state"].split(",")
+        bad = [s for s in states if s not in JobState.values]
+        if bad:
+            raise ApiError(
+                400, "invalid_filter", f"Unknown state(s) {', '.join(bad)}; use {', '.join(JobState.values)}."
+            )
+        jobs = jobs.filter(state__in=states)
+    if "kind" in params:
+        jobs = jobs.filter(kind=params["kind"])
+    if "key" in params:
+        jobs = jobs.filter(key=params["key"])
+    page_number = _positive_int(params.get("page", "1"), "page", 10**6)
+    page_size = _positive_int(params.get("page_size", str(DEFAULT_PAGE_SIZE)), "page_size", MAX_PAGE_SIZE)
+    paginator = Paginator(jobs.order_by("due_at", "id"), page_size)
+    try:
+        page = paginator.page(page_number)
+    except EmptyPage:
+        raise ApiError(
+            404, "no_such_page", f"Page {page_number} is past the last page ({paginator.num_pages})."
+        ) from None
+
+    def page_url(number: int) -> str:
+        query = params.copy()
+        query["page"] = str(number)
+        return f"{request.path}?{query.urlencode()}"
+
+    return ok(
+        {
+            "count": paginator.count,
+            "page": page.number,
+            "pages": paginator.num_pages,
+            "page_size": page_size,
+            "next": page_url(page.next_page_number()) if page.has_next() else None,
+            "previous": page_url(page.previous_page_number()) if page.has_previous() else None,
+            "results": [job_json(job) for job in page.object_list],
+        }
+    )
+
+
+def _positive_int(text: str, name: str, maximum: int) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= maximum:
+        raise ApiError(400, "invalid_parameter", f"{name} must be a whole number from 1 to {maximum}.")
+    return int(text)
+
+
+def _create(request: HttpRequest, user: Any) -> JsonResponse:
+    data = read_json(request)
+    _check_fields(data, CREATE_FIELDS)
+    if "kind" not in data or not isinstance(data["kind"], str):
+        raise ApiError(400, "invalid_request", "kind is required: the name of a registered job kind.")
+    key = data.get("key")
+    on_conflict = data.get("on_conflict", "replace")
+    max_attempts = data.get("max_attempts")
+    try:
+        with transaction.atomic():
+            existing = _lock_key_holder(user, key)
+            job = api.schedule(
+                data["kind"],
+                data.get("payload", {}),
+                key=key,
+                on_conflict=on_conflict,
+                max_attempts=max_attempts,
+                owner=user,
+                **_time_arguments(data),
+            )
+    except exceptions.SchedulingError as exc:
+        raise from_scheduling_error(exc) from None
+    stored = ScheduledJob.objects.get(pk=job.pk)
+    outcome = "created" if existing is None else ("replaced" if on_conflict == "replace" else "kept")
+    job_body = job_json(stored)
+    body = {"outcome": outcome, "job": job_body}
+    if outcome == "created":
+        return ok(body, status=201, Location=job_body["url"])
+    return ok(body)
+
+
+def _lock_key_holder(user: Any, key: Any) -> int | None:
+    """The id of the live job holding ``key``, locked until the transaction ends (None if there is none).
+
+    A key held by another owner's job is refused for non-staff callers: replacing or keeping it
+    would hand them a job they must not see.
+    """
+    if not isinstance(key, str) or not key:
+        return None
+    row = (
+        ScheduledJob.objects.select_for_update()
+        .filter(key=key, state__in=LIVE_STATES)
+        .values_list("id", "owner_id")
+        .first()
+    )
+    if row is None:
+        return None
+    job_id, owner_id = row
+    if owner_id != user.pk and not user.is_staff:
+        raise ApiError(409, "key_taken", f"Key {key!r} is in use by a job you cannot see; choose another key.")
+    return int(job_id)
+
+
+@_endpoint(("GET", "HEAD"))
+def detail(request: HttpRequest, user: Any, job_id: int) -> JsonResponse:
+    """One job with its attempts."""
+    return ok(job_json(_visible(user, job_id), attempts=True))
+
+
+@_endpoint(("POST",))
+def cancel(request: HttpRequest, user: Any, job_id: int) -> JsonResponse:
+    """Cancel a pending job (409 names the state otherwise)."""
+    data = read_json(request, optional=True)
+    _check_fields(data, frozenset())
+    _visible(user, job_id)
+    try:
+        with transaction.atomic():
+            api.cancel(job_id)
+    except exceptions.SchedulingError as exc:
+        raise from_scheduling_error(exc) from None
+    return ok(job_json(_visible(user, job_id)))
+
+
+@_endpoint(("POST",))
+def reschedule(request: HttpRequest, user: Any, job_id: int) -> JsonResponse:
+    """Move a pending job: ``{"due_at": ISO-8601}`` or ``{"delay": seconds}``."""
+    data = read_json(request)
+    _check_fields(data, RESCHEDULE_FIELDS)
+    times = _time_arguments(data)
+    _visible(user, job_id)
+    try:
+        with transaction.atomic():
+            api.reschedule(job_id, **times)
+    except exceptions.SchedulingError as exc:
+        raise from_scheduling_error(exc) from None
+    return ok(job_json(_visible(user, job_id)))

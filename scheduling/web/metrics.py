@@ -1,0 +1,191 @@
+"""``/metrics`` in Prometheus text format: a collector that reads PostgreSQL and Redis at scrape time.
+
+Nothing is counted in process memory, so every web process answers the same and a restart loses
+nothing. The database is the record; these are views of it:
+
+- Gauges of the moment: ``timekeeper_backlog_jobs`` (pending and due), ``timekeeper_oldest_overdue_seconds``,
+  ``timekeeper_pending_jobs``, ``timekeeper_claimed_jobs``, ``timekeeper_stuck_jobs``,
+  ``timekeeper_due_next_24h_jobs``, ``timekeeper_dead_jobs_last_24h``,
+  ``timekeeper_beat_heartbeat_age_seconds``, and the broker's ``timekeeper_broker_delayed_messages``
+  (countdowns not yet due) with ``timekeeper_broker_messages{state}``.
+- Activity over the last ``SCHEDULING_METRICS_WINDOW_SECONDS`` (default 300, exported as
+  ``timekeeper_metrics_window_seconds``): ``timekeeper_job_attempts_recent{kind,outcome}``,
+  ``timekeeper_fixed_runs_recent{schedule,state}`` and the ``timekeeper_due_to_start_lag_seconds``
+  histogram (attempt start minus its due time). These are gauges over a sliding window, not
+  counters: history is pruned (``SCHEDULING_RETENTION_DAYS`` and the run history limits), so a
+  count of rows would go down, and ``rate()`` would read that as a reset. Divide by the window for
+  a rate; ``histogram_quantile()`` applies to the histogram as it is (no ``rate()``).
+- ``timekeeper_fixed_last_success_timestamp_seconds{schedule}`` for "the nightly job did not run" alerts.
+- ``timekeeper_up{part}``: 1 when the part (database, broker) answered this scrape; its metrics are
+  missing when it did not.
+
+Set ``SCHEDULING_METRICS_TOKEN`` to require ``Authorization: Bearer <token>`` on ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from django import db
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from scheduling import api
+from scheduling.core import conf, store
+
+logger = logging.getLogger(__name__)
+
+LAG_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+def window_seconds() -> float:
+    return conf.get().metrics_window_seconds
+
+
+def broker_counts() -> dict[str, Any] | None:
+    """The broker's message counts from ``scheduling.deferrals.countdowns`` (None when Redis did not answer)."""
+    try:
+        from scheduling.deferrals import countdowns
+    except ImportError:  # the broker path is not installed: no counts, reported as the broker being down
+        return None
+    return countdowns.broker_counts()
+
+
+def _gauge(name: str, doc: str, value: float, unit: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value, unit=unit)
+
+
+def lag_histogram(window: float) -> HistogramMetricFamily:
+    """The window's due-to-start lags as a Prometheus histogram (cumulative buckets)."""
+    rows = store.attempt_lag_histogram(window, LAG_BUCKETS_SECONDS)
+    per_bucket = {index: count for index, count, _total in rows}
+    total_sum = sum(float(total or 0) for _index, _count, total in rows)
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for i, bound in enumerate(LAG_BUCKETS_SECONDS):
+        running += per_bucket.get(i, 0)  # width_bucket index i: lags below bounds[i]
+        buckets.append((repr(bound), running))
+    buckets.append(("+Inf", running + per_bucket.get(len(LAG_BUCKETS_SECONDS), 0)))
+    return HistogramMetricFamily(
+        "timekeeper_due_to_start_lag_seconds",
+        "How long after its due time each attempt started, over the metrics window.",
+        buckets=buckets,
+        sum_value=total_sum,
+    )
+
+
+class TimekeeperCollector(Collector):
+    """Reads the numbers at scrape time; a part that does not answer is reported by ``timekeeper_up``."""
+
+    def describe(self) -> list[Metric]:
+        return []  # no collection at registration time (it would query the database at import)
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("timekeeper_up", "1 when the part answered this scrape.", labels=["part"])
+        window = window_seconds()
+        try:
+            database = list(self._database(window))
+        except db.Error:
+            logger.warning("metrics: the database did not answer", exc_info=True)
+            database = []
+            up.add_metric(["database"], 0)
+        else:
+            up.add_metric(["database"], 1)
+        yield from database
+        counts = broker_counts()
+        up.add_metric(["broker"], 0 if counts is None else 1)
+        if counts is not None:
+            yield _gauge(
+                "timekeeper_broker_delayed_messages",
+                "Countdown messages on the broker whose time has not come (held by workers or queued).",
+                counts["delayed"],
+            )
+            by_state = GaugeMetricFamily(
+                "timekeeper_broker_messages", "Messages on the broker by state.", labels=["state"]
+            )
+            for state in ("visible", "delayed", "in_flight"):
+                by_state.add_metric([state], counts[state])
+            yield by_state
+        yield up
+        yield _gauge(
+            "timekeeper_metrics_window_seconds", "The window of the *_recent metrics and the lag histogram.", window
+        )
+
+    def _database(self, window: float) -> Iterator[Metric]:
+        status = api.status(include_broker=False)  # read below, apart, so one part failing spares the other
+        yield _gauge("timekeeper_backlog_jobs", "Pending jobs whose due time has passed.", status["backlog"])
+        yield _gauge(
+            "timekeeper_oldest_overdue_seconds",
+            "Age of the oldest pending job past its due time (0 when none).",
+            status["oldest_overdue_seconds"],
+        )
+        yield _gauge("timekeeper_pending_jobs", "Jobs waiting for their due time or a worker.", status["pending"])
+        yield _gauge("timekeeper_claimed_jobs", "Jobs claimed by a worker (running or about to).", status["claimed"])
+        yield _gauge("timekeeper_stuck_jobs", "Claimed jobs past their lease or claimed for too long.", status["stuck"])
+        yield _gauge("timekeeper_due_next_24h_jobs", "Pending jobs due within 24 hours.", status["due_next_24h"])
+        yield _gauge("timekeeper_dead_jobs_last_24h", "Jobs that died in the last 24 hours.", status["dead_last_24h"])
+        beat = store.beat_heartbeat("beat")
+        if beat is not None:
+            yield _gauge(
+                "timekeeper_beat_heartbeat_age_seconds",
+                "Seconds since the leading beat's heartbeat (database clock).",
+                beat.age_seconds,
+            )
+        attempts = GaugeMetricFamily(
+            "timekeeper_job_attempts_recent",
+            "Job attempts that ended within the metrics window, by kind and outcome.",
+            labels=["kind", "outcome"],
+        )
+        for kind, outcome, n in store.attempt_outcomes(window):
+            attempts.add_metric([kind, outcome], n)
+        yield attempts
+        yield lag_histogram(window)
+        runs = GaugeMetricFamily(
+            "timekeeper_fixed_runs_recent",
+            "Fixed-time runs that started within the metrics window, by schedule and state.",
+            labels=["schedule", "state"],
+        )
+        last_success = GaugeMetricFamily(
+            "timekeeper_fixed_last_success_timestamp_seconds",
+            "When each fixed-time schedule last finished a run successfully (Unix time).",
+            labels=["schedule"],
+        )
+        latest: dict[str, float] = {}
+        for name, state, n, succeeded_at in store.schedule_run_states(window):
+            runs.add_metric([name, state], n)
+            if succeeded_at is not None:
+                latest[name] = max(latest.get(name, 0.0), succeeded_at.timestamp())
+        for name, at in sorted(latest.items()):
+            last_success.add_metric([name], at)
+        yield runs
+        yield last_success
+
+
+registry = CollectorRegistry(auto_describe=False)
+registry.register(TimekeeperCollector())
+
+
+def _authorised(request: HttpRequest) -> bool:
+    expected = conf.get().metrics_token
+    if not expected:
+        return True
+    given = request.headers.get("Authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {expected}".encode())
+
+
+@never_cache
+@require_safe
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The Prometheus exposition of ``registry``."""
+    if not _authorised(request):
+        response = HttpResponse("metrics need 'Authorization: Bearer <token>'\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="timekeeper-metrics"'
+        return response
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
