@@ -180,7 +180,7 @@ CELERY_TASK_QUEUES = [
 ]
 CELERY_TASK_ROUTES = {"scheduling.run_deferred": {"queue": "timekeeper.deferred"}}
 CELERY_BEAT_SCHEDULER = "scheduling.fixed.beat:LeaderDatabaseScheduler"
-CELERY_BEAT_MAX_LOOP_INTERVAL = 1  # seconds: beat wakes at least this often (claim ticks are 1 s)
+CELERY_BEAT_MAX_LOOP_INTERVAL = 1  # seconds: beat wakes at least this often (fixed-time ticks to the second)
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_ENABLE_UTC = True
 DJANGO_CELERY_BEAT_TZ_AWARE = True
@@ -192,27 +192,17 @@ FLOWER_BASIC_AUTH = os.environ.get("FLOWER_BASIC_AUTH", "")  # "user:password"; 
 SCHEDULING_BROKER_DELAY_MAX_SECONDS = env.get_int("SCHEDULING_BROKER_DELAY_MAX_SECONDS", 900, minimum=0)
 SCHEDULING_VISIBILITY_MARGIN_SECONDS = env.get_int("SCHEDULING_VISIBILITY_MARGIN_SECONDS", 300, minimum=1)
 SCHEDULING_HANDLER_PACKAGES = ["tasks"]
-# Claims: a worker heartbeats its claims this often; the sweeper takes back one silent for its
-# kind's lease (this default), checking every SWEEP_INTERVAL. The heartbeat must stay well below the lease.
-SCHEDULING_HEARTBEAT_SECONDS = env.get_int("SCHEDULING_HEARTBEAT_SECONDS", 10, minimum=0)
-SCHEDULING_LEASE_SECONDS = env.get_int("SCHEDULING_LEASE_SECONDS", 60, minimum=1)
-SCHEDULING_SWEEP_INTERVAL_SECONDS = env.get_int("SCHEDULING_SWEEP_INTERVAL_SECONDS", 60, minimum=1)
+# Claims: a worker heartbeats its running claims this often; the control loop's sweeper takes back
+# one silent for its kind's lease (this default), checking every SWEEP_INTERVAL. A killed job runs
+# again within lease + sweep interval + a claim (30 + 5 + ~1 s by default: docs/fault-tolerance.md).
+SCHEDULING_HEARTBEAT_SECONDS = env.get_int("SCHEDULING_HEARTBEAT_SECONDS", 5, minimum=0)
+SCHEDULING_LEASE_SECONDS = env.get_int("SCHEDULING_LEASE_SECONDS", 30, minimum=1)
+SCHEDULING_SWEEP_INTERVAL_SECONDS = env.get_int("SCHEDULING_SWEEP_INTERVAL_SECONDS", 5, minimum=1)
 # /healthz and /metrics (scheduling.web.health, scheduling.web.metrics): a stale beat or a large backlog is a 503.
 SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS = env.get_int("SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS", 30, minimum=1)
 SCHEDULING_HEALTH_MAX_BACKLOG = env.get_int("SCHEDULING_HEALTH_MAX_BACKLOG", 10_000, minimum=0)
 SCHEDULING_METRICS_WINDOW_SECONDS = env.get_int("SCHEDULING_METRICS_WINDOW_SECONDS", 300, minimum=10)
 SCHEDULING_METRICS_TOKEN = os.environ.get("SCHEDULING_METRICS_TOKEN", "")  # set: /metrics needs "Bearer <it>"
 
-# Beat's own ticks (synced into django-celery-beat's tables at beat start-up).
-CELERY_BEAT_SCHEDULE = {
-    "timekeeper-claim": {
-        "task": "scheduling.claim",
-        "schedule": float(os.environ.get("SCHEDULING_CLAIM_INTERVAL_SECONDS", "1.0")),
-        "options": {"expires": 5},
-    },
-    "timekeeper-sweep": {
-        "task": "scheduling.sweep",
-        "schedule": float(os.environ.get("SCHEDULING_SWEEP_INTERVAL_SECONDS", "60")),
-        "options": {"expires": 50},
-    },
-}
+# Claiming and sweeping need no beat entries: every worker runs the control loop (one leads).
+SCHEDULING_CLAIM_INTERVAL_SECONDS = float(os.environ.get("SCHEDULING_CLAIM_INTERVAL_SECONDS", "1.0"))

@@ -1,8 +1,11 @@
-"""Timekeeper's Celery tasks: thin wrappers that call the modules holding the decisions.
+"""Timekeeper's Celery tasks and worker hooks: thin wrappers that call the modules holding the decisions.
 
-- ``scheduling.claim``: beat's tick (every second): claim due rows at their due instants, fan out.
+Found by Celery's standard ``app.autodiscover_tasks()`` (this is the app's ``tasks`` module).
+
 - ``scheduling.run_batch``: run a batch of claimed jobs.
-- ``scheduling.sweep``: take back dead claims, prune history.
+- ``scheduling.claim`` / ``scheduling.sweep``: one claim pass / one sweep, for a person or a script
+  (``celery call scheduling.sweep``); routinely both run in the control loop (``jobs.control``),
+  which every worker starts in its main process when it is ready and stops when it shuts down.
 - ``scheduling.run_deferred``: run a short broker deferral (``deferrals.countdowns``), retried with countdowns.
 - ``scheduling.run_fixed``: one tick of a fixed-time schedule, through the gate (``fixed.gate``).
 
@@ -21,7 +24,7 @@ from celery import Task, shared_task, signals
 from scheduling.deferrals import countdowns
 from scheduling.fixed import gate
 from scheduling.jobs import claim as claim_module
-from scheduling.jobs import runner
+from scheduling.jobs import control, runner
 from scheduling.jobs import sweep as sweep_module
 
 logger = logging.getLogger(__name__)
@@ -29,8 +32,8 @@ logger = logging.getLogger(__name__)
 
 @shared_task(name="scheduling.claim", ignore_result=True, acks_late=False)
 def claim() -> dict[str, Any]:
-    """Claim what is due and hand it to workers."""
-    report = claim_module.tick()
+    """Claim what is due (what the queue has room for) and hand it to workers: one pass."""
+    report = claim_module.claim_and_dispatch()
     return {"claimed": report.claimed, "batches": report.batches}
 
 
@@ -97,6 +100,18 @@ def refuse_non_json(sender: Any = None, **kwargs: Any) -> None:
     if errors:
         logger.critical("worker refuses to start: %s", errors[0].msg, extra={"action": "refused_start"})
         raise SystemExit(f"scheduling.E002: {errors[0].msg}")  # Celery logs and swallows Exception subclasses
+
+
+@signals.worker_ready.connect
+def start_control_loop(sender: Any = None, **kwargs: Any) -> None:
+    """Claiming and sweeping run beside the pool, in this worker's main process (one worker leads)."""
+    control.start()
+
+
+@signals.worker_shutting_down.connect
+def stop_control_loop(sender: Any = None, **kwargs: Any) -> None:
+    """A stopping worker ends its control loop within two seconds (another worker's loop takes over)."""
+    control.stop()
 
 
 @signals.celeryd_after_setup.connect

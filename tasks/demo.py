@@ -38,15 +38,23 @@ class DemoFailure(RuntimeError):
     """The failure ``demo.fail`` raises on purpose."""
 
 
-@registry.handler("demo.fail", schema={"type": "object"}, timeout=10, max_attempts=3, backoff=registry.Backoff(1, 2))
+@registry.handler(
+    "demo.fail", schema={"type": "object"}, timeout=10, max_attempts=3, backoff=registry.Backoff(1, 2), atomic=False
+)
 def fail(job: registry.Job) -> None:
-    """Fail every time (to show retries with backoff and the dead state)."""
+    """Fail every time (to show retries with backoff and the dead state); each try's row is kept (atomic=False)."""
     Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
     raise DemoFailure(f"attempt {job.attempt} of {job.max_attempts} failed on purpose")
 
 
 @registry.handler(
-    "demo.sleep", schema={"type": "object"}, timeout=2, max_attempts=2, backoff=registry.Backoff(1, 2), batch_size=1
+    "demo.sleep",
+    schema={"type": "object"},
+    timeout=2,
+    max_attempts=2,
+    backoff=registry.Backoff(1, 2),
+    batch_size=1,
+    atomic=False,  # every try leaves its Execution row, so a test sees each timed-out attempt
 )
 def sleep(job: registry.Job) -> None:
     """Sleep for payload["seconds"] (to show the timeout stopping a handler)."""

@@ -8,8 +8,11 @@ Queue lengths are an optimisation (back-pressure): if Redis cannot answer, a que
 
 from __future__ import annotations
 
+import base64
 import functools
+import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -19,6 +22,9 @@ from django.conf import settings
 logger = logging.getLogger(__name__)
 
 REDIS_VISIBILITY_TIMEOUT_DEFAULT_SECONDS = 3600  # kombu's Redis transport default
+# kombu's Redis transport keeps priorities 3, 6 and 9 in sibling lists "<queue>\x06\x16<priority>".
+PRIORITY_SEPARATOR = "\x06\x16"
+PRIORITY_STEPS = (0, 3, 6, 9)
 
 
 def send(task_name: str, *, args: list[Any] | None = None, **options: Any) -> Any:
@@ -40,6 +46,49 @@ def client() -> redis.Redis:
         path = url.split("://", 1)[1].split("?", 1)[0]
         return redis.Redis(unix_socket_path=path, socket_timeout=2)
     return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+
+def queue_keys(names: Iterable[str]) -> list[str]:
+    """The Redis lists that hold the messages of the queues ``names`` (every priority step)."""
+    prefix = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")
+    return [
+        f"{prefix}{name}" if step == 0 else f"{prefix}{name}{PRIORITY_SEPARATOR}{step}"
+        for name in names
+        for step in PRIORITY_STEPS
+    ]
+
+
+def message_args(raw: bytes | str) -> tuple[str, list[Any]] | None:
+    """(task name, positional args) of a message as kombu stores it in a Redis list; None if unreadable."""
+    try:
+        envelope = json.loads(raw)
+        body = envelope["body"]
+        if envelope.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        return str(envelope.get("headers", {}).get("task", "")), list(args)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def queued_claim_ids(task_name: str, queue: str | None = None) -> set[int] | None:
+    """Job ids carried by ``task_name`` messages still waiting in ``queue``; None if Redis cannot say.
+
+    The claim keeps the job queue short (``SCHEDULING_MAX_QUEUED_BATCHES`` messages), so this reads
+    a few dozen messages. A message is ``[[[id, token], ...]]``: one batch of claims.
+    """
+    ids: set[int] = set()
+    try:
+        for key in queue_keys([queue or settings.CELERY_TASK_DEFAULT_QUEUE]):
+            for raw in client().lrange(key, 0, -1):
+                parsed = message_args(raw)
+                if parsed is None or parsed[0] != task_name or not parsed[1]:
+                    continue
+                ids.update(int(pair[0]) for pair in parsed[1][0])
+    except redis.RedisError:
+        logger.warning("cannot read the job queue; claims never started are left alone", exc_info=True)
+        return None
+    return ids
 
 
 def queued_messages(queue: str | None = None) -> int:

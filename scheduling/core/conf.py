@@ -32,14 +32,14 @@ class Settings:
     # --- due_at engine: claiming --------------------------------------------------------------------
     claim_batch_size: int = 500  # rows: the most one claim statement takes
     default_batch_size: int = 50  # jobs per run_batch message unless the kind says otherwise
-    claim_interval_seconds: float = 1.0  # beat fires the claim this often; the claim loop re-reads due times this often
-    claim_loop_seconds: float = 30.0  # the claim loop hands over to a fresh tick this often
-    max_queued_batches: int = 20  # messages: no claim while the job queue holds this many
+    claim_interval_seconds: float = 1.0  # the control loop re-reads the next due time at least this often
+    max_queued_batches: int = 20  # messages: the job queue never holds more batches sent by the claim
+    control_in_workers: bool = True  # every worker runs the control loop thread (one leads); False: this one never does
     # --- due_at engine: leases and the sweeper --------------------------------------------------------
-    heartbeat_seconds: float = 10.0  # a running claim's lease is renewed this often; 0 turns heartbeats off
-    lease_seconds: int = 60  # a claim whose heartbeat is older than this is dead (a kind may override)
+    heartbeat_seconds: float = 5.0  # a running claim's lease is renewed this often; 0 turns heartbeats off
+    lease_seconds: int = 30  # a started claim whose heartbeat is older than this is dead (a kind may override)
     sweep_after_seconds: int = 900  # claimed_at age that counts as dead when heartbeats are off
-    sweep_interval_seconds: float = 60.0  # beat fires the sweeper this often
+    sweep_interval_seconds: float = 5.0  # the control loop takes back dead claims this often
     retention_days: int = 14  # finished jobs and attempts older than this are pruned
     prune_batch_size: int = 200  # rows per prune statement (~10-20 ms each: bench sweep)
     stuck_after_seconds: float = 300.0  # claimed longer than this counts as stuck in status

@@ -1,18 +1,35 @@
-"""Stopping a handler that runs past its timeout.
+"""Running one handler: the one place that calls a kind's function, for all three mechanisms.
 
-Celery's prefork children run tasks on their main thread, so a real-time interval timer
+``invoke(kind, job, timeout)`` runs ``kind.func(job)`` under a timeout and says how it ended
+(``Result``: succeeded, failed with the error text and traceback, or timed out). The due_at
+runner, the broker deferral task and the fixed-time gate all call it; what they do with the
+result (retry, dead, ledger) is theirs.
+
+Timeouts: Celery's prefork children run tasks on their main thread, so a real-time interval timer
 (SIGALRM) can interrupt the handler wherever it is, even in a blocking call (PEP 475 retries the
-call only after the signal handler ran, and ours raises). Off the main thread (thread pools, the
-heartbeat) there is no signal to use: the Celery hard time limit of the batch is the backstop.
+call only after the signal handler ran, and ours raises). Off the main thread (thread pools) there
+is no signal to use: the Celery hard time limit of the message is the backstop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import signal
 import threading
+import traceback
 from collections.abc import Iterator
 from types import FrameType
+
+from scheduling.core import registry
+
+logger = logging.getLogger(__name__)
+
+ERROR_TEXT_LIMIT = 4000  # characters of "Type: message" kept per failure
+TRACEBACK_LIMIT = 16_000  # characters of traceback kept per failure (its last part: where it broke)
+
+SUCCEEDED, FAILED, TIMED_OUT = "succeeded", "failed", "timed_out"  # AttemptOutcome values
 
 
 class JobTimeout(BaseException):
@@ -22,14 +39,27 @@ class JobTimeout(BaseException):
     """
 
 
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """How one call of a handler ended."""
+
+    outcome: str  # SUCCEEDED, FAILED or TIMED_OUT
+    error: str = ""  # "Type: message" (bounded), or the timeout said in words
+    traceback: str = ""  # the formatted traceback of a failure (bounded; frames and messages, no locals)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == SUCCEEDED
+
+
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
     raise JobTimeout()
 
 
 @contextlib.contextmanager
-def limit(seconds: float) -> Iterator[bool]:
+def deadline(seconds: float | None) -> Iterator[bool]:
     """Raise ``JobTimeout`` in the block after ``seconds``; yields whether the limit is enforced here."""
-    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+    if not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread():
         yield False
         return
     previous = signal.signal(signal.SIGALRM, _on_alarm)
@@ -39,3 +69,30 @@ def limit(seconds: float) -> Iterator[bool]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message``, bounded: what a person reads first about a failure."""
+    return f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
+
+
+def invoke(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Result:
+    """Run ``kind``'s handler on ``job`` under ``timeout`` seconds (None or 0: no limit of its own).
+
+    A ``JobTimeout`` from a deadline set by the caller around several calls propagates; one from
+    this call's own timeout becomes ``TIMED_OUT``.
+    """
+    log = {"kind": kind.name, "job_id": job.id, "ref": job.ref, "attempt": job.attempt}
+    owns_deadline = False
+    try:
+        with deadline(timeout) as owns_deadline:
+            kind.func(job)
+    except JobTimeout:
+        if not owns_deadline:
+            raise
+        logger.warning("job timed out", extra={**log, "action": "timed_out", "timeout_seconds": timeout})
+        return Result(TIMED_OUT, f"timed out after {timeout:g}s")
+    except Exception as exc:
+        logger.warning("job raised %s", type(exc).__name__, extra={**log, "action": "failed"})
+        return Result(FAILED, error_text(exc), traceback.format_exc()[-TRACEBACK_LIMIT:])
+    return Result(SUCCEEDED)

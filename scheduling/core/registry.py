@@ -73,6 +73,7 @@ class Kind:
     lease_seconds: int
     batch_size: int
     description: str
+    atomic: bool = True  # the handler's database writes and the job's outcome commit in one transaction
 
     @functools.cached_property
     def validator(self) -> jsonschema.protocols.Validator:
@@ -112,8 +113,16 @@ def handler(
     backoff: Backoff | None = None,
     lease_seconds: int | None = None,
     batch_size: int | None = None,
+    atomic: bool = True,
 ) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
-    """Register the decorated function as the handler of job kind ``name``."""
+    """Register the decorated function as the handler of job kind ``name``.
+
+    ``atomic`` (the default): on the due_at path the handler runs inside the transaction that
+    records its outcome, so its database writes and the job's ``done`` commit together or not at
+    all (a ``kill -9`` mid-job leaves no effect, and the re-run is the only one that counts);
+    ``transaction.on_commit`` callbacks run once that is durable, which is where an email goes.
+    ``atomic=False`` for a handler that must commit as it goes (long jobs, other databases).
+    """
 
     def register(func: Callable[[Job], Any]) -> Callable[[Job], Any]:
         if name in _kinds and _kinds[name].func is not func:
@@ -130,6 +139,7 @@ def handler(
             lease_seconds=int(lease_seconds or conf.get().lease_seconds),
             batch_size=int(batch_size or conf.get().default_batch_size),
             description=(func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else "",
+            atomic=atomic,
         )
         return func
 

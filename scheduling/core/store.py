@@ -12,7 +12,7 @@ import datetime as dt
 import functools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +230,22 @@ def heartbeat_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
     return [row[0] for row in _fetchall_async_commit("heartbeat_jobs", params)]
 
 
+def lock_claims(claims: Sequence[tuple[int, str]]) -> list[int]:
+    """Lock the claims still held under their tokens, in the caller's transaction; returns their ids."""
+    if not claims:
+        return []
+    params = {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
+    return [row[0] for row in _fetchall("lock_claims", params)]
+
+
+def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
+    """Give back claims that were never sent: pending again, their attempt uncounted; returns their ids."""
+    if not claims:
+        return []
+    params = {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
+    return [row[0] for row in _fetchall_async_commit("unclaim_jobs", params)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """How one job's attempt ended, as the runner saw it."""
@@ -284,8 +300,20 @@ def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[tuple[i
 # --- Sweeping and status ---------------------------------------------------------------------------
 
 
-def sweep_expired_claims(*, heartbeats: bool, sweep_after_seconds: float, limit: int) -> list[tuple[int, str]]:
-    params = {"heartbeats": heartbeats, "sweep_after": sweep_after_seconds, "limit": limit}
+def sweep_expired_claims(
+    *, heartbeats: bool, sweep_after_seconds: float, limit: int, queued_ids: Collection[int] | None
+) -> list[tuple[int, str]]:
+    """Take back expired claims; ``queued_ids`` are claims whose message is still queued (None: unknown).
+
+    With ``queued_ids`` None (the broker did not answer) claims never started are left alone.
+    """
+    params = {
+        "heartbeats": heartbeats,
+        "sweep_after": sweep_after_seconds,
+        "limit": limit,
+        "check_unstarted": queued_ids is not None,
+        "covered": list(queued_ids or []),
+    }
     return [(row[0], row[1]) for row in _fetchall("sweep_expired_claims", params)]
 
 

@@ -50,12 +50,8 @@ logger = logging.getLogger(__name__)
 QUEUE = "timekeeper.deferred"  # the deferral queue (project settings route run_deferred to it)
 HARD_LIMIT_MARGIN_SECONDS = 30  # Celery kills a run this long after the kind's own timeout
 DEAD_KEY_PREFIX = "broker:"  # key of the dead row recording a spent deferral: broker:<deferral id>
-ERROR_TEXT_LIMIT = 4000  # characters of error text kept on the dead row
 COUNT_CHUNK = 1000  # messages read per Redis round trip when counting
 COUNT_LIMIT_PER_KEY = 200_000  # messages read at most per list or hash when counting; more are estimated
-# kombu's Redis transport keeps priorities 3, 6 and 9 in sibling lists "<queue>\x06\x16<priority>".
-PRIORITY_SEPARATOR = "\x06\x16"
-PRIORITY_STEPS = (0, 3, 6, 9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,10 +154,6 @@ def parse_eta(value: Any) -> dt.datetime | None:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
-
-
 def run(kind_name: str, payload: Any, attempt: int, deferral_id: str, due_at: dt.datetime | None) -> RunResult:
     """Run attempt ``attempt`` of a broker deferral under its kind's timeout; decide retry or dead on failure.
 
@@ -186,16 +178,9 @@ def run(kind_name: str, payload: Any, attempt: int, deferral_id: str, due_at: dt
             mechanism="broker",
             ref=deferral_id,
         )
-        try:
-            with executor.limit(kind.timeout_seconds):
-                kind.func(job)
-        except executor.JobTimeout:
-            error = f"timed out after {kind.timeout_seconds:g}s"
-            logger.warning("deferral timed out", extra={**log_context, "action": "timed_out"})
-        except Exception as exc:
-            error = _error_text(exc)
-            logger.warning("deferral raised %s", type(exc).__name__, extra={**log_context, "action": "failed"})
-        else:
+        result = executor.invoke(kind, job, kind.timeout_seconds)
+        error = result.error
+        if result.ok:
             lateness = None if due_at is None else (timezone.now() - due_at).total_seconds()
             logger.info("deferral ran", extra={**log_context, "action": "succeeded", "late_seconds": lateness})
             return RunResult("succeeded", attempt)
@@ -224,15 +209,6 @@ def queue_names() -> list[str]:
     from celery import current_app
 
     return sorted(current_app.amqp.queues.keys())
-
-
-def _list_keys(names: Iterable[str]) -> list[str]:
-    prefix = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")
-    return [
-        f"{prefix}{name}" if step == 0 else f"{prefix}{name}{PRIORITY_SEPARATOR}{step}"
-        for name in names
-        for step in PRIORITY_STEPS
-    ]
 
 
 def _eta_of(message: Any) -> float | None:
@@ -274,7 +250,7 @@ def broker_counts(now: float | None = None) -> dict[str, int | bool] | None:
     exact = True
     try:
         client = broker.client()
-        keys = _list_keys(queue_names())
+        keys = broker.queue_keys(queue_names())
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.llen(key)

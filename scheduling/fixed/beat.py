@@ -26,18 +26,17 @@ import logging
 import time
 from typing import Any, Protocol
 
-import psycopg2
 from celery.schedules import schedstate
 from django.db import DatabaseError, close_old_connections
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
-from scheduling.core import conf, exceptions, leadership, locks, store, tasknames
+from scheduling.core import conf, exceptions, leadership, store, tasknames
 from scheduling.fixed import policies, ticks
 from scheduling.models import SchedulePolicy, SchedulerHeartbeat
 
 logger = logging.getLogger(__name__)
 
-LEADER_LOCK = ("beat", "leader")
+LEADER_ROLE = "beat"  # one beat in the cluster sends (core.leadership)
 STANDBY_RETRY_SECONDS = 1.0  # how often a standby tries to take the lead
 LEADER_CHECK_SECONDS = 2.0  # how often the leader checks its lock connection is alive
 HEARTBEAT_SECONDS = 5.0  # how often the leader writes its heartbeat row
@@ -159,8 +158,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
     """django-celery-beat's DatabaseScheduler that only sends while it holds the leader lock."""
 
     def __init__(self, *args: Any, clock: Clock | None = None, **kwargs: Any) -> None:
-        self._leader_lock = locks.AdvisoryLock(*LEADER_LOCK)
-        self._last_check = 0.0
+        self._leadership = leadership.Leadership(LEADER_ROLE, check_seconds=LEADER_CHECK_SECONDS)
         self._last_heartbeat = 0.0
         self._acquired_at: Any = None
         self._send_failed = False
@@ -169,31 +167,19 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
 
     @property
     def is_leader(self) -> bool:
-        return self._leader_lock.held
+        return self._leadership.leading
 
     def _ensure_leader(self) -> bool:
-        now = time.monotonic()
-        if self._leader_lock.held:
-            if now - self._last_check >= LEADER_CHECK_SECONDS:
-                self._last_check = now
-                if not self._leader_lock.alive():
-                    logger.error("lost the beat leader lock (its connection died); standing by")
-            if self._leader_lock.held:
-                return True
-        try:
-            acquired = self._leader_lock.try_acquire()
-        except psycopg2.Error:
-            logger.warning("cannot reach PostgreSQL to take the beat lead; sending nothing", exc_info=True)
+        was_leading = self._leadership.leading
+        if not self._leadership.lead():
             return False
-        if acquired:
-            self._last_check = now
+        if not was_leading:
             self._last_heartbeat = 0.0
             self._acquired_at = None
-            logger.info("this beat leads now", extra={"holder": leadership.process_name(), "action": "leader_acquired"})
             # Re-read the schedule: the previous leader may have advanced it.
             self._initial_read = True
             self._heap = None
-        return acquired
+        return True
 
     def _write_heartbeat(self) -> None:
         now = time.monotonic()
@@ -271,7 +257,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         try:
             super().close()
         finally:
-            self._leader_lock.release()
+            self._leadership.resign()
 
 
 def _has_policy(model: Any) -> bool:

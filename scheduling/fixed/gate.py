@@ -47,7 +47,6 @@ logger = logging.getLogger(__name__)
 
 LOCK_NAMESPACE = "schedule"
 LOCK_POLL_SECONDS = 0.2  # replace: how often the new run tries the stopped run's lock
-ERROR_TEXT_LIMIT = 4000  # characters of error text kept per run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +214,8 @@ def _execute(
     ref = f"{policy.periodic_task.name}@{entry.tick.isoformat()}"
     attempt = 1
     try:
-        with executor.limit(timeout):
+        # One deadline over every attempt and the pauses between them: the policy's active deadline.
+        with executor.deadline(timeout):
             while True:
                 job = registry.Job(
                     kind=kind.name,
@@ -226,25 +226,20 @@ def _execute(
                     mechanism="fixed",
                     ref=ref,
                 )
-                try:
-                    kind.func(job)
-                except Exception as exc:
-                    if attempt >= max_attempts:
-                        logger.warning(
-                            "fixed-time run failed",
-                            extra={**log, "run_id": entry.id, "attempt": attempt, "error_type": type(exc).__name__},
-                        )
-                        return RunState.FAILED, _error_text(exc), attempt
-                    delay = kind.backoff.delay(attempt)
-                    logger.info(
-                        "fixed-time run failed; retrying within the tick",
-                        extra={**log, "run_id": entry.id, "attempt": attempt, "retry_in_seconds": round(delay, 3)},
-                    )
-                    attempt += 1
-                    store.set_schedule_run_attempt(entry.id, attempt)
-                    time.sleep(delay)
-                else:
+                result = executor.invoke(kind, job, None)
+                if result.ok:
                     return RunState.SUCCEEDED, "", attempt
+                if attempt >= max_attempts:
+                    logger.warning("fixed-time run failed", extra={**log, "run_id": entry.id, "attempt": attempt})
+                    return RunState.FAILED, result.error, attempt
+                delay = kind.backoff.delay(attempt)
+                logger.info(
+                    "fixed-time run failed; retrying within the tick",
+                    extra={**log, "run_id": entry.id, "attempt": attempt, "retry_in_seconds": round(delay, 3)},
+                )
+                attempt += 1
+                store.set_schedule_run_attempt(entry.id, attempt)
+                time.sleep(delay)
     except executor.JobTimeout:
         logger.warning("fixed-time run timed out", extra={**log, "run_id": entry.id, "timeout_seconds": timeout})
         return RunState.TIMED_OUT, f"stopped after {timeout:g}s (active deadline)", attempt
@@ -253,7 +248,7 @@ def _execute(
 def _finish(
     policy: SchedulePolicy, entry: store.LedgerEntry, state: str, error: str, attempt: int, log: dict[str, Any]
 ) -> RunReport:
-    recorded = store.finish_schedule_run(entry.id, state, error[:ERROR_TEXT_LIMIT])
+    recorded = store.finish_schedule_run(entry.id, state, error[: executor.ERROR_TEXT_LIMIT])
     if not recorded:
         logger.warning(
             "outcome not recorded: the run was closed meanwhile (replaced)",
@@ -267,6 +262,3 @@ def _finish(
         logger.debug("history pruned", extra={**log, "pruned": pruned, "action": "pruned"})
     return RunReport(state if recorded else "closed", entry.id, entry.tick, attempt)
 
-
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]

@@ -1,10 +1,19 @@
 """Running a batch of claimed jobs on a worker: start, run each handler, record the outcomes.
 
 The batch is started in one statement (only claims still held under their token and not run
-before are returned), handlers run one after another under their timeouts while the heartbeat
-keeps the claims alive, and outcomes are written back in one statement per kind of outcome,
-flushed at least every ``FLUSH_EVERY_SECONDS`` so a long batch does not hold finished jobs.
-Times recorded here are the database clock read at the start, advanced by a monotonic clock.
+before are returned; the lease clock starts here), then the handlers run one after another under
+their timeouts (``executor.invoke``) while the heartbeat keeps the claims alive.
+
+Atomic kinds (the default, ``@registry.handler(atomic=True)``) run inside one transaction per
+chunk, a savepoint per job. The chunk first locks its claims (so no sweeper can take them), a
+failing job rolls back to its savepoint, and the outcomes are written in the same transaction: a
+job's effect and its ``done`` commit together, with one WAL flush per chunk. A chunk closes after
+``ATOMIC_CHUNK_SECONDS`` (or at the batch's end), so its locks are short. A handler's
+``transaction.on_commit`` callbacks run after that commit.
+
+Other kinds commit as they go; their outcomes are written in one statement per kind of outcome,
+flushed at least every ``FLUSH_EVERY_SECONDS``. Times recorded here are the database clock read
+at the start, advanced by a monotonic clock.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from scheduling.core import exceptions, executor, leadership, registry, store
 from scheduling.jobs import lease
@@ -24,26 +33,14 @@ from scheduling.models import AttemptOutcome
 
 logger = logging.getLogger(__name__)
 
-FLUSH_EVERY_SECONDS = 1.0  # finished jobs are written back at least this often within a batch
-HARD_LIMIT_MARGIN_SECONDS = 30  # Celery kills a batch this long after the sum of its timeouts
-ERROR_TEXT_LIMIT = 4000  # characters of error text kept per attempt
+FLUSH_EVERY_SECONDS = 1.0  # non-atomic kinds: finished jobs are written back at least this often
+ATOMIC_CHUNK_SECONDS = 0.5  # atomic kinds: a chunk's transaction (and its row locks) ends after this long
 RECORD_RETRY_SECONDS = 60.0  # a finished job's outcome is retried this long while the database is unreachable
+UNKNOWN_KIND_RETRY_SECONDS = 60.0  # a job of a kind this worker does not know is retried this much later
 RELEASE_REASON = "released: the worker stopped before the job finished"
 
 T = TypeVar("T")
-
-
-
-def hard_time_limit(batch: Sequence[tuple[int, str]], claims: Sequence[store.Claim]) -> float:
-    """Celery's hard limit for a batch message: the sum of its jobs' timeouts plus a margin."""
-    kinds = {c.id: c.kind for c in claims}
-    total = 0.0
-    for job_id, _ in batch:
-        try:
-            total += registry.get(kinds[job_id]).timeout_seconds
-        except exceptions.UnknownJobKind:
-            total += 1
-    return total + HARD_LIMIT_MARGIN_SECONDS
+Kinds = dict[str, registry.Kind | None]
 
 
 @dataclasses.dataclass
@@ -51,8 +48,9 @@ class BatchReport:
     started: int = 0
     succeeded: int = 0
     failed: int = 0
-    stale: int = 0  # outcomes refused because the claim had been taken back
+    stale: int = 0  # outcomes refused (or jobs not run) because the claim had been taken back
     skipped: int = 0  # claims no longer ours (or already started) when the batch began
+    chunks: int = 0  # transactions that committed atomic jobs together with their outcomes
 
 
 class _DbClock:
@@ -64,6 +62,14 @@ class _DbClock:
 
     def now(self) -> dt.datetime:
         return self.base + dt.timedelta(seconds=time.monotonic() - self.mono)
+
+
+class _RolledBack(Exception):
+    """Leaves a failed job's savepoint, undoing its writes; carries the job's outcome."""
+
+    def __init__(self, outcome: store.Outcome) -> None:
+        super().__init__(outcome.error)
+        self.outcome = outcome
 
 
 def _recording(write: Callable[[], T]) -> T:
@@ -86,10 +92,6 @@ def _recording(write: Callable[[], T]) -> T:
             pause = min(pause * 2, 2.0)
 
 
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
-
-
 def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:
     """Run the claimed jobs (id, token) that are still ours; record every outcome."""
     claims = [(int(i), str(t)) for i, t in claims]
@@ -103,58 +105,174 @@ def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:
     if not started:
         return report
     clock = _DbClock(started[0].db_now)
-    successes: list[store.Outcome] = []
-    failures: list[store.Outcome] = []
-    settled: set[int] = set()  # jobs whose outcome was written (or refused as stale)
-    last_flush = time.monotonic()
-
-    def flush() -> None:
-        nonlocal successes, failures, last_flush
-        done = _recording(lambda: store.complete_jobs(successes))
-        moved = _recording(lambda: store.fail_jobs(failures))
-        stale = (len(successes) - len(done)) + (len(failures) - len(moved))
-        if stale:
-            kept = set(done) | {m[0] for m in moved}
-            for o in successes + failures:
-                if o.id not in kept:
-                    logger.warning(
-                        "outcome refused: the claim token no longer matches (the job was taken back)",
-                        extra={"job_id": o.id, "action": "stale_completion"},
-                    )
-        for job_id, state, _due_at in moved:
-            logger.info("job failed", extra={"job_id": job_id, "action": "dead" if state == "dead" else "retry"})
-        report.succeeded += len(done)
-        report.failed += len(moved)
-        report.stale += stale
-        settled.update(o.id for o in successes + failures)
-        successes, failures = [], []
-        last_flush = time.monotonic()
-
+    kinds: Kinds = {}
+    for job in started:
+        if job.kind not in kinds:
+            try:
+                kinds[job.kind] = registry.get(job.kind)
+            except exceptions.UnknownJobKind:
+                kinds[job.kind] = None
+    atomic = [j for j in started if _is_atomic(kinds[j.kind])]
+    others = [j for j in started if not _is_atomic(kinds[j.kind])]
+    settled: set[int] = set()  # jobs whose outcome was committed (or that are no longer ours)
     with lease.holding([(j.id, j.token) for j in started]):
         try:
-            for job in started:
-                outcome = _run_one(job, clock)
-                (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
-                if time.monotonic() - last_flush >= FLUSH_EVERY_SECONDS:
-                    flush()
-            flush()
+            if atomic:
+                _run_atomic(atomic, kinds, clock, report, settled)
+            if others:
+                _run_committing(others, kinds, clock, report, settled)
         except SystemExit:
             # A shutdown is stopping this process mid-batch (billiard turns the SIGTERM of Celery's
             # cold or soft shutdown into SystemExit): give back what did not finish now, not a lease later.
-            _give_back([(j.id, j.token) for j in started if j.id not in settled], successes, failures)
+            _give_back([(j.id, j.token) for j in started if j.id not in settled])
             raise
     return report
 
 
-def _give_back(
-    claims: Sequence[tuple[int, str]], successes: list[store.Outcome], failures: list[store.Outcome]
+def _is_atomic(kind: registry.Kind | None) -> bool:
+    return kind is not None and kind.atomic
+
+
+def _job_for(job: store.StartedJob) -> registry.Job:
+    return registry.Job(
+        kind=job.kind,
+        payload=job.payload if isinstance(job.payload, dict) else {},
+        attempt=job.attempts,
+        max_attempts=job.max_attempts,
+        due_at=job.due_at,
+        id=job.id,
+        token=job.token,
+        mechanism="table",
+    )
+
+
+def _outcome(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock) -> store.Outcome:
+    """Run one job through the executor and say how it ended (nothing is written here)."""
+    started_at = clock.now()
+    if kind is None:
+        error = str(exceptions.UnknownJobKind(job.kind))
+        return store.Outcome(
+            job.id, job.token, started_at, clock.now(), AttemptOutcome.FAILED, error, UNKNOWN_KIND_RETRY_SECONDS
+        )
+    result = executor.invoke(kind, _job_for(job), kind.timeout_seconds)
+    if result.ok:
+        return store.Outcome(job.id, job.token, started_at, clock.now(), AttemptOutcome.SUCCEEDED)
+    return store.Outcome(
+        job.id, job.token, started_at, clock.now(), result.outcome, result.error, kind.backoff.delay(job.attempts)
+    )
+
+
+def _record(report: BatchReport, successes: list[store.Outcome], failures: list[store.Outcome]) -> None:
+    """Write outcomes, conditional on the claim tokens; count what was kept and what was stale."""
+    done = store.complete_jobs(successes)
+    moved = store.fail_jobs(failures)
+    kept = set(done) | {m[0] for m in moved}
+    stale = {o.id for o in successes + failures} - kept
+    for job_id in stale:
+        logger.warning(
+            "outcome refused: the claim token no longer matches (the job was taken back)",
+            extra={"job_id": job_id, "action": "stale_completion"},
+        )
+    for job_id, state, _due_at in moved:
+        logger.info("job failed", extra={"job_id": job_id, "action": "dead" if state == "dead" else "retry"})
+    report.succeeded += len(done)
+    report.failed += len(moved)
+    report.stale += len(stale)
+
+
+def _run_atomic(
+    jobs: list[store.StartedJob], kinds: Kinds, clock: _DbClock, report: BatchReport, settled: set[int]
 ) -> None:
-    """Record the outcomes already known, release the other claims (pending again, attempt counted)."""
+    """Run atomic jobs in chunks: one transaction each, a savepoint per job, the outcomes inside it."""
+    pending = list(jobs)
+    while pending:
+        committed = False
+
+        def mark_committed() -> None:
+            nonlocal committed
+            committed = True
+
+        chunk: list[store.StartedJob] = []
+        try:
+            with transaction.atomic():
+                transaction.on_commit(mark_committed)  # the first of this chunk's callbacks, after COMMIT
+                held = set(store.lock_claims([(j.id, j.token) for j in pending]))
+                for job in pending:
+                    if job.id not in held:  # taken back before it ran: the sweeper recorded the attempt
+                        logger.warning("claim lost before the job ran", extra={"job_id": job.id, "action": "lost"})
+                        settled.add(job.id)
+                        report.stale += 1
+                pending = [j for j in pending if j.id in held]
+                successes: list[store.Outcome] = []
+                failures: list[store.Outcome] = []
+                opened = time.monotonic()
+                while pending and (not chunk or time.monotonic() - opened < ATOMIC_CHUNK_SECONDS):
+                    job = pending.pop(0)
+                    chunk.append(job)
+                    try:
+                        with transaction.atomic():  # the job's savepoint
+                            outcome = _outcome(job, kinds[job.kind], clock)
+                            if outcome.outcome != AttemptOutcome.SUCCEEDED:
+                                raise _RolledBack(outcome)
+                        successes.append(outcome)
+                    except _RolledBack as rolled_back:
+                        failures.append(rolled_back.outcome)
+                # The rows are locked by this transaction, so no outcome written here can be stale.
+                _record(report, successes, failures)
+            report.chunks += 1
+        except Exception:
+            if not committed:
+                raise
+            # The chunk is committed; one of its handlers' on_commit callbacks raised afterwards.
+            logger.exception(
+                "an on_commit callback failed after its job committed", extra={"action": "on_commit_failed"}
+            )
+        settled.update(j.id for j in chunk)
+
+
+def _run_committing(
+    jobs: list[store.StartedJob], kinds: Kinds, clock: _DbClock, report: BatchReport, settled: set[int]
+) -> None:
+    """Run jobs that commit as they go; write outcomes at least every ``FLUSH_EVERY_SECONDS``."""
+    successes: list[store.Outcome] = []
+    failures: list[store.Outcome] = []
+    last_flush = time.monotonic()
+
+    def flush() -> None:
+        nonlocal successes, failures, last_flush
+        finished_ok, finished_failed = successes, failures
+        _recording(lambda: _record(report, finished_ok, finished_failed))
+        settled.update(o.id for o in finished_ok + finished_failed)
+        successes, failures = [], []
+        last_flush = time.monotonic()
+
+    try:
+        for job in jobs:
+            outcome = _outcome(job, kinds[job.kind], clock)
+            (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
+            if time.monotonic() - last_flush >= FLUSH_EVERY_SECONDS:
+                flush()
+        flush()
+    except SystemExit:
+        _write_known(successes, failures, settled)
+        raise
+
+
+def _write_known(successes: list[store.Outcome], failures: list[store.Outcome], settled: set[int]) -> None:
+    """While stopping: record the outcomes already known (those jobs ran and committed their work)."""
     try:
         store.complete_jobs(successes)
         store.fail_jobs(failures)
-        finished = {o.id for o in successes + failures}
-        released = store.release_jobs([c for c in claims if c[0] not in finished], RELEASE_REASON)
+    except DatabaseError:
+        logger.warning("could not record outcomes while stopping; the sweeper will", exc_info=True)
+        return
+    settled.update(o.id for o in successes + failures)
+
+
+def _give_back(claims: Sequence[tuple[int, str]]) -> None:
+    """Release the claims that did not finish: pending again now, the attempt counted."""
+    try:
+        released = store.release_jobs(claims, RELEASE_REASON)
     except DatabaseError:
         logger.warning("could not give claims back while stopping; the sweeper will", exc_info=True)
         return
@@ -163,51 +281,3 @@ def _give_back(
             "claim released: the worker is stopping",
             extra={"job_id": job_id, "action": "released" if state == "pending" else state},
         )
-
-
-def _run_one(job: store.StartedJob, clock: _DbClock) -> store.Outcome:
-    started_at = clock.now()
-    try:
-        kind = registry.get(job.kind)
-    except exceptions.UnknownJobKind as exc:
-        return store.Outcome(job.id, job.token, started_at, clock.now(), AttemptOutcome.FAILED, str(exc), 60.0)
-    payload = job.payload if isinstance(job.payload, dict) else {}
-    handed = registry.Job(
-        kind=job.kind,
-        payload=payload,
-        attempt=job.attempts,
-        max_attempts=job.max_attempts,
-        due_at=job.due_at,
-        id=job.id,
-        token=job.token,
-        mechanism="table",
-    )
-    try:
-        with executor.limit(kind.timeout_seconds):
-            kind.func(handed)
-    except executor.JobTimeout:
-        logger.warning("job timed out", extra={"job_id": job.id, "kind": job.kind, "action": "timed_out"})
-        error = f"timed out after {kind.timeout_seconds:g}s"
-        return store.Outcome(
-            job.id,
-            job.token,
-            started_at,
-            clock.now(),
-            AttemptOutcome.TIMED_OUT,
-            error,
-            kind.backoff.delay(job.attempts),
-        )
-    except Exception as exc:
-        logger.warning(
-            "job raised %s", type(exc).__name__, extra={"job_id": job.id, "kind": job.kind, "action": "failed"}
-        )
-        return store.Outcome(
-            job.id,
-            job.token,
-            started_at,
-            clock.now(),
-            AttemptOutcome.FAILED,
-            _error_text(exc),
-            kind.backoff.delay(job.attempts),
-        )
-    return store.Outcome(job.id, job.token, started_at, clock.now(), AttemptOutcome.SUCCEEDED)

@@ -1,6 +1,9 @@
 """The sweeper: take back claims whose worker died, and prune old history.
 
-Run by beat every ``SCHEDULING_SWEEP_INTERVAL_SECONDS``. Each statement handles a bounded batch
+Run by the control loop (``jobs.control``) every ``SCHEDULING_SWEEP_INTERVAL_SECONDS``, beside the
+claim and never behind jobs in a queue. A started claim is dead when its heartbeat is older than
+its lease; a claim never started is dead when it is older than its lease and its message is no
+longer in the job queue (lost with the broker). Each statement handles a bounded batch
 (``SKIP LOCKED``, ``LIMIT``) and commits on its own, so no lock is held for long however much
 there is to do; the loop stops when a batch comes back short.
 """
@@ -10,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from scheduling.core import conf, store
+from scheduling.core import broker, conf, store, tasknames
 from scheduling.jobs import lease
 
 logger = logging.getLogger(__name__)
@@ -28,11 +31,13 @@ class SweepReport:
 def reclaim_expired() -> tuple[int, int]:
     """Return stranded claims to pending (or dead); (reclaimed, killed)."""
     reclaimed = killed = 0
+    queued = broker.queued_claim_ids(tasknames.RUN_BATCH)
     while True:
         moved = store.sweep_expired_claims(
             heartbeats=lease.enabled(),
             sweep_after_seconds=conf.get().sweep_after_seconds,
             limit=RECLAIM_BATCH_SIZE,
+            queued_ids=queued,
         )
         for job_id, state in moved:
             logger.warning(

@@ -66,7 +66,7 @@ def test_flower_refuses_anonymous_requests_and_names_jobs_by_kind(cluster):
     harness.wait_for(lambda: "ready" in worker.log(), timeout=90, message="the worker did not start")
     job = api.schedule("demo.record", {"label": "flower"}, delay=2.5)  # past the wake-up horizon: no early claim
     time.sleep(3)
-    report = claim.claim_and_dispatch(run_first_inline=False)  # sends scheduling.run_batch, named by the kind
+    report = claim.claim_and_dispatch()  # sends scheduling.run_batch, named by the kind
     assert report.claimed == 1
 
     def named_task() -> list[dict[str, Any]]:

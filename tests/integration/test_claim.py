@@ -148,11 +148,17 @@ def test_claim_waits_while_the_queue_is_full(run_sql):
     client.delete(key)
     client.rpush(key, *[b"placeholder"] * conf.get().max_queued_batches)
     try:
-        report = claim.claim_and_dispatch(run_first_inline=False)
+        report = claim.claim_and_dispatch()
         assert report.claimed == 0
         assert ScheduledJob.objects.filter(state=JobState.CLAIMED).count() == 0
     finally:
         client.delete(key)
-    report = claim.claim_and_dispatch(run_first_inline=True)
-    assert report.claimed == 3
-    assert ScheduledJob.objects.filter(state=JobState.DONE).count() == 3
+    try:
+        report = claim.claim_and_dispatch()
+        assert (report.claimed, report.batches) == (3, 1)
+        assert client.llen(key) == 1, "one run_batch message for the three rows"
+        claimed = ScheduledJob.objects.filter(state=JobState.CLAIMED)
+        assert claimed.count() == 3
+        assert not claimed.filter(heartbeat_at__isnull=False).exists(), "the lease starts when the batch starts"
+    finally:
+        client.delete(key)

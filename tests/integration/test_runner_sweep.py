@@ -119,7 +119,7 @@ def test_sweeper_kills_after_max_attempts(run_sql):
     job = api.schedule("demo.record", {}, delay=60, max_attempts=1)
     _due(run_sql, job.id)
     store.claim_due_jobs(1)
-    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '2 minutes' WHERE id = %s", [job.id])
+    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '2 minutes' WHERE id = %s", [job.id])
     assert sweep.reclaim_expired() == (0, 1)
     assert ScheduledJob.objects.get(pk=job.id).state == JobState.DEAD
 

@@ -246,7 +246,7 @@ class JobLifeMachine(RuleBasedStateMachine):
         job = self.model[job_id]
         token = self._token(job, choice)
         alive = store.heartbeat_jobs([(job_id, token)])
-        assert alive == ([job_id] if self._holds(job, token) else [])
+        assert alive == ([job_id] if self._holds(job, token) and job.started else []), "only started claims have a lease"
         if alive:
             job.expired = False
 
@@ -295,12 +295,12 @@ class JobLifeMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(j.state == JobState.CLAIMED and not j.expired for j in self.model.values()))
     @rule(data=st.data())
     def crash(self, data: st.DataObject) -> None:
-        """The worker holding a claim vanishes: no more heartbeats, and time passes beyond the lease."""
+        """The worker holding a claim (started or not) vanishes: time passes beyond the lease, no heartbeat."""
         live = sorted(i for i, j in self.model.items() if j.state == JobState.CLAIMED and not j.expired)
         job_id = data.draw(st.sampled_from(live))
         _sql(
-            "UPDATE scheduling_scheduledjob SET heartbeat_at = now() - make_interval(secs => lease_seconds + 1)"
-            " WHERE id = %s",
+            "UPDATE scheduling_scheduledjob SET heartbeat_at = now() - make_interval(secs => lease_seconds + 1),"
+            " claimed_at = now() - make_interval(secs => lease_seconds + 1) WHERE id = %s",
             [job_id],
         )
         self.model[job_id].expired = True
@@ -308,7 +308,7 @@ class JobLifeMachine(RuleBasedStateMachine):
     @rule()
     def sweep(self) -> None:
         expired = {i for i, j in self.model.items() if j.state == JobState.CLAIMED and j.expired}
-        moved = store.sweep_expired_claims(heartbeats=True, sweep_after_seconds=900, limit=500)
+        moved = store.sweep_expired_claims(heartbeats=True, sweep_after_seconds=900, limit=500, queued_ids=[])
         assert {m[0] for m in moved} == expired, "the sweeper takes back exactly the claims past their lease"
         for job_id, state in moved:
             job = self.model[job_id]
@@ -385,7 +385,8 @@ class JobLifeMachine(RuleBasedStateMachine):
             for job_id, job in self.model.items():
                 if job.state == JobState.CLAIMED and not job.expired:
                     _sql(
-                        "UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '1 hour' WHERE id = %s",
+                        "UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '1 hour',"
+                        " claimed_at = now() - interval '1 hour' WHERE id = %s",
                         [job_id],
                     )
                     job.expired = True

@@ -48,7 +48,7 @@ def test_a_due_at_batch_is_named_by_its_kind(broker):
     """claim_and_dispatch sends scheduling.run_batch messages whose shadow name is the batch's kind."""
     api.schedule("reminders.trial_ending", {"user_id": 1, "trial_id": 2}, delay=0)
     api.schedule("demo.noop", {}, delay=0)
-    report = claim.claim_and_dispatch(run_first_inline=False)
+    report = claim.claim_and_dispatch()
     assert report.claimed == 2
     messages = queued(broker, settings.CELERY_TASK_DEFAULT_QUEUE)
     names = sorted((m["headers"]["task"], m["headers"]["shadow"]) for m in messages)

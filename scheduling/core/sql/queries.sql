@@ -103,7 +103,8 @@ RETURNING j.id;
 -- FOR UPDATE SKIP LOCKED makes concurrent claimers pass over each other's rows instead of waiting,
 -- so any number of them get disjoint sets, and the partial index on due_at WHERE state = 'pending'
 -- keeps this cheap however many finished rows the table holds. Each claim gets a new token
--- (fencing): only the holder of the current token can complete or fail the job.
+-- (fencing): only the holder of the current token can complete or fail the job. heartbeat_at
+-- stays NULL: the lease starts when the batch starts (start_jobs), not while it waits in the queue.
 WITH due AS (
     SELECT id
     FROM scheduling_scheduledjob
@@ -113,7 +114,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE scheduling_scheduledjob AS j
-SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = now(),
+SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = NULL,
     claimed_by = '', attempts = j.attempts + 1, updated_at = now()
 FROM due
 WHERE j.id = due.id
@@ -142,10 +143,46 @@ WITH started AS (
 SELECT started.*, clock_timestamp() AS db_now FROM started;
 
 -- name: heartbeat_jobs
+-- Renew the lease of the started claims a worker process holds; returns every one still held
+-- under its token (a claim not started yet has no lease to renew). Rows locked by the process's own open batch transaction (atomic kinds) are skipped, not
+-- waited for: the sweeper cannot take a locked row either, and the batch's commit ends the claim.
+WITH mine AS (
+    SELECT j.id
+    FROM scheduling_scheduledjob AS j
+    JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token) ON j.id = t.id AND j.token = t.token
+    WHERE j.state = 'claimed' AND j.claimed_by <> ''
+), free AS (
+    SELECT id FROM scheduling_scheduledjob
+    WHERE id IN (SELECT id FROM mine) AND state = 'claimed'
+    FOR UPDATE SKIP LOCKED
+), renewed AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET heartbeat_at = now()
+    FROM free
+    WHERE j.id = free.id
+    RETURNING j.id
+)
+SELECT id FROM mine;
+
+-- name: lock_claims
+-- An atomic batch's transaction locks its claims first: only rows still claimed under the token
+-- come back, and until the transaction ends no sweeper (SKIP LOCKED) can take them, so the
+-- handlers' writes and the outcomes commit together or not at all.
+SELECT j.id
+FROM scheduling_scheduledjob AS j
+JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token) ON j.id = t.id AND j.token = t.token
+WHERE j.state = 'claimed'
+ORDER BY j.id
+FOR UPDATE OF j;
+
+-- name: unclaim_jobs
+-- Claims the claim could not send (no room left in the queue, or the broker did not answer) go
+-- back to pending at once, as if never claimed: the attempt the claim counted is given back.
 UPDATE scheduling_scheduledjob AS j
-SET heartbeat_at = now()
+SET state = 'pending', token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
+    attempts = j.attempts - 1, updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
-WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed'
+WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed' AND j.claimed_by = ''
 RETURNING j.id;
 
 -- name: complete_jobs
@@ -223,16 +260,22 @@ WITH input AS (
 SELECT id, state FROM released;
 
 -- name: sweep_expired_claims
--- The sweeper: claims whose holder stopped heartbeating for longer than the job's lease (or, with
--- heartbeats off, claims older than sweep_after) go back to pending, or to dead when their
--- attempts are spent. SKIP LOCKED and a LIMIT keep each statement short; the caller loops.
+-- The sweeper: started claims whose holder stopped heartbeating for longer than the job's lease
+-- (or, with heartbeats off, claims older than sweep_after), and claims never started within a
+-- lease whose message is no longer in the queue (lost with the broker), go back to pending, or to
+-- dead when their attempts are spent. SKIP LOCKED and a LIMIT keep each statement short.
 WITH stale AS (
     SELECT id, token, attempts, max_attempts, due_at, claimed_at, claimed_by
     FROM scheduling_scheduledjob
     WHERE state = 'claimed'
-      AND CASE WHEN %(heartbeats)s
-               THEN coalesce(heartbeat_at, claimed_at) < now() - make_interval(secs => lease_seconds)
-               ELSE claimed_at < now() - make_interval(secs => %(sweep_after)s) END
+      AND CASE WHEN claimed_by <> ''
+               -- started: the holder renews heartbeat_at while it runs the job
+               THEN CASE WHEN %(heartbeats)s
+                         THEN coalesce(heartbeat_at, claimed_at) < now() - make_interval(secs => lease_seconds)
+                         ELSE claimed_at < now() - make_interval(secs => %(sweep_after)s) END
+               -- not started: its message waits in the queue (covered), or was lost with the broker
+               ELSE %(check_unstarted)s AND claimed_at < now() - make_interval(secs => lease_seconds)
+                    AND NOT id = ANY(%(covered)s::bigint[]) END
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

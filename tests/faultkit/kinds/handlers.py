@@ -2,7 +2,8 @@
 
 Every kind records one ``tasks.Execution`` row per execution (never deduplicated: how a test counts
 "ran twice") before doing anything else; ``faults.effect``'s side effect is a ``Notification`` unique
-per job, so "one side effect" is countable too. The leases are short (seconds) so that faults
+per job, so "one side effect" is countable too. They commit as they go (``atomic=False``): a killed
+attempt's Execution row stays, which is how a test sees the re-run. The leases are short (seconds) so that faults
 recover within a test; workers must heartbeat more often than that (SCHEDULING_HEARTBEAT_SECONDS=1).
 """
 
@@ -45,7 +46,6 @@ def effect(job: registry.Job) -> None:
         time.sleep(float(job.payload.get("hold", 0)))
 
 
-# Sent to workers as run_batch messages (its timeout is too long to run inside the claim loop).
 registry.handler(
     "faults.effect",
     schema=EFFECT_SCHEMA,
@@ -54,8 +54,9 @@ registry.handler(
     backoff=registry.Backoff(1, 2),
     lease_seconds=EFFECT_LEASE_SECONDS,
     batch_size=1,
+    atomic=False,
 )(effect)
-# Short enough (claim.INLINE_MAX_TIMEOUT_SECONDS) to run inside the claim loop itself.
+# The same with a short timeout (the claim loop used to run such kinds itself; tests keep both).
 registry.handler(
     "faults.effect_inline",
     schema=EFFECT_SCHEMA,
@@ -64,6 +65,7 @@ registry.handler(
     backoff=registry.Backoff(1, 2),
     lease_seconds=EFFECT_LEASE_SECONDS,
     batch_size=1,
+    atomic=False,
 )(effect)
 
 
@@ -74,6 +76,7 @@ registry.handler(
     max_attempts=POISON_MAX_ATTEMPTS,
     lease_seconds=POISON_LEASE_SECONDS,
     batch_size=1,
+    atomic=False,
 )
 def poison(job: registry.Job) -> None:
     """Record the execution, then SIGKILL the process running it (every time)."""
