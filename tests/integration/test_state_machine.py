@@ -246,7 +246,8 @@ class JobLifeMachine(RuleBasedStateMachine):
         job = self.model[job_id]
         token = self._token(job, choice)
         alive = store.heartbeat_jobs([(job_id, token)])
-        assert alive == ([job_id] if self._holds(job, token) and job.started else []), "only started claims have a lease"
+        held = self._holds(job, token) and job.started
+        assert alive == ([job_id] if held else []), "only started claims have a lease to renew"
         if alive:
             job.expired = False
 
