@@ -65,7 +65,7 @@ class Leadership:
                 return True
             except psycopg2.Error:
                 logger.error(
-                    "lost the lead: the lock session died", extra={"role": self.role, "action": "leader_lost"}
+                    "lost the lead: its lock session died", extra={"role": self.role, "action": "leader_lost"}
                 )
                 self._drop()
                 return False

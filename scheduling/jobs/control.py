@@ -94,10 +94,13 @@ class ControlLoop:
         """The thread's body: lead or stand by until stopped; resign and close connections at the end."""
         try:
             while not self.stopping.is_set():
+                was_leading = self.leadership.leading
                 if not self.leadership.lead():
                     self._listening = False
                     self.stopping.wait(STANDBY_RETRY_SECONDS)
                     continue
+                if not was_leading:
+                    logger.info("control loop leads here: claiming and sweeping", extra={"action": "control_leads"})
                 try:
                     self.turn()
                 except (DatabaseError, psycopg2.Error, kombu.exceptions.OperationalError):
@@ -169,7 +172,7 @@ class ControlLoop:
                 conn.poll()
                 conn.notifies.clear()
         except (OSError, psycopg2.Error):
-            logger.warning("control loop lost its lock session; standing by", exc_info=True)
+            logger.warning("control loop lost the lead: its lock session died; standing by", exc_info=True)
             self.leadership.resign()
             self._listening = False
 

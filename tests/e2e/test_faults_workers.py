@@ -25,7 +25,8 @@ from django.db import connection
 
 from scheduling import api, exceptions
 from scheduling import tasks as celery_tasks
-from scheduling.jobs import claim, runner
+from scheduling.core import locks
+from scheduling.jobs import control, runner
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution, Notification
 from tests.e2e.harness import Cluster, Proc, wait_for, wait_ready
@@ -73,8 +74,8 @@ def _wait_state(job_id: int, state: str, timeout: float) -> ScheduledJob:
 
 
 def _loop_lock_held() -> bool:
-    """Whether some process holds the cluster-wide claim-loop lock (a bigint advisory lock)."""
-    key = claim.LOOP_LOCK_KEY & 0xFFFFFFFFFFFFFFFF
+    """Whether some process holds the cluster-wide control-loop lead (a bigint advisory lock)."""
+    key = locks.lock_key(control.ROLE, "leader") & 0xFFFFFFFFFFFFFFFF
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
@@ -84,11 +85,11 @@ def _loop_lock_held() -> bool:
         return cursor.fetchone()[0] > 0
 
 
-def _running_claim_loops(proc: Proc) -> list[str]:
-    """Ids of claim tasks ``proc`` started and has not finished: the claim loop, if it leads."""
+def _leads_control(proc: Proc) -> bool:
+    """Whether ``proc`` leads the control loop (claiming and sweeping) and has not lost the lead since."""
     log = proc.log()
-    started = re.findall(r"scheduling\.claim\[([0-9a-f-]+)\] received", log)
-    return [task_id for task_id in started if f"[{task_id}] succeeded" not in log]
+    led = log.rfind("control loop leads here")
+    return led >= 0 and log.find("lost the lead", led) < 0
 
 
 def _finished_lines(proc: Proc, task_id: str) -> list[str]:
@@ -113,13 +114,9 @@ def _owner(procs: list[Proc], pid: int) -> Proc:
 # --- 1. kill -9 in the middle of a due_at job -------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("via", "kind", "hold"),
-    [("run_batch", "faults.effect", 30), ("claim loop", "faults.effect_inline", 8)],
-    ids=["run_batch", "claim_loop"],
-)
-def test_kill_9_of_the_pool_process_mid_job_reruns_it_once(cluster, via, kind, hold):
-    """kill -9 of the pool process running a job (a batch, or the claim loop): reclaimed after the lease, rerun once."""
+def test_kill_9_of_the_pool_process_mid_job_reruns_it_once(cluster):
+    """kill -9 of the pool process running a job: reclaimed after the lease, rerun once, one side effect."""
+    via, kind, hold = "run_batch", "faults.effect", 30
     (worker,) = _start(cluster)
     job = api.schedule(kind, {"hold": hold}, delay=0)
     first = wait_for(lambda: _executions(job.id), 30, message="the job to start")[0]
@@ -137,12 +134,8 @@ def test_kill_9_of_the_pool_process_mid_job_reruns_it_once(cluster, via, kind, h
     assert runs[1].pid in worker.children(), "the worker replaced its pool process and ran the job again"
     assert _notifications(job.id) == 1, "the re-run sends nothing: one side effect"
     assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
-    if via == "run_batch":
-        # reject_on_worker_lost put the message back; its redelivery found the claim started and ran nothing.
-        wait_for(lambda: "claims skipped" in worker.log(), 10, message="the redelivered batch to be skipped")
-    else:
-        # The loop died with its process (and its lock with its connection): a new loop took over.
-        assert first.pid not in worker.children()
+    # reject_on_worker_lost put the message back; its redelivery found the claim started and ran nothing.
+    wait_for(lambda: "claims skipped" in worker.log(), 10, message="the redelivered batch to be skipped")
     reclaim_s = measure.seconds(reclaimed.finished_at, killed_at)
     lease = fault_kinds.EFFECT_LEASE_SECONDS
     assert lease - 1.5 <= reclaim_s <= lease + 10, "taken back after the lease, not before, not much later"
@@ -170,7 +163,7 @@ def test_kill_9_of_a_whole_worker_mid_job_reruns_it_on_another(cluster):
     first = wait_for(lambda: _executions(job.id), 30, message="the job to start")[0]
     victim = _owner(workers, first.pid)
     (survivor,) = [w for w in workers if w is not victim]
-    victim_led = bool(_running_claim_loops(victim))
+    victim_led = _leads_control(victim)
     killed_at = measure.db_now()
     os.killpg(victim.pid, signal.SIGKILL)
     victim.popen.wait(10)
@@ -215,8 +208,8 @@ def test_a_stopped_worker_resumed_after_its_lease_cannot_complete(cluster):
     victim = _owner(workers, first.pid)
     (survivor,) = [w for w in workers if w is not victim]
     # If the victim also leads the claim loop, claiming resumes elsewhere only once its lock
-    # session has been silent for claim.LEAD_SILENCE_SECONDS: the rerun then waits for that.
-    victim_led = bool(_running_claim_loops(victim))
+    # session has been silent for control.LEAD_SILENCE_SECONDS: the rerun then waits for that.
+    victim_led = _leads_control(victim)
     first_token = str(_job(job.id).token)
     stopped_at = measure.db_now()
     os.killpg(victim.pid, signal.SIGSTOP)
@@ -249,14 +242,14 @@ def test_a_stopped_worker_resumed_after_its_lease_cannot_complete(cluster):
 
 
 def test_claiming_moves_on_when_the_claim_loop_worker_is_stopped(cluster):
-    """kill -STOP the worker running the claim loop: another worker claims after the lead silence; resumed, it stops."""
-    leader = cluster.worker("w1", concurrency=2, env={**FAST, "SCHEDULING_CLAIM_LOOP_SECONDS": "120"})
+    """kill -STOP the control loop's leader: another worker claims after the lead silence; resumed, it stands down."""
+    leader = cluster.worker("w1", concurrency=2, env=FAST)
     cluster.beat(env=FAST)
     wait_ready(leader)
     wait_for(_loop_lock_held, 20, message="the claim loop to start on the only worker")
     other = cluster.worker("w2", concurrency=2, env=FAST)
     wait_ready(other)
-    assert _running_claim_loops(leader), "w1 leads (its loop hands over only after 120 s)"
+    assert _leads_control(leader), "w1, the first worker, leads"
     stopped_at = measure.db_now()
     os.killpg(leader.pid, signal.SIGSTOP)
     try:
@@ -268,15 +261,15 @@ def test_claiming_moves_on_when_the_claim_loop_worker_is_stopped(cluster):
     assert run.pid in other.children()
     started = JobAttempt.objects.get(job_id=job.id).started_at
     stop_to_run = measure.seconds(started, stopped_at)
-    assert stop_to_run >= claim.LEAD_SILENCE_SECONDS - 1, "claims waited for the stopped leader's lock to lapse"
+    assert stop_to_run >= control.LEAD_SILENCE_SECONDS - 1, "claims waited for the stopped leader's lock to lapse"
     # Resumed, the old leader finds its lock session ended and stops its loop; nothing runs twice.
-    wait_for(lambda: "claim loop lost its lock session" in leader.log(), 20, message="the old loop to stop")
+    wait_for(lambda: "lost the lead" in leader.log(), 20, message="the old loop to stand down")
     assert len(_executions(job.id)) == 1
     assert done.attempts == 1
     measure.record(
         "2b SIGSTOP the worker leading the claim loop",
         "another worker's loop takes over once the stopped leader's lock session is silent; resumed, the old one stops",
-        lead_silence_s=claim.LEAD_SILENCE_SECONDS,
+        lead_silence_s=control.LEAD_SILENCE_SECONDS,
         stop_to_claimed_and_run_s=stop_to_run,
     )
 
