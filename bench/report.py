@@ -1,12 +1,24 @@
-"""``python -m bench.report``: the README's table of figures against targets, from ``bench/results/*.json``."""
+"""``python -m bench.report [--write]``: the table of figures against targets, from ``bench/results/*.json``.
+
+Without ``--write`` it prints the table. With ``--write`` it replaces the table in ``bench/README.md``
+(its "Performance" section), between the ``<!-- bench-report:start -->`` and
+``<!-- bench-report:end -->`` markers, leaving the rest of the file as it is.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench import common
+
+README = common.ROOT / "bench" / "README.md"
+START = "<!-- bench-report:start -->"
+END = "<!-- bench-report:end -->"
 
 
 def _load(name: str) -> dict[str, Any] | None:
@@ -143,5 +155,37 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+def replace_table(text: str, table: str) -> str:
+    """``text`` with the part between the markers replaced by ``table``; ValueError when a marker is missing."""
+    head, start, rest = text.partition(START)
+    _old, end, tail = rest.partition(END)
+    if not start or not end:
+        raise ValueError(f"the file has no {START} ... {END} markers around the table")
+    return f"{head}{START}\n{table.rstrip()}\n{END}{tail}"
+
+
+def write(path: Path = README) -> bool:
+    """Put the current table into ``path`` (bench/README.md); True when the file changed."""
+    text = path.read_text()
+    updated = replace_table(text, markdown())
+    if updated == text:
+        return False
+    path.write_text(updated)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__)
+    where = README.relative_to(common.ROOT)
+    parser.add_argument("--write", action="store_true", help=f"replace the table in {where} instead of printing it")
+    args = parser.parse_args(argv)
+    if not args.write:
+        print(markdown())
+        return 0
+    changed = write()
+    common.say(f"{README.relative_to(common.ROOT)} {'updated' if changed else 'already up to date'}")
+    return 0
+
+
 if __name__ == "__main__":
-    print(markdown())
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Django settings for Timekeeper, read from the environment (see the README's table)."""
+"""Django settings for Timekeeper, read from the environment (see docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ if CELERY_BROKER_KEYPREFIX:
 CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS}
 # A worker keeps at most this many countdown (ETA) messages in memory; the rest wait in Redis.
 # At the limit the worker takes NO message of any queue until one comes due, hence the deferral
-# queue below and its own workers in production (README, "Short deferrals"). 0 turns it off.
+# queue below and its own workers in production (docs/architecture.md, "Short deferrals"). 0 turns it off.
 CELERY_WORKER_ETA_TASK_LIMIT = env.get_int("CELERY_WORKER_ETA_TASK_LIMIT", 1_000, minimum=0) or None
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
 # Broker deferrals (scheduling.run_deferred and its retries) travel on their own queue. A worker

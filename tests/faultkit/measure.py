@@ -1,4 +1,4 @@
-"""The database clock, and recording measured recovery times for the README's fault table.
+"""The database clock, and recording measured recovery times for the fault table in docs/fault-tolerance.md.
 
 Every time here is PostgreSQL's (``clock_timestamp()``): the clock that decides what is due, and
 the one the platform writes into ``claimed_at``, ``JobAttempt.started_at`` and ``finished_at``, so

@@ -53,7 +53,7 @@ def test_cli_lists_every_scenario():
 
 
 def test_report_renders_a_markdown_table_even_without_results(tmp_path, monkeypatch):
-    """The README table renders; a scenario with no results file says so instead of failing."""
+    """The bench/README.md table renders; a scenario with no results file says so instead of failing."""
     from bench import report
 
     monkeypatch.setattr(common, "RESULTS", tmp_path)
@@ -76,3 +76,21 @@ def test_report_renders_a_markdown_table_even_without_results(tmp_path, monkeypa
     assert text.startswith("| scenario |")
     assert "| throughput | not measured |" in text
     assert "longest statement 12.5 ms" in text
+
+
+def test_report_write_replaces_only_the_table_between_the_markers(tmp_path):
+    """--write swaps the text between the markers of bench/README.md and keeps the rest; no markers is an error."""
+    from bench import report
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Benchmarks\n\nbefore\n{report.START}\nold table\n{report.END}\n\nafter\n")
+    assert report.write(readme) is True
+    text = readme.read_text()
+    assert text.startswith("# Benchmarks\n\nbefore\n")
+    assert text.endswith(f"{report.END}\n\nafter\n")
+    assert "old table" not in text
+    assert report.markdown() in text
+    assert report.write(readme) is False  # already up to date
+    readme.write_text("no markers here\n")
+    with pytest.raises(ValueError, match="markers"):
+        report.write(readme)
