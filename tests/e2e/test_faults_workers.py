@@ -149,6 +149,38 @@ def test_kill_9_of_the_pool_process_mid_job_reruns_it_once(cluster):
     )
 
 
+def _held_in_postgres() -> bool:
+    """Whether some session is inside faults.atomic_effect's pg_sleep (the job runs; nothing committed yet)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE query LIKE '%%AS faults_atomic_hold%%' AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def test_kill_9_mid_atomic_batch_leaves_no_effect_and_every_job_commits_once(cluster):
+    """kill -9 mid-batch of an atomic kind: the unfinished chunk's writes vanish; each job commits one effect."""
+    (worker,) = _start(cluster)
+    ids = api.schedule_many("faults.atomic_effect", [{}, {}, {"hold": 30}, {}, {}], delay=0)
+    wait_for(_held_in_postgres, 30, message="the third job to hold inside the batch's transaction")
+    started = ScheduledJob.objects.filter(pk__in=ids).exclude(claimed_by="")
+    (holder,) = {job.claimed_by for job in started}
+    pid = int(holder.rsplit(":", 1)[1])
+    assert pid in worker.children()
+    assert not Execution.objects.filter(idempotency_key__in=[f"job:{i}" for i in ids]).exists(), "nothing committed yet"
+    os.kill(pid, signal.SIGKILL)
+
+    for job_id in ids:
+        _wait_state(job_id, JobState.DONE, 60)
+    per_job = {i: len(_executions(i)) for i in ids}
+    assert per_job == dict.fromkeys(ids, 1), "exactly one committed effect per job, none from the killed chunk"
+    first_chunk = [i for i in ids if _outcomes(i)[0] == AttemptOutcome.RECLAIMED]
+    assert ids[2] in first_chunk, "the held job was in the killed chunk and was taken back"
+    assert all(_outcomes(i)[-1] == AttemptOutcome.SUCCEEDED for i in ids)
+    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+
+
 def test_kill_9_of_a_whole_worker_mid_job_reruns_it_on_another(cluster):
     """kill -9 of a whole worker (main and pool) mid-job: another worker reruns it; its lost message runs nothing."""
     # A short visibility timeout so the dead worker's unacknowledged run_batch message comes back

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from project.settings import *  # noqa: F403 - these are the project's settings with two additions
 
 SCHEDULING_HANDLER_PACKAGES = [*SCHEDULING_HANDLER_PACKAGES, "tests.faultkit.kinds"]  # noqa: F405
-if "SCHEDULING_CLAIM_LOOP_SECONDS" in os.environ:  # a test pins the claim loop's leader with a long loop
-    SCHEDULING_CLAIM_LOOP_SECONDS = float(os.environ["SCHEDULING_CLAIM_LOOP_SECONDS"])

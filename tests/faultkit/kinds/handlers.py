@@ -13,7 +13,7 @@ import os
 import signal
 import time
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from scheduling import registry
 from tasks.models import Execution, Notification
@@ -67,6 +67,30 @@ registry.handler(
     batch_size=1,
     atomic=False,
 )(effect)
+
+
+def atomic_effect(job: registry.Job) -> None:
+    """Record the execution in the batch's transaction; hold ``hold`` s in PostgreSQL on the attempts in ``hold_on``.
+
+    The hold is a ``pg_sleep`` on the job's own connection, so a test sees the job running in
+    ``pg_stat_activity`` while none of its writes are visible yet.
+    """
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
+    if job.attempt in job.payload.get("hold_on", [1]) and job.payload.get("hold"):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(%s) AS faults_atomic_hold", [float(job.payload["hold"])])
+
+
+# Atomic (the default): the Execution rows of a batch's chunk commit with the jobs' outcomes.
+registry.handler(
+    "faults.atomic_effect",
+    schema=EFFECT_SCHEMA,
+    timeout=60,
+    max_attempts=3,
+    backoff=registry.Backoff(1, 2),
+    lease_seconds=EFFECT_LEASE_SECONDS,
+    batch_size=5,
+)(atomic_effect)
 
 
 @registry.handler(
