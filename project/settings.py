@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
 from project import env
@@ -13,11 +12,7 @@ from project import env
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env.get_bool("DEBUG", False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (production mode).")
-    SECRET_KEY = "dev-only-insecure-key-" + "x" * 40
+SECRET_KEY = env.get_secret_key(DEBUG)
 ALLOWED_HOSTS = env.get_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env.get_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -129,7 +124,7 @@ LOGGING = {
 }
 
 # --- Celery: JSON only, late acks, one message prefetched at a time ------------------------------
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or env.DEFAULT_BROKER_URL
+CELERY_BROKER_URL = env.parse_broker_url(os.environ.get("CELERY_BROKER_URL") or env.DEFAULT_BROKER_URL)
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or env.sqlalchemy_url(DATABASES["default"])
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
@@ -207,12 +202,12 @@ SCHEDULING_METRICS_TOKEN = os.environ.get("SCHEDULING_METRICS_TOKEN", "")  # set
 CELERY_BEAT_SCHEDULE = {
     "timekeeper-claim": {
         "task": "scheduling.claim",
-        "schedule": float(os.environ.get("SCHEDULING_CLAIM_INTERVAL_SECONDS", "1.0")),
+        "schedule": env.get_float("SCHEDULING_CLAIM_INTERVAL_SECONDS", 1.0, minimum=0.1),
         "options": {"expires": 5},
     },
     "timekeeper-sweep": {
         "task": "scheduling.sweep",
-        "schedule": float(os.environ.get("SCHEDULING_SWEEP_INTERVAL_SECONDS", "60")),
+        "schedule": float(SCHEDULING_SWEEP_INTERVAL_SECONDS),
         "options": {"expires": 50},
     },
 }
