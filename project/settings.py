@@ -114,6 +114,8 @@ if not DEBUG:
     # /healthz and /metrics are scraped over plain HTTP inside the network.
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 X_FRAME_OPTIONS = "DENY"
+# The debug error page and error e-mails hide passwords inside URLs too (DATABASE_URL and friends).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "project.error_reports.ExceptionReporterFilter"
 
 LOGGING = {
     "version": 1,
