@@ -77,13 +77,26 @@ def in_venv() -> bool:
 
 
 class Services:
-    """The PostgreSQL and Redis a command uses, starting embedded ones when the plan says so."""
+    """The PostgreSQL and Redis a command uses, starting embedded ones when the plan says so.
+
+    Nothing starts before the configuration is checked: the variables first, then the configured
+    servers (a ``preflight.PreflightError`` names what to fix), then the embedded ones if needed.
+    """
 
     def __init__(self, purpose: str) -> None:
-        from project import services
+        from project import preflight, services
 
         self.embedded: list[services.EmbeddedPostgres | services.EmbeddedRedis] = []
-        plan = services.decide(os.environ, services.tcp_probe, purpose=purpose)
+        preflight.check_environment(os.environ)
+        try:
+            plan = services.decide(os.environ, services.tcp_probe, purpose=purpose)
+            redis_port = port_setting("TIMEKEEPER_REDIS_PORT", 0, minimum=0)
+        except ValueError as exc:
+            raise preflight.PreflightError(str(exc)) from exc
+        if plan.database.source == services.CONFIGURED:
+            preflight.check_database(plan.database.url or "")
+        if plan.broker.source == services.CONFIGURED:
+            preflight.check_broker(plan.broker.url or "")
         redis_db = services.TEST_REDIS_DB if purpose == "test" else services.RUN_REDIS_DB
         try:
             self.database_url = plan.database.url
@@ -92,19 +105,38 @@ class Services:
                 postgres = services.EmbeddedPostgres(VAR / "pgdata")
                 self.embedded.append(postgres)
                 self.database_url = postgres.url()
-            if plan.database.source != services.CONFIGURED and services.ensure_database(self.database_url):
-                say(f"created database {services.DATABASE_NAME!r}")
+            if plan.database.source != services.CONFIGURED:
+                self._ensure_database(self.database_url)
             self.broker_url = plan.broker.url
             if plan.broker.source == services.EMBEDDED:
                 say(f"nothing answers on Redis's default port: starting embedded Redis ({VAR / 'redis'})")
-                redis_server = services.EmbeddedRedis(VAR / "redis", int(os.environ.get("TIMEKEEPER_REDIS_PORT", 0)))
+                redis_server = services.EmbeddedRedis(VAR / "redis", redis_port)
                 self.embedded.append(redis_server)
                 self.broker_url = redis_server.url(redis_db)
+            elif plan.broker.source == services.REACHABLE:
+                preflight.check_broker(self.broker_url or "")  # something answers: is it a Redis we may use?
         except BaseException:
             self.stop()
             raise
         say(services.describe(plan.database, self.database_url))
         say(services.describe(plan.broker, self.broker_url))
+
+    @staticmethod
+    def _ensure_database(url: str | None) -> None:
+        """Create the timekeeper database on the machine's or the embedded server, or say in one line why not."""
+        import psycopg2
+
+        from project import preflight, redaction, services
+
+        try:
+            if services.ensure_database(url or ""):
+                say(f"created database {services.DATABASE_NAME!r}")
+        except psycopg2.Error as exc:
+            first_line = (str(exc).strip().splitlines() or ["unknown error"])[0]
+            raise preflight.PreflightError(
+                f"DATABASE_URL is not set, and the PostgreSQL answering at {redaction.redact(url or '')} cannot be "
+                f"used ({redaction.redact(first_line)}): set DATABASE_URL to a database you may use."
+            ) from exc
 
     def stop(self) -> None:
         """Stop the embedded servers this process started (newest first)."""
@@ -114,11 +146,24 @@ class Services:
             server.stop()
 
 
+def port_setting(name: str, default: int, *, minimum: int = 1) -> int:
+    """A TCP port from the environment, ``default`` when unset; ValueError naming the variable otherwise."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not minimum <= int(raw) < 65536:
+        raise ValueError(f"{name}={raw!r} is not a TCP port: use a number from {max(minimum, 1)} to 65535.")
+    return int(raw)
+
+
 def manage(*args: str) -> None:
     """Run ``manage.py`` with the venv's Python; exit with its status if it fails."""
+    from project import preflight
+
     status = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT).returncode
     if status:
-        say(f"manage.py {' '.join(args[:1])} failed with status {status}")
+        if status != preflight.EXIT_CONFIG:  # a configuration error: manage.py printed its one line
+            say(f"manage.py {' '.join(args[:1])} failed with status {status}")
         raise SystemExit(status)
 
 
@@ -161,11 +206,14 @@ def ensure_system_packages() -> int:
 
 def command_test(pytest_args: list[str]) -> int:
     """ruff, makemigrations --check, mypy, pytest: the first failure's status, or 0."""
+    from project import preflight
+
     raise_on_sigterm()
-    services = Services("test")
+    os.environ.setdefault("DEBUG", "1")
+    with preflight.exit_on_error(prefix="==> "):
+        services = Services("test")
     try:
         os.environ.update(DATABASE_URL=services.database_url, CELERY_BROKER_URL=services.broker_url)
-        os.environ.setdefault("DEBUG", "1")
         # Importing the project package (for project.services) set DJANGO_SETTINGS_MODULE to the
         # project's settings; pytest-django would prefer it to pyproject's tests.settings.
         os.environ.pop("DJANGO_SETTINGS_MODULE", None)
@@ -304,21 +352,26 @@ def supervise(children: list[Child]) -> int:
 
 def command_run() -> int:
     """Bring up web, worker, beat and Flower as one process group; stop them all together."""
+    from project import preflight
+
     raise_on_sigterm()
-    web_port = int(os.environ.get("WEB_PORT", "8000"))
-    flower_port = int(os.environ.get("FLOWER_PORT", "5555"))
-    for name, port in (("WEB_PORT", web_port), ("FLOWER_PORT", flower_port)):
-        if port_in_use(port):
-            say(f"port {port} is already in use: stop what runs there or set {name}")
-            return 1
-    services = Services("run")
+    os.environ.setdefault("DEBUG", "1")
+    with preflight.exit_on_error(prefix="==> "):
+        try:
+            web_port = port_setting("WEB_PORT", 8000)
+            flower_port = port_setting("FLOWER_PORT", 5555)
+        except ValueError as exc:
+            raise preflight.PreflightError(str(exc)) from exc
+        for name, port in (("WEB_PORT", web_port), ("FLOWER_PORT", flower_port)):
+            if port_in_use(port):
+                raise preflight.PreflightError(f"{name}={port} is already in use: stop what runs there, or set {name}.")
+        services = Services("run")
     children: list[Child] = []
     try:
         password = dev_password()
         os.environ.update(
             DATABASE_URL=services.database_url, CELERY_BROKER_URL=services.broker_url, PYTHONUNBUFFERED="1"
         )
-        os.environ.setdefault("DEBUG", "1")
         os.environ.setdefault("FLOWER_BASIC_AUTH", f"admin:{password}")
         prepare_database(password)
         celery = [sys.executable, "-m", "celery", "-A", "project"]
@@ -351,9 +404,11 @@ def command_run() -> int:
 
 def main(argv: list[str]) -> int:
     """Dispatch ``run`` / ``test``, moving into the venv first."""
-    if len(argv) < 1 or argv[0] not in REQUIREMENTS or (argv[0] == "run" and len(argv) > 1):
+    if len(argv) < 1 or argv[0] not in REQUIREMENTS or (argv[0] == "run" and argv[1:] not in ([], ["--verbose"])):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
+    if argv[0] == "run" and "--verbose" in argv:
+        os.environ["TIMEKEEPER_VERBOSE"] = "1"  # kept across the exec into the venv, and seen by every child
     if sys.version_info < (3, 11):  # noqa: UP036 - this runs on the machine's python3, before the venv
         print(f"Timekeeper needs Python 3.11 or newer; this is {sys.version.split()[0]}.", file=sys.stderr)
         return 2
