@@ -156,11 +156,11 @@ def port_setting(name: str, default: int, *, minimum: int = 1) -> int:
     return int(raw)
 
 
-def manage(*args: str) -> None:
+def manage(*args: str, env: dict[str, str] | None = None) -> None:
     """Run ``manage.py`` with the venv's Python; exit with its status if it fails."""
     from project import preflight
 
-    status = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT).returncode
+    status = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env).returncode
     if status:
         if status != preflight.EXIT_CONFIG:  # a configuration error: manage.py printed its one line
             say(f"manage.py {' '.join(args[:1])} failed with status {status}")
@@ -246,9 +246,12 @@ def command_test(pytest_args: list[str]) -> int:
 # --- run -----------------------------------------------------------------------------------------
 
 
+LOGIN_FILE = "var/dev-password"  # relative to the checkout; its path is printed, never its content
+
+
 def dev_password() -> str:
     """The demo admin / Flower password: generated once, kept in var/dev-password."""
-    path = VAR / "dev-password"
+    path = ROOT / LOGIN_FILE
     if not path.exists():
         VAR.mkdir(exist_ok=True)
         path.write_text(secrets.token_urlsafe(12) + "\n")
@@ -279,8 +282,9 @@ def prepare_database(password: str) -> None:
     """Migrate, create the demo superuser in dev mode, and load the demo data when seed_demo exists."""
     manage("migrate", "--noinput")
     if os.environ.get("DEBUG", "").lower() in {"1", "true", "yes", "on"}:
-        os.environ["DJANGO_SUPERUSER_PASSWORD"] = password
-        manage("shell", "--verbosity", "0", "-c", CREATE_ADMIN)
+        # Only this one child gets the password, in its environment (never on a command line).
+        admin_env = {**os.environ, "DJANGO_SUPERUSER_PASSWORD": password}
+        manage("shell", "--verbosity", "0", "-c", CREATE_ADMIN, env=admin_env)
     if list(ROOT.glob("*/management/commands/seed_demo.py")):
         manage("seed_demo")
     else:
@@ -350,6 +354,21 @@ def supervise(children: list[Child]) -> int:
         return 0
 
 
+def child_commands(web_port: int, flower_port: int) -> dict[str, list[str]]:
+    """The argv of each supervised process. No secret goes here: ``ps`` shows every argv to every user.
+
+    Flower reads its ``user:password`` from ``FLOWER_BASIC_AUTH`` in its environment (Flower takes
+    any option from a ``FLOWER_``-prefixed variable).
+    """
+    celery = [sys.executable, "-m", "celery", "-A", "project"]
+    return {
+        "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload"],
+        "worker": [*celery, "worker", "-l", "info", "--concurrency", "2", "-n", "worker1@%h"],
+        "beat": [*celery, "beat", "-l", "info"],
+        "flower": [*celery, "flower", "--address=127.0.0.1", f"--port={flower_port}"],
+    }
+
+
 def command_run() -> int:
     """Bring up web, worker, beat and Flower as one process group; stop them all together."""
     from project import preflight
@@ -372,23 +391,16 @@ def command_run() -> int:
         os.environ.update(
             DATABASE_URL=services.database_url, CELERY_BROKER_URL=services.broker_url, PYTHONUNBUFFERED="1"
         )
-        os.environ.setdefault("FLOWER_BASIC_AUTH", f"admin:{password}")
+        flower_login = f"user admin, password in {LOGIN_FILE}"
+        if os.environ.get("FLOWER_BASIC_AUTH"):
+            flower_login = f"user {os.environ['FLOWER_BASIC_AUTH'].partition(':')[0]}, password from FLOWER_BASIC_AUTH"
+        else:
+            os.environ["FLOWER_BASIC_AUTH"] = f"admin:{password}"
         prepare_database(password)
-        celery = [sys.executable, "-m", "celery", "-A", "project"]
-        commands = {
-            "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload"],
-            "worker": [*celery, "worker", "-l", "info", "--concurrency", "2", "-n", "worker1@%h"],
-            "beat": [*celery, "beat", "-l", "info"],
-            "flower": [
-                *celery, "flower", "--address=127.0.0.1", f"--port={flower_port}",
-                f"--basic-auth={os.environ['FLOWER_BASIC_AUTH']}",
-            ],
-        }
-        for index, (name, argv) in enumerate(commands.items()):
+        for index, (name, argv) in enumerate(child_commands(web_port, flower_port).items()):
             children.append(Child(name, argv, index, children[0].process.pid if children else None))
-        flower_user, _, flower_password = os.environ["FLOWER_BASIC_AUTH"].partition(":")
-        say(f"admin    http://127.0.0.1:{web_port}/admin/   (user admin, password {password})")
-        say(f"Flower   http://127.0.0.1:{flower_port}/   (user {flower_user}, password {flower_password})")
+        say(f"admin    http://127.0.0.1:{web_port}/admin/   (user admin, password in {LOGIN_FILE})")
+        say(f"Flower   http://127.0.0.1:{flower_port}/   ({flower_login})")
         say(f"metrics  http://127.0.0.1:{web_port}/metrics")
         say("Ctrl-C stops everything")
         return supervise(children)
