@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 VENV_PYTHON = VENV / "bin" / "python"
 VAR = ROOT / "var"
-REQUIREMENTS = {"run": ROOT / "requirements.txt", "test": ROOT / "requirements-dev.txt"}
+# requirements-embedded.txt is the runtime (requirements.txt) plus the embedded servers; the test
+# requirements include it. The production image installs requirements.txt alone.
+REQUIREMENTS = {"run": ROOT / "requirements-embedded.txt", "test": ROOT / "requirements-dev.txt"}
 STOP_GRACE_SECONDS = 10  # how long children get to finish after SIGTERM before SIGKILL
 PYTEST_NO_TESTS = 5  # pytest's exit status when it collected nothing
 
@@ -37,6 +39,17 @@ def say(message: str) -> None:
 
 
 # --- Stage 1: the virtualenv (bare python3) ------------------------------------------------------
+
+
+def included_requirements(path: Path) -> list[Path]:
+    """The requirements files ``path`` includes with ``-r``, directly or through another."""
+    included = []
+    for line in path.read_text().splitlines():
+        parts = line.split("#", 1)[0].split()
+        if len(parts) == 2 and parts[0] in {"-r", "--requirement"}:
+            child = path.parent / parts[1]
+            included += [child, *included_requirements(child)]
+    return included
 
 
 def requirements_digest(path: Path) -> str:
@@ -50,22 +63,26 @@ def requirements_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def stamp_path(requirements: Path) -> Path:
+    """Where the venv records the digest of ``requirements`` it was last installed from."""
+    return VENV / f".installed-{requirements.name}.sha256"
+
+
 def ensure_venv(command: str) -> None:
     """Create ``.venv`` if missing and install the command's requirements if they changed."""
     if not VENV_PYTHON.exists():
         say(f"creating the virtualenv in {VENV}")
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     requirements = REQUIREMENTS[command]
-    stamp = VENV / f".installed-{requirements.name}.sha256"
-    digest = requirements_digest(requirements)
-    if stamp.exists() and stamp.read_text().strip() == digest:
+    stamp = stamp_path(requirements)
+    if stamp.exists() and stamp.read_text().strip() == requirements_digest(requirements):
         return
     say(f"installing {requirements.name} into .venv")
     subprocess.run([str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "-r", str(requirements)], check=True)
-    stamp.write_text(digest + "\n")
-    if command == "test":  # requirements-dev.txt includes requirements.txt
-        run_stamp = VENV / f".installed-{REQUIREMENTS['run'].name}.sha256"
-        run_stamp.write_text(requirements_digest(REQUIREMENTS["run"]) + "\n")
+    # pip installed every included file too (requirements-dev.txt > requirements-embedded.txt >
+    # requirements.txt): the other command need not install them again.
+    for path in [requirements, *included_requirements(requirements)]:
+        stamp_path(path).write_text(requirements_digest(path) + "\n")
 
 
 def in_venv() -> bool:

