@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
 """Timekeeper's two commands. Standard library only: it must run with a bare ``python3``.
 
-    python3 dev.py run             web, worker, beat and Flower, on embedded PostgreSQL/Redis if none
-    python3 dev.py test [ARGS]     ruff, makemigrations --check, pytest ARGS
+    python3 dev.py run [--verbose]   check the settings and servers, migrate, create the demo admin, load the
+                                     demo data once, then run web, worker, beat and Flower until Ctrl-C
+                                     (embedded PostgreSQL/Redis when none is configured or answering)
+    python3 dev.py test [ARGS]       check the settings and servers, then ruff check, makemigrations --check,
+                                     mypy, apt-get install Debian's chromium and faketime when missing (as root),
+                                     and pytest ARGS; stops at the first failure
+    A wrong setting or an unreachable server is one line and exit status 78; --verbose (run) or
+    TIMEKEEPER_VERBOSE=1 (both) shows the traceback instead.
 
-Both first make sure ``.venv`` exists and holds the requirements (reinstalled only when the
-requirements file changed), then re-run themselves with the venv's Python. Which PostgreSQL and
-Redis to use is decided by ``project.services.decide`` (configured > reachable > embedded).
+Both first make sure ``.venv`` exists and holds the requirements (``requirements-embedded.txt`` for
+run, ``requirements-dev.txt`` for test; reinstalled only when a file changed), then re-run
+themselves with the venv's Python. Which PostgreSQL and Redis to use is decided by
+``project.services.decide`` (configured > reachable > embedded); ``project.preflight`` checks them.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""dev.py without running its commands: requirements stamps, the children's argv."""
+"""dev.py without running its commands: requirements stamps, usage text, the children's argv."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,6 +8,8 @@ import pytest
 import dev
 
 ROOT = Path(__file__).resolve().parents[2]
+# What `dev.py test` runs, as a newcomer would look for it in the usage text and the README.
+TEST_STEPS = ["ruff", "makemigrations --check", "mypy", "apt-get", "chromium", "faketime", "pytest"]
 
 
 @pytest.fixture
@@ -58,6 +60,16 @@ def test_change_in_an_included_file_reinstalls(fake_venv: Path) -> None:
     dev.ensure_venv("run")
     dev.ensure_venv("test")
     assert [line.rsplit("/", 1)[-1] for line in pip_runs(fake_venv)] == ["dev.txt", "embedded.txt", "dev.txt"]
+
+
+def test_usage_and_readme_say_what_test_runs() -> None:
+    """dev.py's usage text and the README's first lines name every step of the test command."""
+    usage = dev.__doc__.split("\n\n")[1]
+    readme_top = (ROOT / "README.md").read_text().split("```")[1]
+    for step in TEST_STEPS:
+        assert step in usage, step
+        assert step in readme_top, step
+    assert "--verbose" in usage
 
 
 def test_no_child_has_a_secret_in_its_argv() -> None:
