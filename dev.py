@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
 """Timekeeper's two commands. Standard library only: it must run with a bare ``python3``.
 
-    python3 dev.py run             web, worker, beat and Flower, on embedded PostgreSQL/Redis if none
-    python3 dev.py test [ARGS]     ruff, makemigrations --check, pytest ARGS
+    python3 dev.py run [--verbose]   check the settings and servers, migrate, create the demo admin, load the
+                                     demo data once, then run web, worker, beat and Flower until Ctrl-C
+                                     (embedded PostgreSQL/Redis when none is configured or answering)
+    python3 dev.py test [ARGS]       check the settings and servers, then ruff check, makemigrations --check,
+                                     mypy, the import-linter contracts, apt-get install Debian's chromium and
+                                     faketime when missing (as root), and pytest ARGS; stops at the first failure
+    A wrong setting or an unreachable server is one line and exit status 78; --verbose (run) or
+    TIMEKEEPER_VERBOSE=1 (both) shows the traceback instead.
 
-Both first make sure ``.venv`` exists and holds the requirements (reinstalled only when the
-requirements file changed), then re-run themselves with the venv's Python. Which PostgreSQL and
-Redis to use is decided by ``project.services.decide`` (configured > reachable > embedded).
+Both first make sure ``.venv`` exists and holds the requirements (``requirements-embedded.txt`` for
+run, ``requirements-dev.txt`` for test; reinstalled only when a file changed), then re-run
+themselves with the venv's Python. Which PostgreSQL and Redis to use is decided by
+``project.services.decide`` (configured > reachable > embedded); ``project.preflight`` checks them.
 """
 from __future__ import annotations
 
@@ -26,7 +33,9 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 VENV_PYTHON = VENV / "bin" / "python"
 VAR = ROOT / "var"
-REQUIREMENTS = {"run": ROOT / "requirements.txt", "test": ROOT / "requirements-dev.txt"}
+# requirements-embedded.txt is the runtime (requirements.txt) plus the embedded servers; the test
+# requirements include it. The production image installs requirements.txt alone.
+REQUIREMENTS = {"run": ROOT / "requirements-embedded.txt", "test": ROOT / "requirements-dev.txt"}
 STOP_GRACE_SECONDS = 10  # how long children get to finish after SIGTERM before SIGKILL
 PYTEST_NO_TESTS = 5  # pytest's exit status when it collected nothing
 
@@ -37,6 +46,17 @@ def say(message: str) -> None:
 
 
 # --- Stage 1: the virtualenv (bare python3) ------------------------------------------------------
+
+
+def included_requirements(path: Path) -> list[Path]:
+    """The requirements files ``path`` includes with ``-r``, directly or through another."""
+    included = []
+    for line in path.read_text().splitlines():
+        parts = line.split("#", 1)[0].split()
+        if len(parts) == 2 and parts[0] in {"-r", "--requirement"}:
+            child = path.parent / parts[1]
+            included += [child, *included_requirements(child)]
+    return included
 
 
 def requirements_digest(path: Path) -> str:
@@ -50,22 +70,26 @@ def requirements_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def stamp_path(requirements: Path) -> Path:
+    """Where the venv records the digest of ``requirements`` it was last installed from."""
+    return VENV / f".installed-{requirements.name}.sha256"
+
+
 def ensure_venv(command: str) -> None:
     """Create ``.venv`` if missing and install the command's requirements if they changed."""
     if not VENV_PYTHON.exists():
         say(f"creating the virtualenv in {VENV}")
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     requirements = REQUIREMENTS[command]
-    stamp = VENV / f".installed-{requirements.name}.sha256"
-    digest = requirements_digest(requirements)
-    if stamp.exists() and stamp.read_text().strip() == digest:
+    stamp = stamp_path(requirements)
+    if stamp.exists() and stamp.read_text().strip() == requirements_digest(requirements):
         return
     say(f"installing {requirements.name} into .venv")
     subprocess.run([str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "-r", str(requirements)], check=True)
-    stamp.write_text(digest + "\n")
-    if command == "test":  # requirements-dev.txt includes requirements.txt
-        run_stamp = VENV / f".installed-{REQUIREMENTS['run'].name}.sha256"
-        run_stamp.write_text(requirements_digest(REQUIREMENTS["run"]) + "\n")
+    # pip installed every included file too (requirements-dev.txt > requirements-embedded.txt >
+    # requirements.txt): the other command need not install them again.
+    for path in [requirements, *included_requirements(requirements)]:
+        stamp_path(path).write_text(requirements_digest(path) + "\n")
 
 
 def in_venv() -> bool:
@@ -77,13 +101,26 @@ def in_venv() -> bool:
 
 
 class Services:
-    """The PostgreSQL and Redis a command uses, starting embedded ones when the plan says so."""
+    """The PostgreSQL and Redis a command uses, starting embedded ones when the plan says so.
+
+    Nothing starts before the configuration is checked: the variables first, then the configured
+    servers (a ``preflight.PreflightError`` names what to fix), then the embedded ones if needed.
+    """
 
     def __init__(self, purpose: str) -> None:
-        from project import services
+        from project import preflight, services
 
         self.embedded: list[services.EmbeddedPostgres | services.EmbeddedRedis] = []
-        plan = services.decide(os.environ, services.tcp_probe, purpose=purpose)
+        preflight.check_environment(os.environ)
+        try:
+            plan = services.decide(os.environ, services.tcp_probe, purpose=purpose)
+            redis_port = port_setting("TIMEKEEPER_REDIS_PORT", 0, minimum=0)
+        except ValueError as exc:
+            raise preflight.PreflightError(str(exc)) from exc
+        if plan.database.source == services.CONFIGURED:
+            preflight.check_database(plan.database.url or "")
+        if plan.broker.source == services.CONFIGURED:
+            preflight.check_broker(plan.broker.url or "")
         redis_db = services.TEST_REDIS_DB if purpose == "test" else services.RUN_REDIS_DB
         try:
             self.database_url = plan.database.url
@@ -92,19 +129,38 @@ class Services:
                 postgres = services.EmbeddedPostgres(VAR / "pgdata")
                 self.embedded.append(postgres)
                 self.database_url = postgres.url()
-            if plan.database.source != services.CONFIGURED and services.ensure_database(self.database_url):
-                say(f"created database {services.DATABASE_NAME!r}")
+            if plan.database.source != services.CONFIGURED:
+                self._ensure_database(self.database_url)
             self.broker_url = plan.broker.url
             if plan.broker.source == services.EMBEDDED:
                 say(f"nothing answers on Redis's default port: starting embedded Redis ({VAR / 'redis'})")
-                redis_server = services.EmbeddedRedis(VAR / "redis", int(os.environ.get("TIMEKEEPER_REDIS_PORT", 0)))
+                redis_server = services.EmbeddedRedis(VAR / "redis", redis_port)
                 self.embedded.append(redis_server)
                 self.broker_url = redis_server.url(redis_db)
+            elif plan.broker.source == services.REACHABLE:
+                preflight.check_broker(self.broker_url or "")  # something answers: is it a Redis we may use?
         except BaseException:
             self.stop()
             raise
         say(services.describe(plan.database, self.database_url))
         say(services.describe(plan.broker, self.broker_url))
+
+    @staticmethod
+    def _ensure_database(url: str | None) -> None:
+        """Create the timekeeper database on the machine's or the embedded server, or say in one line why not."""
+        import psycopg2
+
+        from project import preflight, redaction, services
+
+        try:
+            if services.ensure_database(url or ""):
+                say(f"created database {services.DATABASE_NAME!r}")
+        except psycopg2.Error as exc:
+            first_line = (str(exc).strip().splitlines() or ["unknown error"])[0]
+            raise preflight.PreflightError(
+                f"DATABASE_URL is not set, and the PostgreSQL answering at {redaction.redact(url or '')} cannot be "
+                f"used ({redaction.redact(first_line)}): set DATABASE_URL to a database you may use."
+            ) from exc
 
     def stop(self) -> None:
         """Stop the embedded servers this process started (newest first)."""
@@ -114,11 +170,24 @@ class Services:
             server.stop()
 
 
-def manage(*args: str) -> None:
+def port_setting(name: str, default: int, *, minimum: int = 1) -> int:
+    """A TCP port from the environment, ``default`` when unset; ValueError naming the variable otherwise."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not minimum <= int(raw) < 65536:
+        raise ValueError(f"{name}={raw!r} is not a TCP port: use a number from {max(minimum, 1)} to 65535.")
+    return int(raw)
+
+
+def manage(*args: str, env: dict[str, str] | None = None) -> None:
     """Run ``manage.py`` with the venv's Python; exit with its status if it fails."""
-    status = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT).returncode
+    from project import preflight
+
+    status = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env).returncode
     if status:
-        say(f"manage.py {' '.join(args[:1])} failed with status {status}")
+        if status != preflight.EXIT_CONFIG:  # a configuration error: manage.py printed its one line
+            say(f"manage.py {' '.join(args[:1])} failed with status {status}")
         raise SystemExit(status)
 
 
@@ -161,11 +230,14 @@ def ensure_system_packages() -> int:
 
 def command_test(pytest_args: list[str]) -> int:
     """ruff, makemigrations --check, mypy, pytest: the first failure's status, or 0."""
+    from project import preflight
+
     raise_on_sigterm()
-    services = Services("test")
+    os.environ.setdefault("DEBUG", "1")
+    with preflight.exit_on_error(prefix="==> "):
+        services = Services("test")
     try:
         os.environ.update(DATABASE_URL=services.database_url, CELERY_BROKER_URL=services.broker_url)
-        os.environ.setdefault("DEBUG", "1")
         # Importing the project package (for project.services) set DJANGO_SETTINGS_MODULE to the
         # project's settings; pytest-django would prefer it to pyproject's tests.settings.
         os.environ.pop("DJANGO_SETTINGS_MODULE", None)
@@ -199,9 +271,12 @@ def command_test(pytest_args: list[str]) -> int:
 # --- run -----------------------------------------------------------------------------------------
 
 
+LOGIN_FILE = "var/dev-password"  # relative to the checkout; its path is printed, never its content
+
+
 def dev_password() -> str:
     """The demo admin / Flower password: generated once, kept in var/dev-password."""
-    path = VAR / "dev-password"
+    path = ROOT / LOGIN_FILE
     if not path.exists():
         VAR.mkdir(exist_ok=True)
         path.write_text(secrets.token_urlsafe(12) + "\n")
@@ -232,8 +307,9 @@ def prepare_database(password: str) -> None:
     """Migrate, create the demo superuser in dev mode, and load the demo data when seed_demo exists."""
     manage("migrate", "--noinput")
     if os.environ.get("DEBUG", "").lower() in {"1", "true", "yes", "on"}:
-        os.environ["DJANGO_SUPERUSER_PASSWORD"] = password
-        manage("shell", "--verbosity", "0", "-c", CREATE_ADMIN)
+        # Only this one child gets the password, in its environment (never on a command line).
+        admin_env = {**os.environ, "DJANGO_SUPERUSER_PASSWORD": password}
+        manage("shell", "--verbosity", "0", "-c", CREATE_ADMIN, env=admin_env)
     if list(ROOT.glob("*/management/commands/seed_demo.py")):
         manage("seed_demo")
     else:
@@ -303,40 +379,53 @@ def supervise(children: list[Child]) -> int:
         return 0
 
 
+def child_commands(web_port: int, flower_port: int) -> dict[str, list[str]]:
+    """The argv of each supervised process. No secret goes here: ``ps`` shows every argv to every user.
+
+    Flower reads its ``user:password`` from ``FLOWER_BASIC_AUTH`` in its environment (Flower takes
+    any option from a ``FLOWER_``-prefixed variable).
+    """
+    celery = [sys.executable, "-m", "celery", "-A", "project"]
+    return {
+        "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload"],
+        "worker": [*celery, "worker", "-l", "info", "--concurrency", "2", "-n", "worker1@%h"],
+        "beat": [*celery, "beat", "-l", "info"],
+        "flower": [*celery, "flower", "--address=127.0.0.1", f"--port={flower_port}"],
+    }
+
+
 def command_run() -> int:
     """Bring up web, worker, beat and Flower as one process group; stop them all together."""
+    from project import preflight
+
     raise_on_sigterm()
-    web_port = int(os.environ.get("WEB_PORT", "8000"))
-    flower_port = int(os.environ.get("FLOWER_PORT", "5555"))
-    for name, port in (("WEB_PORT", web_port), ("FLOWER_PORT", flower_port)):
-        if port_in_use(port):
-            say(f"port {port} is already in use: stop what runs there or set {name}")
-            return 1
-    services = Services("run")
+    os.environ.setdefault("DEBUG", "1")
+    with preflight.exit_on_error(prefix="==> "):
+        try:
+            web_port = port_setting("WEB_PORT", 8000)
+            flower_port = port_setting("FLOWER_PORT", 5555)
+        except ValueError as exc:
+            raise preflight.PreflightError(str(exc)) from exc
+        for name, port in (("WEB_PORT", web_port), ("FLOWER_PORT", flower_port)):
+            if port_in_use(port):
+                raise preflight.PreflightError(f"{name}={port} is already in use: stop what runs there, or set {name}.")
+        services = Services("run")
     children: list[Child] = []
     try:
         password = dev_password()
         os.environ.update(
             DATABASE_URL=services.database_url, CELERY_BROKER_URL=services.broker_url, PYTHONUNBUFFERED="1"
         )
-        os.environ.setdefault("DEBUG", "1")
-        os.environ.setdefault("FLOWER_BASIC_AUTH", f"admin:{password}")
+        flower_login = f"user admin, password in {LOGIN_FILE}"
+        if os.environ.get("FLOWER_BASIC_AUTH"):
+            flower_login = f"user {os.environ['FLOWER_BASIC_AUTH'].partition(':')[0]}, password from FLOWER_BASIC_AUTH"
+        else:
+            os.environ["FLOWER_BASIC_AUTH"] = f"admin:{password}"
         prepare_database(password)
-        celery = [sys.executable, "-m", "celery", "-A", "project"]
-        commands = {
-            "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload"],
-            "worker": [*celery, "worker", "-l", "info", "--concurrency", "2", "-n", "worker1@%h"],
-            "beat": [*celery, "beat", "-l", "info"],
-            "flower": [
-                *celery, "flower", "--address=127.0.0.1", f"--port={flower_port}",
-                f"--basic-auth={os.environ['FLOWER_BASIC_AUTH']}",
-            ],
-        }
-        for index, (name, argv) in enumerate(commands.items()):
+        for index, (name, argv) in enumerate(child_commands(web_port, flower_port).items()):
             children.append(Child(name, argv, index, children[0].process.pid if children else None))
-        flower_user, _, flower_password = os.environ["FLOWER_BASIC_AUTH"].partition(":")
-        say(f"admin    http://127.0.0.1:{web_port}/admin/   (user admin, password {password})")
-        say(f"Flower   http://127.0.0.1:{flower_port}/   (user {flower_user}, password {flower_password})")
+        say(f"admin    http://127.0.0.1:{web_port}/admin/   (user admin, password in {LOGIN_FILE})")
+        say(f"Flower   http://127.0.0.1:{flower_port}/   ({flower_login})")
         say(f"metrics  http://127.0.0.1:{web_port}/metrics")
         say("Ctrl-C stops everything")
         return supervise(children)
@@ -352,9 +441,11 @@ def command_run() -> int:
 
 def main(argv: list[str]) -> int:
     """Dispatch ``run`` / ``test``, moving into the venv first."""
-    if len(argv) < 1 or argv[0] not in REQUIREMENTS or (argv[0] == "run" and len(argv) > 1):
+    if len(argv) < 1 or argv[0] not in REQUIREMENTS or (argv[0] == "run" and argv[1:] not in ([], ["--verbose"])):
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
+    if argv[0] == "run" and "--verbose" in argv:
+        os.environ["TIMEKEEPER_VERBOSE"] = "1"  # kept across the exec into the venv, and seen by every child
     if sys.version_info < (3, 11):  # noqa: UP036 - this runs on the machine's python3, before the venv
         print(f"Timekeeper needs Python 3.11 or newer; this is {sys.version.split()[0]}.", file=sys.stderr)
         return 2

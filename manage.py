@@ -11,6 +11,11 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     from django.core.management import execute_from_command_line
 
+    from project import preflight
+
+    # A wrong setting, or a server the command needs that does not answer, is one line (exit 78).
+    with preflight.exit_on_error():
+        preflight.check_command(sys.argv[1] if len(sys.argv) > 1 else "help")
     execute_from_command_line(sys.argv)
 
 

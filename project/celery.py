@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Connection
+
+from project import preflight
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
@@ -39,3 +41,21 @@ Connection.maybe_close_channel = _close_channel_of_detached_connection  # type: 
 app = Celery("timekeeper")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()  # finds scheduling.tasks (and any installed app's tasks.py)
+
+
+@app.on_configure.connect
+def _check_settings(**kwargs: Any) -> None:
+    """Every ``celery`` command reads the settings first: a wrong one is one line and exit status 78."""
+    with preflight.exit_on_error():
+        preflight.check_settings()
+
+
+@signals.import_modules.connect(sender=app)
+def _check_services(**kwargs: Any) -> None:
+    """A worker or beat initialising (``loader.init_worker``) first reaches PostgreSQL and Redis, or exits in one line.
+
+    This runs before the worker builds its consumer and before beat builds its scheduler, which
+    would otherwise retry the broker for minutes or die in a traceback on the database.
+    """
+    with preflight.exit_on_error():
+        preflight.check_services()

@@ -9,12 +9,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from project import redaction
+
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/timekeeper"
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
+DATABASE_URL_SHAPE = "postgresql://<user>:<password>@<host>:5432/<database>"
+BROKER_URL_SHAPE = "redis://:<password>@<host>:6379/0"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -47,6 +51,20 @@ def get_int(name: str, default: int, environ: Mapping[str, str] = os.environ, *,
     return value
 
 
+def get_float(name: str, default: float, environ: Mapping[str, str] = os.environ, *, minimum: float = 0.0) -> float:
+    """Read a number (``1.5``) no smaller than ``minimum``."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number (use digits, e.g. 1.5).") from None
+    if not value >= minimum:  # also refuses nan
+        raise ImproperlyConfigured(f"{name}={value} is below its minimum of {minimum}.")
+    return value
+
+
 def get_list(name: str, default: list[str], environ: Mapping[str, str] = os.environ) -> list[str]:
     """Read a comma-separated list, dropping blanks."""
     raw = environ.get(name)
@@ -55,36 +73,96 @@ def get_list(name: str, default: list[str], environ: Mapping[str, str] = os.envi
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def parse_database_url(url: str) -> dict[str, Any]:
+def parse_database_url(url: str, name: str = "DATABASE_URL") -> dict[str, Any]:
     """Turn ``postgresql://user:pass@host:port/name?sslmode=require`` into a Django DATABASES entry.
 
     Only PostgreSQL is accepted: SKIP LOCKED, advisory locks and partial indexes are the design.
-    A socket directory may be given as ``?host=/path`` (as libpq does).
+    A socket directory may be given as ``?host=/path`` (as libpq does). Every refusal is one line
+    naming the variable, what is wrong and what to write instead, with any password hidden.
     """
-    parts = urlsplit(url)
+    parts = _split_url(url, name, DATABASE_URL_SHAPE)
     if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
         raise ImproperlyConfigured(
-            "DATABASE_URL must be a postgresql:// URL (Timekeeper runs on PostgreSQL only), "
-            f"got scheme {parts.scheme!r}."
+            f"{name}={redaction.redact(url)} uses {parts.scheme}://, but Timekeeper runs on PostgreSQL only: "
+            f"use {DATABASE_URL_SHAPE}."
         )
-    name = unquote(parts.path.lstrip("/"))
-    if not name:
-        raise ImproperlyConfigured("DATABASE_URL names no database (expected postgresql://user@host:port/dbname).")
+    database = unquote(parts.path.lstrip("/"))
+    if not database:
+        raise ImproperlyConfigured(
+            f"{name}={redaction.redact(url)} names no database: add it after the last slash "
+            f"({DATABASE_URL_SHAPE})."
+        )
     options = dict(parse_qsl(parts.query))
     host = options.pop("host", None) or unquote(parts.hostname or "")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ImproperlyConfigured(f"DATABASE_URL has an invalid port: {url!r}.") from None
+    port = _port_of(parts, url, name, default=5432)
     return {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": name,
+        "NAME": database,
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
         "HOST": host,
         "PORT": str(port or ""),
         "OPTIONS": options,
     }
+
+
+def parse_broker_url(url: str, name: str = "CELERY_BROKER_URL") -> str:
+    """Check that ``url`` is a usable Redis URL (``redis://:password@host:port/db``) and return it."""
+    parts = _split_url(url, name, BROKER_URL_SHAPE)
+    if parts.scheme not in {"redis", "rediss"}:
+        raise ImproperlyConfigured(
+            f"{name}={redaction.redact(url)} uses {parts.scheme}://, but Timekeeper's broker is Redis: "
+            f"use {BROKER_URL_SHAPE}."
+        )
+    if not parts.hostname:
+        raise ImproperlyConfigured(f"{name}={redaction.redact(url)} names no host: use {BROKER_URL_SHAPE}.")
+    _port_of(parts, url, name, default=6379)
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise ImproperlyConfigured(
+            f"{name}={redaction.redact(url)} ends in /{db}, which is not a Redis database number: "
+            f"use a number such as /0 ({BROKER_URL_SHAPE})."
+        )
+    return url
+
+
+def get_secret_key(debug: bool, environ: Mapping[str, str] = os.environ) -> str:
+    """SECRET_KEY from the environment; required in production mode, a fixed dev-only key with DEBUG on."""
+    key = environ.get("SECRET_KEY", "")
+    if key:
+        return key
+    if not debug:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set and DEBUG is off (production mode): set SECRET_KEY to 50+ random characters "
+            "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))'), or DEBUG=1 for development."
+        )
+    return "dev-only-insecure-key-" + "x" * 40
+
+
+def _split_url(url: str, name: str, shape: str) -> SplitResult:
+    """``urlsplit(url)``, refusing a value that is not a URL at all (it is not echoed: it may hold a secret)."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:  # an unbalanced "[" in the host
+        parts = None
+    if parts is None or not parts.scheme or "://" not in url:
+        raise ImproperlyConfigured(f"{name} is not a URL: use {shape}.")
+    return parts
+
+
+def _port_of(parts: SplitResult, url: str, name: str, *, default: int) -> int | None:
+    """The URL's port, refusing one that is not a number from 1 to 65535."""
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        shown = parts.netloc.rsplit(":", 1)[-1]
+        raise ImproperlyConfigured(
+            f"{name}={redaction.redact(url)} has port {shown!r}, which is not a TCP port: use a number "
+            f"from 1 to 65535 (the default is {default})."
+        )
+    return port
 
 
 def sqlalchemy_url(database: Mapping[str, object]) -> str:

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from project import redaction
 
 CONFIGURED = "configured"
 REACHABLE = "reachable"
@@ -103,16 +104,6 @@ def decide(environ: Mapping[str, str], probe: Probe, *, purpose: str = "run") ->
     return Plan(database=database, broker=broker)
 
 
-def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for printing."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
-
-
 def describe(choice: Choice, url: str) -> str:
     """The line the commands print about one service."""
     where = {
@@ -120,7 +111,7 @@ def describe(choice: Choice, url: str) -> str:
         REACHABLE: "the machine's",
         EMBEDDED: "embedded",
     }[choice.source]
-    return f"using {where} {choice.service} at {redact(url)}"
+    return f"using {where} {choice.service} at {redaction.redact(url)}"
 
 
 # --- PostgreSQL helpers (psycopg2 and pgserver are imported here only: the venv has them) ---------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
 from project import env
@@ -13,11 +12,7 @@ from project import env
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env.get_bool("DEBUG", False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (production mode).")
-    SECRET_KEY = "dev-only-insecure-key-" + "x" * 40
+SECRET_KEY = env.get_secret_key(DEBUG)
 ALLOWED_HOSTS = env.get_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env.get_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -119,6 +114,8 @@ if not DEBUG:
     # /healthz and /metrics are scraped over plain HTTP inside the network.
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 X_FRAME_OPTIONS = "DENY"
+# The debug error page and error e-mails hide passwords inside URLs too (DATABASE_URL and friends).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "project.error_reports.ExceptionReporterFilter"
 
 LOGGING = {
     "version": 1,
@@ -129,7 +126,7 @@ LOGGING = {
 }
 
 # --- Celery: JSON only, late acks, one message prefetched at a time ------------------------------
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or env.DEFAULT_BROKER_URL
+CELERY_BROKER_URL = env.parse_broker_url(os.environ.get("CELERY_BROKER_URL") or env.DEFAULT_BROKER_URL)
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or env.sqlalchemy_url(DATABASES["default"])
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
@@ -205,4 +202,4 @@ SCHEDULING_METRICS_WINDOW_SECONDS = env.get_int("SCHEDULING_METRICS_WINDOW_SECON
 SCHEDULING_METRICS_TOKEN = os.environ.get("SCHEDULING_METRICS_TOKEN", "")  # set: /metrics needs "Bearer <it>"
 
 # Claiming and sweeping need no beat entries: every worker runs the control loop (one leads).
-SCHEDULING_CLAIM_INTERVAL_SECONDS = float(os.environ.get("SCHEDULING_CLAIM_INTERVAL_SECONDS", "1.0"))
+SCHEDULING_CLAIM_INTERVAL_SECONDS = env.get_float("SCHEDULING_CLAIM_INTERVAL_SECONDS", 1.0, minimum=0.05)

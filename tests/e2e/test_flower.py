@@ -1,17 +1,25 @@
-"""Flower with a real worker: it refuses requests without credentials, and shows jobs under their kind's name."""
+"""Flower with a real worker: it refuses requests without credentials, and shows jobs under their kind's name.
+
+Flower is started the way ``dev.py run`` starts it (its argv from ``dev.child_commands``), with the
+credentials in ``FLOWER_BASIC_AUTH``, never on its command line.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import dev
 from scheduling import api
 from scheduling.jobs import claim
 from tasks.models import Execution
@@ -19,7 +27,7 @@ from tests.e2e import harness
 
 pytestmark = pytest.mark.e2e
 
-USER, PASSWORD = "flower-user", "flower-pass"
+USER, PASSWORD = "flower-user", f"flower-pass-{os.getpid()}"  # unique: the ps check sees every process
 
 
 def free_port() -> int:
@@ -48,14 +56,34 @@ def flower_tasks(base: str) -> dict[str, Any]:
     return json.loads(body) if status == 200 else {}
 
 
-def test_flower_refuses_anonymous_requests_and_names_jobs_by_kind(cluster):
-    """Without credentials Flower answers 401, with them 200; a due_at batch shows as its kind, not run_batch."""
+def start_flower(cluster: harness.Cluster) -> tuple[harness.Proc, str]:
+    """Flower as dev.py starts it, its credentials in the environment; (process, base URL) once it listens."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    argv = [*harness.CELERY, "flower", f"--port={port}", "--address=127.0.0.1", f"--basic-auth={USER}:{PASSWORD}"]
-    flower = harness.Proc("flower", argv, harness.base_env(cluster.env), cluster.log_dir)
+    argv = dev.child_commands(web_port=free_port(), flower_port=port)["flower"]
+    env = harness.base_env({**cluster.env, "FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"})
+    flower = harness.Proc("flower", argv, env, cluster.log_dir)
     cluster.procs.append(flower)
     harness.wait_for(lambda: get(f"{base}/")[0] != 0, timeout=90, message="Flower did not start listening")
+    return flower, base
+
+
+def test_flower_password_is_not_on_its_command_line(cluster):
+    """`ps` (/proc/<pid>/cmdline) shows no Flower password, and Flower still enforces it from FLOWER_BASIC_AUTH."""
+    flower, base = start_flower(cluster)
+    cmdline = Path(f"/proc/{flower.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    assert "flower" in cmdline
+    assert PASSWORD not in cmdline
+    assert "basic-auth" not in cmdline
+    assert get(f"{base}/")[0] == 401
+    assert get(f"{base}/", (USER, PASSWORD))[0] == 200
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    assert PASSWORD not in ps
+
+
+def test_flower_refuses_anonymous_requests_and_names_jobs_by_kind(cluster):
+    """Without credentials Flower answers 401, with them 200; a due_at batch shows as its kind, not run_batch."""
+    _, base = start_flower(cluster)
 
     assert get(f"{base}/")[0] == 401
     assert get(f"{base}/api/tasks")[0] == 401

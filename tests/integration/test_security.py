@@ -137,24 +137,25 @@ def test_production_mode_refuses_to_start_without_a_secret_key() -> None:
 
 
 def test_compose_redis_requires_a_password() -> None:
-    """docker-compose's Redis runs with --requirepass, and every app URL for it carries the password."""
+    """docker-compose's Redis requires a password (from a config file, not argv), and every app URL carries it."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    command = services["redis"]["command"]
-    argv = command if isinstance(command, list) else command.split()
-    assert "--requirepass" in argv
-    password = argv[argv.index("--requirepass") + 1]
-    assert password.startswith("${REDIS_PASSWORD:?"), "the password is required, not defaulted"
+    script = " ".join(services["redis"]["command"])
+    assert 'echo "requirepass $$REDIS_PASSWORD" > /tmp/redis.conf' in script
+    assert "--requirepass" not in script
+    environment = services["redis"]["environment"]
+    assert environment["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?"), "the password is required, not defaulted"
+    assert environment["REDISCLI_AUTH"].startswith("${REDIS_PASSWORD:?")  # the healthcheck's redis-cli reads it
     health = " ".join(services["redis"]["healthcheck"]["test"])
-    assert "-a" in health
-    assert "REDIS_PASSWORD" in health
+    assert "-a" not in health.split()
+    assert "REDIS_PASSWORD" not in health
     for name, service in services.items():
         url = (service.get("environment") or {}).get("CELERY_BROKER_URL")
         if url is not None:
             assert url.startswith("redis://:${REDIS_PASSWORD:?"), f"{name} reaches Redis without the password"
     assert "6379" not in str(services["redis"].get("ports", "")), "Redis is not published on the host"
-    flower = " ".join(services["flower"]["command"])
-    assert "--basic-auth=${FLOWER_BASIC_AUTH:?" in flower
+    assert "--basic-auth" not in " ".join(services["flower"]["command"])
+    assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
 
 
 # --- Nobody anonymous ----------------------------------------------------------------------------
@@ -190,13 +191,13 @@ def _get(url: str, auth: str | None = None) -> int:
 
 @pytest.mark.e2e
 def test_flower_requires_basic_auth(tmp_path: Path) -> None:
-    """Flower started with --basic-auth answers 401 to anonymous and wrong credentials, 200 to the right ones."""
+    """Flower with FLOWER_BASIC_AUTH answers 401 to anonymous and wrong credentials, 200 to the right ones."""
     port = free_port()
     user, password = "ops", secrets.token_urlsafe(16)
     proc = harness.Proc(
         "flower",
-        [*harness.CELERY, "flower", f"--basic-auth={user}:{password}", f"--port={port}", "--address=127.0.0.1"],
-        harness.base_env({"CELERY_BROKER_URL": settings.CELERY_BROKER_URL}),
+        [*harness.CELERY, "flower", f"--port={port}", "--address=127.0.0.1"],
+        harness.base_env({"CELERY_BROKER_URL": settings.CELERY_BROKER_URL, "FLOWER_BASIC_AUTH": f"{user}:{password}"}),
         tmp_path,
     )
     try:

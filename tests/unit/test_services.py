@@ -98,11 +98,10 @@ def test_unknown_purpose_is_refused() -> None:
         services.decide({}, FakeProbe(), purpose="deploy")
 
 
-def test_redact_hides_passwords_only() -> None:
-    """Printed URLs never show a password; URLs without one are unchanged."""
-    assert services.redact("redis://:secret@cache:6379/0") == "redis://:***@cache:6379/0"
-    assert services.redact("postgresql://app:secret@db/app") == "postgresql://app:***@db/app"
-    assert services.redact("postgresql://postgres@127.0.0.1:5432/x") == "postgresql://postgres@127.0.0.1:5432/x"
+def test_describe_hides_the_password() -> None:
+    """A configured URL is printed with its password masked (project.redaction)."""
+    choice = services.Choice("Redis", services.CONFIGURED, "redis://:secret@cache:6379/2")
+    assert services.describe(choice, "redis://:secret@cache:6379/2") == "using configured Redis at redis://:***@cache:6379/2"
 
 
 def test_describe_says_where_a_service_comes_from() -> None:

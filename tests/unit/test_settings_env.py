@@ -105,10 +105,79 @@ def test_parse_database_url_requires_a_name() -> None:
         env.parse_database_url("postgresql://postgres@127.0.0.1:5432/")
 
 
-def test_parse_database_url_rejects_bad_port() -> None:
-    """A port that is not a number is refused with the URL in the message."""
-    with pytest.raises(ImproperlyConfigured, match="invalid port"):
-        env.parse_database_url("postgresql://postgres@127.0.0.1:notaport/db")
+@pytest.mark.parametrize("port", ["notaport", "99999", "0"])
+def test_parse_database_url_rejects_bad_port(port: str) -> None:
+    """A port that is not a TCP port number is refused, naming the variable, the port and the range."""
+    with pytest.raises(ImproperlyConfigured, match=rf"^DATABASE_URL=.* has port '{port}', .* from 1 to 65535"):
+        env.parse_database_url(f"postgresql://postgres@127.0.0.1:{port}/db")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:s3cretpw@127.0.0.1:99999/x",
+        "mysql://u:s3cretpw@h/db",
+        "postgresql://u:s3cretpw@127.0.0.1:5432/",
+        "u:s3cretpw@127.0.0.1/x",  # no scheme: not echoed at all
+    ],
+)
+def test_database_url_errors_hide_the_password(url: str) -> None:
+    """A refused DATABASE_URL is shown with its password masked, or not shown when it is no URL at all."""
+    with pytest.raises(ImproperlyConfigured) as refused:
+        env.parse_database_url(url)
+    assert "s3cretpw" not in str(refused.value)
+    assert str(refused.value).startswith("DATABASE_URL")
+
+
+def test_parse_database_url_refuses_what_is_no_url() -> None:
+    """A value without scheme:// is not a URL; the message shows the shape to write."""
+    with pytest.raises(ImproperlyConfigured, match=r"^DATABASE_URL is not a URL: use postgresql://"):
+        env.parse_database_url("not a url")
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://:pw@cache.internal:6380/2", "redis://cache"])
+def test_parse_broker_url_accepts_redis(url: str) -> None:
+    """Redis URLs, with or without password, port and database number, are accepted as they are."""
+    assert env.parse_broker_url(url) == url
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("not a url", "is not a URL"),
+        ("amqp://guest:pw@rabbit//", "uses amqp://, but Timekeeper's broker is Redis"),
+        ("redis://:pw@cache:99999/0", "has port '99999'"),
+        ("redis://cache:6379/zero", "not a Redis database number"),
+        ("redis://:pw@/0", "names no host"),
+    ],
+)
+def test_parse_broker_url_refuses_with_one_line(url: str, problem: str) -> None:
+    """A bad CELERY_BROKER_URL is one line naming the variable and the problem, without the password."""
+    with pytest.raises(ImproperlyConfigured) as refused:
+        env.parse_broker_url(url)
+    message = str(refused.value)
+    assert message.startswith("CELERY_BROKER_URL")
+    assert problem in message
+    assert ":pw@" not in message
+    assert "\n" not in message
+
+
+def test_get_float_parses_and_refuses() -> None:
+    """A decimal number is parsed; text and values below the minimum are errors naming the variable."""
+    assert env.get_float("F", 1.0, {"F": "0.5"}) == 0.5
+    assert env.get_float("F", 1.0, {}) == 1.0
+    with pytest.raises(ImproperlyConfigured, match=r"F='abc' is not a number"):
+        env.get_float("F", 1.0, {"F": "abc"})
+    with pytest.raises(ImproperlyConfigured, match="below its minimum"):
+        env.get_float("F", 1.0, {"F": "0.01"}, minimum=0.1)
+
+
+def test_get_secret_key_required_in_production_only() -> None:
+    """SECRET_KEY is required with DEBUG off (the message says how to make one); DEBUG on has a dev key."""
+    with pytest.raises(ImproperlyConfigured, match=r"^SECRET_KEY is not set and DEBUG is off .*secrets\.token_urlsafe"):
+        env.get_secret_key(False, {})
+    assert env.get_secret_key(False, {"SECRET_KEY": "k" * 50}) == "k" * 50
+    assert env.get_secret_key(True, {}).startswith("dev-only-")
 
 
 def test_sqlalchemy_url_tcp() -> None:

@@ -11,6 +11,7 @@ from django.db import transaction
 
 from scheduling import api, exceptions
 from scheduling.core import store
+from scheduling.models import ScheduledJob
 from tasks.models import Trial
 
 DEMO_USER = "demo"
@@ -20,7 +21,8 @@ class Command(BaseCommand):
     help = (
         "Load Timekeeper's demo data: sync the fixed-time schedules declared in tasks/, start a trial "
         "for the demo user (its ending reminder is a due_at job), and schedule a few sample jobs "
-        "(one due soon, one failing to show retries, one far ahead). Safe to run again: keyed jobs are kept."
+        "(one due soon, one failing to show retries, one far ahead). Loads them once: a second run adds nothing, "
+        "even after the first jobs have run (a demo job whose key was ever used is not scheduled again)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -41,25 +43,35 @@ class Command(BaseCommand):
             owner.save(update_fields=["password"])
         now = store.database_now()
         with transaction.atomic():
-            trial = Trial.objects.filter(user=owner, upgraded_at__isnull=True).first()
+            # Any trial of the owner's, upgraded or not: the demo trial is created once.
+            trial = Trial.objects.filter(user=owner).order_by("pk").first()
             if trial is None:
                 trial = Trial.objects.create(user=owner, plan="pro", ends_at=now + dt.timedelta(days=14))
-            try:
-                api.schedule(
+            jobs: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
+                (
                     "reminders.trial_ending",
                     {"user_id": owner.pk, "trial_id": trial.pk},
-                    due_at=trial.ends_at - dt.timedelta(days=3),
-                    key=trial.reminder_key,
-                    on_conflict="keep",
-                    owner=owner,
-                )
-                samples = [
-                    ("demo.record", {"label": "due in a minute"}, 60, "demo:soon"),
-                    ("demo.fail", {}, 30, "demo:failing"),
-                    ("demo.record", {"label": "next week"}, 7 * 86_400, "demo:next-week"),
-                ]
-                for kind, payload, delay, key in samples:
-                    api.schedule(kind, payload, delay=delay, key=key, on_conflict="keep", owner=owner)
+                    {"due_at": trial.ends_at - dt.timedelta(days=3)},
+                    trial.reminder_key,
+                ),
+                ("demo.record", {"label": "due in a minute"}, {"delay": 60}, "demo:soon"),
+                ("demo.fail", {}, {"delay": 30}, "demo:failing"),
+                ("demo.record", {"label": "next week"}, {"delay": 7 * 86_400}, "demo:next-week"),
+            ]
+            added = 0
+            try:
+                for kind, payload, when, key in jobs:
+                    # A key seen in any state (done, dead, cancelled too) was seeded before: the demo
+                    # is loaded once, not topped up each time the run command starts.
+                    if ScheduledJob.objects.filter(key=key).exists():
+                        continue
+                    api.schedule(kind, payload, key=key, on_conflict="keep", owner=owner, **when)
+                    added += 1
             except exceptions.SchedulingError as exc:
                 raise CommandError(f"Could not schedule the demo jobs: {exc}") from exc
-        self.stdout.write(self.style.SUCCESS(f"Demo data loaded for {owner_name}: trial {trial.pk} and sample jobs."))
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Demo data for {owner_name}: trial {trial.pk}; {added} demo job(s) added, "
+                f"{len(jobs) - added} already loaded."
+            )
+        )

@@ -1,0 +1,138 @@
+"""`python3 dev.py run` end to end: nothing secret on the screen or in any process's command line."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+import redis
+from django.conf import settings
+from psycopg2 import sql
+
+from tests.e2e import harness
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_ID = os.getpid()
+SECRET = f"s3cret-devrun-{RUN_ID}"  # unique: the ps check sees every process on the machine
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def status_of(url: str, credentials: str | None = None) -> int:
+    """The HTTP status of a GET (0 when nothing answers)."""
+    request = urllib.request.Request(url)  # noqa: S310 - a 127.0.0.1 URL this test built
+    if credentials:
+        request.add_header("Authorization", "Basic " + base64.b64encode(credentials.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0
+
+
+def session_members(session: int) -> dict[int, str]:
+    """pid -> command line of every live process in ``session`` (dev.py and everything it started)."""
+    members = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session and fields[0] not in {"Z", "X"}:
+                cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                members[int(stat.parent.name)] = cmdline
+    return members
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    """A fresh database on the test server for this run of dev.py; dropped afterwards."""
+    entry = settings.DATABASES["default"]
+    name = f"tk_devrun_{RUN_ID}"
+    admin = psycopg2.connect(dbname="postgres", user=entry["USER"], host=entry["HOST"], port=entry["PORT"] or None)
+    admin.autocommit = True
+    with admin.cursor() as cursor:
+        cursor.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        cursor.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    # Trust authentication accepts any password: the URL carries one, as a real deployment's does.
+    yield f"postgresql://{entry['USER']}:{SECRET}@{entry['HOST']}:{entry['PORT'] or 5432}/{name}"
+    with admin.cursor() as cursor:
+        cursor.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    admin.close()
+
+
+def test_run_shows_no_secret_on_screen_or_in_ps(database: str, tmp_path: Path) -> None:
+    """Neither the URLs' passwords nor the generated admin/Flower password is printed or in any process's argv."""
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    host, port, db = (broker.connection_pool.connection_kwargs[key] for key in ("host", "port", "db"))
+    prefix = f"tk-devrun-{RUN_ID}:"
+    web_port, flower_port = free_port(), free_port()
+    dropped = {"DJANGO_SETTINGS_MODULE", "FLOWER_BASIC_AUTH", "SECRET_KEY", "TIMEKEEPER_VERBOSE"}
+    environ = {key: value for key, value in os.environ.items() if key not in dropped}
+    environ.update(
+        DEBUG="1",
+        DATABASE_URL=database,
+        CELERY_BROKER_URL=f"redis://:{SECRET}@{host}:{port}/{db}",
+        CELERY_BROKER_KEYPREFIX=prefix,
+        WEB_PORT=str(web_port),
+        FLOWER_PORT=str(flower_port),
+    )
+    log_path = tmp_path / "dev-run.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            ["python3", "dev.py", "run"], cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        harness.wait_for(
+            lambda: "Ctrl-C stops everything" in log_path.read_text() or process.poll() is not None,
+            timeout=240, message="dev.py run did not come up",
+        )
+        assert process.poll() is None, log_path.read_text()
+        harness.wait_for(lambda: status_of(f"http://127.0.0.1:{flower_port}/") != 0, timeout=90, message="Flower")
+        dev_password = (ROOT / "var" / "dev-password").read_text().strip()
+
+        members = session_members(process.pid)
+        commands = " | ".join(members.values())
+        for role in ("manage.py runserver", "celery -A project worker", "celery -A project beat", "flower"):
+            assert role in commands, role
+        for pid, cmdline in members.items():
+            assert SECRET not in cmdline, pid
+            assert dev_password not in cmdline, pid
+        assert status_of(f"http://127.0.0.1:{flower_port}/") == 401
+        assert status_of(f"http://127.0.0.1:{flower_port}/", f"admin:{dev_password}") == 200
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        keys = list(broker.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            broker.delete(*keys)
+        broker.close()
+
+    output = log_path.read_text()
+    assert SECRET not in output
+    assert dev_password not in output
+    assert "redis://:***@" in output  # the URLs are shown, masked
+    assert "Traceback" not in output
