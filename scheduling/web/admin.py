@@ -210,7 +210,7 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         """Schedule a job with ``api.schedule``; its errors become form errors and nothing is stored."""
         if not self.has_add_permission(request):
             raise PermissionDenied
-        form = admin_forms.NewJobForm(request.POST or None)
+        form = admin_forms.NewJobForm(request.POST or None, user=request.user)
         if request.method == "POST" and form.is_valid():
             try:
                 with transaction.atomic():
