@@ -203,6 +203,9 @@ SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS = env.get_int("SCHEDULING_HEALTH_BEAT_MAX
 SCHEDULING_HEALTH_MAX_BACKLOG = env.get_int("SCHEDULING_HEALTH_MAX_BACKLOG", 10_000, minimum=0)
 SCHEDULING_METRICS_WINDOW_SECONDS = env.get_int("SCHEDULING_METRICS_WINDOW_SECONDS", 300, minimum=10)
 SCHEDULING_METRICS_TOKEN = os.environ.get("SCHEDULING_METRICS_TOKEN", "")  # set: /metrics needs "Bearer <it>"
+# With DEBUG off and no token, /metrics is refused unless opened on purpose here.
+SCHEDULING_METRICS_PUBLIC = env.get_bool("SCHEDULING_METRICS_PUBLIC", False)
+SCHEDULING_METRICS_CACHE_SECONDS = env.get_int("SCHEDULING_METRICS_CACHE_SECONDS", 5, minimum=0)
 
 # Beat's own ticks (synced into django-celery-beat's tables at beat start-up).
 CELERY_BEAT_SCHEDULE = {
