@@ -13,11 +13,14 @@ from project import env
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env.get_bool("DEBUG", False)
+DEVELOPMENT_SECRET_KEY = "dev-only-insecure-key-" + "x" * 40  # public (it is in the source): development only
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (production mode).")
-    SECRET_KEY = "dev-only-insecure-key-" + "x" * 40
+    SECRET_KEY = DEVELOPMENT_SECRET_KEY
+elif not DEBUG and SECRET_KEY.startswith("dev-only-insecure-key-"):
+    raise ImproperlyConfigured("SECRET_KEY is the development key from the source; set a random one in production.")
 ALLOWED_HOSTS = env.get_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env.get_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -111,7 +114,10 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "timekeeper@localhost"
 # --- Production mode (DEBUG off): `manage.py check --deploy` reports nothing -----------------------
 if not DEBUG:
     SECURE_SSL_REDIRECT = env.get_bool("SECURE_SSL_REDIRECT", True)
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Trust X-Forwarded-Proto only behind a proxy that sets it (and strips clients' own): with
+    # gunicorn published directly, any client could claim https. TRUST_X_FORWARDED_PROTO=1 turns it on.
+    if env.get_bool("TRUST_X_FORWARDED_PROTO", False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_HSTS_SECONDS = env.get_int("SECURE_HSTS_SECONDS", 31_536_000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
@@ -120,6 +126,8 @@ if not DEBUG:
     # /healthz and /metrics are scraped over plain HTTP inside the network.
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 X_FRAME_OPTIONS = "DENY"
+# The development error page masks settings whose values are URLs with credentials (broker, database).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "scheduling.web.errors.MaskingExceptionReporterFilter"
 
 LOGGING = {
     "version": 1,
