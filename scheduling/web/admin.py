@@ -79,11 +79,13 @@ class JobAttemptInline(admin.TabularInline):
 class CheckedSelectionMixin:
     """Actions answer 400 when ``_selected_action`` holds something that is not a row id (not a 500 in the ORM)."""
 
-    def response_action(self, request: HttpRequest, queryset: Any) -> Any:
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
         selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
         if any(not (value.isascii() and value.isdecimal() and len(value) <= 19) for value in selected):
             return HttpResponseBadRequest("The selection holds something that is not a row id.")
-        return super().response_action(request, queryset)  # type: ignore[misc]
+        return super().response_action(request, queryset, *args, **kwargs)  # type: ignore[misc]
 
 
 class KindFilter(admin.SimpleListFilter):
