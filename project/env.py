@@ -126,9 +126,17 @@ def parse_broker_url(url: str, name: str = "CELERY_BROKER_URL") -> str:
     return url
 
 
+DEVELOPMENT_SECRET_KEY_PREFIX = "dev-only-insecure-key-"  # noqa: S105 - public on purpose: development only, refused in production
+
+
 def get_secret_key(debug: bool, environ: Mapping[str, str] = os.environ) -> str:
     """SECRET_KEY from the environment; required in production mode, a fixed dev-only key with DEBUG on."""
     key = environ.get("SECRET_KEY", "")
+    if key and not debug and key.startswith(DEVELOPMENT_SECRET_KEY_PREFIX):
+        raise ImproperlyConfigured(
+            "SECRET_KEY is the development key from the source (anyone can read it): set SECRET_KEY to 50+ random "
+            "characters in production (python3 -c 'import secrets; print(secrets.token_urlsafe(50))')."
+        )
     if key:
         return key
     if not debug:
@@ -136,7 +144,7 @@ def get_secret_key(debug: bool, environ: Mapping[str, str] = os.environ) -> str:
             "SECRET_KEY is not set and DEBUG is off (production mode): set SECRET_KEY to 50+ random characters "
             "(python3 -c 'import secrets; print(secrets.token_urlsafe(50))'), or DEBUG=1 for development."
         )
-    return "dev-only-insecure-key-" + "x" * 40
+    return DEVELOPMENT_SECRET_KEY_PREFIX + "x" * 40
 
 
 def _split_url(url: str, name: str, shape: str) -> SplitResult:

@@ -31,6 +31,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "scheduling.web.middleware.RefuseNulInputMiddleware",  # NUL in a query or form: 400, not a 500
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -105,7 +106,10 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "timekeeper@localhost"
 # --- Production mode (DEBUG off): `manage.py check --deploy` reports nothing -----------------------
 if not DEBUG:
     SECURE_SSL_REDIRECT = env.get_bool("SECURE_SSL_REDIRECT", True)
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Trust X-Forwarded-Proto only behind a proxy that sets it (and strips clients' own): with
+    # gunicorn published directly, any client could claim https. TRUST_X_FORWARDED_PROTO=1 turns it on.
+    if env.get_bool("TRUST_X_FORWARDED_PROTO", False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_HSTS_SECONDS = env.get_int("SECURE_HSTS_SECONDS", 31_536_000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
@@ -200,6 +204,9 @@ SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS = env.get_int("SCHEDULING_HEALTH_BEAT_MAX
 SCHEDULING_HEALTH_MAX_BACKLOG = env.get_int("SCHEDULING_HEALTH_MAX_BACKLOG", 10_000, minimum=0)
 SCHEDULING_METRICS_WINDOW_SECONDS = env.get_int("SCHEDULING_METRICS_WINDOW_SECONDS", 300, minimum=10)
 SCHEDULING_METRICS_TOKEN = os.environ.get("SCHEDULING_METRICS_TOKEN", "")  # set: /metrics needs "Bearer <it>"
+# With DEBUG off and no token, /metrics is refused unless opened on purpose here.
+SCHEDULING_METRICS_PUBLIC = env.get_bool("SCHEDULING_METRICS_PUBLIC", False)
+SCHEDULING_METRICS_CACHE_SECONDS = env.get_int("SCHEDULING_METRICS_CACHE_SECONDS", 5, minimum=0)
 
 # Claiming and sweeping need no beat entries: every worker runs the control loop (one leads).
 SCHEDULING_CLAIM_INTERVAL_SECONDS = env.get_float("SCHEDULING_CLAIM_INTERVAL_SECONDS", 1.0, minimum=0.05)

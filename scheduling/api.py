@@ -19,7 +19,7 @@ from typing import Any
 
 from scheduling.core import registry, validation
 from scheduling.deferrals import countdowns
-from scheduling.jobs.api import cancel, reschedule, schedule, schedule_many
+from scheduling.jobs.api import cancel, reschedule, schedule, schedule_many, schedule_with_outcome
 from scheduling.jobs.api import status as table_status
 
 logger = logging.getLogger(__name__)
@@ -67,4 +67,4 @@ def status(*, include_broker: bool = True) -> dict[str, Any]:
     return numbers
 
 
-__all__ = ["Deferral", "cancel", "defer", "reschedule", "schedule", "schedule_many", "status"]
+__all__ = ["Deferral", "cancel", "defer", "reschedule", "schedule", "schedule_many", "schedule_with_outcome", "status"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Now
 from django_celery_beat.models import PeriodicTask
 
 
@@ -48,8 +48,11 @@ class ScheduledJobQuerySet(models.QuerySet["ScheduledJob"]):
         return self.filter(state__in=LIVE_STATES)
 
     def for_owner(self, user: Any) -> ScheduledJobQuerySet:
-        """What ``user`` may see: everything for staff, their own rows otherwise."""
-        if getattr(user, "is_staff", False):
+        """What ``user`` may see: every row with the admin's view permission, their own rows otherwise.
+
+        The staff flag alone grants nothing: the API asks for the same model permissions as the admin.
+        """
+        if getattr(user, "is_active", False) and user.has_perm("scheduling.view_scheduledjob"):
             return self
         return self.filter(owner_id=getattr(user, "pk", None))
 
@@ -89,7 +92,8 @@ class ScheduledJob(models.Model):
         max_length=200,
         null=True,
         blank=True,
-        help_text="Optional business key: at most one pending or claimed job per key (e.g. trial-ending:42).",
+        help_text="Optional business key: at most one pending or claimed job per owner and key "
+        "(e.g. trial-ending:42); jobs without an owner share the system's namespace.",
     )
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -127,8 +131,13 @@ class ScheduledJob(models.Model):
             models.Index(fields=["owner", "state"], name="scheduledjob_owner_state_idx"),
         ]
         constraints = [
+            # Keys are per owner: one live job per (owner, key), NULL owner = the system's namespace
+            # (coalesce to 0, no user has that id). The upserts name this index in ON CONFLICT.
             models.UniqueConstraint(
-                fields=["key"], name="scheduledjob_live_key_uniq", condition=models.Q(state__in=["pending", "claimed"])
+                Coalesce("owner", models.Value(0)),
+                "key",
+                name="scheduledjob_live_owner_key_uniq",
+                condition=models.Q(state__in=["pending", "claimed"], key__isnull=False),
             ),
             models.CheckConstraint(
                 condition=models.Q(state__in=["pending", "claimed", "done", "cancelled", "dead"]),

@@ -33,7 +33,7 @@ class TrialAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Trial]:
         key = Concat(Value("trial-ending:"), OuterRef("pk"), output_field=CharField())
-        latest = ScheduledJob.objects.filter(key=key).order_by("-id").values("state")[:1]
+        latest = ScheduledJob.objects.filter(key=key, owner_id=OuterRef("user_id")).order_by("-id").values("state")[:1]
         return super().get_queryset(request).annotate(reminder=Subquery(latest))
 
     @admin.display(description="reminder", ordering="reminder")

@@ -2,6 +2,8 @@
 
 They make the platform's behaviour visible in the demo data and measurable in tests and
 benchmarks: ``demo.record`` writes one ``Execution`` row per run, so "ran twice" is countable.
+``demo.noop`` and ``demo.record`` may be scheduled through the JSON API by any user (``Access()``);
+``demo.fail`` and ``demo.sleep`` only from code or by a superuser in the admin.
 """
 
 from __future__ import annotations
@@ -19,13 +21,19 @@ RECORD_SCHEMA = {
 }
 
 
-@registry.handler("demo.noop", schema={"type": "object"}, timeout=10, batch_size=100)
+@registry.handler("demo.noop", schema={"type": "object"}, timeout=10, batch_size=100, api=registry.Access())
 def noop(job: registry.Job) -> None:
     """Do nothing (throughput and lag measurements)."""
 
 
 @registry.handler(
-    "demo.record", schema=RECORD_SCHEMA, timeout=60, max_attempts=3, backoff=registry.Backoff(1, 5), batch_size=20
+    "demo.record",
+    schema=RECORD_SCHEMA,
+    timeout=60,
+    max_attempts=3,
+    backoff=registry.Backoff(1, 5),
+    batch_size=20,
+    api=registry.Access(),
 )
 def record(job: registry.Job) -> None:
     """Record that this job ran (one row per execution), optionally after sleeping."""

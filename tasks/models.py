@@ -66,6 +66,15 @@ class PaymentState(models.TextChoices):
 
 class Payment(models.Model):
     reference = models.CharField("reference", max_length=64, unique=True, help_text="The payment's business id.")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name="owner",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="payments",
+        help_text="Whose payment it is; only they may ask for it to be retried (None: the system's).",
+    )
     amount_cents = models.PositiveIntegerField("amount (cents)", help_text="How much to charge.")
     state = models.CharField(
         "state", max_length=16, choices=PaymentState.choices, default=PaymentState.PENDING, help_text="Outcome so far."
@@ -76,6 +85,8 @@ class Payment(models.Model):
 
     class Meta:
         verbose_name = "payment"
+        # Checked by payments.retry's Access: retrying a charge through the API is an explicit grant.
+        permissions = [("schedule_payment", "Can schedule retries of their own payments")]
 
     def __str__(self) -> str:
         return f"payment {self.reference} ({self.state})"

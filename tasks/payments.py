@@ -10,6 +10,9 @@ recording it) gets the earlier charge back instead of a second one.
 requests of a payment (from the payload, so tests and demos are deterministic) and keeps its own
 ledger as ``Execution`` rows (kind ``gateway.charged`` / ``gateway.declined``, key
 ``payment:<reference>``), which is how tests count charges.
+
+Through the JSON API only users with ``tasks.schedule_payment`` may ask for a retry, and only of
+their own payment; the handler checks the owner again (a payload's ids are never trusted).
 """
 
 from __future__ import annotations
@@ -75,18 +78,40 @@ gateway = FakeGateway()
 
 
 def retry_later(
-    reference: str, amount_cents: int, error: str, *, fail_times: int = 0, delay: float = RETRY_DELAY_SECONDS
+    reference: str,
+    amount_cents: int,
+    error: str,
+    *,
+    fail_times: int = 0,
+    delay: float = RETRY_DELAY_SECONDS,
+    owner: Any = None,
 ) -> countdowns.Deferral:
-    """Record that the payment ``reference`` failed with ``error`` and retry it after ``delay`` seconds."""
+    """Record that ``owner``'s payment ``reference`` failed with ``error``; retry it after ``delay`` seconds."""
     Payment.objects.update_or_create(
         reference=reference,
-        defaults={"amount_cents": amount_cents, "state": PaymentState.FAILED, "last_error": error[:1000]},
+        defaults={
+            "amount_cents": amount_cents,
+            "state": PaymentState.FAILED,
+            "last_error": error[:1000],
+            "owner_id": getattr(owner, "pk", owner),
+        },
     )
     return api.defer("payments.retry", {"reference": reference, "fail_times": fail_times}, delay)
 
 
+def owns_payment(user: Any, payload: dict[str, Any]) -> bool:
+    """The payment named in the payload exists and is ``user``'s."""
+    return Payment.objects.filter(reference=payload["reference"], owner_id=user.pk).exists()
+
+
 @registry.handler(
-    "payments.retry", schema=RETRY_SCHEMA, timeout=30, max_attempts=MAX_ATTEMPTS, backoff=BACKOFF, batch_size=1
+    "payments.retry",
+    schema=RETRY_SCHEMA,
+    timeout=30,
+    max_attempts=MAX_ATTEMPTS,
+    backoff=BACKOFF,
+    batch_size=1,
+    api=registry.Access(permission="tasks.schedule_payment", predicate=owns_payment),
 )
 def retry(job: registry.Job) -> None:
     """Charge a failed payment again, unless it already succeeded; a decline raises so the deferral retries."""
@@ -95,6 +120,9 @@ def retry(job: registry.Job) -> None:
     payment = Payment.objects.filter(reference=reference).first()
     if payment is None:
         logger.warning("payment to retry does not exist", extra={**context, "action": "skipped"})
+        return
+    if job.owner_id is not None and payment.owner_id != job.owner_id:
+        logger.warning("payment to retry is not the job owner's", extra={**context, "action": "refused"})
         return
     # Conditional: a succeeded payment is never charged again, however often this job runs.
     tried = (

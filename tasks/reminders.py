@@ -1,8 +1,14 @@
-"""Reminders: the trial-ending email, sent once per job however often the job runs."""
+"""Reminders: the trial-ending email, sent once per job however often the job runs.
+
+Any user may schedule it through the JSON API for their own trial (the ``Access`` predicate); the
+handler checks again that the trial and the user are the job owner's, so a job naming someone
+else's trial sends nothing.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.mail import send_mail
@@ -24,12 +30,18 @@ TRIAL_ENDING_SCHEMA = {
 }
 
 
+def owns_trial(user: Any, payload: dict[str, Any]) -> bool:
+    """The payload names ``user`` and one of their trials."""
+    return payload["user_id"] == user.pk and Trial.objects.filter(pk=payload["trial_id"], user_id=user.pk).exists()
+
+
 @registry.handler(
     "reminders.trial_ending",
     schema=TRIAL_ENDING_SCHEMA,
     timeout=30,
     max_attempts=5,
     backoff=registry.Backoff(base_seconds=30, cap_seconds=3600),
+    api=registry.Access(predicate=owns_trial),
 )
 def trial_ending(job: registry.Job) -> None:
     """Email the user that their trial ends soon; records a notification unique per job."""
@@ -37,6 +49,9 @@ def trial_ending(job: registry.Job) -> None:
     trial = Trial.objects.filter(pk=job.payload["trial_id"]).first()
     if user is None or trial is None or trial.upgraded_at is not None:
         logger.info("trial reminder not needed", extra={"job_id": job.id, "action": "skipped"})
+        return
+    if trial.user_id != user.pk or (job.owner_id is not None and user.pk != job.owner_id):
+        logger.warning("trial reminder names another owner's trial", extra={"job_id": job.id, "action": "refused"})
         return
     subject = f"Your {trial.plan} trial ends on {trial.ends_at:%Y-%m-%d}"
     try:

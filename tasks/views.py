@@ -2,8 +2,10 @@
 
 Starting a trial schedules ``reminders.trial_ending`` three days before the end, keyed
 ``trial-ending:<trial id>`` and owned by the user; upgrading cancels it by key; changing the end
-reschedules it by key. The trial and its job change in one transaction, so neither exists without
-the other. Each page shows the reminder job's state as Timekeeper sees it.
+reschedules it by key. Keys are per owner, so every look-up names the trial's user: a job another
+user created under the same key text is never shown, moved or cancelled here. The trial and its
+job change in one transaction, so neither exists without the other. Each page shows the reminder
+job's state as Timekeeper sees it.
 """
 
 from __future__ import annotations
@@ -37,11 +39,16 @@ def reminder_due(ends_at: dt.datetime) -> dt.datetime:
 
 
 def reminder_jobs(trials: list[Trial]) -> dict[str, ScheduledJob]:
-    """The latest reminder job of each trial, by key (one query)."""
-    keys = [t.reminder_key for t in trials]
+    """The latest reminder job of each trial, by key, among its user's jobs (one query)."""
+    wanted = {(t.user_id, t.reminder_key) for t in trials}
     latest: dict[str, ScheduledJob] = {}
-    for job in ScheduledJob.objects.filter(key__in=keys).order_by("id"):
-        latest[job.key or ""] = job
+    if not wanted:
+        return latest
+    owners = {owner for owner, _ in wanted}
+    jobs = ScheduledJob.objects.filter(key__in=[key for _, key in wanted], owner_id__in=owners, kind=REMINDER_KIND)
+    for job in jobs.order_by("id"):
+        if (job.owner_id, job.key) in wanted:
+            latest[job.key or ""] = job
     return latest
 
 
@@ -126,7 +133,7 @@ def trial_upgrade(request: HttpRequest, trial_id: int) -> HttpResponse:
         trial.upgraded_at = timezone.now()
         trial.save(update_fields=["upgraded_at"])
         try:
-            job_id = api.cancel(key=trial.reminder_key)
+            job_id = api.cancel(key=trial.reminder_key, owner=trial.user_id)
         except exceptions.JobNotFound:
             messages.success(request, "Upgraded. The reminder had already gone out or been cancelled.")
         except exceptions.JobNotCancellable as exc:
@@ -156,7 +163,7 @@ def trial_change_end(request: HttpRequest, trial_id: int) -> HttpResponse:
             messages.success(request, "The end moved. The trial is upgraded, so there is no reminder.")
             return redirect("tasks:trial-detail", trial_id=trial.pk)
         try:
-            due = api.reschedule(key=trial.reminder_key, due_at=reminder_due(trial.ends_at))
+            due = api.reschedule(key=trial.reminder_key, due_at=reminder_due(trial.ends_at), owner=trial.user_id)
         except exceptions.JobNotFound:
             job = _schedule_reminder(trial)
             messages.success(request, f"The end moved. A new reminder (job #{job.pk}) is due {_when(job.due_at)}.")

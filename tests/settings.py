@@ -21,3 +21,5 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 # (pytest-django's name for it) rather than the development one, which may not exist.
 DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{TEST_RUN_ID}"}  # noqa: F405
 CELERY_RESULT_BACKEND = env.sqlalchemy_url({**DATABASES["default"], "NAME": DATABASES["default"]["TEST"]["NAME"]})  # noqa: F405
+SCHEDULING_METRICS_CACHE_SECONDS = 0  # every test reads fresh numbers; the cache has its own test
+SCHEDULING_METRICS_PUBLIC = True  # pytest-django runs with DEBUG off; the refusal has its own test

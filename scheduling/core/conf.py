@@ -64,7 +64,9 @@ class Settings:
     health_beat_max_age_seconds: float = 30.0  # /healthz: a beat heartbeat older than this is a 503
     health_max_backlog: int = 10_000  # /healthz: a backlog above this is a 503
     metrics_window_seconds: float = 300.0  # /metrics and the dashboard: the recent window counted
-    metrics_token: str = ""  # when set, /metrics needs "Authorization: Bearer <token>"
+    metrics_token: str = ""  # when set, /metrics needs "Authorization: Bearer <token>"; /healthz shows details with it
+    metrics_public: bool = False  # True: /metrics answers anyone when no token is set (DEBUG off refuses otherwise)
+    metrics_cache_seconds: float = 5.0  # a scrape within this long of the last one gets the same text
 
     @classmethod
     def from_django(cls) -> Settings:

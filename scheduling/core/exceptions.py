@@ -2,6 +2,7 @@
 
 SchedulingError
  ├── UnknownJobKind                 no handler is registered for the kind
+ ├── KindNotAllowed                 the caller may not schedule the kind (its Access refuses them)
  ├── InvalidPayload                 the payload fails the kind's schema or is not JSON
  │    └── PayloadTooLarge           the encoded payload is over the size limit
  ├── InvalidSchedule                bad due_at / delay (naive, both, neither, negative, out of range)
@@ -30,6 +31,14 @@ class UnknownJobKind(SchedulingError):
 
     def __init__(self, kind: str) -> None:
         super().__init__(f"Unknown job kind {kind!r}: no handler is registered for it.")
+        self.kind = kind
+
+
+class KindNotAllowed(SchedulingError):
+    """Raised at a door (API, admin) when the kind's ``Access`` does not let the caller schedule it."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"You may not schedule jobs of kind {kind!r} with this payload.")
         self.kind = kind
 
 
@@ -124,6 +133,7 @@ __all__ = [
     "JobNotReschedulable",
     "JobStateConflict",
     "KeyConflict",
+    "KindNotAllowed",
     "LockNotAcquired",
     "PayloadTooLarge",
     "ScheduleNotFound",

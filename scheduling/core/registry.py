@@ -3,6 +3,12 @@
 Handlers live in ``tasks/`` and are imported on first use (every module of the packages named in
 ``SCHEDULING_HANDLER_PACKAGES``), so the web process, workers and beat all know the same kinds.
 A handler receives a ``Job`` and does its work; it never touches Timekeeper's tables or locks.
+
+Who may schedule a kind from outside is part of its contract: ``api=registry.Access(...)`` names a
+Django permission, a predicate on (user, payload), or both. A kind without ``api`` cannot be
+scheduled through the JSON API, nor through the admin's add form by anyone but a superuser; code
+calling ``scheduling.api`` is trusted. Handlers acting on an entity named in the payload check
+that it belongs to ``job.owner_id`` (None: the job is the system's, scheduled by code).
 """
 
 from __future__ import annotations
@@ -52,12 +58,45 @@ class Job:
     mechanism: str = "table"  # "table", "broker" or "fixed"
     ref: str = ""  # the deferral's task id, or the fixed-time run id
 
+    @functools.cached_property
+    def owner_id(self) -> int | None:
+        """The user the job belongs to; None for the system's jobs (broker deferrals, fixed-time runs).
+
+        Read from the job's row on first use (one primary-key lookup, only for handlers that ask).
+        """
+        if self.mechanism != "table" or self.id is None:
+            return None
+        from scheduling.core import store
+
+        return store.job_owner_id(self.id)
+
     @property
     def idempotency_key(self) -> str:
         """Stable across re-runs of the same job (not of the same attempt): key side effects on it."""
         if self.mechanism == "table":
             return f"job:{self.id}"
         return f"{self.mechanism}:{self.ref}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """Who may schedule a kind from outside: a Django permission, a predicate, or both (all must pass).
+
+    ``Access()`` lets any authenticated, active user schedule the kind. The predicate receives the
+    user and the payload (already valid for the kind's schema) and says whether that user may ask
+    for that work, e.g. "the trial in the payload is theirs".
+    """
+
+    permission: str | None = None  # "app_label.codename", checked with user.has_perm
+    predicate: Callable[[Any, dict[str, Any]], bool] | None = None
+
+    def allows(self, user: Any, payload: dict[str, Any]) -> bool:
+        """Whether ``user`` may schedule this kind with ``payload``."""
+        if user is None or not getattr(user, "is_active", False) or not getattr(user, "is_authenticated", False):
+            return False
+        if self.permission is not None and not user.has_perm(self.permission):
+            return False
+        return self.predicate is None or bool(self.predicate(user, payload))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +113,17 @@ class Kind:
     batch_size: int
     description: str
     atomic: bool = True  # the handler's database writes and the job's outcome commit in one transaction
+    api: Access | None = None  # None: not schedulable through the API (the admin: superusers only)
+
+    def allows(self, user: Any, payload: dict[str, Any]) -> bool:
+        """Whether ``user`` may schedule this kind from outside with ``payload`` (the kind's ``Access``)."""
+        return self.api is not None and self.api.allows(user, payload)
+
+    def offered_to(self, user: Any) -> bool:
+        """Whether a form should list the kind for ``user`` (its permission holds; a predicate is judged later)."""
+        if self.api is None or not getattr(user, "is_active", False):
+            return False
+        return self.api.permission is None or bool(user.has_perm(self.api.permission))
 
     @functools.cached_property
     def validator(self) -> jsonschema.protocols.Validator:
@@ -114,6 +164,7 @@ def handler(
     lease_seconds: int | None = None,
     batch_size: int | None = None,
     atomic: bool = True,
+    api: Access | None = None,
 ) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -140,6 +191,7 @@ def handler(
             batch_size=int(batch_size or conf.get().default_batch_size),
             description=(func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else "",
             atomic=atomic,
+            api=api,
         )
         return func
 
@@ -178,6 +230,7 @@ def all_kinds() -> dict[str, Kind]:
     return dict(_kinds)
 
 __all__ = [
+    "Access",
     "Backoff",
     "Job",
     "Kind",

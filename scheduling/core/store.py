@@ -105,6 +105,47 @@ def insert_job(job: NewJob, on_conflict: str) -> tuple[int, dt.datetime, float] 
     return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyedUpsert:
+    """What one keyed upsert did: the row it returned, and whether it was a new row."""
+
+    id: int
+    due_at: dt.datetime
+    in_seconds: float  # until due, by the database clock
+    inserted: bool  # False: the (owner, key)'s live job was replaced or kept
+    state: str
+
+
+def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
+    """Insert a keyed job, or meet the owner's live job for the key, in one statement.
+
+    ``replace`` moves a pending live job (None when the live job is claimed: it is running);
+    ``keep`` and ``error`` return the live job unchanged (``inserted`` False).
+    """
+    assert job.key is not None
+    params = {
+        "kind": job.kind,
+        "payload": json.dumps(job.payload),
+        "due_at": job.due_at,
+        "delay": job.delay_seconds or 0.0,
+        "lease_seconds": job.lease_seconds,
+        "max_attempts": job.max_attempts,
+        "key": job.key,
+        "owner_id": job.owner_id,
+    }
+    rows = _fetchall("upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep", params)
+    if not rows:
+        return None
+    row = rows[0]
+    return KeyedUpsert(id=row[0], due_at=row[1], in_seconds=row[2], inserted=bool(row[3]), state=row[4])
+
+
+def job_owner_id(job_id: int) -> int | None:
+    """The owner of job ``job_id`` (None: the system's, or no such job)."""
+    rows = _fetchall("job_owner_id", {"id": job_id})
+    return rows[0][0] if rows else None
+
+
 def insert_jobs(
     kind: str,
     payloads: Sequence[str],
@@ -134,9 +175,9 @@ def notify_due(channel: str) -> None:
         cursor.execute("SELECT pg_notify(%s, '')", [channel])
 
 
-def live_job_by_key(key: str) -> tuple[int, str] | None:
-    """(id, state) of the pending or claimed job holding ``key``."""
-    rows = _fetchall("live_job_by_key", {"key": key})
+def live_job_by_key(key: str, owner_id: int | None = None) -> tuple[int, str] | None:
+    """(id, state) of the pending or claimed job holding ``key`` for ``owner_id`` (None: the system's)."""
+    rows = _fetchall("live_job_by_key", {"key": key, "owner_id": owner_id})
     return (rows[0][0], rows[0][1]) if rows else None
 
 

@@ -1,7 +1,15 @@
-"""The checks every door makes before anything is stored or sent: payload, delay, due time, key.
+"""The checks every door makes before anything is stored or sent: payload, delay, due time, key, access.
 
 ``scheduling.api`` (Python), the JSON API and the admin all call these, so they refuse the same
-input with the same named exceptions.
+input with the same named exceptions, before the database or a lock is touched:
+
+- text (kinds, keys, payload keys and string values at any depth) holding NUL or a lone UTF-16
+  surrogate: PostgreSQL cannot store either (text refuses NUL; jsonb refuses ``\u0000`` and
+  unpaired surrogates), so they are refused here with a reason instead of failing in the driver;
+- due times outside ``EARLIEST_DUE_AT`` .. now + ``MAX_DELAY_SECONDS`` (2000-01-01 to ten years
+  ahead): a year-1 job would jump every queue and report an overdue age of two thousand years;
+- UTC offsets beyond ±15:59 (PostgreSQL's limit; Python allows up to ±23:59:59.999999) or with
+  seconds; accepted times are handed on in UTC.
 """
 
 from __future__ import annotations
@@ -9,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from typing import Any
 
 from scheduling.core import conf, exceptions, registry
@@ -16,6 +25,47 @@ from scheduling.core import conf, exceptions, registry
 MAX_DELAY_SECONDS = 10 * 366 * 86_400  # ten years: anything further is a unit mistake
 MAX_KEY_LENGTH = 200
 MAX_ATTEMPTS_LIMIT = 1000
+EARLIEST_DUE_AT = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)  # a due time before this is a mistake, not a plan
+MAX_UTC_OFFSET = dt.timedelta(hours=15, minutes=59)  # PostgreSQL refuses larger offsets in timestamptz input
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def text_problem(text: str) -> str:
+    """Why PostgreSQL could not store ``text`` ("" when it can): a NUL or an unpaired surrogate."""
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return ""
+    return "contains a NUL character" if found.group() == "\x00" else "contains an unpaired UTF-16 surrogate"
+
+
+def check_text(text: str, what: str) -> None:
+    """Raise ``InvalidSchedule`` when ``text`` (a key, a kind, a filter) cannot be stored."""
+    problem = text_problem(text)
+    if problem:
+        raise exceptions.InvalidSchedule(f"{what} {problem}.")
+
+
+def payload_text_problem(payload: Any) -> str:
+    """Where and why a payload holds text PostgreSQL cannot store ("" when none), walked without recursion."""
+    stack: list[tuple[Any, str]] = [(payload, "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, str):
+            problem = text_problem(node)
+            if problem:
+                return f"the value at {where or '(root)'} {problem}"
+        elif isinstance(node, dict):
+            for name, child in node.items():
+                if isinstance(name, str):
+                    problem = text_problem(name)
+                    if problem:
+                        return f"a field name under {where or '(root)'} {problem}"
+                stack.append((child, f"{where}/{name}" if isinstance(name, str) and not text_problem(name) else where))
+        elif isinstance(node, list | tuple):
+            stack.extend((child, f"{where}/{i}") for i, child in enumerate(node))
+    return ""
 
 
 def payload_depth(payload: Any) -> int:
@@ -45,6 +95,9 @@ def encode_payload(kind: registry.Kind, payload: Any) -> str:
     max_depth = conf.get().max_payload_depth
     if payload_depth(payload) > max_depth:
         raise exceptions.InvalidPayload(f"Payload for {kind.name} is nested deeper than {max_depth} levels.")
+    problem = payload_text_problem(payload)
+    if problem:
+        raise exceptions.InvalidPayload(f"Payload for {kind.name} cannot be stored: {problem}.")
     try:
         encoded = json.dumps(payload, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -75,12 +128,30 @@ def delay_seconds(delay: float | int | dt.timedelta) -> float:
 
 
 def check_due_at(due_at: Any) -> dt.datetime:
-    """An aware datetime; naive ones are refused (which zone would they be in?)."""
+    """``due_at`` in UTC: aware, with an offset PostgreSQL accepts, within the sane window.
+
+    Naive datetimes are refused (which zone would they be in?), and so are offsets beyond ±15:59 or
+    with seconds, and instants before ``EARLIEST_DUE_AT`` or more than ``MAX_DELAY_SECONDS`` ahead.
+    """
     if not isinstance(due_at, dt.datetime):
         raise exceptions.InvalidSchedule(f"due_at must be a datetime, got {type(due_at).__name__}.")
-    if due_at.tzinfo is None or due_at.utcoffset() is None:
+    offset = due_at.utcoffset() if due_at.tzinfo is not None else None
+    if offset is None:
         raise exceptions.InvalidSchedule("due_at must be timezone-aware; a naive datetime has no fixed instant.")
-    return due_at
+    if abs(offset) > MAX_UTC_OFFSET or offset % dt.timedelta(minutes=1):
+        raise exceptions.InvalidSchedule(
+            f"due_at has the UTC offset {offset}; use whole minutes within ±15:59 (or UTC)."
+        )
+    try:
+        utc = due_at.astimezone(dt.UTC)
+    except OverflowError:
+        raise exceptions.InvalidSchedule("due_at is out of range.") from None
+    latest = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=MAX_DELAY_SECONDS)
+    if not EARLIEST_DUE_AT <= utc <= latest:
+        raise exceptions.InvalidSchedule(
+            f"due_at must be from {EARLIEST_DUE_AT:%Y-%m-%d} to ten years ahead, got {utc.isoformat()}."
+        )
+    return utc
 
 
 def resolve_time(
@@ -101,6 +172,13 @@ def check_key(key: str | None) -> None:
         raise exceptions.InvalidSchedule("key must be a non-empty string.")
     if len(key) > MAX_KEY_LENGTH:
         raise exceptions.InvalidSchedule(f"key is {len(key)} characters; the limit is {MAX_KEY_LENGTH}.")
+    check_text(key, "key")
+
+
+def check_access(kind: registry.Kind, user: Any, payload: Any) -> None:
+    """Raise ``KindNotAllowed`` unless ``user`` may schedule ``kind`` with ``payload`` (after the payload checks)."""
+    if not kind.allows(user, payload):
+        raise exceptions.KindNotAllowed(kind.name)
 
 
 def check_max_attempts(kind: registry.Kind, max_attempts: int | None) -> int:

@@ -36,10 +36,36 @@ def schedule(
 ) -> ScheduledJob:
     """Schedule ``kind`` with ``payload`` at ``due_at`` (aware) or after ``delay`` (by the database clock).
 
-    With a ``key``, a second job for a key whose job is still pending either moves that job
-    (``replace``), leaves it (``keep``: the existing job is returned) or raises ``KeyConflict``
-    (``error``). A key whose job is running (claimed) cannot be replaced: ``JobNotReschedulable``.
+    Keys belong to their owner (``owner=None``: the system's namespace): a key never reaches
+    another owner's job. With a ``key``, a second job for a key whose job is still pending either
+    moves that job (``replace``), leaves it (``keep``: the existing job is returned) or raises
+    ``KeyConflict`` (``error``), decided by one statement (no check-then-insert window). A key
+    whose job is running (claimed) cannot be replaced: ``JobNotReschedulable``.
     """
+    return schedule_with_outcome(
+        kind,
+        payload,
+        due_at=due_at,
+        delay=delay,
+        key=key,
+        on_conflict=on_conflict,
+        max_attempts=max_attempts,
+        owner=owner,
+    )[0]
+
+
+def schedule_with_outcome(
+    kind: str,
+    payload: Any,
+    *,
+    due_at: dt.datetime | None = None,
+    delay: float | int | dt.timedelta | None = None,
+    key: str | None = None,
+    on_conflict: str = "replace",
+    max_attempts: int | None = None,
+    owner: Any = None,
+) -> tuple[ScheduledJob, str]:
+    """``schedule()``, also saying what happened: "created", "replaced" or "kept"."""
     job_kind = registry.get(kind)
     validation.encode_payload(job_kind, payload)
     resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
@@ -62,23 +88,27 @@ def schedule(
         owner_id=owner_id,
     )
     asked_at = time.monotonic()
-    row = store.insert_job(new, on_conflict)
-    if row is None:
-        assert key is not None
-        live = store.live_job_by_key(key)
-        if live is None:  # the live job finished between the two statements: try once more
-            row = store.insert_job(new, on_conflict)
-            if row is None:
+    outcome = "created"
+    if key is None:
+        row = store.insert_job(new, on_conflict)
+        assert row is not None
+        job_id, stored_due_at, in_seconds = row
+    else:
+        upserted = store.upsert_keyed_job(new, on_conflict)
+        if upserted is None:  # replace met a running (claimed) job, or it finished meanwhile
+            live = store.live_job_by_key(key, owner_id)
+            if live is not None:
+                raise exceptions.JobNotReschedulable(live[0], live[1])
+            upserted = store.upsert_keyed_job(new, on_conflict)
+            if upserted is None:
                 raise exceptions.KeyConflict(key, -1)
-        else:
-            live_id, live_state = live
-            if on_conflict == "error":
-                raise exceptions.KeyConflict(key, live_id)
-            if on_conflict == "replace":
-                raise exceptions.JobNotReschedulable(live_id, live_state)
-            logger.info("schedule kept the live job for the key", extra={"job_id": live_id, "action": "kept"})
-            return ScheduledJob.objects.get(pk=live_id)
-    job_id, stored_due_at, in_seconds = row
+        if not upserted.inserted and on_conflict == "error":
+            raise exceptions.KeyConflict(key, upserted.id)
+        if not upserted.inserted and on_conflict == "keep":
+            logger.info("schedule kept the live job for the key", extra={"job_id": upserted.id, "action": "kept"})
+            return ScheduledJob.objects.get(pk=upserted.id), "kept"
+        outcome = "created" if upserted.inserted else "replaced"
+        job_id, stored_due_at, in_seconds = upserted.id, upserted.due_at, upserted.in_seconds
     claim.wake_on_commit(in_seconds, asked_at)
     logger.info("job scheduled", extra={"job_id": job_id, "kind": kind, "action": "scheduled"})
     job = ScheduledJob(
@@ -94,7 +124,7 @@ def schedule(
         owner_id=owner_id,
     )
     job._state.adding = False
-    return job
+    return job, outcome
 
 
 def schedule_many(
@@ -133,21 +163,25 @@ def schedule_many(
     return [row[0] for row in rows]
 
 
-def _find(job_id: int | None, key: str | None) -> int:
+def _find(job_id: int | None, key: str | None, owner: Any = None) -> int:
     if (job_id is None) == (key is None):
         raise exceptions.InvalidSchedule("Give exactly one of job_id and key.")
     if job_id is not None:
         return job_id
     assert key is not None
-    live = store.live_job_by_key(key)
+    validation.check_key(key)
+    live = store.live_job_by_key(key, getattr(owner, "pk", owner))
     if live is None:
         raise exceptions.JobNotFound(f"No pending or claimed job has key {key!r}.")
     return live[0]
 
 
-def cancel(job_id: int | None = None, *, key: str | None = None) -> int:
-    """Cancel a pending job; returns its id. ``JobNotCancellable`` says which state it is in otherwise."""
-    target = _find(job_id, key)
+def cancel(job_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
+    """Cancel a pending job; returns its id. ``JobNotCancellable`` says which state it is in otherwise.
+
+    By ``key``, the job is the ``owner``'s (None: the system's namespace).
+    """
+    target = _find(job_id, key, owner)
     if store.cancel_job(target):
         logger.info("job cancelled", extra={"job_id": target, "action": "cancelled"})
         return target
@@ -163,10 +197,14 @@ def reschedule(
     key: str | None = None,
     due_at: dt.datetime | None = None,
     delay: float | int | dt.timedelta | None = None,
+    owner: Any = None,
 ) -> dt.datetime:
-    """Move a pending job to ``due_at`` (or ``delay`` from now); returns the stored due time."""
+    """Move a pending job to ``due_at`` (or ``delay`` from now); returns the stored due time.
+
+    By ``key``, the job is the ``owner``'s (None: the system's namespace).
+    """
     resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
-    target = _find(job_id, key)
+    target = _find(job_id, key, owner)
     if resolved_due_at is None:
         assert resolved_delay is not None
         resolved_due_at = store.database_now() + dt.timedelta(seconds=resolved_delay)
@@ -189,4 +227,4 @@ def status() -> dict[str, Any]:
     return store.backlog_status(settings.stuck_after_seconds, settings.status_exact_limit)
 
 
-__all__ = ["cancel", "reschedule", "schedule", "schedule_many", "status"]
+__all__ = ["cancel", "reschedule", "schedule", "schedule_many", "schedule_with_outcome", "status"]

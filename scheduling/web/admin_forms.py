@@ -19,8 +19,6 @@ from django.utils import timezone
 from scheduling.core import conf, exceptions, registry, validation
 from scheduling.models import SchedulePolicy
 
-EARLIEST_YEAR, LATEST_YEAR = 1970, 9999  # due times outside these years are typing mistakes
-
 
 class PayloadField(forms.JSONField):
     """A JSON object typed by a person: size-capped before parsing, deep nesting is a form error."""
@@ -56,16 +54,24 @@ class PayloadField(forms.JSONField):
             return InvalidJSONInput(data)
 
 
-def kind_choices() -> list[tuple[str, str]]:
+def kind_choices(user: Any = None) -> list[tuple[str, str]]:
+    """Every kind, or with ``user`` (not a superuser) only the kinds whose ``Access`` may let them schedule it."""
     kinds = registry.all_kinds()
+    if user is not None and not getattr(user, "is_superuser", False):
+        kinds = {name: kind for name, kind in kinds.items() if kind.offered_to(user)}
     return [
         (name, f"{name} — {kind.description}" if kind.description else name) for name, kind in sorted(kinds.items())
     ]
 
 
 def check_year(value: dt.datetime | None) -> None:
-    if value is not None and not EARLIEST_YEAR <= value.year <= LATEST_YEAR:
-        raise ValidationError(f"Choose a year from {EARLIEST_YEAR} to {LATEST_YEAR}.")
+    """The shared due-time checks (window 2000-01-01 .. ten years ahead, offsets) as a form error."""
+    if value is None:
+        return
+    try:
+        validation.check_due_at(value)
+    except exceptions.InvalidSchedule as exc:
+        raise ValidationError(str(exc)) from None
 
 
 class DueAtField(forms.DateTimeField):
@@ -113,9 +119,10 @@ class NewJobForm(forms.Form):
         help_text="Who the job belongs to (the jobs API shows it only to them and to staff).",
     )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        cast(forms.ChoiceField, self.fields["kind"]).choices = [("", "---------"), *kind_choices()]
+        self.user = user
+        cast(forms.ChoiceField, self.fields["kind"]).choices = [("", "---------"), *kind_choices(user)]
         zone = timezone.get_current_timezone_name()
         self.fields["due_at"].help_text = f"In {zone}. Give a due time or a delay, not both."
 
@@ -126,6 +133,14 @@ class NewJobForm(forms.Form):
             data["payload"] = {}
         if data.get("due_at") is None and data.get("delay_seconds") is None and not self.errors.get("due_at"):
             raise ValidationError("Give a due time or a delay.")
+        if self.user is not None and not self.user.is_superuser and data.get("kind") and "payload" not in self.errors:
+            # Superusers may schedule any kind here; everyone else what the kind's Access allows.
+            try:
+                kind = registry.get(data["kind"])
+                validation.encode_payload(kind, data["payload"])
+                validation.check_access(kind, self.user, data["payload"])
+            except exceptions.SchedulingError as exc:
+                self.add_scheduling_error(exc)
         return data
 
     def schedule_arguments(self) -> dict[str, Any]:
@@ -145,7 +160,7 @@ class NewJobForm(forms.Form):
 
     def add_scheduling_error(self, exc: exceptions.SchedulingError) -> None:
         """Attach an error of ``api.schedule`` to the field it is about."""
-        if isinstance(exc, exceptions.UnknownJobKind):
+        if isinstance(exc, exceptions.UnknownJobKind | exceptions.KindNotAllowed):
             field: str | None = "kind"
         elif isinstance(exc, exceptions.InvalidPayload):
             field = "payload"

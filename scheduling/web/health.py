@@ -11,7 +11,9 @@ Parts checked, each with a bounded wait:
 Database failures are caught as ``django.db.Error``: a connection closed under the process raises
 ``InterfaceError``, which is not a ``DatabaseError``. ``beat`` and ``backlog`` read the database;
 when it is down they are reported ``skipped``, and only ``database`` is named as failing. The body
-never holds payloads or personal data.
+never holds payloads or personal data. Anonymous callers (load balancers) get the status of each
+part only; the details (errors naming hosts, ports and databases, latencies, counts) need the
+metrics token or a user with ``scheduling.view_scheduledjob``.
 """
 
 from __future__ import annotations
@@ -134,9 +136,24 @@ def report() -> tuple[bool, dict[str, Any]]:
     return not failing, body
 
 
+def may_see_details(request: HttpRequest) -> bool:
+    """The metrics token, or a signed-in user allowed to view jobs."""
+    from scheduling.web import metrics
+
+    if metrics.has_metrics_token(request):
+        return True
+    try:  # the session's user is read from the database, which may be the part that is down
+        user = getattr(request, "user", None)
+        return bool(user is not None and user.is_active and user.has_perm("scheduling.view_scheduledjob"))
+    except db.Error:
+        return False
+
+
 @never_cache
 @require_safe
 def healthz(request: HttpRequest) -> JsonResponse:
     """200 when database, broker, beat and backlog are fine; 503 naming the failing parts otherwise."""
     healthy, body = report()
+    if not may_see_details(request):
+        body = {**body, "checks": {name: {"status": part["status"]} for name, part in body["checks"].items()}}
     return JsonResponse(body, status=200 if healthy else 503)

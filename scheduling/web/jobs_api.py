@@ -2,12 +2,19 @@
 
 Plain Django views over ``scheduling.api``: every check (kind, payload, time) is the API's, so a
 request gets the same answer as a call to ``schedule()``, and an error stores or changes nothing
-(each write runs in one transaction). Rows belong to their owner: another caller gets 404, staff
-see everything.
+(each write runs in one transaction). Rows belong to their owner: another caller gets 404. Seeing
+everyone's jobs takes the admin's ``scheduling.view_scheduledjob`` permission, changing them
+``scheduling.change_scheduledjob`` (the staff flag alone grants nothing here either).
+
+A kind is schedulable here only if it declares ``api=registry.Access(...)`` and that access lets the
+caller schedule it with that payload (403 otherwise). Keys are per owner: a key only ever meets the
+caller's own job, and another owner's use of the same key is neither revealed nor touched.
 
 Status codes: 400 the request is wrong (with the reason), 401 no or bad credentials, 403 failed
-CSRF check (session callers), 404 no such job for this caller, 405 wrong method, 409 the job's
-state (or its key's owner) forbids the change, 413 body or payload over the limit, 415 not JSON.
+CSRF check (session callers) or a kind (or change) the caller may not ask for, 404 no such job for
+this caller, 405 wrong method, 409 the job's state forbids the change (or on_conflict="error" met
+the caller's own live job for the key), 413 body or payload over the limit, 415 not JSON.
+The OpenAPI document is served at ``/api/jobs/openapi.json``.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
 from scheduling import api
-from scheduling.core import conf, exceptions, validation
-from scheduling.models import LIVE_STATES, JobState, ScheduledJob
+from scheduling.core import conf, exceptions, registry, validation
+from scheduling.models import JobState, ScheduledJob
 from scheduling.web import auth
 
 logger = logging.getLogger(__name__)
@@ -65,6 +72,8 @@ def from_scheduling_error(exc: exceptions.SchedulingError) -> ApiError:
         return ApiError(413, "payload_too_large", str(exc), size=exc.size, limit=exc.limit)
     if isinstance(exc, exceptions.UnknownJobKind):
         return ApiError(400, "unknown_kind", str(exc))
+    if isinstance(exc, exceptions.KindNotAllowed):
+        return ApiError(403, "kind_not_allowed", str(exc), kind=exc.kind)
     if isinstance(exc, exceptions.InvalidPayload):
         return ApiError(400, "invalid_payload", str(exc))
     if isinstance(exc, exceptions.InvalidSchedule):
@@ -131,18 +140,16 @@ def parse_due_at(value: Any) -> dt.datetime:
     """An ISO-8601 date-time with an offset; naive, impossible or out-of-range times raise ``ApiError``."""
     if not isinstance(value, str) or len(value) > MAX_DATETIME_TEXT:
         raise ApiError(400, "invalid_schedule", "due_at must be an ISO-8601 date-time string with an offset.")
+    if validation.text_problem(value):
+        raise ApiError(400, "invalid_schedule", "due_at must be an ISO-8601 date-time string with an offset.")
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError as exc:
         raise ApiError(400, "invalid_schedule", f"due_at {value!r} is not a valid ISO-8601 date-time: {exc}.") from None
     try:
-        validation.check_due_at(parsed)
-        parsed.astimezone(dt.UTC)
+        return validation.check_due_at(parsed)
     except exceptions.InvalidSchedule as exc:
         raise from_scheduling_error(exc) from None
-    except OverflowError:
-        raise ApiError(400, "invalid_schedule", f"due_at {value!r} is out of range.") from None
-    return parsed
 
 
 def _time_arguments(data: dict[str, Any]) -> dict[str, Any]:
@@ -235,12 +242,15 @@ def _endpoint(allowed: tuple[str, ...]) -> Any:
     return wrap
 
 
-def _visible(user: Any, job_id: int) -> ScheduledJob:
+def _visible(user: Any, job_id: int, *, change: bool = False) -> ScheduledJob:
+    """The job if ``user`` may see it (404 otherwise); with ``change``, 403 unless they may also change it."""
     if job_id > MAX_JOB_ID:
         raise ApiError(404, "not_found", "No such job.")
     job = ScheduledJob.objects.for_owner(user).filter(pk=job_id).first()
     if job is None:
         raise ApiError(404, "not_found", "No such job.")
+    if change and job.owner_id != user.pk and not user.has_perm("scheduling.change_scheduledjob"):
+        raise ApiError(403, "forbidden", "You may see this job but not change it.")
     return job
 
 
@@ -266,10 +276,12 @@ def _list(request: HttpRequest, user: Any) -> JsonResponse:
                 400, "invalid_filter", f"Unknown state(s) {', '.join(bad)}; use {', '.join(JobState.values)}."
             )
         jobs = jobs.filter(state__in=states)
-    if "kind" in params:
-        jobs = jobs.filter(kind=params["kind"])
-    if "key" in params:
-        jobs = jobs.filter(key=params["key"])
+    for name in ("kind", "key"):
+        if name in params:
+            problem = validation.text_problem(params[name])
+            if problem:
+                raise ApiError(400, "invalid_filter", f"{name} {problem}.")
+            jobs = jobs.filter(**{name: params[name]})
     page_number = _positive_int(params.get("page", "1"), "page", 10**6)
     page_size = _positive_int(params.get("page_size", str(DEFAULT_PAGE_SIZE)), "page_size", MAX_PAGE_SIZE)
     paginator = Paginator(jobs.order_by("due_at", "id"), page_size)
@@ -299,7 +311,8 @@ def _list(request: HttpRequest, user: Any) -> JsonResponse:
 
 
 def _positive_int(text: str, name: str, maximum: int) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= maximum:
+    # isdigit() accepts "²" and other digits int() refuses: ASCII decimal digits only.
+    if not (text.isascii() and text.isdecimal()) or len(text) > 12 or not 1 <= int(text) <= maximum:
         raise ApiError(400, "invalid_parameter", f"{name} must be a whole number from 1 to {maximum}.")
     return int(text)
 
@@ -309,52 +322,30 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
     _check_fields(data, CREATE_FIELDS)
     if "kind" not in data or not isinstance(data["kind"], str):
         raise ApiError(400, "invalid_request", "kind is required: the name of a registered job kind.")
-    key = data.get("key")
-    on_conflict = data.get("on_conflict", "replace")
-    max_attempts = data.get("max_attempts")
+    payload = data.get("payload", {})
     try:
+        validation.check_text(data["kind"], "kind")
+        kind = registry.get(data["kind"])
+        validation.encode_payload(kind, payload)
+        validation.check_access(kind, user, payload)
         with transaction.atomic():
-            existing = _lock_key_holder(user, key)
-            job = api.schedule(
+            job, outcome = api.schedule_with_outcome(
                 data["kind"],
-                data.get("payload", {}),
-                key=key,
-                on_conflict=on_conflict,
-                max_attempts=max_attempts,
+                payload,
+                key=data.get("key"),
+                on_conflict=data.get("on_conflict", "replace"),
+                max_attempts=data.get("max_attempts"),
                 owner=user,
                 **_time_arguments(data),
             )
     except exceptions.SchedulingError as exc:
         raise from_scheduling_error(exc) from None
     stored = ScheduledJob.objects.get(pk=job.pk)
-    outcome = "created" if existing is None else ("replaced" if on_conflict == "replace" else "kept")
     job_body = job_json(stored)
     body = {"outcome": outcome, "job": job_body}
     if outcome == "created":
         return ok(body, status=201, Location=job_body["url"])
     return ok(body)
-
-
-def _lock_key_holder(user: Any, key: Any) -> int | None:
-    """The id of the live job holding ``key``, locked until the transaction ends (None if there is none).
-
-    A key held by another owner's job is refused for non-staff callers: replacing or keeping it
-    would hand them a job they must not see.
-    """
-    if not isinstance(key, str) or not key:
-        return None
-    row = (
-        ScheduledJob.objects.select_for_update()
-        .filter(key=key, state__in=LIVE_STATES)
-        .values_list("id", "owner_id")
-        .first()
-    )
-    if row is None:
-        return None
-    job_id, owner_id = row
-    if owner_id != user.pk and not user.is_staff:
-        raise ApiError(409, "key_taken", f"Key {key!r} is in use by a job you cannot see; choose another key.")
-    return int(job_id)
 
 
 @_endpoint(("GET", "HEAD"))
@@ -368,7 +359,7 @@ def cancel(request: HttpRequest, user: Any, job_id: int) -> JsonResponse:
     """Cancel a pending job (409 names the state otherwise)."""
     data = read_json(request, optional=True)
     _check_fields(data, frozenset())
-    _visible(user, job_id)
+    _visible(user, job_id, change=True)
     try:
         with transaction.atomic():
             api.cancel(job_id)
@@ -383,7 +374,7 @@ def reschedule(request: HttpRequest, user: Any, job_id: int) -> JsonResponse:
     data = read_json(request)
     _check_fields(data, RESCHEDULE_FIELDS)
     times = _time_arguments(data)
-    _visible(user, job_id)
+    _visible(user, job_id, change=True)
     try:
         with transaction.atomic():
             api.reschedule(job_id, **times)

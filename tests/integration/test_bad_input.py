@@ -382,7 +382,7 @@ def test_every_door_refuses_the_same_bad_job(
 @pytest.mark.django_db
 @pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  # whitenoise: collectstatic has not run here
 def test_hostile_requests_are_refused_with_their_status_and_change_nothing(django_user_model) -> None:
-    """Wrong content type 415, wrong method 405, missing CSRF 403, another owner's job 404: nothing changes."""
+    """Wrong content type 415, wrong method 405, missing CSRF or a kind not allowed 403, another owner's job 404."""
     from django.test import Client
 
     alice = django_user_model.objects.create_user("alice", password="pw-a")
@@ -396,7 +396,7 @@ def test_hostile_requests_are_refused_with_their_status_and_change_nothing(djang
     before = _snapshot()
     form = "application/x-www-form-urlencoded"
     as_json = "application/json"
-    taken_key = json.dumps({**json.loads(good), "key": "bob:1"})
+    not_allowed = json.dumps({"kind": "demo.fail", "payload": {}, "delay": 60})  # no api Access
     huge = json.dumps({"kind": "demo.record", "payload": {"x": "y" * 200_000}, "delay": 1})
     attempts = [
         (415, lambda: _csrf_post(session, "/api/jobs/", '{"kind": "demo.record", "delay": 1}', "text/plain")),
@@ -409,7 +409,7 @@ def test_hostile_requests_are_refused_with_their_status_and_change_nothing(djang
         (404, lambda: session.get(f"/api/jobs/{theirs.id}")),
         (404, lambda: _csrf_post(session, f"/api/jobs/{theirs.id}/cancel", "", as_json)),
         (404, lambda: _csrf_post(session, f"/api/jobs/{theirs.id}/reschedule", '{"delay": 5}', as_json)),
-        (409, lambda: _csrf_post(session, "/api/jobs/", taken_key, as_json)),
+        (403, lambda: _csrf_post(session, "/api/jobs/", not_allowed, as_json)),
         (401, lambda: Client().post("/api/jobs/", good, content_type=as_json)),
         (413, lambda: _csrf_post(session, "/api/jobs/", huge, as_json)),
     ]

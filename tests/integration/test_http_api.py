@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client
 from django.utils import timezone
@@ -16,6 +17,7 @@ from scheduling import api
 from scheduling.core import store
 from scheduling.models import ApiToken, JobState, ScheduledJob
 from scheduling.web import auth
+from tasks.models import Trial
 
 pytestmark = [
     pytest.mark.django_db,
@@ -23,7 +25,6 @@ pytestmark = [
 ]
 
 URL = "/api/jobs/"
-TRIAL = {"user_id": 1, "trial_id": 2}
 
 
 def _snapshot() -> list[tuple[Any, ...]]:
@@ -48,7 +49,15 @@ def bob(django_user_model: Any) -> Any:
 
 @pytest.fixture
 def staff(django_user_model: Any) -> Any:
-    return django_user_model.objects.create_user("operator", password="pw-op", is_staff=True)
+    """A staff member with the admin's view and change permissions on jobs."""
+    user = django_user_model.objects.create_user("operator", password="pw-op", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="scheduling", codename__in=_JOB_PERMISSIONS)
+    )
+    return user
+
+
+_JOB_PERMISSIONS = ["view_scheduledjob", "change_scheduledjob"]
 
 
 def logged_in(user: Any, *, csrf: bool = False) -> Client:
@@ -75,6 +84,8 @@ def error_of(response: Any) -> dict[str, Any]:
 def test_create_returns_201_with_location_and_stores_an_owned_job(alice):
     """POST with kind, payload and an aware due_at creates a pending job owned by the caller."""
     due = soon()
+    trial = Trial.objects.create(user=alice, ends_at=timezone.now() + dt.timedelta(days=10))
+    TRIAL = {"user_id": alice.id, "trial_id": trial.id}
     response = post_json(logged_in(alice), URL, {"kind": "reminders.trial_ending", "payload": TRIAL, "due_at": due})
     assert response.status_code == 201, response.content
     body = response.json()
@@ -260,7 +271,7 @@ def test_another_owners_job_is_404_for_every_verb_and_unchanged(alice, bob):
 
 
 def test_staff_see_and_change_every_job(alice, staff):
-    """Staff list everyone's jobs and may cancel them."""
+    """Staff with the admin's view and change permissions list everyone's jobs and may cancel them."""
     job = api.schedule("demo.noop", {}, delay=600, owner=alice)
     api.schedule("demo.noop", {}, delay=600, owner=None)
     client = logged_in(staff)
@@ -269,20 +280,27 @@ def test_staff_see_and_change_every_job(alice, staff):
     assert client.post(f"/api/jobs/{job.id}/cancel", content_type="application/json").json()["state"] == "cancelled"
 
 
-def test_a_key_held_by_another_owner_is_409_and_left_alone(alice, bob):
-    """Bob cannot replace or keep Alice's keyed job: 409, and her job is unchanged."""
+def test_a_key_used_by_another_owner_is_a_separate_job_and_left_alone(alice, bob):
+    """Keys are per owner: Bob's job under Alice's key text is his own; hers is neither shown nor changed."""
     job = api.schedule("demo.noop", {"v": 1}, delay=600, key="shared-key", owner=alice)
     before = _snapshot()
+    bobs = None
     for on_conflict in ("replace", "keep", "error"):
         response = post_json(
             logged_in(bob),
             URL,
             {"kind": "demo.noop", "payload": {"v": 2}, "delay": 5, "key": "shared-key", "on_conflict": on_conflict},
         )
-        assert response.status_code == 409
-        assert error_of(response)["code"] == "key_taken"
-        assert str(job.id) not in response.content.decode()
-    assert _snapshot() == before
+        if on_conflict == "error":  # meets Bob's own job from the first round, never Alice's
+            assert response.status_code == 409
+            assert error_of(response)["job_id"] == bobs
+        else:
+            assert response.status_code in (200, 201), response.content
+            assert response.json()["job"]["owner"] == bob.id
+            bobs = response.json()["job"]["id"]
+            assert bobs != job.id
+    assert [row for row in _snapshot() if row[0] == job.id] == [row for row in before if row[0] == job.id]
+    assert ScheduledJob.objects.filter(key="shared-key").count() == 2
 
 
 def test_own_key_replace_keep_and_error(alice):

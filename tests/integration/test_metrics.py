@@ -25,6 +25,12 @@ from tests.e2e import harness
 pytestmark = pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  # whitenoise: no collectstatic here
 
 
+@pytest.fixture
+def client(admin_client: Any) -> Any:
+    """A superuser's session: /healthz shows its details only to users who may view jobs (or the token)."""
+    return admin_client
+
+
 def scrape(client: Any) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """/metrics parsed: {sample name: {sorted labels: value}}."""
     response = client.get("/metrics")
@@ -232,3 +238,47 @@ def test_lag_by_minute_summarises_each_minute():
     assert row.p50 == pytest.approx(0.25)
     assert row.max == pytest.approx(10.0)
     assert 0.3 < row.p95 < 10.0
+
+
+# --- issue #13 item 5 and 8: /metrics closed in production, cached; /healthz details not for anonymous callers
+
+
+@pytest.mark.django_db
+def test_metrics_are_refused_in_production_without_a_token_unless_opened(client):
+    """DEBUG off, no token: /metrics is 401; SCHEDULING_METRICS_PUBLIC=True opens it on purpose."""
+    with override_settings(DEBUG=False, SCHEDULING_METRICS_PUBLIC=False, SCHEDULING_METRICS_TOKEN=""):
+        assert client.get("/metrics").status_code == 401
+    with override_settings(DEBUG=False, SCHEDULING_METRICS_PUBLIC=True, SCHEDULING_METRICS_TOKEN=""):
+        assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.django_db
+def test_scrapes_within_the_cache_period_share_one_computation(client):
+    """Within SCHEDULING_METRICS_CACHE_SECONDS a new job does not show: the scrape reused the cached text."""
+    from scheduling.web import metrics
+
+    with override_settings(SCHEDULING_METRICS_CACHE_SECONDS=3600):
+        metrics.forget_cached()
+        first = scrape(client)
+        api.schedule("demo.noop", {}, delay=600)
+        assert scrape(client) == first
+        metrics.forget_cached()
+        assert scrape(client)["timekeeper_pending_jobs"] != first["timekeeper_pending_jobs"]
+    metrics.forget_cached()
+
+
+@pytest.mark.django_db
+def test_anonymous_healthz_shows_no_internal_detail(settings):
+    """A failing broker: anonymous callers see part statuses only; the token holder sees the error text."""
+    from django.test import Client
+
+    settings.CELERY_BROKER_URL = "redis://:hunter2@internal-redis.example.invalid:6390/0"
+    with override_settings(SCHEDULING_METRICS_TOKEN="scrape-secret"):
+        anonymous = Client().get("/healthz")
+        text = anonymous.content.decode()
+        assert anonymous.status_code == 503
+        for secret in ("internal-redis", "6390", "error"):
+            assert secret not in text
+        assert anonymous.json()["checks"]["broker"] == {"status": "failing"}
+        detailed = Client().get("/healthz", HTTP_AUTHORIZATION="Bearer scrape-secret").json()
+        assert "error" in detailed["checks"]["broker"]

@@ -24,33 +24,45 @@ ORDER BY t.n
 RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
 
 -- name: upsert_job_replace
--- on_conflict="replace": a second job for a key that already has a pending job moves that job
--- (new due time, payload, attempts budget) instead of adding a row. A claimed job is running and
--- is not touched: no row comes back and the caller reports the conflict.
+-- on_conflict="replace": keys are per owner (the partial unique index on (coalesce(owner_id, 0),
+-- key); NULL owner = the system's namespace), so this can only ever meet the caller's own job. A
+-- second job for a key whose job is pending moves that job (new due time, payload, attempts
+-- budget) in this one statement: two callers racing on a new key cannot both insert, and there is
+-- no check-then-insert window. A claimed job is running and is not touched: no row comes back and
+-- the caller reports the conflict. inserted (xmax = 0) tells a new row from a replaced one.
 INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
      claimed_by, created_at, updated_at)
 VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
         %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now())
-ON CONFLICT (key) WHERE state IN ('pending', 'claimed') DO UPDATE
+ON CONFLICT ((coalesce(owner_id, 0)), key) WHERE key IS NOT NULL AND state IN ('pending', 'claimed') DO UPDATE
     SET kind = EXCLUDED.kind, payload = EXCLUDED.payload, due_at = EXCLUDED.due_at,
         max_attempts = greatest(EXCLUDED.max_attempts, scheduling_scheduledjob.attempts + 1),
-        lease_seconds = EXCLUDED.lease_seconds, owner_id = EXCLUDED.owner_id, updated_at = now()
+        lease_seconds = EXCLUDED.lease_seconds, updated_at = now()
     WHERE scheduling_scheduledjob.state = 'pending'
-RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds, (xmax = 0) AS inserted, state;
 
 -- name: upsert_job_keep
--- on_conflict="keep" and "error": never touch the live job; no row back means the key is taken.
+-- on_conflict="keep" and "error": the live job of the (owner, key) is never changed. The no-op
+-- DO UPDATE (it rewrites nothing the job means) exists so the one statement returns the live
+-- job's row, locked, instead of nothing: no second look-up that could find it gone or a stranger's.
 INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
      claimed_by, created_at, updated_at)
 VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
         %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now())
-ON CONFLICT (key) WHERE state IN ('pending', 'claimed') DO NOTHING
-RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
+ON CONFLICT ((coalesce(owner_id, 0)), key) WHERE key IS NOT NULL AND state IN ('pending', 'claimed') DO UPDATE
+    SET key = scheduling_scheduledjob.key
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds, (xmax = 0) AS inserted, state;
 
 -- name: live_job_by_key
-SELECT id, state FROM scheduling_scheduledjob WHERE key = %(key)s AND state IN ('pending', 'claimed');
+-- The owner's (NULL: the system's) live job for a key; the same expression as the unique index.
+SELECT id, state FROM scheduling_scheduledjob
+WHERE coalesce(owner_id, 0) = coalesce(%(owner_id)s::integer, 0) AND key = %(key)s
+  AND key IS NOT NULL AND state IN ('pending', 'claimed');
+
+-- name: job_owner_id
+SELECT owner_id FROM scheduling_scheduledjob WHERE id = %(id)s;
 
 -- name: job_state
 SELECT state FROM scheduling_scheduledjob WHERE id = %(id)s;
@@ -95,7 +107,8 @@ SET state = 'pending', attempts = 0, due_at = now(), finished_at = NULL, token =
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead'
   AND (j.key IS NULL OR NOT EXISTS (
         SELECT 1 FROM scheduling_scheduledjob AS o
-        WHERE o.key = j.key AND o.state IN ('pending', 'claimed')))
+        WHERE coalesce(o.owner_id, 0) = coalesce(j.owner_id, 0) AND o.key = j.key
+          AND o.state IN ('pending', 'claimed')))
 RETURNING j.id;
 
 -- name: claim_due_jobs

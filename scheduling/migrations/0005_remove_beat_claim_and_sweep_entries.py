@@ -14,7 +14,7 @@ def remove_legacy_entries(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0003_schedulepolicy_add_payload_timing_key_pruned_through"),
+        ("scheduling", "0004_scheduledjob_key_unique_per_owner"),
     ]
 
     operations = [
