@@ -1,8 +1,15 @@
-"""The only module that holds a cursor: runs the named statements of ``sql/queries.sql``.
+"""Every statement Timekeeper runs on Django's connection: the named blocks of ``sql/queries.sql``.
 
-Functions take and return plain values; decisions (what to claim, when to retry) live in
-``api``, ``claim``, ``runner`` and ``sweep``. Statements run on Django's connection for the
-current thread, so they join the caller's transaction when there is one.
+This is the only module that holds a cursor on Timekeeper's tables. Functions take plain values;
+decisions (what to claim, when to retry, who leads) live in ``jobs``, ``fixed`` and ``deferrals``.
+Statements run on Django's connection for the current thread, so they join the caller's
+transaction when there is one.
+
+Two other places run statements, and neither touches a table: ``locks.AdvisoryLock`` takes,
+checks and releases a session-level advisory lock on its own psycopg2 connection, and the claim
+loop's ``Listener`` (``jobs.claim``) LISTENs and holds the loop's lock on its own connection. Those
+are lock and LISTEN sessions whose life is the lock's, so they stay with the code that owns the
+session. Plain ORM reads of model rows (the admin's lists, a policy looked up by name) are Django's.
 """
 
 from __future__ import annotations
@@ -315,9 +322,21 @@ def backlog_status(stuck_after_seconds: float, exact_limit: int = 10_000) -> dic
 
 def database_now() -> dt.datetime:
     """The database clock: what every due-time decision uses."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
+    now: dt.datetime = _fetchall("database_now", {})[0][0]
+    return now
+
+
+# --- Locks and leaders -------------------------------------------------------------------------------
+
+
+def advisory_lock_held(key: int) -> bool:
+    """Whether any session holds the advisory lock ``key`` (reads pg_locks; takes nothing)."""
+    return bool(_fetchall("advisory_lock_held", {"key": key})[0][0])
+
+
+def record_heartbeat(role: str, holder: str, *, new_lead: bool) -> None:
+    """Write the leader's heartbeat for ``role`` (database clock); ``new_lead`` restarts "leading since"."""
+    _fetchall("record_heartbeat", {"role": role, "holder": holder, "new_lead": new_lead})
 
 
 # --- Fixed-time schedules ----------------------------------------------------------------------------
