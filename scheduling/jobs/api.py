@@ -8,6 +8,7 @@ Application code imports these through ``scheduling.api``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -16,7 +17,7 @@ from typing import Any
 
 from scheduling.core import conf, exceptions, registry, store, validation
 from scheduling.jobs import claim
-from scheduling.models import ScheduledJob
+from scheduling.models import JobState, ScheduledJob
 
 logger = logging.getLogger(__name__)
 
@@ -71,22 +72,20 @@ def schedule(
             if row is None:
                 raise exceptions.KeyConflict(key, -1)
         else:
-            live_id, live_state = live
             if on_conflict == "error":
-                raise exceptions.KeyConflict(key, live_id)
+                raise exceptions.KeyConflict(key, live.id)
             if on_conflict == "replace":
-                raise exceptions.JobNotReschedulable(live_id, live_state)
-            logger.info("schedule kept the live job for the key", extra={"job_id": live_id, "action": "kept"})
-            return ScheduledJob.objects.get(pk=live_id)
-    job_id, stored_due_at, in_seconds = row
-    claim.wake_on_commit(in_seconds, asked_at)
-    logger.info("job scheduled", extra={"job_id": job_id, "kind": kind, "action": "scheduled"})
+                raise exceptions.JobNotReschedulable(live.id, live.state)
+            logger.info("schedule kept the live job for the key", extra={"job_id": live.id, "action": "kept"})
+            return ScheduledJob.objects.get(pk=live.id)
+    claim.wake_on_commit(row.in_seconds, asked_at)
+    logger.info("job scheduled", extra={"job_id": row.id, "kind": kind, "action": "scheduled"})
     job = ScheduledJob(
-        id=job_id,
+        id=row.id,
         kind=kind,
         payload=payload,
-        due_at=stored_due_at,
-        state="pending",
+        due_at=row.due_at,
+        state=JobState.PENDING,
         lease_seconds=job_kind.lease_seconds,
         attempts=0,
         max_attempts=attempts,
@@ -128,9 +127,9 @@ def schedule_many(
         max_attempts=attempts,
         owner_id=getattr(owner, "pk", owner),
     )
-    claim.wake_on_commit(min(row[2] for row in rows), asked_at)  # one wake-up: all rows share the due time
+    claim.wake_on_commit(min(row.in_seconds for row in rows), asked_at)  # one wake-up: all rows share the due time
     logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
-    return [row[0] for row in rows]
+    return [row.id for row in rows]
 
 
 def _find(job_id: int | None, key: str | None) -> int:
@@ -142,7 +141,7 @@ def _find(job_id: int | None, key: str | None) -> int:
     live = store.live_job_by_key(key)
     if live is None:
         raise exceptions.JobNotFound(f"No pending or claimed job has key {key!r}.")
-    return live[0]
+    return live.id
 
 
 def cancel(job_id: int | None = None, *, key: str | None = None) -> int:
@@ -173,10 +172,9 @@ def reschedule(
     asked_at = time.monotonic()
     row = store.reschedule_job(target, resolved_due_at)
     if row is not None:
-        stored_due_at, in_seconds = row
-        claim.wake_on_commit(in_seconds, asked_at)
+        claim.wake_on_commit(row.in_seconds, asked_at)
         logger.info("job rescheduled", extra={"job_id": target, "action": "rescheduled"})
-        return stored_due_at
+        return row.due_at
     state = store.job_state(target)
     if state is None:
         raise exceptions.JobNotFound(f"No job {target}.")
@@ -184,9 +182,13 @@ def reschedule(
 
 
 def status() -> dict[str, Any]:
-    """The table's numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck."""
+    """The table's numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck.
+
+    A dict (``store.BacklogStatus``'s fields; ``estimated`` a list) so that it serialises as it is.
+    """
     settings = conf.get()
-    return store.backlog_status(settings.stuck_after_seconds, settings.status_exact_limit)
+    numbers = store.backlog_status(settings.stuck_after_seconds, settings.status_exact_limit)
+    return {**dataclasses.asdict(numbers), "estimated": list(numbers.estimated)}
 
 
 __all__ = ["cancel", "reschedule", "schedule", "schedule_many", "status"]

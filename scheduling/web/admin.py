@@ -340,7 +340,7 @@ class ScheduledJobAdmin(admin.ModelAdmin):
         if "apply" in request.POST and form.is_valid():
             selection = self._selection(queryset)
             due_at = form.cleaned_data["due_at"]
-            changed = store.reschedule_jobs(list(selection), due_at)
+            changed = [job.id for job in store.reschedule_jobs(list(selection), due_at)]
             n, m = len(changed), len(selection) - len(changed)
             when = f"{timezone.localtime(due_at):%Y-%m-%d %H:%M:%S %Z}"
             self._report(

@@ -78,7 +78,7 @@ RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
 UPDATE scheduling_scheduledjob
 SET due_at = %(due_at)s, updated_at = now()
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
-RETURNING id;
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
 
 -- name: run_jobs_now
 UPDATE scheduling_scheduledjob
