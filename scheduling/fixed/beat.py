@@ -33,7 +33,7 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from scheduling.core import conf, exceptions, leadership, locks, store, tasknames
 from scheduling.fixed import policies, ticks
-from scheduling.models import SchedulePolicy
+from scheduling.models import MissedPolicy, SchedulePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ def carry_out(
     log = {"schedule": name}
     if plan.missed:
         policy = SchedulePolicy.objects.filter(pk=policy_id).first()
-        missed_policy = policy.missed_policy if policy is not None else "skip"
+        missed_policy = policy.missed_policy if policy is not None else MissedPolicy.SKIP
         recorded = store.record_missed_ticks(policy_id, plan.missed, MISSED_ERROR.format(policy=missed_policy))
         logger.warning(
             "ticks missed while beat was not running",
