@@ -180,6 +180,11 @@ def job_state(job_id: int) -> JobState | None:
     return JobState(rows[0][0]) if rows else None
 
 
+def job_states(ids: Sequence[int]) -> dict[int, JobState]:
+    """{id: state} of the jobs among ``ids`` that exist."""
+    return {row["id"]: JobState(row["state"]) for row in _records("job_states", {"ids": list(ids)})}
+
+
 def cancel_job(job_id: int) -> bool:
     return bool(_fetchall("cancel_job", {"id": job_id}))
 

@@ -55,6 +55,9 @@ SELECT id, state FROM scheduling_scheduledjob WHERE key = %(key)s AND state IN (
 -- name: job_state
 SELECT state FROM scheduling_scheduledjob WHERE id = %(id)s;
 
+-- name: job_states
+SELECT id, state FROM scheduling_scheduledjob WHERE id = ANY(%(ids)s::bigint[]);
+
 -- name: cancel_job
 UPDATE scheduling_scheduledjob
 SET state = 'cancelled', finished_at = now(), updated_at = now()
@@ -62,7 +65,7 @@ WHERE id = %(id)s AND state = 'pending'
 RETURNING id;
 
 -- name: cancel_jobs
--- Bulk cancel for the admin: only pending rows change; the rest are reported by the caller.
+-- Bulk cancel (api.cancel_many): only pending rows change; the caller reports the rest.
 UPDATE scheduling_scheduledjob
 SET state = 'cancelled', finished_at = now(), updated_at = now()
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
