@@ -2,7 +2,10 @@
 
 Per-entity future work (``scheduling.jobs``): ``schedule()`` writes a row in the caller's
 transaction; ``cancel()`` and ``reschedule()`` change it only while it is pending;
-``schedule_many()`` loads many in one statement.
+``schedule_many()`` loads many in one statement. ``cancel_many()``, ``reschedule_many()``,
+``run_now_many()`` and ``retry_dead_many()`` change a selection of ids in one statement each and
+return a ``BulkResult`` (the ids changed, and the others with the state that kept them out): the
+admin's bulk actions are these calls.
 
 Short deferrals: ``defer()`` picks the mechanism. Up to the broker ceiling and without a key it is
 a Celery countdown message and no row (``scheduling.deferrals``); longer, or with a key (to find,
@@ -19,7 +22,18 @@ from typing import Any
 
 from scheduling.core import registry, validation
 from scheduling.deferrals import countdowns
-from scheduling.jobs.api import cancel, reschedule, schedule, schedule_many, schedule_with_outcome
+from scheduling.jobs.api import (
+    BulkResult,
+    cancel,
+    cancel_many,
+    reschedule,
+    reschedule_many,
+    retry_dead_many,
+    run_now_many,
+    schedule,
+    schedule_many,
+    schedule_with_outcome,
+)
 from scheduling.jobs.api import status as table_status
 
 logger = logging.getLogger(__name__)
@@ -67,4 +81,18 @@ def status(*, include_broker: bool = True) -> dict[str, Any]:
     return numbers
 
 
-__all__ = ["Deferral", "cancel", "defer", "reschedule", "schedule", "schedule_many", "schedule_with_outcome", "status"]
+__all__ = [
+    "BulkResult",
+    "Deferral",
+    "cancel",
+    "cancel_many",
+    "defer",
+    "reschedule",
+    "reschedule_many",
+    "retry_dead_many",
+    "run_now_many",
+    "schedule",
+    "schedule_many",
+    "schedule_with_outcome",
+    "status",
+]

@@ -26,6 +26,7 @@ from scheduling.fixed import gate
 from scheduling.jobs import claim as claim_module
 from scheduling.jobs import control, runner
 from scheduling.jobs import sweep as sweep_module
+from scheduling.models import RunTrigger
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def run_deferred(self: Task, kind: str, payload: dict[str, Any], attempt: int, d
 
 
 @shared_task(name="scheduling.run_fixed", bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
-def run_fixed(self: Task, schedule: str, tick: str | None = None, trigger: str = "beat") -> dict[str, Any]:
+def run_fixed(self: Task, schedule: str, tick: str | None = None, trigger: str = RunTrigger.BEAT) -> dict[str, Any]:
     """Run one tick of a fixed-time schedule; a redelivered or repeated tick is refused by the gate's ledger.
 
     Without a tick (a periodic task sent by hand, e.g. django-celery-beat's "run" action) it is a
@@ -77,7 +78,7 @@ def run_fixed(self: Task, schedule: str, tick: str | None = None, trigger: str =
     """
     when = dt.datetime.fromisoformat(tick) if tick else None
     if tick is None:
-        trigger = "manual"
+        trigger = RunTrigger.MANUAL
     report = gate.run(schedule, when, trigger, task_id=str(self.request.id or ""))
     return {"outcome": report.outcome, "run_id": report.run_id, "attempt": report.attempt}
 

@@ -90,6 +90,11 @@ class Leadership:
         logger.info("this process leads now", extra={"role": self.role, "holder": process_name(), "action": "leads"})
         return True
 
+    def listen(self, channel: str) -> None:
+        """LISTEN on the lock session (the leader's wake-ups: ``connection.notifies``)."""
+        with self.connection.cursor() as cur:
+            cur.execute(f"LISTEN {channel}")
+
     def resign(self) -> None:
         """Give the lead up (closing the session releases the lock too)."""
         if self._leading and self.connection is not None:

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg2
 from django.conf import settings
 
-from scheduling.core import exceptions
+from scheduling.core import exceptions, store
 
 logger = logging.getLogger(__name__)
 
@@ -139,15 +139,5 @@ class AdvisoryLock:
 
 
 def is_locked(namespace: str, name: str) -> bool:
-    """Whether any session holds the lock (reads pg_locks; for health checks and tests)."""
-    key = lock_key(namespace, name)
-    classid, objid = (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::bigint::oid"
-            " AND objid = %s::bigint::oid AND objsubid = 1 AND granted",
-            [classid, objid],
-        )
-        return cur.fetchone()[0] > 0
+    """Whether any session holds the lock (reads pg_locks through ``store``; for health checks and tests)."""
+    return store.advisory_lock_held(lock_key(namespace, name))

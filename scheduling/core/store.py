@@ -1,8 +1,16 @@
-"""The only module that holds a cursor: runs the named statements of ``sql/queries.sql``.
+"""Every statement Timekeeper runs on Django's connection: the named blocks of ``sql/queries.sql``.
 
-Functions take and return plain values; decisions (what to claim, when to retry) live in
-``api``, ``claim``, ``runner`` and ``sweep``. Statements run on Django's connection for the
-current thread, so they join the caller's transaction when there is one.
+This is the only module that holds a cursor on Timekeeper's tables. Functions take plain values
+and return ids, counts, or typed rows: frozen dataclasses built field by field from the columns'
+names, with states as the ``TextChoices`` of ``scheduling.models``. Decisions (what to claim, when
+to retry, who leads) live in ``jobs``, ``fixed`` and ``deferrals``. Statements run on Django's
+connection for the current thread, so they join the caller's transaction when there is one.
+
+Two other places run statements, and neither touches a table: ``locks.AdvisoryLock`` takes,
+checks and releases a session-level advisory lock on its own psycopg2 connection, and
+``leadership.Leadership`` holds a leader's lock (and the control loop's LISTEN) on its own
+connection. Those are lock and LISTEN sessions whose life is the lock's, so they stay with the
+code that owns the session. Plain ORM reads of model rows (the admin's lists, a policy looked up by name) are Django's.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from scheduling.core import conf
+from scheduling.models import AttemptOutcome, JobState, RunState
 
 SQL_FILE = Path(__file__).with_name("sql") / "queries.sql"
 _NAME = re.compile(r"^--\s*name:\s*(?P<name>\w+)\s*$")
@@ -50,6 +59,14 @@ def _fetchall(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
         cursor.execute(queries()[name], params)
         return cursor.fetchall()
+
+
+def _records(name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a named statement as {column: value}, for building typed rows by field."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries()[name], params)
+        columns = [column[0] for column in cursor.description]
+        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
 
 
 def _fetchall_async_commit(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -85,11 +102,29 @@ class NewJob:
     owner_id: int | None
 
 
-def insert_job(job: NewJob, on_conflict: str) -> tuple[int, dt.datetime, float] | None:
-    """Insert (or, with a key, upsert) a job: (id, due_at, seconds until due by the database clock).
+@dataclasses.dataclass(frozen=True)
+class DueJob:
+    """A pending row as a write left it: its due time, and how far off that is by the database clock."""
 
-    None when the key's live job was left alone.
-    """
+    id: int
+    due_at: dt.datetime
+    in_seconds: float
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> DueJob:
+        return cls(id=row["id"], due_at=row["due_at"], in_seconds=row["in_seconds"])
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveJob:
+    """The pending or claimed job holding a key."""
+
+    id: int
+    state: JobState
+
+
+def insert_job(job: NewJob, on_conflict: str) -> DueJob | None:
+    """Insert (or, with a key, upsert) a job; None when the key's live job was left alone."""
     params = {
         "kind": job.kind,
         "payload": json.dumps(job.payload),
@@ -101,8 +136,8 @@ def insert_job(job: NewJob, on_conflict: str) -> tuple[int, dt.datetime, float] 
         "owner_id": job.owner_id,
     }
     name = "insert_job" if job.key is None else "upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep"
-    rows = _fetchall(name, params)
-    return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
+    rows = _records(name, params)
+    return DueJob.from_row(rows[0]) if rows else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,8 +190,8 @@ def insert_jobs(
     lease_seconds: int,
     max_attempts: int,
     owner_id: int | None,
-) -> list[tuple[int, dt.datetime, float]]:
-    """Insert many jobs of one kind (payloads already JSON text): (id, due_at, seconds until due) each."""
+) -> list[DueJob]:
+    """Insert many jobs of one kind (payloads already JSON text), in the payloads' order."""
     params = {
         "kind": kind,
         "payloads": list(payloads),
@@ -166,7 +201,7 @@ def insert_jobs(
         "max_attempts": max_attempts,
         "owner_id": owner_id,
     }
-    return [(row[0], row[1], row[2]) for row in _fetchall("insert_jobs", params)]
+    return [DueJob.from_row(row) for row in _records("insert_jobs", params)]
 
 
 def notify_due(channel: str) -> None:
@@ -175,33 +210,39 @@ def notify_due(channel: str) -> None:
         cursor.execute("SELECT pg_notify(%s, '')", [channel])
 
 
-def live_job_by_key(key: str, owner_id: int | None = None) -> tuple[int, str] | None:
-    """(id, state) of the pending or claimed job holding ``key`` for ``owner_id`` (None: the system's)."""
-    rows = _fetchall("live_job_by_key", {"key": key, "owner_id": owner_id})
-    return (rows[0][0], rows[0][1]) if rows else None
+def live_job_by_key(key: str, owner_id: int | None = None) -> LiveJob | None:
+    """The pending or claimed job holding ``key`` for ``owner_id`` (None: the system's), if any."""
+    rows = _records("live_job_by_key", {"key": key, "owner_id": owner_id})
+    return LiveJob(id=rows[0]["id"], state=JobState(rows[0]["state"])) if rows else None
 
 
-def job_state(job_id: int) -> str | None:
+def job_state(job_id: int) -> JobState | None:
     rows = _fetchall("job_state", {"id": job_id})
-    return rows[0][0] if rows else None
+    return JobState(rows[0][0]) if rows else None
+
+
+def job_states(ids: Sequence[int]) -> dict[int, JobState]:
+    """{id: state} of the jobs among ``ids`` that exist."""
+    return {row["id"]: JobState(row["state"]) for row in _records("job_states", {"ids": list(ids)})}
 
 
 def cancel_job(job_id: int) -> bool:
     return bool(_fetchall("cancel_job", {"id": job_id}))
 
 
-def reschedule_job(job_id: int, due_at: dt.datetime) -> tuple[dt.datetime, float] | None:
-    """(new due_at, seconds until due) or None when the job is not pending."""
-    rows = _fetchall("reschedule_job", {"id": job_id, "due_at": due_at})
-    return (rows[0][1], rows[0][2]) if rows else None
+def reschedule_job(job_id: int, due_at: dt.datetime) -> DueJob | None:
+    """The moved job, or None when it is not pending."""
+    rows = _records("reschedule_job", {"id": job_id, "due_at": due_at})
+    return DueJob.from_row(rows[0]) if rows else None
 
 
 def cancel_jobs(ids: Sequence[int]) -> list[int]:
     return [row[0] for row in _fetchall("cancel_jobs", {"ids": list(ids)})]
 
 
-def reschedule_jobs(ids: Sequence[int], due_at: dt.datetime) -> list[int]:
-    return [row[0] for row in _fetchall("reschedule_jobs", {"ids": list(ids), "due_at": due_at})]
+def reschedule_jobs(ids: Sequence[int], due_at: dt.datetime) -> list[DueJob]:
+    """Move the pending ones of ``ids``; the others are left as they are (and not returned)."""
+    return [DueJob.from_row(row) for row in _records("reschedule_jobs", {"ids": list(ids), "due_at": due_at})]
 
 
 def run_jobs_now(ids: Sequence[int]) -> list[int]:
@@ -365,28 +406,66 @@ def prune_finished_jobs(*, days: int, limit: int) -> int:
 ESTIMATED_COUNTS = ("backlog", "pending", "due_next_24h")
 
 
-def backlog_status(stuck_after_seconds: float, exact_limit: int = 10_000) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class BacklogStatus:
+    """The numbers operators watch; the counts named in ``estimated`` are planner estimates."""
+
+    backlog: int  # pending and due
+    oldest_overdue_seconds: float
+    pending: int
+    due_next_24h: int
+    claimed: int
+    stuck: int  # claimed past their lease, or claimed for longer than the stuck limit
+    dead_last_24h: int
+    estimated: tuple[str, ...] = ()
+
+
+def backlog_status(stuck_after_seconds: float, exact_limit: int = 10_000) -> BacklogStatus:
     """The status numbers; pending counts past ``exact_limit`` are planner estimates, named in ``estimated``."""
+    row = _records("backlog_status", {"stuck_after": stuck_after_seconds, "exact_limit": exact_limit})[0]
+    estimated: list[str] = []
+    for name in ESTIMATED_COUNTS:
+        if row[name] > exact_limit:
+            plan = _fetchall_explained(f"estimate_{name}")
+            row[name] = max(exact_limit + 1, int(plan[0]["Plan"]["Plan Rows"]))
+            estimated.append(name)
+    return BacklogStatus(
+        backlog=row["backlog"],
+        oldest_overdue_seconds=row["oldest_overdue_seconds"],
+        pending=row["pending"],
+        due_next_24h=row["due_next_24h"],
+        claimed=row["claimed"],
+        stuck=row["stuck"],
+        dead_last_24h=row["dead_last_24h"],
+        estimated=tuple(estimated),
+    )
+
+
+def _fetchall_explained(name: str) -> Any:
+    """The planner's JSON plan of a named statement (EXPLAIN only: the statement does not run)."""
     with connection.cursor() as cursor:
-        cursor.execute(queries()["backlog_status"], {"stuck_after": stuck_after_seconds, "exact_limit": exact_limit})
-        names = [col[0] for col in cursor.description]
-        status = dict(zip(names, cursor.fetchone(), strict=True))
-        status["estimated"] = []
-        for name in ESTIMATED_COUNTS:
-            if status[name] > exact_limit:
-                cursor.execute("EXPLAIN (FORMAT JSON) " + queries()[f"estimate_{name}"])
-                plan = cursor.fetchone()[0]
-                plan = json.loads(plan) if isinstance(plan, str) else plan
-                status[name] = max(exact_limit + 1, int(plan[0]["Plan"]["Plan Rows"]))
-                status["estimated"].append(name)
-        return status
+        cursor.execute("EXPLAIN (FORMAT JSON) " + queries()[name])
+        plan = cursor.fetchone()[0]
+    return json.loads(plan) if isinstance(plan, str) else plan
 
 
 def database_now() -> dt.datetime:
     """The database clock: what every due-time decision uses."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
+    now: dt.datetime = _fetchall("database_now", {})[0][0]
+    return now
+
+
+# --- Locks and leaders -------------------------------------------------------------------------------
+
+
+def advisory_lock_held(key: int) -> bool:
+    """Whether any session holds the advisory lock ``key`` (reads pg_locks; takes nothing)."""
+    return bool(_fetchall("advisory_lock_held", {"key": key})[0][0])
+
+
+def record_heartbeat(role: str, holder: str, *, new_lead: bool) -> None:
+    """Write the leader's heartbeat for ``role`` (database clock); ``new_lead`` restarts "leading since"."""
+    _fetchall("record_heartbeat", {"role": role, "holder": holder, "new_lead": new_lead})
 
 
 # --- Fixed-time schedules ----------------------------------------------------------------------------
@@ -399,7 +478,7 @@ class LedgerEntry:
     id: int
     inserted: bool
     tick: dt.datetime
-    state: str
+    state: RunState
     late_seconds: float
 
 
@@ -408,11 +487,20 @@ def insert_schedule_run(
 ) -> LedgerEntry | None:
     """Record (schedule, tick) as running, or count a duplicate; None when the tick was pruned already."""
     params = {"schedule_id": schedule_id, "tick": tick, "trigger": trigger, "worker": worker, "task_id": task_id}
-    rows = _fetchall("insert_schedule_run", params)
-    return LedgerEntry(*rows[0]) if rows else None
+    rows = _records("insert_schedule_run", params)
+    if not rows:
+        return None
+    row = rows[0]
+    return LedgerEntry(
+        id=row["id"],
+        inserted=row["inserted"],
+        tick=row["tick"],
+        state=RunState(row["state"]),
+        late_seconds=row["late_seconds"],
+    )
 
 
-def finish_schedule_run(run_id: int, state: str, error: str = "") -> bool:
+def finish_schedule_run(run_id: int, state: RunState, error: str = "") -> bool:
     """Record a run's outcome; False when it was no longer running (replaced or closed meanwhile)."""
     return bool(_fetchall("finish_schedule_run", {"id": run_id, "state": state, "error": error}))
 
@@ -421,13 +509,23 @@ def set_schedule_run_attempt(run_id: int, attempt: int) -> bool:
     return bool(_fetchall("set_schedule_run_attempt", {"id": run_id, "attempt": attempt}))
 
 
-def running_schedule_runs(schedule_id: int, exclude_id: int) -> list[tuple[int, str, str, dt.datetime]]:
-    """(id, task id, worker, tick) of the schedule's other runs marked running."""
-    rows = _fetchall("running_schedule_runs", {"schedule_id": schedule_id, "id": exclude_id})
-    return [(row[0], row[1], row[2], row[3]) for row in rows]
+@dataclasses.dataclass(frozen=True)
+class RunningRun:
+    """A fixed-time run marked running: where it runs, to stop it (replace)."""
+
+    id: int
+    task_id: str  # its Celery task id ('' when unknown)
+    worker: str
+    tick: dt.datetime
 
 
-def close_other_running_runs(schedule_id: int, exclude_id: int, state: str, error: str) -> list[int]:
+def running_schedule_runs(schedule_id: int, exclude_id: int) -> list[RunningRun]:
+    """The schedule's other runs marked running, oldest tick first."""
+    rows = _records("running_schedule_runs", {"schedule_id": schedule_id, "id": exclude_id})
+    return [RunningRun(id=row["id"], task_id=row["task_id"], worker=row["worker"], tick=row["tick"]) for row in rows]
+
+
+def close_other_running_runs(schedule_id: int, exclude_id: int, state: RunState, error: str) -> list[int]:
     params = {"schedule_id": schedule_id, "id": exclude_id, "state": state, "error": error}
     return [row[0] for row in _fetchall("close_other_running_runs", params)]
 
@@ -499,8 +597,16 @@ class Heartbeat:
 
 def beat_heartbeat(role: str = "beat") -> Heartbeat | None:
     """The leading process's heartbeat for ``role`` with its age by the database clock."""
-    rows = _fetchall("beat_heartbeat", {"role": role})
-    return Heartbeat(*rows[0]) if rows else None
+    rows = _records("beat_heartbeat", {"role": role})
+    if not rows:
+        return None
+    row = rows[0]
+    return Heartbeat(
+        holder=row["holder"],
+        acquired_at=row["acquired_at"],
+        heartbeat_at=row["heartbeat_at"],
+        age_seconds=row["age_seconds"],
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -514,30 +620,87 @@ class LagMinute:
 
 def attempt_lag_by_minute(window_seconds: float) -> list[LagMinute]:
     """Due-to-start lag per minute of the attempts that started within the window."""
-    return [LagMinute(*row) for row in _fetchall("attempt_lag_by_minute", {"window": window_seconds})]
+    return [
+        LagMinute(minute=row["minute"], attempts=row["attempts"], p50=row["p50"], p95=row["p95"], max=row["max"])
+        for row in _records("attempt_lag_by_minute", {"window": window_seconds})
+    ]
 
 
-def attempt_lag_histogram(window_seconds: float, bounds: Sequence[float]) -> list[tuple[int, int, float]]:
-    """(bucket index, count, sum of lags) of the window's attempts; bucket i is [bounds[i-1], bounds[i])."""
-    rows = _fetchall("attempt_lag_histogram", {"window": window_seconds, "bounds": list(bounds)})
-    return [(row[0], row[1], row[2]) for row in rows]
+@dataclasses.dataclass(frozen=True)
+class LagBucket:
+    """One bucket of the lag histogram: bucket i holds lags in [bounds[i-1], bounds[i]) (0: below bounds[0])."""
+
+    bucket: int
+    count: int
+    total_seconds: float  # the sum of the bucket's lags
 
 
-def backlog_history(window_seconds: float, points: int) -> list[tuple[dt.datetime, int]]:
+def attempt_lag_histogram(window_seconds: float, bounds: Sequence[float]) -> list[LagBucket]:
+    """The window's attempts' due-to-start lags per bucket (buckets without attempts are left out)."""
+    rows = _records("attempt_lag_histogram", {"window": window_seconds, "bounds": list(bounds)})
+    return [LagBucket(bucket=row["bucket"], count=row["n"], total_seconds=row["total"]) for row in rows]
+
+
+@dataclasses.dataclass(frozen=True)
+class BacklogPoint:
+    at: dt.datetime
+    backlog: int
+
+
+def backlog_history(window_seconds: float, points: int) -> list[BacklogPoint]:
     """The backlog at ``points`` + 1 evenly spaced instants of the window, rebuilt from row timestamps."""
-    return [(row[0], row[1]) for row in _fetchall("backlog_history", {"window": window_seconds, "points": points})]
+    rows = _records("backlog_history", {"window": window_seconds, "points": points})
+    return [BacklogPoint(at=row["at"], backlog=row["backlog"]) for row in rows]
 
 
-def upcoming_jobs(horizon_seconds: float) -> list[tuple[str, int, int, dt.datetime]]:
-    """(kind, hour from now, count, first due time) of the pending jobs due within the horizon."""
-    return [(row[0], row[1], row[2], row[3]) for row in _fetchall("upcoming_jobs", {"horizon": horizon_seconds})]
+@dataclasses.dataclass(frozen=True)
+class UpcomingJobs:
+    """Pending jobs of one kind due within one hour of the horizon."""
+
+    kind: str
+    hour: int  # hours from now: 0 is the next hour
+    count: int
+    first_due: dt.datetime
 
 
-def attempt_outcomes(window_seconds: float) -> list[tuple[str, str, int]]:
-    """(kind, outcome, count) of the attempts that ended within the window."""
-    return [(row[0], row[1], row[2]) for row in _fetchall("attempt_outcomes", {"window": window_seconds})]
+def upcoming_jobs(horizon_seconds: float) -> list[UpcomingJobs]:
+    """The pending jobs due within the horizon, per kind and hour from now."""
+    return [
+        UpcomingJobs(kind=row["kind"], hour=row["hour"], count=row["n"], first_due=row["first_due"])
+        for row in _records("upcoming_jobs", {"horizon": horizon_seconds})
+    ]
 
 
-def schedule_run_states(window_seconds: float) -> list[tuple[str, str, int, dt.datetime | None]]:
-    """(schedule name, state, runs started within the window, latest success) of the fixed-time runs."""
-    return [(row[0], row[1], row[2], row[3]) for row in _fetchall("schedule_run_states", {"window": window_seconds})]
+@dataclasses.dataclass(frozen=True)
+class OutcomeCount:
+    kind: str
+    outcome: AttemptOutcome
+    count: int
+
+
+def attempt_outcomes(window_seconds: float) -> list[OutcomeCount]:
+    """The attempts that ended within the window, per kind and outcome."""
+    return [
+        OutcomeCount(kind=row["kind"], outcome=AttemptOutcome(row["outcome"]), count=row["n"])
+        for row in _records("attempt_outcomes", {"window": window_seconds})
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStateCount:
+    """A fixed-time schedule's runs in one state, with its latest success."""
+
+    schedule: str
+    state: RunState
+    count: int  # runs started within the window
+    last_success: dt.datetime | None  # kept by the history limits, so possibly older than the window
+
+
+def schedule_run_states(window_seconds: float) -> list[RunStateCount]:
+    """The fixed-time runs per schedule and state."""
+    return [
+        RunStateCount(
+            schedule=row["name"], state=RunState(row["state"]), count=row["n"], last_success=row["last_success"]
+        )
+        for row in _records("schedule_run_states", {"window": window_seconds})
+    ]

@@ -32,11 +32,12 @@ from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from scheduling.core import conf, exceptions, leadership, store, tasknames
 from scheduling.fixed import policies, ticks
-from scheduling.models import SchedulePolicy, SchedulerHeartbeat
+from scheduling.models import MissedPolicy, SchedulePolicy
 
 logger = logging.getLogger(__name__)
 
 LEADER_ROLE = "beat"  # one beat in the cluster sends (core.leadership)
+HEARTBEAT_ROLE = "beat"  # the heartbeat row beat's leader writes (health, metrics and the dashboard read it)
 STANDBY_RETRY_SECONDS = 1.0  # how often a standby tries to take the lead
 LEADER_CHECK_SECONDS = 2.0  # how often the leader checks its lock connection is alive
 HEARTBEAT_SECONDS = 5.0  # how often the leader writes its heartbeat row
@@ -160,7 +161,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
     def __init__(self, *args: Any, clock: Clock | None = None, **kwargs: Any) -> None:
         self._leadership = leadership.Leadership(LEADER_ROLE, check_seconds=LEADER_CHECK_SECONDS)
         self._last_heartbeat = 0.0
-        self._acquired_at: Any = None
+        self._lead_recorded = False  # whether this leadership's first heartbeat is written
         self._send_failed = False
         self.clock: Clock = clock or default_clock()
         super().__init__(*args, **kwargs)
@@ -175,7 +176,8 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
             return False
         if not was_leading:
             self._last_heartbeat = 0.0
-            self._acquired_at = None
+            self._lead_recorded = False
+            logger.info("this beat leads now", extra={"holder": leadership.process_name(), "action": "leader_acquired"})
             # Re-read the schedule: the previous leader may have advanced it.
             self._initial_read = True
             self._heap = None
@@ -188,17 +190,9 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         self._last_heartbeat = now
         try:
             close_old_connections()
-            from django.db.models.functions import Now
-
-            row, _created = SchedulerHeartbeat.objects.update_or_create(
-                role="beat",
-                defaults={"holder": leadership.process_name(), "heartbeat_at": Now()},
-                create_defaults={"holder": leadership.process_name(), "heartbeat_at": Now(), "acquired_at": Now()},
-            )
-            if self._acquired_at is None:
-                # A new leadership starts its "leading since" now, even if the row existed.
-                SchedulerHeartbeat.objects.filter(pk=row.pk).update(acquired_at=Now())
-                self._acquired_at = True
+            # A new leadership starts its "leading since" now, even if the row existed.
+            store.record_heartbeat(HEARTBEAT_ROLE, leadership.process_name(), new_lead=not self._lead_recorded)
+            self._lead_recorded = True
         except DatabaseError:
             logger.warning("could not record the beat heartbeat", exc_info=True)
 
@@ -285,7 +279,7 @@ def carry_out(
     log = {"schedule": name}
     if plan.missed:
         policy = SchedulePolicy.objects.filter(pk=policy_id).first()
-        missed_policy = policy.missed_policy if policy is not None else "skip"
+        missed_policy = policy.missed_policy if policy is not None else MissedPolicy.SKIP
         recorded = store.record_missed_ticks(policy_id, plan.missed, MISSED_ERROR.format(policy=missed_policy))
         logger.warning(
             "ticks missed while beat was not running",

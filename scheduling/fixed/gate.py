@@ -166,21 +166,21 @@ def _replace_previous(
     policy: SchedulePolicy, entry: store.LedgerEntry, lock: locks.AdvisoryLock, log: dict[str, Any]
 ) -> bool:
     """Stop the running run(s) of the schedule and wait for the lock; True once it is held."""
-    for run_id, task_id, worker, tick in store.running_schedule_runs(policy.pk, entry.id):
-        if not task_id:
+    for previous in store.running_schedule_runs(policy.pk, entry.id):
+        if not previous.task_id:
             logger.warning(
                 "cannot stop the previous run: it has no Celery task id",
-                extra={**log, "previous_run_id": run_id, "action": "replace_unstoppable"},
+                extra={**log, "previous_run_id": previous.id, "action": "replace_unstoppable"},
             )
             continue
-        current_app.control.revoke(task_id, terminate=True, signal="SIGTERM")
+        current_app.control.revoke(previous.task_id, terminate=True, signal="SIGTERM")
         logger.info(
             "stopping the previous run (replace)",
             extra={
                 **log,
-                "previous_run_id": run_id,
-                "previous_tick": tick.isoformat(),
-                "worker": worker,
+                "previous_run_id": previous.id,
+                "previous_tick": previous.tick.isoformat(),
+                "worker": previous.worker,
                 "action": "replace_revoke",
             },
         )
@@ -207,7 +207,7 @@ def _close_orphans(policy: SchedulePolicy, entry: store.LedgerEntry, log: dict[s
 
 def _execute(
     policy: SchedulePolicy, kind: registry.Kind, entry: store.LedgerEntry, log: dict[str, Any]
-) -> tuple[str, str, int]:
+) -> tuple[RunState, str, int]:
     """Run the handler with retries under the active deadline: (state, error, attempts made)."""
     max_attempts = policy.backoff_limit + 1
     timeout = float(policy.active_deadline_seconds or kind.timeout_seconds)
@@ -246,7 +246,7 @@ def _execute(
 
 
 def _finish(
-    policy: SchedulePolicy, entry: store.LedgerEntry, state: str, error: str, attempt: int, log: dict[str, Any]
+    policy: SchedulePolicy, entry: store.LedgerEntry, state: RunState, error: str, attempt: int, log: dict[str, Any]
 ) -> RunReport:
     recorded = store.finish_schedule_run(entry.id, state, error[: executor.ERROR_TEXT_LIMIT])
     if not recorded:

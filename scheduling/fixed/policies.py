@@ -37,7 +37,7 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 
 from scheduling.core import exceptions, registry, store
 from scheduling.fixed import cron, ticks
-from scheduling.models import ConcurrencyPolicy, MissedPolicy, SchedulePolicy
+from scheduling.models import ConcurrencyPolicy, DstGapPolicy, MissedPolicy, SchedulePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def timing_of(periodic_task: PeriodicTask, policy: SchedulePolicy | None = None)
     Raises ``InvalidCronExpression``, ``UnknownTimeZone``, ``InvalidSchedule`` or ``InvalidPolicy``
     (a solar or clocked schedule, which fixed-time runs do not support).
     """
-    dst_gap = policy.dst_gap if policy is not None else "shift"
+    dst_gap = policy.dst_gap if policy is not None else DstGapPolicy.SHIFT
     if periodic_task.crontab_id is not None or getattr(periodic_task, "crontab", None) is not None:
         crontab = periodic_task.crontab
         fields = crontab_expression(crontab)

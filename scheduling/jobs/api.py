@@ -3,20 +3,27 @@
 ``schedule()`` writes a row in the caller's transaction: roll back and there is no job. Every
 check (kind, payload, due time) happens here, at schedule time, never at run time. Changes are
 conditional on the job being pending; any other state raises a named ``JobStateConflict``.
-Application code imports these through ``scheduling.api``.
+
+The bulk changes (``cancel_many``, ``reschedule_many``, ``run_now_many``, ``retry_dead_many``) are
+one conditional UPDATE each over a selection of ids: the jobs in the state the change is for
+(pending; dead for a retry) change, the others are reported in a ``BulkResult`` with the state
+that kept them out, never raised about. A job that becomes due within the claim interval wakes the
+claim loop when the transaction commits. The admin's bulk actions call these.
+Application code imports all of them through ``scheduling.api``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from scheduling.core import conf, exceptions, registry, store, validation
 from scheduling.jobs import claim
-from scheduling.models import ScheduledJob
+from scheduling.models import JobState, ScheduledJob
 
 logger = logging.getLogger(__name__)
 
@@ -92,13 +99,13 @@ def schedule_with_outcome(
     if key is None:
         row = store.insert_job(new, on_conflict)
         assert row is not None
-        job_id, stored_due_at, in_seconds = row
+        job_id, stored_due_at, in_seconds = row.id, row.due_at, row.in_seconds
     else:
         upserted = store.upsert_keyed_job(new, on_conflict)
         if upserted is None:  # replace met a running (claimed) job, or it finished meanwhile
             live = store.live_job_by_key(key, owner_id)
             if live is not None:
-                raise exceptions.JobNotReschedulable(live[0], live[1])
+                raise exceptions.JobNotReschedulable(live.id, live.state)
             upserted = store.upsert_keyed_job(new, on_conflict)
             if upserted is None:
                 raise exceptions.KeyConflict(key, -1)
@@ -116,7 +123,7 @@ def schedule_with_outcome(
         kind=kind,
         payload=payload,
         due_at=stored_due_at,
-        state="pending",
+        state=JobState.PENDING,
         lease_seconds=job_kind.lease_seconds,
         attempts=0,
         max_attempts=attempts,
@@ -158,9 +165,9 @@ def schedule_many(
         max_attempts=attempts,
         owner_id=getattr(owner, "pk", owner),
     )
-    claim.wake_on_commit(min(row[2] for row in rows), asked_at)  # one wake-up: all rows share the due time
+    claim.wake_on_commit(min(row.in_seconds for row in rows), asked_at)  # one wake-up: all rows share the due time
     logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
-    return [row[0] for row in rows]
+    return [row.id for row in rows]
 
 
 def _find(job_id: int | None, key: str | None, owner: Any = None) -> int:
@@ -173,7 +180,7 @@ def _find(job_id: int | None, key: str | None, owner: Any = None) -> int:
     live = store.live_job_by_key(key, getattr(owner, "pk", owner))
     if live is None:
         raise exceptions.JobNotFound(f"No pending or claimed job has key {key!r}.")
-    return live[0]
+    return live.id
 
 
 def cancel(job_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
@@ -211,10 +218,9 @@ def reschedule(
     asked_at = time.monotonic()
     row = store.reschedule_job(target, resolved_due_at)
     if row is not None:
-        stored_due_at, in_seconds = row
-        claim.wake_on_commit(in_seconds, asked_at)
+        claim.wake_on_commit(row.in_seconds, asked_at)
         logger.info("job rescheduled", extra={"job_id": target, "action": "rescheduled"})
-        return stored_due_at
+        return row.due_at
     state = store.job_state(target)
     if state is None:
         raise exceptions.JobNotFound(f"No job {target}.")
@@ -222,9 +228,114 @@ def reschedule(
 
 
 def status() -> dict[str, Any]:
-    """The table's numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck."""
+    """The table's numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck.
+
+    A dict (``store.BacklogStatus``'s fields; ``estimated`` a list) so that it serialises as it is.
+    """
     settings = conf.get()
-    return store.backlog_status(settings.stuck_after_seconds, settings.status_exact_limit)
+    numbers = store.backlog_status(settings.stuck_after_seconds, settings.status_exact_limit)
+    return {**dataclasses.asdict(numbers), "estimated": list(numbers.estimated)}
 
 
-__all__ = ["cancel", "reschedule", "schedule", "schedule_many", "schedule_with_outcome", "status"]
+
+@dataclasses.dataclass(frozen=True)
+class BulkResult:
+    """What a bulk change did to a selection of job ids."""
+
+    changed: tuple[int, ...]  # the jobs it changed, in id order
+    untouched: Mapping[int, JobState]  # the others, with the state that kept them out
+    missing: tuple[int, ...] = ()  # ids of no job (never made, or pruned meanwhile)
+
+    @property
+    def selected(self) -> int:
+        return len(self.changed) + len(self.untouched) + len(self.missing)
+
+
+def _selection(ids: Iterable[int]) -> list[int]:
+    return sorted({int(job_id) for job_id in ids})
+
+
+def _bulk_result(selected: list[int], changed: Iterable[int], action: str) -> BulkResult:
+    """Report the change: the others' states are read after it (one SELECT, only when some were left)."""
+    done = sorted(set(changed))
+    others = sorted(set(selected) - set(done))
+    states = store.job_states(others) if others else {}
+    result = BulkResult(
+        changed=tuple(done),
+        untouched={job_id: states[job_id] for job_id in others if job_id in states},
+        missing=tuple(job_id for job_id in others if job_id not in states),
+    )
+    logger.info(
+        "bulk change",
+        extra={
+            "action": action,
+            "changed": len(result.changed),
+            "untouched": len(result.untouched),
+            "missing": len(result.missing),
+            "job_ids": list(result.changed[:100]),
+        },
+    )
+    return result
+
+
+def cancel_many(ids: Iterable[int]) -> BulkResult:
+    """Cancel the pending jobs among ``ids`` in one statement; the others are reported, not touched."""
+    selected = _selection(ids)
+    return _bulk_result(selected, store.cancel_jobs(selected) if selected else [], "cancelled")
+
+
+def reschedule_many(
+    ids: Iterable[int], *, due_at: dt.datetime | None = None, delay: float | int | dt.timedelta | None = None
+) -> BulkResult:
+    """Move the pending jobs among ``ids`` to ``due_at`` (aware) or ``delay`` from now, in one statement."""
+    resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
+    selected = _selection(ids)
+    if not selected:
+        return _bulk_result(selected, [], "rescheduled")
+    if resolved_due_at is None:
+        assert resolved_delay is not None
+        resolved_due_at = store.database_now() + dt.timedelta(seconds=resolved_delay)
+    asked_at = time.monotonic()
+    moved = store.reschedule_jobs(selected, resolved_due_at)
+    if moved:
+        claim.wake_on_commit(min(job.in_seconds for job in moved), asked_at)
+    return _bulk_result(selected, [job.id for job in moved], "rescheduled")
+
+
+def run_now_many(ids: Iterable[int]) -> BulkResult:
+    """Make the pending jobs among ``ids`` due now (one statement) and wake the claim loop on commit."""
+    selected = _selection(ids)
+    asked_at = time.monotonic()
+    changed = store.run_jobs_now(selected) if selected else []
+    if changed:
+        claim.wake_on_commit(0.0, asked_at)
+    return _bulk_result(selected, changed, "run_now")
+
+
+def retry_dead_many(ids: Iterable[int]) -> BulkResult:
+    """Make the dead jobs among ``ids`` pending again, due now, with a fresh attempts budget.
+
+    A dead job whose key a newer live job holds stays dead (reported untouched). One statement;
+    the claim loop is woken on commit.
+    """
+    selected = _selection(ids)
+    asked_at = time.monotonic()
+    changed = store.retry_dead_jobs(selected) if selected else []
+    if changed:
+        claim.wake_on_commit(0.0, asked_at)
+    return _bulk_result(selected, changed, "retried")
+
+
+__all__ = [
+    "BulkResult",
+    "cancel",
+    "cancel_many",
+    "reschedule",
+    "reschedule_many",
+    "retry_dead_many",
+    "run_now_many",
+    "schedule",
+    "schedule_many",
+    "schedule_with_outcome",
+    "status",
+]

@@ -151,8 +151,7 @@ class ControlLoop:
     def _listen(self) -> None:
         if self._listening:
             return
-        with self.leadership.connection.cursor() as cur:
-            cur.execute(f"LISTEN {claim.NOTIFY_CHANNEL}")
+        self.leadership.listen(claim.NOTIFY_CHANNEL)
         self._listening = True
 
     def _wait(self, seconds: float) -> None:

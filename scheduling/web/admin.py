@@ -1,18 +1,19 @@
 """Timekeeper in the Django admin: scheduled jobs, fixed-time schedules, their runs, API tokens.
 
-The admin holds no scheduling logic. Adding a job calls ``api.schedule``; changing its due time
-calls ``api.reschedule``; the bulk actions call one ``store`` statement each, which changes only the
-rows in the state the action is for (pending, or dead for a retry) and reports the rest as not
-touched. Rows are never saved with ``Model.save()`` here, so an edit cannot overwrite a claim.
-Fixed-time schedules are django-celery-beat's periodic tasks with the policy inline; "run now"
-goes through the same gate as beat's ticks (``gate.run_now``).
+The admin holds no scheduling logic: it goes through the same door as application code. Adding a
+job calls ``api.schedule``; changing its due time calls ``api.reschedule``; the bulk actions call
+``api.cancel_many``, ``run_now_many``, ``retry_dead_many`` and ``reschedule_many`` (one UPDATE
+each), which change only the rows in the state the action is for (pending, or dead for a retry)
+and report the rest, with their states, as not touched. Rows are never saved with
+``Model.save()`` here, so an edit cannot overwrite a claim. Fixed-time schedules are
+django-celery-beat's periodic tasks with the policy inline; "run now" goes through the same gate
+as beat's ticks (``gate.run_now``).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 from django import forms
@@ -270,32 +271,30 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     def construct_change_message(self, request: HttpRequest, form: Any, formsets: Any, add: bool = False) -> Any:
         return [{"changed": {"fields": ["due at"]}}] if "due_at" in form.changed_data else []
 
-    # -- bulk actions: one statement each, counts of changed and not touched
+    # -- bulk actions: the jobs API's bulk calls (one UPDATE each), counts of changed and not touched
 
-    def _selection(self, queryset: QuerySet[ScheduledJob]) -> dict[int, str]:
-        return dict(queryset.values_list("id", "state"))
+    @staticmethod
+    def _selection(queryset: QuerySet[ScheduledJob]) -> list[int]:
+        return list(queryset.values_list("id", flat=True))
 
-    def _report(
-        self, request: HttpRequest, selection: dict[int, str], changed: Sequence[int], done: str, why_not: str
-    ) -> None:
-        """``done``/``why_not`` are ngettext pairs keyed by count; the states of the others come from the selection."""
-        changed_set = set(changed)
-        if changed_set:
-            self.message_user(request, done % {"count": len(changed_set)}, messages.SUCCESS)
-        others = Counter(state for job_id, state in selection.items() if job_id not in changed_set)
+    def _report(self, request: HttpRequest, result: api.BulkResult, done: str, why_not: str) -> None:
+        """``done``/``why_not`` are ngettext pairs keyed by count; ``states`` names what kept the others out."""
+        if result.changed:
+            self.message_user(request, done % {"count": len(result.changed)}, messages.SUCCESS)
+        others = Counter[str](result.untouched.values())
+        if result.missing:
+            others["gone"] += len(result.missing)
         if others:
             states = ", ".join(f"{n} {state}" for state, n in sorted(others.items()))
             self.message_user(request, why_not % {"count": sum(others.values()), "states": states}, messages.WARNING)
 
     @admin.action(description="Cancel selected pending jobs", permissions=["change"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
-        selection = self._selection(queryset)
-        changed = store.cancel_jobs(list(selection))
-        n, m = len(changed), len(selection) - len(changed)
+        result = api.cancel_many(self._selection(queryset))
+        n, m = len(result.changed), result.selected - len(result.changed)
         self._report(
             request,
-            selection,
-            changed,
+            result,
             ngettext("Cancelled %(count)d job.", "Cancelled %(count)d jobs.", n),
             ngettext(
                 "%(count)d job was not touched: only pending jobs can be cancelled (it was %(states)s).",
@@ -306,13 +305,11 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
 
     @admin.action(description="Run selected pending jobs now", permissions=["change"])
     def run_now_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
-        selection = self._selection(queryset)
-        changed = store.run_jobs_now(list(selection))
-        n, m = len(changed), len(selection) - len(changed)
+        result = api.run_now_many(self._selection(queryset))
+        n, m = len(result.changed), result.selected - len(result.changed)
         self._report(
             request,
-            selection,
-            changed,
+            result,
             ngettext(
                 "%(count)d job is due now; a worker takes it within a second.",
                 "%(count)d jobs are due now; workers take them within a second.",
@@ -327,13 +324,11 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
 
     @admin.action(description="Retry selected dead jobs", permissions=["change"])
     def retry_dead_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
-        selection = self._selection(queryset)
-        changed = store.retry_dead_jobs(list(selection))
-        n, m = len(changed), len(selection) - len(changed)
+        result = api.retry_dead_many(self._selection(queryset))
+        n, m = len(result.changed), result.selected - len(result.changed)
         self._report(
             request,
-            selection,
-            changed,
+            result,
             ngettext(
                 "%(count)d dead job is pending again, due now, with a fresh attempts budget.",
                 "%(count)d dead jobs are pending again, due now, with a fresh attempts budget.",
@@ -350,15 +345,13 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     def reschedule_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> HttpResponse | None:
         form = admin_forms.RescheduleForm(request.POST if "apply" in request.POST else None)
         if "apply" in request.POST and form.is_valid():
-            selection = self._selection(queryset)
             due_at = form.cleaned_data["due_at"]
-            changed = store.reschedule_jobs(list(selection), due_at)
-            n, m = len(changed), len(selection) - len(changed)
+            result = api.reschedule_many(self._selection(queryset), due_at=due_at)
+            n, m = len(result.changed), result.selected - len(result.changed)
             when = f"{timezone.localtime(due_at):%Y-%m-%d %H:%M:%S %Z}"
             self._report(
                 request,
-                selection,
-                changed,
+                result,
                 ngettext(
                     "Rescheduled %(count)d job to %(when)s.", "Rescheduled %(count)d jobs to %(when)s.", n
                 ).replace("%(when)s", when),

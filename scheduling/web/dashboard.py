@@ -89,11 +89,11 @@ def gather() -> dict[str, Any]:
 
     jobs_per_hour = [0] * 24
     kinds: dict[str, dict[str, Any]] = {}
-    for kind, hour, n, first_due in upcoming:
-        jobs_per_hour[min(max(hour, 0), 23)] += n
-        entry = kinds.setdefault(kind, {"kind": kind, "count": 0, "first_due": first_due})
-        entry["count"] += n
-        entry["first_due"] = min(entry["first_due"], first_due)
+    for row in upcoming:
+        jobs_per_hour[min(max(row.hour, 0), 23)] += row.count
+        entry = kinds.setdefault(row.kind, {"kind": row.kind, "count": 0, "first_due": row.first_due})
+        entry["count"] += row.count
+        entry["first_due"] = min(entry["first_due"], row.first_due)
     fixed_per_hour = [sum(f.per_hour[h] for f in fixed) for h in range(24)]
     delayed = broker["delayed"] if broker is not None else None
     broker_per_hour = [delayed or 0] + [0] * 23
@@ -133,7 +133,7 @@ def gather() -> dict[str, Any]:
         ),
         "lag_attempts": sum(m.attempts for m in lag),
         "backlog_chart": svg.line_chart(
-            [svg.Series("backlog", [(at, float(n)) for at, n in backlog])],
+            [svg.Series("backlog", [(point.at, float(point.backlog)) for point in backlog])],
             start=start,
             end=now,
             title="Backlog (pending and overdue), last hour",

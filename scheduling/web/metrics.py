@@ -73,8 +73,8 @@ def _gauge(name: str, doc: str, value: float, unit: str = "") -> GaugeMetricFami
 def lag_histogram(window: float) -> HistogramMetricFamily:
     """The window's due-to-start lags as a Prometheus histogram (cumulative buckets)."""
     rows = store.attempt_lag_histogram(window, LAG_BUCKETS_SECONDS)
-    per_bucket = {index: count for index, count, _total in rows}
-    total_sum = sum(float(total or 0) for _index, _count, total in rows)
+    per_bucket = {row.bucket: row.count for row in rows}
+    total_sum = sum(float(row.total_seconds or 0) for row in rows)
     buckets: list[tuple[str, float]] = []
     running = 0
     for i, bound in enumerate(LAG_BUCKETS_SECONDS):
@@ -151,8 +151,8 @@ class TimekeeperCollector(Collector):
             "Job attempts that ended within the metrics window, by kind and outcome.",
             labels=["kind", "outcome"],
         )
-        for kind, outcome, n in store.attempt_outcomes(window):
-            attempts.add_metric([kind, outcome], n)
+        for counted in store.attempt_outcomes(window):
+            attempts.add_metric([counted.kind, counted.outcome.value], counted.count)
         yield attempts
         yield lag_histogram(window)
         runs = GaugeMetricFamily(
@@ -166,10 +166,10 @@ class TimekeeperCollector(Collector):
             labels=["schedule"],
         )
         latest: dict[str, float] = {}
-        for name, state, n, succeeded_at in store.schedule_run_states(window):
-            runs.add_metric([name, state], n)
-            if succeeded_at is not None:
-                latest[name] = max(latest.get(name, 0.0), succeeded_at.timestamp())
+        for row in store.schedule_run_states(window):
+            runs.add_metric([row.schedule, row.state.value], row.count)
+            if row.last_success is not None:
+                latest[row.schedule] = max(latest.get(row.schedule, 0.0), row.last_success.timestamp())
         for name, at in sorted(latest.items()):
             last_success.add_metric([name], at)
         yield runs

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import select
+from typing import Any
 
 import pytest
 from django.db import transaction
 from django.utils import timezone
 
 from scheduling import api, exceptions
-from scheduling.core import validation
+from scheduling.core import store, validation
+from scheduling.jobs import claim
 from scheduling.models import JobState, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -169,3 +172,83 @@ def test_payload_depth_limit():
     with pytest.raises(exceptions.InvalidPayload, match="deeper"):
         api.schedule("demo.noop", nested(limit + 1), delay=60)
     assert ScheduledJob.objects.count() == 1
+
+
+def _claimed_and_dead() -> tuple[int, int]:
+    """One claimed job and one dead job (each the only row of its state)."""
+    claimed = api.schedule("demo.noop", {}, delay=0)
+    assert [c.id for c in store.claim_due_jobs(10)] == [claimed.id]
+    dead = api.schedule("demo.noop", {}, delay=3600)
+    ScheduledJob.objects.filter(pk=dead.id).update(state=JobState.DEAD, finished_at=timezone.now(), attempts=5)
+    return claimed.id, dead.id
+
+
+def test_cancel_many_cancels_the_pending_jobs_and_reports_the_others_with_their_states():
+    """cancel_many changes only pending jobs; the rest come back with the state that kept them out, or as missing."""
+    pending = [api.schedule("demo.noop", {}, delay=3600).id for _ in range(2)]
+    claimed, dead = _claimed_and_dead()
+    result = api.cancel_many([*reversed(pending), claimed, dead, 987654321, pending[0]])
+    assert result.changed == tuple(sorted(pending))
+    assert dict(result.untouched) == {claimed: JobState.CLAIMED, dead: JobState.DEAD}
+    assert result.missing == (987654321,)
+    assert result.selected == 5
+    states = dict(ScheduledJob.objects.values_list("id", "state"))
+    assert states == {pending[0]: "cancelled", pending[1]: "cancelled", claimed: "claimed", dead: "dead"}
+
+
+def test_reschedule_many_moves_only_pending_jobs_and_refuses_a_naive_time():
+    """reschedule_many moves the pending jobs to the time; a naive time is refused before anything changes."""
+    job = api.schedule("demo.noop", {}, delay=3600)
+    claimed, _dead = _claimed_and_dead()
+    with pytest.raises(exceptions.InvalidSchedule):
+        api.reschedule_many([job.id], due_at=dt.datetime(2031, 1, 1))
+    assert ScheduledJob.objects.get(pk=job.id).due_at == job.due_at
+    when = dt.datetime(2031, 2, 3, 4, 5, 6, tzinfo=dt.UTC)
+    result = api.reschedule_many([job.id, claimed], due_at=when)
+    assert (result.changed, dict(result.untouched)) == ((job.id,), {claimed: JobState.CLAIMED})
+    assert ScheduledJob.objects.get(pk=job.id).due_at == when
+
+
+def test_retry_dead_many_revives_dead_jobs_with_a_fresh_budget():
+    """retry_dead_many makes dead jobs pending and due now; pending ones are reported untouched."""
+    pending = api.schedule("demo.noop", {}, delay=3600)
+    _claimed, dead = _claimed_and_dead()
+    result = api.retry_dead_many([dead, pending.id])
+    assert (result.changed, dict(result.untouched)) == ((dead,), {pending.id: JobState.PENDING})
+    revived = ScheduledJob.objects.get(pk=dead)
+    assert (revived.state, revived.attempts, revived.finished_at) == (JobState.PENDING, 0, None)
+    assert revived.due_at <= store.database_now()
+
+
+def _notifications(conn: Any, at_least: int) -> int:
+    """Notifications received on ``conn`` once at least ``at_least`` arrived (or 10 s passed)."""
+    for _ in range(100):
+        conn.poll()
+        if len(conn.notifies) >= at_least:
+            break
+        select.select([conn], [], [], 0.1)
+    conn.poll()
+    return len(conn.notifies)
+
+
+@pytest.mark.parametrize("change", ["run_now_many", "retry_dead_many", "reschedule_many"])
+def test_a_bulk_change_making_jobs_due_now_wakes_the_claim_loop_when_it_commits(raw_connect, change):
+    """run now, retry dead and a reschedule to now NOTIFY the claim loop on commit, and not on rollback."""
+    job = api.schedule("demo.noop", {}, delay=3600)
+    if change == "retry_dead_many":
+        ScheduledJob.objects.filter(pk=job.id).update(state=JobState.DEAD, finished_at=timezone.now())
+    arguments = {"due_at": store.database_now()} if change == "reschedule_many" else {}
+    listener = raw_connect(autocommit=True)
+    listener.cursor().execute(f"LISTEN {claim.NOTIFY_CHANNEL}")
+
+    def change_then_fail() -> None:
+        with transaction.atomic():
+            assert getattr(api, change)([job.id], **arguments).changed == (job.id,)
+            raise RuntimeError("roll back")
+
+    with pytest.raises(RuntimeError):
+        change_then_fail()
+    with transaction.atomic():
+        assert getattr(api, change)([job.id], **arguments).changed == (job.id,)
+    assert _notifications(listener, at_least=1) == 1
+    assert [n.channel for n in listener.notifies] == [claim.NOTIFY_CHANNEL]

@@ -51,16 +51,16 @@ def test_status_counts_are_exact_up_to_the_limit_then_estimated(run_sql):
     """Under the limit the counts are exact; past it they are planner estimates and named as such."""
     api.schedule_many("demo.noop", [{}] * 3, delay=0)
     exact = store.backlog_status(300, exact_limit=10)
-    assert exact["backlog"] == 3
-    assert exact["pending"] == 3
-    assert exact["estimated"] == []
+    assert exact.backlog == 3
+    assert exact.pending == 3
+    assert exact.estimated == ()
     api.schedule_many("demo.noop", [{}] * 40, delay=0)
     run_sql("ANALYZE scheduling_scheduledjob")
     capped = store.backlog_status(300, exact_limit=10)
-    assert set(capped["estimated"]) == {"backlog", "pending"}
-    assert capped["backlog"] > 10
-    assert capped["pending"] > 10
-    assert capped["due_next_24h"] == 0
+    assert set(capped.estimated) == {"backlog", "pending"}
+    assert capped.backlog > 10
+    assert capped.pending > 10
+    assert capped.due_next_24h == 0
 
 
 def test_claim_path_statements_commit_on_their_own_and_join_a_callers_transaction():

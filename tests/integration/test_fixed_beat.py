@@ -21,9 +21,9 @@ from django_celery_beat.schedulers import DatabaseScheduler
 
 from project.celery import app as celery_app
 from scheduling import schedules
-from scheduling.core import store
+from scheduling.core import leadership, store
 from scheduling.fixed import beat
-from scheduling.models import SchedulePolicy, ScheduleRun
+from scheduling.models import SchedulePolicy, SchedulerHeartbeat, ScheduleRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -245,3 +245,23 @@ def test_fixed_time_crontabs_are_always_loaded(scheduler, clock):
     hours_away = (dt.datetime.now(UTC).hour - 3) % 24
     if 3 <= hours_away <= 21:  # outside django-celery-beat's +-2 h window (zone offsets aside)
         assert "far-hour" not in {model.name for model in plain.enabled_models()}
+
+
+def test_the_leader_writes_its_heartbeat_and_a_new_lead_restarts_leading_since(scheduler):
+    """The leader's heartbeat row names it; later beats keep "leading since", a new leadership restarts it."""
+    assert scheduler._ensure_leader()
+    scheduler._write_heartbeat()
+    first = SchedulerHeartbeat.objects.get(role=beat.HEARTBEAT_ROLE)
+    assert first.holder == leadership.process_name()
+    scheduler._last_heartbeat = 0.0
+    scheduler._write_heartbeat()
+    again = SchedulerHeartbeat.objects.get(role=beat.HEARTBEAT_ROLE)
+    assert again.acquired_at == first.acquired_at
+    assert again.heartbeat_at >= first.heartbeat_at
+    long_ago = first.acquired_at - dt.timedelta(days=1)
+    SchedulerHeartbeat.objects.filter(role=beat.HEARTBEAT_ROLE).update(acquired_at=long_ago)
+    scheduler._leadership.resign()
+    assert scheduler._ensure_leader()
+    scheduler._write_heartbeat()
+    assert SchedulerHeartbeat.objects.get(role=beat.HEARTBEAT_ROLE).acquired_at > long_ago
+    assert SchedulerHeartbeat.objects.count() == 1

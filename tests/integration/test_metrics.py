@@ -215,12 +215,12 @@ def test_backlog_history_is_rebuilt_from_timestamps():
     api.schedule("demo.noop", {}, due_at=ago(5.5))  # still waiting: samples 55..60
     api.schedule("demo.noop", {}, due_at=ago(-5))  # not due: never in the backlog
     history = store.backlog_history(3600, 60)
-    assert [at for at, _n in history] == [ago(60 - i) for i in range(61)]
+    assert [point.at for point in history] == [ago(60 - i) for i in range(61)]
     expected = [0] * 61
     for first, last in ((30, 40), (10, 14), (55, 60)):
         for i in range(first, last + 1):
             expected[i] += 1
-    assert [n for _at, n in history] == expected
+    assert [point.backlog for point in history] == expected
 
 
 @pytest.mark.django_db

@@ -282,3 +282,13 @@ def test_interval_ticks_sit_on_the_epoch_grid():
     assert int(tick.timestamp()) % 7 == 0
     assert timing.describe() == "Every 7 seconds"
     assert ticks.Timing.from_interval(3600).describe() == "Every 1 hour"
+
+
+def test_the_pure_modules_names_are_the_models_choices():
+    """ticks' triggers and missed policies and cron's DST-gap rules are the values of the models' TextChoices."""
+    from scheduling.fixed import cron
+    from scheduling.models import DstGapPolicy, MissedPolicy, RunTrigger
+
+    assert (ticks.TRIGGER_BEAT, ticks.TRIGGER_CATCH_UP) == (RunTrigger.BEAT, RunTrigger.CATCH_UP)
+    assert tuple(MissedPolicy.values) == (ticks.MISSED_SKIP, ticks.MISSED_RUN_ONCE, ticks.MISSED_RUN_ALL)
+    assert set(cron.DST_GAP_CHOICES) == set(DstGapPolicy.values)

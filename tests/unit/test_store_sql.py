@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +31,32 @@ def test_duplicate_names_are_refused():
 def test_comments_before_first_name_are_ignored():
     """Text before the first named block belongs to no query."""
     assert store.parse_queries("-- header\n-- name: q\nSELECT 1;\n") == {"q": "SELECT 1"}
+
+
+# Modules that may open a cursor besides the store: lock, leadership and LISTEN sessions on their own psycopg2
+# connections, which read or write no table (see the store's docstring).
+SESSION_MODULES = {"core/locks.py", "core/leadership.py"}
+
+
+def _cursor_calls(path: Path) -> list[int]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "cursor"
+    ]
+
+
+def test_only_the_store_holds_a_cursor_on_djangos_connection():
+    """No module but the store opens a cursor; the lock and LISTEN sessions use their own connections only."""
+    package = Path(store.__file__).parents[1]
+    found = {
+        str(path.relative_to(package)): lines
+        for path in sorted(package.rglob("*.py"))
+        if "migrations" not in path.parts and (lines := _cursor_calls(path))
+    }
+    assert set(found) - {"core/store.py"} == SESSION_MODULES
+    for name in SESSION_MODULES:
+        source = (package / name).read_text()
+        assert "from django.db import connection" not in source, name
+        assert "dedicated_connection" in source, name

@@ -67,6 +67,9 @@ SELECT owner_id FROM scheduling_scheduledjob WHERE id = %(id)s;
 -- name: job_state
 SELECT state FROM scheduling_scheduledjob WHERE id = %(id)s;
 
+-- name: job_states
+SELECT id, state FROM scheduling_scheduledjob WHERE id = ANY(%(ids)s::bigint[]);
+
 -- name: cancel_job
 UPDATE scheduling_scheduledjob
 SET state = 'cancelled', finished_at = now(), updated_at = now()
@@ -74,7 +77,7 @@ WHERE id = %(id)s AND state = 'pending'
 RETURNING id;
 
 -- name: cancel_jobs
--- Bulk cancel for the admin: only pending rows change; the rest are reported by the caller.
+-- Bulk cancel (api.cancel_many): only pending rows change; the caller reports the rest.
 UPDATE scheduling_scheduledjob
 SET state = 'cancelled', finished_at = now(), updated_at = now()
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
@@ -90,7 +93,7 @@ RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
 UPDATE scheduling_scheduledjob
 SET due_at = %(due_at)s, updated_at = now()
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
-RETURNING id;
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
 
 -- name: run_jobs_now
 UPDATE scheduling_scheduledjob
@@ -475,6 +478,34 @@ SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now()), 'dead', %(leas
 WHERE NOT EXISTS (
     SELECT 1 FROM scheduling_scheduledjob WHERE kind = %(kind)s AND state = 'dead' AND key = %(key)s)
 RETURNING id;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Clocks, locks and leaders.
+
+-- name: database_now
+-- The database clock: the only clock that says what is due (beat measures its offset to it).
+SELECT now() AS now;
+
+-- name: advisory_lock_held
+-- Whether any session holds the advisory lock with this 64-bit key. pg_locks shows a bigint key
+-- as classid (its high 32 bits) and objid (its low 32 bits), with objsubid 1. Read on Django's
+-- connection: it looks at the lock table, it takes nothing (locks.AdvisoryLock takes them).
+SELECT count(*) > 0 AS held
+FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+  AND classid = ((%(key)s::bigint >> 32) & 4294967295)::oid
+  AND objid = (%(key)s::bigint & 4294967295)::oid;
+
+-- name: record_heartbeat
+-- The leading process's sign of life, one row per role, on the database clock. A new leadership
+-- (the first heartbeat since this process took the lock) also restarts "leading since", even when
+-- the row is left over from an earlier leader.
+INSERT INTO scheduling_schedulerheartbeat AS h (role, holder, acquired_at, heartbeat_at)
+VALUES (%(role)s, %(holder)s, now(), now())
+ON CONFLICT (role) DO UPDATE
+SET holder = EXCLUDED.holder, heartbeat_at = now(),
+    acquired_at = CASE WHEN %(new_lead)s::boolean THEN now() ELSE h.acquired_at END
+RETURNING h.role;
 
 -- ---------------------------------------------------------------------------------------------------
 -- Dashboard, /metrics and /healthz: read-only, database clock, bounded to a recent window.
