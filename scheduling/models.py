@@ -36,6 +36,9 @@ class AttemptOutcome(models.TextChoices):
     RECLAIMED = "reclaimed", "reclaimed"
 
 
+MIN_PRIORITY, MAX_PRIORITY = 0, 9  # the claim walks priorities MAX_PRIORITY..MIN_PRIORITY
+
+
 class ScheduledJobQuerySet(models.QuerySet["ScheduledJob"]):
     def pending(self) -> ScheduledJobQuerySet:
         return self.filter(state=JobState.PENDING)
@@ -86,6 +89,12 @@ class ScheduledJob(models.Model):
     )
     attempts = models.PositiveIntegerField("attempts", default=0, help_text="Claims taken so far.")
     max_attempts = models.PositiveIntegerField("max attempts", help_text="After this many attempts the job is dead.")
+    priority = models.PositiveSmallIntegerField(
+        "priority",
+        default=0,
+        db_default=0,
+        help_text=f"{MIN_PRIORITY}-{MAX_PRIORITY}: among due jobs, a higher priority is claimed first.",
+    )
     last_error = models.TextField("last error", blank=True, default="", help_text="The latest failure's error text.")
     key = models.CharField(
         "key",
@@ -119,6 +128,10 @@ class ScheduledJob(models.Model):
         indexes = [
             # The claim's only access path: small, because finished rows are not in it.
             models.Index(fields=["due_at"], name="scheduledjob_pending_due_idx", condition=models.Q(state="pending")),
+            # The claim walks it one priority at a time, highest first (a range of due_at per priority).
+            models.Index(
+                fields=["priority", "due_at"], name="scheduledjob_pending_prio_idx", condition=models.Q(state="pending")
+            ),
             models.Index(
                 fields=["heartbeat_at"], name="scheduledjob_claimed_hb_idx", condition=models.Q(state="claimed")
             ),
@@ -156,10 +169,44 @@ class ScheduledJob(models.Model):
                 name="scheduledjob_final_has_finished_at",
             ),
             models.CheckConstraint(condition=models.Q(lease_seconds__gte=1), name="scheduledjob_lease_positive"),
+            models.CheckConstraint(
+                condition=models.Q(priority__gte=MIN_PRIORITY, priority__lte=MAX_PRIORITY),
+                name="scheduledjob_priority_range",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.id} ({self.state})"
+
+
+class KindControl(models.Model):
+    """An operator's controls over one job kind: paused, and a cap on how many of it run at once."""
+
+    kind = models.CharField("kind", max_length=100, primary_key=True, help_text="The registered job kind.")
+    paused = models.BooleanField(
+        "paused", default=False, help_text="While paused, due jobs of the kind stay pending (not claimed)."
+    )
+    max_running = models.PositiveIntegerField(
+        "max running",
+        null=True,
+        blank=True,
+        help_text="At most this many jobs of the kind claimed or running cluster-wide; empty: no cap.",
+    )
+    updated_at = models.DateTimeField("updated at", db_default=Now(), help_text="Last change of the controls.")
+
+    class Meta:
+        db_table = "scheduling_kindcontrol"
+        verbose_name = "kind control"
+        ordering = ["kind"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(max_running__isnull=True) | models.Q(max_running__gte=1),
+                name="kindcontrol_max_running_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.kind
 
 
 class JobAttempt(models.Model):

@@ -113,6 +113,7 @@ class Kind:
     batch_size: int
     description: str
     atomic: bool = True  # the handler's database writes and the job's outcome commit in one transaction
+    priority: int = 0  # 0-9, the default priority of its jobs: among due jobs, higher is claimed first
     api: Access | None = None  # None: not schedulable through the API (the admin: superusers only)
 
     def allows(self, user: Any, payload: dict[str, Any]) -> bool:
@@ -164,6 +165,7 @@ def handler(
     lease_seconds: int | None = None,
     batch_size: int | None = None,
     atomic: bool = True,
+    priority: int = 0,
     api: Access | None = None,
 ) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
     """Register the decorated function as the handler of job kind ``name``.
@@ -191,6 +193,7 @@ def handler(
             batch_size=int(batch_size or conf.get().default_batch_size),
             description=(func.__doc__ or "").strip().splitlines()[0] if func.__doc__ else "",
             atomic=atomic,
+            priority=priority,
             api=api,
         )
         return func

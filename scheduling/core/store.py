@@ -100,6 +100,7 @@ class NewJob:
     max_attempts: int
     key: str | None
     owner_id: int | None
+    priority: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +135,7 @@ def insert_job(job: NewJob, on_conflict: str) -> DueJob | None:
         "max_attempts": job.max_attempts,
         "key": job.key,
         "owner_id": job.owner_id,
+        "priority": job.priority,
     }
     name = "insert_job" if job.key is None else "upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep"
     rows = _records(name, params)
@@ -167,6 +169,7 @@ def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
         "max_attempts": job.max_attempts,
         "key": job.key,
         "owner_id": job.owner_id,
+        "priority": job.priority,
     }
     rows = _fetchall("upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep", params)
     if not rows:
@@ -190,6 +193,7 @@ def insert_jobs(
     lease_seconds: int,
     max_attempts: int,
     owner_id: int | None,
+    priority: int = 0,
 ) -> list[DueJob]:
     """Insert many jobs of one kind (payloads already JSON text), in the payloads' order."""
     params = {
@@ -200,6 +204,7 @@ def insert_jobs(
         "lease_seconds": lease_seconds,
         "max_attempts": max_attempts,
         "owner_id": owner_id,
+        "priority": priority,
     }
     return [DueJob.from_row(row) for row in _records("insert_jobs", params)]
 
@@ -403,21 +408,55 @@ def prune_finished_jobs(*, days: int, limit: int) -> int:
     return len(_fetchall("prune_finished_jobs", {"days": days, "limit": limit}))
 
 
-ESTIMATED_COUNTS = ("backlog", "pending", "due_next_24h")
+ESTIMATED_COUNTS = ("backlog", "paused", "pending", "due_next_24h")
 
 
 @dataclasses.dataclass(frozen=True)
 class BacklogStatus:
     """The numbers operators watch; the counts named in ``estimated`` are planner estimates."""
 
-    backlog: int  # pending and due
+    backlog: int  # pending and due (kinds not paused)
     oldest_overdue_seconds: float
+    paused: int  # pending and due, of paused kinds (waiting on purpose: not backlog)
     pending: int
     due_next_24h: int
     claimed: int
     stuck: int  # claimed past their lease, or claimed for longer than the stuck limit
     dead_last_24h: int
     estimated: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class KindControlRow:
+    """A kind's controls and what waits behind them."""
+
+    kind: str
+    paused: bool
+    max_running: int | None
+    due: int = 0  # pending and due
+    claimed: int = 0  # claimed: queued or running
+
+
+def set_kind_paused(kind: str, paused: bool) -> KindControlRow:
+    """Pause or resume ``kind``; returns its controls."""
+    row = _records("set_kind_paused", {"kind": kind, "paused": paused})[0]
+    return KindControlRow(kind=row["kind"], paused=row["paused"], max_running=row["max_running"])
+
+
+def set_kind_max_running(kind: str, max_running: int | None) -> KindControlRow:
+    """Cap (None: uncap) how many jobs of ``kind`` may be claimed or running at once; returns its controls."""
+    row = _records("set_kind_max_running", {"kind": kind, "max_running": max_running})[0]
+    return KindControlRow(kind=row["kind"], paused=row["paused"], max_running=row["max_running"])
+
+
+def kind_controls() -> list[KindControlRow]:
+    """Every controlled kind with its due and claimed counts."""
+    return [
+        KindControlRow(
+            kind=r["kind"], paused=r["paused"], max_running=r["max_running"], due=r["due"], claimed=r["claimed"]
+        )
+        for r in _records("kind_controls", {})
+    ]
 
 
 def backlog_status(stuck_after_seconds: float, exact_limit: int = 10_000) -> BacklogStatus:
@@ -432,6 +471,7 @@ def backlog_status(stuck_after_seconds: float, exact_limit: int = 10_000) -> Bac
     return BacklogStatus(
         backlog=row["backlog"],
         oldest_overdue_seconds=row["oldest_overdue_seconds"],
+        paused=row["paused"],
         pending=row["pending"],
         due_next_24h=row["due_next_24h"],
         claimed=row["claimed"],

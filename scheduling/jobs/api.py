@@ -40,6 +40,7 @@ def schedule(
     on_conflict: str = "replace",
     max_attempts: int | None = None,
     owner: Any = None,
+    priority: int | None = None,
 ) -> ScheduledJob:
     """Schedule ``kind`` with ``payload`` at ``due_at`` (aware) or after ``delay`` (by the database clock).
 
@@ -47,7 +48,8 @@ def schedule(
     another owner's job. With a ``key``, a second job for a key whose job is still pending either
     moves that job (``replace``), leaves it (``keep``: the existing job is returned) or raises
     ``KeyConflict`` (``error``), decided by one statement (no check-then-insert window). A key
-    whose job is running (claimed) cannot be replaced: ``JobNotReschedulable``.
+    whose job is running (claimed) cannot be replaced: ``JobNotReschedulable``. ``priority``
+    (0-9, default the kind's): among due jobs, a higher one is claimed first.
     """
     return schedule_with_outcome(
         kind,
@@ -58,6 +60,7 @@ def schedule(
         on_conflict=on_conflict,
         max_attempts=max_attempts,
         owner=owner,
+        priority=priority,
     )[0]
 
 
@@ -71,6 +74,7 @@ def schedule_with_outcome(
     on_conflict: str = "replace",
     max_attempts: int | None = None,
     owner: Any = None,
+    priority: int | None = None,
 ) -> tuple[ScheduledJob, str]:
     """``schedule()``, also saying what happened: "created", "replaced" or "kept"."""
     job_kind = registry.get(kind)
@@ -82,6 +86,7 @@ def schedule_with_outcome(
             f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, got {on_conflict!r}."
         )
     attempts = validation.check_max_attempts(job_kind, max_attempts)
+    job_priority = validation.check_priority(job_kind, priority)
     owner_id = getattr(owner, "pk", owner)
 
     new = store.NewJob(
@@ -93,6 +98,7 @@ def schedule_with_outcome(
         max_attempts=attempts,
         key=key,
         owner_id=owner_id,
+        priority=job_priority,
     )
     asked_at = time.monotonic()
     outcome = "created"
@@ -129,6 +135,7 @@ def schedule_with_outcome(
         max_attempts=attempts,
         key=key,
         owner_id=owner_id,
+        priority=job_priority,
     )
     job._state.adding = False
     return job, outcome
@@ -142,6 +149,7 @@ def schedule_many(
     delay: float | int | dt.timedelta | None = None,
     max_attempts: int | None = None,
     owner: Any = None,
+    priority: int | None = None,
 ) -> list[int]:
     """Schedule one job of ``kind`` per payload, all at ``due_at`` or after ``delay``; returns their ids.
 
@@ -153,6 +161,7 @@ def schedule_many(
     encoded = [validation.encode_payload(job_kind, payload) for payload in payloads]
     resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
     attempts = validation.check_max_attempts(job_kind, max_attempts)
+    job_priority = validation.check_priority(job_kind, priority)
     if not encoded:
         return []
     asked_at = time.monotonic()
@@ -164,6 +173,7 @@ def schedule_many(
         lease_seconds=job_kind.lease_seconds,
         max_attempts=attempts,
         owner_id=getattr(owner, "pk", owner),
+        priority=job_priority,
     )
     claim.wake_on_commit(min(row.in_seconds for row in rows), asked_at)  # one wake-up: all rows share the due time
     logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
@@ -236,6 +246,48 @@ def status() -> dict[str, Any]:
     numbers = store.backlog_status(settings.stuck_after_seconds, settings.status_exact_limit)
     return {**dataclasses.asdict(numbers), "estimated": list(numbers.estimated)}
 
+
+
+# --- Kind controls: pause, resume, cap ------------------------------------------------------------
+
+
+def pause(kind: str) -> store.KindControlRow:
+    """Pause ``kind``: its due jobs stay pending (counted as paused, not backlog) until ``resume``."""
+    registry.get(kind)
+    row = store.set_kind_paused(kind, True)
+    logger.info("kind paused", extra={"kind": kind, "action": "paused"})
+    return row
+
+
+def resume(kind: str) -> store.KindControlRow:
+    """Resume ``kind``: its due jobs are claimed again (the control loop is woken on commit)."""
+    registry.get(kind)
+    row = store.set_kind_paused(kind, False)
+    claim.wake_on_commit(0.0, time.monotonic())
+    logger.info("kind resumed", extra={"kind": kind, "action": "resumed"})
+    return row
+
+
+def set_max_running(kind: str, max_running: int | None) -> store.KindControlRow:
+    """Cap how many jobs of ``kind`` are claimed or running at once, cluster-wide (None: no cap).
+
+    The rest wait pending, not claimed. Raises ``InvalidSchedule`` for a cap that is not a whole
+    number of at least 1.
+    """
+    registry.get(kind)
+    if max_running is not None and (
+        isinstance(max_running, bool) or not isinstance(max_running, int) or not 1 <= max_running <= 1_000_000
+    ):
+        raise exceptions.InvalidSchedule(f"max_running must be a whole number from 1 to 1000000, got {max_running!r}.")
+    row = store.set_kind_max_running(kind, max_running)
+    claim.wake_on_commit(0.0, time.monotonic())
+    logger.info("kind capped", extra={"kind": kind, "max_running": max_running, "action": "capped"})
+    return row
+
+
+def kind_controls() -> list[store.KindControlRow]:
+    """Every kind with a control (paused or capped), with what waits behind it."""
+    return store.kind_controls()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,12 +382,16 @@ __all__ = [
     "BulkResult",
     "cancel",
     "cancel_many",
+    "kind_controls",
+    "pause",
     "reschedule",
     "reschedule_many",
+    "resume",
     "retry_dead_many",
     "run_now_many",
     "schedule",
     "schedule_many",
     "schedule_with_outcome",
+    "set_max_running",
     "status",
 ]

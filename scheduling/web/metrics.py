@@ -129,6 +129,7 @@ class TimekeeperCollector(Collector):
     def _database(self, window: float) -> Iterator[Metric]:
         status = api.status(include_broker=False)  # read below, apart, so one part failing spares the other
         yield _gauge("timekeeper_backlog_jobs", "Pending jobs whose due time has passed.", status["backlog"])
+        yield _gauge("timekeeper_paused_jobs", "Due jobs of paused kinds (waiting on purpose).", status["paused"])
         yield _gauge(
             "timekeeper_oldest_overdue_seconds",
             "Age of the oldest pending job past its due time (0 when none).",

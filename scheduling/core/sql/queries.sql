@@ -6,9 +6,9 @@
 -- A plain insert; the caller's transaction decides whether it survives.
 INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-     claimed_by, created_at, updated_at)
+     claimed_by, created_at, updated_at, priority)
 VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
-        %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now())
+        %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s)
 RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
 
 -- name: insert_jobs
@@ -16,9 +16,9 @@ RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
 -- the caller's transaction. The payloads come as one text array; ORDINALITY keeps their order.
 INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-     claimed_by, created_at, updated_at)
+     claimed_by, created_at, updated_at, priority)
 SELECT %(kind)s, t.payload::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
-       %(lease_seconds)s, 0, %(max_attempts)s, '', NULL, %(owner_id)s, '', now(), now()
+       %(lease_seconds)s, 0, %(max_attempts)s, '', NULL, %(owner_id)s, '', now(), now(), %(priority)s
 FROM unnest(%(payloads)s::text[]) WITH ORDINALITY AS t(payload, n)
 ORDER BY t.n
 RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
@@ -32,13 +32,13 @@ RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
 -- the caller reports the conflict. inserted (xmax = 0) tells a new row from a replaced one.
 INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-     claimed_by, created_at, updated_at)
+     claimed_by, created_at, updated_at, priority)
 VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
-        %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now())
+        %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s)
 ON CONFLICT ((coalesce(owner_id, 0)), key) WHERE key IS NOT NULL AND state IN ('pending', 'claimed') DO UPDATE
     SET kind = EXCLUDED.kind, payload = EXCLUDED.payload, due_at = EXCLUDED.due_at,
         max_attempts = greatest(EXCLUDED.max_attempts, scheduling_scheduledjob.attempts + 1),
-        lease_seconds = EXCLUDED.lease_seconds, updated_at = now()
+        lease_seconds = EXCLUDED.lease_seconds, priority = EXCLUDED.priority, updated_at = now()
     WHERE scheduling_scheduledjob.state = 'pending'
 RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds, (xmax = 0) AS inserted, state;
 
@@ -48,9 +48,9 @@ RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds, 
 -- job's row, locked, instead of nothing: no second look-up that could find it gone or a stranger's.
 INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-     claimed_by, created_at, updated_at)
+     claimed_by, created_at, updated_at, priority)
 VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, now() + make_interval(secs => %(delay)s)), 'pending',
-        %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now())
+        %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s)
 ON CONFLICT ((coalesce(owner_id, 0)), key) WHERE key IS NOT NULL AND state IN ('pending', 'claimed') DO UPDATE
     SET key = scheduling_scheduledjob.key
 RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds, (xmax = 0) AS inserted, state;
@@ -117,23 +117,96 @@ RETURNING j.id;
 -- name: claim_due_jobs
 -- The claim is one statement so that choosing the rows and claiming them cannot be separated:
 -- FOR UPDATE SKIP LOCKED makes concurrent claimers pass over each other's rows instead of waiting,
--- so any number of them get disjoint sets, and the partial index on due_at WHERE state = 'pending'
--- keeps this cheap however many finished rows the table holds. Each claim gets a new token
--- (fencing): only the holder of the current token can complete or fail the job. heartbeat_at
--- stays NULL: the lease starts when the batch starts (start_jobs), not while it waits in the queue.
-WITH due AS (
-    SELECT id
-    FROM scheduling_scheduledjob
-    WHERE state = 'pending' AND due_at <= now()
-    ORDER BY due_at
+-- so any number of them get disjoint sets. Each claim gets a new token (fencing): only the holder of
+-- the current token can complete or fail the job. heartbeat_at stays NULL: the lease starts when
+-- the batch starts (start_jobs), not while it waits in the queue.
+--
+-- Order: higher priority first, then earlier due_at. PostgreSQL has no skip scan, so the priorities
+-- (0-9) are walked one at a time, highest first: one branch per priority, each a range scan of a
+-- partial index bounded by due_at <= now() ((priority, due_at) for the rare priorities, where the
+-- planner's statistics see few rows; due_at for the common one), so the cost follows the rows
+-- taken, not the rows pending. Append runs the branches in order and the outer LIMIT stops the walk
+-- once enough rows are locked. The literal priorities let the planner use each value's statistics.
+--
+-- Kind controls (scheduling_kindcontrol): a paused kind's rows are left pending; a kind capped at
+-- max_running gets at most max_running minus its claimed rows (claimed: queued or running). The
+-- cap is exact with one claimer at a time (the control loop's leader); rows locked beyond a kind's
+-- room are not updated and their locks end with the statement.
+WITH controls AS (
+    SELECT c.kind, c.paused,
+           CASE WHEN c.max_running IS NULL THEN NULL
+                ELSE greatest(0, c.max_running - (SELECT count(*) FROM scheduling_scheduledjob AS r
+                                                  WHERE r.state = 'claimed' AND r.kind = c.kind)) END AS room
+    FROM scheduling_kindcontrol AS c
+    WHERE c.paused OR c.max_running IS NOT NULL
+), blocked AS (
+    SELECT kind FROM controls WHERE paused OR room = 0
+), due AS (
+    SELECT * FROM (
+    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+                   WHERE state = 'pending' AND priority = 9 AND due_at <= now()
+                     AND kind NOT IN (SELECT kind FROM blocked)
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p9
+    UNION ALL
+    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+                   WHERE state = 'pending' AND priority = 8 AND due_at <= now()
+                     AND kind NOT IN (SELECT kind FROM blocked)
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p8
+    UNION ALL
+    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+                   WHERE state = 'pending' AND priority = 7 AND due_at <= now()
+                     AND kind NOT IN (SELECT kind FROM blocked)
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p7
+    UNION ALL
+    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+                   WHERE state = 'pending' AND priority = 6 AND due_at <= now()
+                     AND kind NOT IN (SELECT kind FROM blocked)
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p6
+    UNION ALL
+    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+                   WHERE state = 'pending' AND priority = 5 AND due_at <= now()
+                     AND kind NOT IN (SELECT kind FROM blocked)
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p5
+    UNION ALL
+    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+                   WHERE state = 'pending' AND priority = 4 AND due_at <= now()
+                     AND kind NOT IN (SELECT kind FROM blocked)
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p4
+    UNION ALL
+    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+                   WHERE state = 'pending' AND priority = 3 AND due_at <= now()
+                     AND kind NOT IN (SELECT kind FROM blocked)
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p3
+    UNION ALL
+    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+                   WHERE state = 'pending' AND priority = 2 AND due_at <= now()
+                     AND kind NOT IN (SELECT kind FROM blocked)
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p2
+    UNION ALL
+    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+                   WHERE state = 'pending' AND priority = 1 AND due_at <= now()
+                     AND kind NOT IN (SELECT kind FROM blocked)
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p1
+    UNION ALL
+    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+                   WHERE state = 'pending' AND priority = 0 AND due_at <= now()
+                     AND kind NOT IN (SELECT kind FROM blocked)
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p0
+    ) AS by_priority
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT due.id, due.kind, row_number() OVER (PARTITION BY due.kind ORDER BY due.priority DESC, due.due_at) AS n
+    FROM due
+), allowed AS (
+    SELECT ranked.id
+    FROM ranked LEFT JOIN controls ON controls.kind = ranked.kind
+    WHERE controls.room IS NULL OR ranked.n <= controls.room
 )
 UPDATE scheduling_scheduledjob AS j
 SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = NULL,
     claimed_by = '', attempts = j.attempts + 1, updated_at = now()
-FROM due
-WHERE j.id = due.id
+FROM allowed
+WHERE j.id = allowed.id
 RETURNING j.id, j.token::text, j.kind;
 
 -- name: next_due_times
@@ -335,9 +408,14 @@ RETURNING id;
 -- as exact_limit + 1 means "more": store.backlog_status replaces it with the planner's estimate.
 SELECT
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
+                             AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)
                            LIMIT %(exact_limit)s + 1) AS capped) AS backlog,
     (SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0)::float8
-       FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()) AS oldest_overdue_seconds,
+       FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
+         AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)) AS oldest_overdue_seconds,
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
+                             AND kind IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)
+                           LIMIT %(exact_limit)s + 1) AS capped) AS paused,
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending'
                            LIMIT %(exact_limit)s + 1) AS capped) AS pending,
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
@@ -353,7 +431,12 @@ SELECT
 
 -- name: estimate_backlog
 -- Planner estimates (EXPLAIN, from the table statistics) for counts past backlog_status's exact limit.
-SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now();
+SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
+  AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused);
+
+-- name: estimate_paused
+SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
+  AND kind IN (SELECT kind FROM scheduling_kindcontrol WHERE paused);
 
 -- name: estimate_pending
 SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending';
@@ -622,3 +705,30 @@ JOIN scheduling_schedulepolicy AS p ON p.id = r.schedule_id
 JOIN django_celery_beat_periodictask AS t ON t.id = p.periodic_task_id
 GROUP BY 1, 2
 ORDER BY 1, 2;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Kind controls: pause and concurrency caps, read by claim_due_jobs.
+
+-- name: set_kind_paused
+-- Pause or resume a kind (a row per controlled kind; resuming keeps the row for its cap).
+INSERT INTO scheduling_kindcontrol (kind, paused, max_running, updated_at)
+VALUES (%(kind)s, %(paused)s, NULL, now())
+ON CONFLICT (kind) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
+RETURNING kind, paused, max_running;
+
+-- name: set_kind_max_running
+-- Cap (or uncap: NULL) how many jobs of a kind may be claimed or running at once, cluster-wide.
+INSERT INTO scheduling_kindcontrol (kind, paused, max_running, updated_at)
+VALUES (%(kind)s, false, %(max_running)s, now())
+ON CONFLICT (kind) DO UPDATE SET max_running = EXCLUDED.max_running, updated_at = now()
+RETURNING kind, paused, max_running;
+
+-- name: kind_controls
+-- Every kind with a control, with its pending-and-due and claimed counts (for status and the admin).
+SELECT c.kind, c.paused, c.max_running,
+       (SELECT count(*) FROM scheduling_scheduledjob AS j
+        WHERE j.state = 'pending' AND j.kind = c.kind AND j.due_at <= now()) AS due,
+       (SELECT count(*) FROM scheduling_scheduledjob AS j
+        WHERE j.state = 'claimed' AND j.kind = c.kind) AS claimed
+FROM scheduling_kindcontrol AS c
+ORDER BY c.kind;

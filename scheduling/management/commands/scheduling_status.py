@@ -12,6 +12,7 @@ from scheduling import api
 
 TABLE_ROWS = (
     ("backlog", "backlog (pending and due)", ""),
+    ("paused", "paused (due, kind paused)", ""),
     ("oldest_overdue_seconds", "oldest overdue", "s"),
     ("pending", "pending (all)", ""),
     ("due_next_24h", "due in the next 24 h", ""),
