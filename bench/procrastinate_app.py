@@ -17,3 +17,21 @@ app = procrastinate.App(
 @app.task(name="noop")
 async def noop() -> None:
     """Do nothing."""
+
+
+RECORD_TABLE = (  # tasks.Execution's shape; one statement each (psycopg 3 sends parameters: no scripts)
+    "CREATE TABLE IF NOT EXISTS bench_execution (id bigserial PRIMARY KEY, idempotency_key varchar(200) NOT NULL,"
+    " kind varchar(100) NOT NULL, pid integer NOT NULL CHECK (pid >= 0),"
+    " started_at timestamptz NOT NULL DEFAULT now())",
+    "CREATE INDEX IF NOT EXISTS bench_execution_key_idx ON bench_execution (idempotency_key)",
+)
+
+
+@app.task(name="record")
+async def record(key: str) -> None:
+    """Insert one row shaped like ``tasks.Execution`` (plain SQL: this venv has no Django)."""
+    await app.connector.execute_query_async(
+        "INSERT INTO bench_execution (idempotency_key, kind, pid) VALUES (%(key)s, 'record', %(pid)s)",
+        key=key,
+        pid=os.getpid(),
+    )

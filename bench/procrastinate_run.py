@@ -3,6 +3,7 @@
 Applies Procrastinate's schema to an empty database, defers N no-op jobs, starts W worker
 processes (``--one-shot``: they exit when the queue is empty) and prints one JSON line with the
 drain time taken from Procrastinate's own event table (first ``started`` to last ``succeeded``).
+``--task=record`` defers jobs that insert one row each instead, and also counts duplicate effects.
 """
 
 from __future__ import annotations
@@ -18,12 +19,19 @@ import time
 from bench import procrastinate_app
 
 
-async def prepare(jobs: int) -> float:
+async def prepare(jobs: int, task: str = "noop") -> float:
     async with procrastinate_app.app.open_async():
         await procrastinate_app.app.schema_manager.apply_schema_async()
+        if task == "record":
+            for statement in procrastinate_app.RECORD_TABLE:
+                await procrastinate_app.app.connector.execute_query_async(statement)
         start = time.perf_counter()
         for offset in range(0, jobs, 1000):
-            await procrastinate_app.noop.batch_defer_async(*({} for _ in range(min(1000, jobs - offset))))
+            count = min(1000, jobs - offset)
+            if task == "record":
+                await procrastinate_app.record.batch_defer_async(*({"key": f"job:{offset + i}"} for i in range(count)))
+            else:
+                await procrastinate_app.noop.batch_defer_async(*({} for _ in range(count)))
         elapsed = time.perf_counter() - start
         # Fresh planner statistics, as autovacuum would have them on a live table: without them the
         # fetch statement's plan sorts the whole queue for every job (an order of magnitude slower).
@@ -35,7 +43,7 @@ async def prepare(jobs: int) -> float:
         return elapsed
 
 
-async def measure() -> dict[str, float]:
+async def measure(task: str = "noop") -> dict[str, float]:
     async with procrastinate_app.app.open_async():
         pool = procrastinate_app.app.connector._async_pool  # type: ignore[attr-defined]
         async with pool.connection() as conn, conn.cursor() as cur:
@@ -45,7 +53,14 @@ async def measure() -> dict[str, float]:
                 " count(*) FILTER (WHERE type = 'succeeded') FROM procrastinate_events"
             )
             drain, done = await cur.fetchone()
-    return {"drain_s": drain, "succeeded": done}
+            figures = {"drain_s": drain, "succeeded": done}
+            if task == "record":  # rows per job key beyond the first: effects that happened twice
+                await cur.execute(
+                    "SELECT coalesce(sum(n - 1), 0)::int, count(*)::int FROM"
+                    " (SELECT count(*) AS n FROM bench_execution GROUP BY idempotency_key) AS per_key"
+                )
+                figures["duplicate_effects"], figures["keys"] = await cur.fetchone()
+    return figures
 
 
 def main() -> None:
@@ -54,8 +69,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--log", default=os.devnull)
+    parser.add_argument("--task", choices=["noop", "record"], default="noop")
     args = parser.parse_args()
-    enqueue_s = asyncio.run(prepare(args.jobs))
+    enqueue_s = asyncio.run(prepare(args.jobs, args.task))
     argv = [
         sys.executable,
         "-m",
@@ -72,7 +88,7 @@ def main() -> None:
         for proc in procs:
             proc.wait(600)
         wall = time.perf_counter() - started
-    figures = asyncio.run(measure())
+    figures = asyncio.run(measure(args.task))
     figures.update({"enqueue_s": enqueue_s, "wall_s_with_startup": wall, "jobs": args.jobs})
     print(json.dumps(figures))
 

@@ -133,10 +133,11 @@ def ensure_bench_venv() -> None:
     subprocess.run([str(python), "-m", "pip", "install", "-q", "procrastinate==3.10.*", "psycopg[binary]"], check=True)
 
 
-def run_procrastinate(jobs: int) -> dict[str, Any]:
+def run_procrastinate(jobs: int, task: str = "noop", scenario: str = SCENARIO) -> dict[str, Any]:
+    """Drain ``jobs`` Procrastinate jobs of ``task`` ("noop", or "record": one INSERT each) in its venv."""
     ensure_bench_venv()
     common.ensure_database(PROCRASTINATE_DB, fresh=True)
-    log = common.LOGS / SCENARIO / "procrastinate.log"
+    log = common.LOGS / scenario / "procrastinate.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {
         "BENCH_PROCRASTINATE_DSN": common.dsn(PROCRASTINATE_DB),
@@ -152,6 +153,7 @@ def run_procrastinate(jobs: int) -> dict[str, Any]:
             f"--workers={PROCRASTINATE_WORKERS}",
             f"--concurrency={PROCRASTINATE_CONCURRENCY}",
             f"--log={log}",
+            f"--task={task}",
         ],
         cwd=common.ROOT,
         env=env,

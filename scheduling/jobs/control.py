@@ -124,6 +124,7 @@ class ControlLoop:
             reclaimed, killed = sweep.reclaim_expired()
             self.counters.sweeps += 1
             self.counters.reclaimed += reclaimed + killed
+            logger.debug("sweep ran", extra={"reclaimed": reclaimed + killed, "action": "swept"})
             self._next_sweep = now + settings.sweep_interval_seconds
         if now >= self._next_prune:
             pruned = sweep.prune(max_batches=PRUNE_BATCHES_PER_TURN)

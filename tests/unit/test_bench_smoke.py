@@ -47,7 +47,17 @@ def test_emit_writes_the_json_file_and_prints_it_last(tmp_path, monkeypatch, cap
 
 def test_cli_lists_every_scenario():
     """The command line knows every scenario and refuses an unknown one."""
-    assert set(bench_main.SCENARIOS) == {"throughput", "lag", "scale", "sweep", "memory", "beat"}
+    assert set(bench_main.SCENARIOS) == {
+        "throughput",
+        "realistic",
+        "burst",
+        "lag",
+        "rescue",
+        "scale",
+        "sweep",
+        "memory",
+        "beat",
+    }
     with pytest.raises(SystemExit):
         bench_main.main(["no-such-scenario"])
 
@@ -94,3 +104,50 @@ def test_report_write_replaces_only_the_table_between_the_markers(tmp_path):
     readme.write_text("no markers here\n")
     with pytest.raises(ValueError, match="markers"):
         report.write(readme)
+
+
+@pytest.mark.parametrize("name", ["realistic", "burst", "rescue", "lag"])
+def test_issue_12_scenarios_import_and_take_quick(name):
+    """Each issue #12 scenario imports without services and its main takes ``quick`` (what ``run`` passes)."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"bench.{name}")
+    assert name == module.SCENARIO
+    assert list(inspect.signature(module.main).parameters) == ["quick"]
+
+
+def test_issue_12_targets():
+    """The targets printed beside the figures are the ones issue #12 sets."""
+    from bench import burst, lag, realistic, rescue
+
+    assert (realistic.TARGET_JOBS_PER_S, realistic.TARGET_RATIO_VS_CELERY) == (2000, 2.0)
+    assert realistic.TARGET_RATIO_VS_CELERY_DEFAULT == 1.0
+    assert burst.TARGET_DRAIN_S == 60.0
+    assert rescue.TARGET_S == 45.0
+    assert (lag.RATE_PER_S, lag.HIGH_RATE_PER_S, lag.TARGET_P99_MS) == (200, 1000, 50)
+
+
+def test_report_knows_the_issue_12_scenarios(tmp_path, monkeypatch):
+    """The report renders realistic, burst and rescue rows from their result files."""
+    from bench import report
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    (tmp_path / "rescue.json").write_text(
+        json.dumps(
+            {
+                "rounds": 3,
+                "lease_seconds": 30,
+                "heartbeat_seconds": 5.0,
+                "sweep_interval_seconds": 5.0,
+                "rescue_s_median": 33.1,
+                "rescue_s_max": 34.0,
+                "duplicate_effects": 0,
+                "target_met": True,
+            }
+        )
+    )
+    text = report.markdown()
+    assert "| realistic | not measured |" in text
+    assert "| burst | not measured |" in text
+    assert "started again 33.1 s after the kill" in text
