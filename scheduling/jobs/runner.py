@@ -5,9 +5,10 @@ before are returned; the lease clock starts here), then the handlers run one aft
 their timeouts (``executor.invoke``) while the heartbeat keeps the claims alive.
 
 Atomic kinds (the default, ``@registry.handler(atomic=True)``) run inside one transaction per
-chunk, a savepoint per job. The chunk first locks its claims (so no sweeper can take them), a
-failing job rolls back to its savepoint, and the outcomes are written in the same transaction: a
-job's effect and its ``done`` commit together, with one WAL flush per chunk. A chunk closes after
+chunk. The chunk first locks its claims (so no sweeper can take them) and writes the outcomes in
+the same transaction: a job's effect and its ``done`` commit together, with one WAL flush per
+chunk. A failing job rolls the chunk back (its writes with the others') and the chunk runs again
+with that failure recorded and the job not re-run (``_run_atomic``). A chunk closes after
 ``ATOMIC_CHUNK_SECONDS`` (or at the batch's end), so its locks are short. A handler's
 ``transaction.on_commit`` callbacks run after that commit.
 
@@ -51,6 +52,7 @@ class BatchReport:
     stale: int = 0  # outcomes refused (or jobs not run) because the claim had been taken back
     skipped: int = 0  # claims no longer ours (or already started) when the batch began
     chunks: int = 0  # transactions that committed atomic jobs together with their outcomes
+    reruns: int = 0  # chunks rolled back by a failing job and run again without it
 
 
 class _DbClock:
@@ -65,7 +67,7 @@ class _DbClock:
 
 
 class _RolledBack(Exception):
-    """Leaves a failed job's savepoint, undoing its writes; carries the job's outcome."""
+    """A job of an atomic chunk failed: the chunk's transaction rolls back; carries the job's outcome."""
 
     def __init__(self, outcome: store.Outcome) -> None:
         super().__init__(outcome.error)
@@ -183,8 +185,16 @@ def _record(report: BatchReport, successes: list[store.Outcome], failures: list[
 def _run_atomic(
     jobs: list[store.StartedJob], kinds: Kinds, clock: _DbClock, report: BatchReport, settled: set[int]
 ) -> None:
-    """Run atomic jobs in chunks: one transaction each, a savepoint per job, the outcomes inside it."""
+    """Run atomic jobs in chunks: one transaction each, the outcomes written inside it.
+
+    A chunk runs without a savepoint per job (two round trips a job saved). When a job fails, the
+    chunk's transaction is rolled back, undoing that job's writes with the others', and the chunk
+    runs again with the failure recorded, not re-run: the jobs that succeeded run again and commit.
+    A handler's database work is undone with the rollback and its on_commit callbacks dropped, so the
+    committed effect is still exactly one; external effects belong in ``transaction.on_commit``.
+    """
     pending = list(jobs)
+    known_failures: dict[int, store.Outcome] = {}  # failed in a rolled-back pass: recorded, not re-run
     while pending:
         committed = False
 
@@ -209,17 +219,21 @@ def _run_atomic(
                 while pending and (not chunk or time.monotonic() - opened < ATOMIC_CHUNK_SECONDS):
                     job = pending.pop(0)
                     chunk.append(job)
-                    try:
-                        with transaction.atomic():  # the job's savepoint
-                            outcome = _outcome(job, kinds[job.kind], clock)
-                            if outcome.outcome != AttemptOutcome.SUCCEEDED:
-                                raise _RolledBack(outcome)
-                        successes.append(outcome)
-                    except _RolledBack as rolled_back:
-                        failures.append(rolled_back.outcome)
+                    if job.id in known_failures:
+                        failures.append(known_failures.pop(job.id))
+                        continue
+                    outcome = _outcome(job, kinds[job.kind], clock)
+                    if outcome.outcome != AttemptOutcome.SUCCEEDED:
+                        raise _RolledBack(outcome)
+                    successes.append(outcome)
                 # The rows are locked by this transaction, so no outcome written here can be stale.
                 _record(report, successes, failures)
             report.chunks += 1
+        except _RolledBack as rolled_back:
+            known_failures[rolled_back.outcome.id] = rolled_back.outcome
+            pending = chunk + pending
+            report.reruns += 1
+            continue
         except Exception:
             if not committed:
                 raise

@@ -127,15 +127,15 @@ def _run_claimed(run_sql) -> runner.BatchReport:
 
 
 def test_an_atomic_batch_commits_each_job_with_its_outcome_and_rolls_a_failure_back(run_sql):
-    """Atomic kind: the failing job's write is undone (its savepoint), the others commit with done, in one chunk."""
+    """Atomic kind: a failing job rolls its chunk back and the chunk reruns without it; the others commit once."""
     ok = api.schedule_many("test.atomic_write", [{}, {}], delay=60)
     bad = api.schedule("test.atomic_write", {"fail": True}, delay=60)
     report = _run_claimed(run_sql)
-    assert (report.succeeded, report.failed, report.chunks) == (2, 1, 1)
+    assert (report.succeeded, report.failed, report.chunks, report.reruns) == (2, 1, 1, 1)
     assert sorted(Execution.objects.values_list("idempotency_key", flat=True)) == sorted(f"job:{i}" for i in ok)
     assert ScheduledJob.objects.get(pk=bad.id).state == JobState.PENDING, "failed: retried later"
     assert JobAttempt.objects.get(job_id=bad.id).error.startswith("Planned: failing after a write")
-    assert sorted(COMMITTED) == sorted(f"job:{i}" for i in ok), "on_commit runs for committed jobs only"
+    assert sorted(COMMITTED) == sorted(f"job:{i}" for i in ok), "on_commit runs once, for committed jobs only"
 
 
 def test_a_non_atomic_kind_keeps_the_writes_of_a_failed_job(run_sql):
