@@ -2,7 +2,8 @@
 
 Built in Python from the same constants the views check (fields, states, page sizes, id pattern),
 so the document and ``jobs_api`` cannot drift apart on them. It describes shapes only: no kind
-names, users or jobs, which is why it is public (tools fetch it before they hold a token).
+users or jobs (its one example names a kind any signed-in user may schedule), which is why it is
+public: tools fetch it before they hold a token.
 ``tests/integration/test_openapi.py`` validates it with openapi-spec-validator, and
 ``tests/integration/test_api_fuzz.py`` fuzzes a real server with schemathesis against it.
 """
@@ -14,7 +15,7 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
-from scheduling.core import validation
+from scheduling.core import exceptions, registry, validation
 from scheduling.jobs import api as jobs_api_functions
 from scheduling.models import AttemptOutcome, JobState
 from scheduling.web import jobs_api
@@ -209,10 +210,25 @@ def _schemas() -> dict[str, Any]:
             "type": "object",
             "additionalProperties": False,
             "description": "Exactly one of due_at and delay.",
-            "properties": {"due_at": {**_DUE_AT, "nullable": True}, "delay": {**_DELAY, "nullable": True}},
+            "minProperties": 1,
+            "maxProperties": 1,
+            "properties": {"due_at": _DUE_AT, "delay": _DELAY},
         },
         "Empty": {"type": "object", "additionalProperties": False, "maxProperties": 0},
     }
+
+
+def _open_kind() -> str | None:
+    """The first kind (by name) that any signed-in user may schedule with ``{}``: the create example."""
+    for name, kind in sorted(registry.all_kinds().items()):
+        if kind.api is None or kind.api.permission is not None or kind.api.predicate is not None:
+            continue
+        try:
+            kind.validate({})
+        except exceptions.InvalidPayload:
+            continue
+        return name
+    return None
 
 
 def document() -> dict[str, Any]:
@@ -244,6 +260,10 @@ def document() -> dict[str, Any]:
         "401",
         "404",
     )
+    create_media: dict[str, Any] = {"schema": _ref("CreateJob")}
+    example_kind = _open_kind()
+    if example_kind is not None:
+        create_media["example"] = {"kind": example_kind, "payload": {}, "delay": 3600}
     detail_responses = _responses(_job_response("The job with its attempts."), "401", "404")
     return {
         "openapi": "3.0.3",
@@ -282,7 +302,7 @@ def document() -> dict[str, Any]:
                 "post": {
                     "operationId": "createJob",
                     "summary": "Schedule a job (or replace or keep the caller's live job with the same key).",
-                    "requestBody": {"required": True, "content": {JSON: {"schema": _ref("CreateJob")}}},
+                    "requestBody": {"required": True, "content": {JSON: create_media}},
                     "responses": _responses(
                         {
                             "200": {
