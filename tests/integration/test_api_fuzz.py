@@ -88,7 +88,7 @@ def test_fuzzed_requests_never_get_a_server_error(server: str, django_user_model
         ],
         capture_output=True,
         text=True,
-        cwd=harness.ROOT,
+        cwd=tmp_path,  # schemathesis keeps a .schemathesis/ folder in its working directory
         env=harness.base_env(),
         check=False,
     )
