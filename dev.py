@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+FLOWER_CONF = ROOT / "flowerconfig.py"  # Flower's configuration file: /metrics behind the basic auth
 VENV = ROOT / ".venv"
 VENV_PYTHON = VENV / "bin" / "python"
 VAR = ROOT / "var"
@@ -390,7 +391,8 @@ def child_commands(web_port: int, flower_port: int) -> dict[str, list[str]]:
         "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload"],
         "worker": [*celery, "worker", "-l", "info", "--concurrency", "2", "-n", "worker1@%h"],
         "beat": [*celery, "beat", "-l", "info"],
-        "flower": [*celery, "flower", "--address=127.0.0.1", f"--port={flower_port}"],
+        # --conf: flowerconfig.py puts Flower's /metrics behind the same basic auth (project/flower_auth.py).
+        "flower": [*celery, "flower", f"--conf={FLOWER_CONF}", "--address=127.0.0.1", f"--port={flower_port}"],
     }
 
 

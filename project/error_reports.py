@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
+from django.utils.functional import Promise
 from django.views.debug import SafeExceptionReporterFilter
 
 from project import redaction
@@ -23,7 +24,8 @@ class ExceptionReporterFilter(SafeExceptionReporterFilter):
     def cleanse_setting(self, key: Any, value: Any) -> Any:
         """Django's cleansing by name, then passwords in URL strings (dicts, lists and tuples recurse here)."""
         value = super().cleanse_setting(key, value)
-        return redaction.redact(value) if isinstance(value, str) else value
+        # Lazy text (gettext_lazy, django-axes' messages) is text too: str() it before the regex sees it.
+        return redaction.redact(str(value)) if isinstance(value, str | Promise) else value
 
     def get_traceback_frame_variables(self, request: HttpRequest | None, tb_frame: Any) -> Any:
         """Each frame's variables with passwords in URLs hidden, and dict entries hidden by name (``PASSWORD``).

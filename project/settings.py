@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 
@@ -24,6 +25,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    "axes",  # login throttling (django-axes): the admin's login and /accounts/login/
     "scheduling",
     "tasks",
 ]
@@ -38,6 +40,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out login into its 429 answer
 ]
 
 ROOT_URLCONF = "project.urls"
@@ -70,6 +73,21 @@ DATABASES["default"]["OPTIONS"].setdefault(
 DATABASES["default"]["CONN_MAX_AGE"] = env.get_int("DATABASE_CONN_MAX_AGE", 60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Login throttling (django-axes): after LOGIN_FAILURE_LIMIT failed logins for one username from one
+# address, that pair is refused (429, even with the right password) for LOGIN_COOLOFF_MINUTES; a
+# success resets the count. The address is REMOTE_ADDR (no ipware, no forwarded headers): behind a
+# proxy every client has the proxy's address, and the limit then counts per username.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out pair before any password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.get_int("LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = dt.timedelta(minutes=env.get_int("LOGIN_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_DISABLE_ACCESS_LOG = True  # failures are counted in AccessAttempt rows; successful logins are not recorded
+AXES_VERBOSE = False  # no start-up banner; a failure logs the username, address and path (never a password)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -13,7 +13,9 @@ caller's own job, and another owner's use of the same key is neither revealed no
 Status codes: 400 the request is wrong (with the reason), 401 no or bad credentials, 403 failed
 CSRF check (session callers) or a kind (or change) the caller may not ask for, 404 no such job for
 this caller, 405 wrong method, 409 the job's state forbids the change (or on_conflict="error" met
-the caller's own live job for the key), 413 body or payload over the limit, 415 not JSON.
+the caller's own live job for the key), 413 body or payload over the limit, 415 not JSON, 500 a
+bug: answered with a generic body and logged with the traceback's frames and exception types
+only, never an exception's message (it may quote payload text, as a ``ValueError`` repr does).
 The OpenAPI document is served at ``/api/jobs/openapi.json``.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import traceback
 from typing import Any
 
 from django.core.paginator import EmptyPage, Paginator
@@ -234,12 +237,43 @@ def _endpoint(allowed: tuple[str, ...]) -> Any:
                 return view(request, caller.user, *args, **kwargs)
             except ApiError as exc:
                 return error_response(exc)
+            except Exception as exc:
+                # A bug. Django would log the exception with its message, which may quote the body.
+                _log_failure(view.__name__, request, kwargs.get("job_id"), exc)
+                return error_response(ApiError(500, "internal_error", "Internal error; it has been logged."))
 
         handle.__name__ = view.__name__
         handle.__doc__ = view.__doc__
         return handle
 
     return wrap
+
+
+def scrubbed_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` and of its causes, with exception types but none of their messages."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = f"{type(current).__module__}.{type(current).__qualname__}"
+        frames = "".join(traceback.format_tb(current.__traceback__))
+        parts.append(f"Traceback (most recent call last):\n{frames}{name}: (message withheld)")
+        current = current.__cause__ or current.__context__
+    return "\n\nwhile handling or caused by:\n".join(reversed(parts))
+
+
+def _log_failure(operation: str, request: HttpRequest, job_id: int | None, exc: BaseException) -> None:
+    """One error line for a 500: operation, method, job id and caller, and the scrubbed traceback."""
+    logger.error(
+        "jobs API %s %s failed with %s (job %s)\n%s",
+        request.method,
+        operation,
+        type(exc).__name__,
+        job_id if job_id is not None else "-",
+        scrubbed_traceback(exc),
+        extra={"job_id": job_id, "action": "api_error", "operation": operation},
+    )
 
 
 def _visible(user: Any, job_id: int, *, change: bool = False) -> ScheduledJob:

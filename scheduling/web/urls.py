@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path, register_converter
 
-from scheduling.web import jobs_api
+from scheduling.web import jobs_api, openapi
 
 
 class JobIdConverter:
@@ -25,6 +25,7 @@ app_name = "jobs-api"
 
 urlpatterns = [
     path("", jobs_api.collection, name="collection"),
+    path("openapi.json", openapi.openapi_json, name="openapi"),
     path("<jobid:job_id>", jobs_api.detail, name="detail"),
     path("<jobid:job_id>/cancel", jobs_api.cancel, name="cancel"),
     path("<jobid:job_id>/reschedule", jobs_api.reschedule, name="reschedule"),

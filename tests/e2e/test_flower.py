@@ -106,3 +106,14 @@ def test_flower_refuses_anonymous_requests_and_names_jobs_by_kind(cluster):
     assert f"[[({job.id}, '" in tasks[0]["args"]  # the batch's (id, token) pairs
     assert Execution.objects.filter(idempotency_key=f"job:{job.id}").count() == 1
     assert "run_batch" not in {t.get("name") for t in flower_tasks(base).values()}
+
+
+def test_flower_metrics_need_the_basic_auth_credentials(cluster):
+    """Flower's /metrics is 401 without or with wrong credentials, 200 with them; /healthcheck stays open."""
+    _, base = start_flower(cluster)
+    assert get(f"{base}/metrics")[0] == 401
+    assert get(f"{base}/metrics", (USER, "wrong"))[0] == 401
+    status, body = get(f"{base}/metrics", (USER, PASSWORD))
+    assert status == 200
+    assert b"flower_events_total" in body or b"# HELP" in body
+    assert get(f"{base}/healthcheck") == (200, b"OK")

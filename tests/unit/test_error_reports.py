@@ -39,3 +39,17 @@ def test_debug_error_page_shows_no_password() -> None:
 def test_production_error_report_shows_no_password() -> None:
     """With DEBUG off (error e-mails to ADMINS): the same report hides the same passwords."""
     assert SECRET not in error_page(debug=False)
+
+
+def test_lazy_translated_settings_are_shown_not_crashed_on():
+    """A setting holding a lazy translation (django-axes' messages) is cleansed as text, with URL passwords hidden."""
+    from django.utils.functional import SimpleLazyObject
+    from django.utils.translation import gettext_lazy
+
+    from project import error_reports
+
+    reporter_filter = error_reports.ExceptionReporterFilter()
+    for lazy in (gettext_lazy(f"see {DATABASE_URL}"), SimpleLazyObject(lambda: f"see {DATABASE_URL}")):
+        cleansed = reporter_filter.cleanse_setting("AXES_COOLOFF_MESSAGE", lazy)
+        assert SECRET not in cleansed
+        assert "db.internal" in cleansed

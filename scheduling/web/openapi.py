@@ -1,0 +1,386 @@
+"""The OpenAPI 3 document of the jobs API, served (without authentication) at ``/api/jobs/openapi.json``.
+
+Built in Python from the same constants the views check (fields, states, page sizes, id pattern),
+so the document and ``jobs_api`` cannot drift apart on them. It describes shapes only: no kind
+users or jobs (its one example names a kind any signed-in user may schedule), which is why it is
+public: tools fetch it before they hold a token.
+``tests/integration/test_openapi.py`` validates it with openapi-spec-validator, and
+``tests/integration/test_api_fuzz.py`` fuzzes a real server with schemathesis against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
+
+from scheduling.core import exceptions, registry, validation
+from scheduling.jobs import api as jobs_api_functions
+from scheduling.models import AttemptOutcome, JobState
+from scheduling.web import jobs_api
+
+JSON = "application/json"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": _ref("Error")}}}
+
+
+_ERRORS = {
+    "400": _error("The request is wrong; `error.message` says why."),
+    "401": {
+        "description": "No credentials, or a bad or revoked token.",
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
+        "content": {JSON: {"schema": _ref("Error")}},
+    },
+    "403": _error("CSRF check failed (session callers), or the caller may not schedule this kind or change this job."),
+    "404": _error("No such job for this caller (another owner's job is a 404 too)."),
+    "409": _error("The job's state forbids the change, or `on_conflict: error` met the caller's live job for the key."),
+    "413": _error("The body, or the payload, is over the limit."),
+    "415": _error("The body is not `application/json`."),
+}
+
+
+def _responses(ok: dict[str, Any], *codes: str) -> dict[str, Any]:
+    return {**ok, **{code: _ERRORS[code] for code in codes}}
+
+
+def _job_response(description: str) -> dict[str, Any]:
+    return {"200": {"description": description, "content": {JSON: {"schema": _ref("Job")}}}}
+
+
+_JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "description": "The job's id: digits only, at most 20 of them.",
+    "schema": {"type": "string", "pattern": "^[0-9]{1,20}$"},
+}
+
+_DUE_AT = {
+    "type": "string",
+    "format": "date-time",
+    "maxLength": jobs_api.MAX_DATETIME_TEXT,
+    "description": "ISO-8601 with a UTC offset (whole minutes within ±15:59), from 2000-01-01 to ten years ahead.",
+}
+_DELAY = {
+    "type": "number",
+    "minimum": 0,
+    "maximum": validation.MAX_DELAY_SECONDS,
+    "description": "Seconds from now, by the database clock.",
+}
+
+_LINKS = {
+    "GetJob": {"operationId": "getJob", "parameters": {"job_id": "$response.body#/job/id"}},
+    "CancelJob": {"operationId": "cancelJob", "parameters": {"job_id": "$response.body#/job/id"}},
+    "RescheduleJob": {"operationId": "rescheduleJob", "parameters": {"job_id": "$response.body#/job/id"}},
+}
+
+
+def _schemas() -> dict[str, Any]:
+    timestamp = {"type": "string", "format": "date-time"}
+    nullable_timestamp = {"type": "string", "format": "date-time", "nullable": True}
+    return {
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["status", "code", "message"],
+                    "properties": {
+                        "status": {"type": "integer"},
+                        "code": {"type": "string", "description": "Stable: unknown_kind, invalid_payload, ..."},
+                        "message": {"type": "string"},
+                    },
+                    "additionalProperties": True,
+                }
+            },
+        },
+        "Attempt": {
+            "type": "object",
+            "required": ["number", "outcome", "due_at", "started_at", "finished_at", "worker", "error"],
+            "properties": {
+                "number": {"type": "integer"},
+                "outcome": {"type": "string", "enum": list(AttemptOutcome.values)},
+                "due_at": timestamp,
+                "started_at": timestamp,
+                "finished_at": timestamp,
+                "worker": {"type": "string"},
+                "error": {"type": "string"},
+            },
+        },
+        "Job": {
+            "type": "object",
+            "required": [
+                "id",
+                "url",
+                "kind",
+                "key",
+                "state",
+                "due_at",
+                "payload",
+                "attempts",
+                "max_attempts",
+                "last_error",
+                "owner",
+                "created_at",
+                "updated_at",
+                "finished_at",
+            ],
+            "properties": {
+                "id": {"type": "integer"},
+                "url": {"type": "string"},
+                "kind": {"type": "string"},
+                "key": {"type": "string", "nullable": True},
+                "state": {"type": "string", "enum": list(JobState.values)},
+                "due_at": timestamp,
+                "payload": {"type": "object", "additionalProperties": True},
+                "attempts": {"type": "integer"},
+                "max_attempts": {"type": "integer"},
+                "last_error": {"type": "string"},
+                "owner": {"type": "integer", "nullable": True},
+                "created_at": timestamp,
+                "updated_at": timestamp,
+                "finished_at": nullable_timestamp,
+                "attempt_history": {
+                    "type": "array",
+                    "items": _ref("Attempt"),
+                    "description": "Only in the answer of GET /api/jobs/{job_id}.",
+                },
+            },
+        },
+        "JobPage": {
+            "type": "object",
+            "required": ["count", "page", "pages", "page_size", "next", "previous", "results"],
+            "properties": {
+                "count": {"type": "integer"},
+                "page": {"type": "integer"},
+                "pages": {"type": "integer"},
+                "page_size": {"type": "integer"},
+                "next": {"type": "string", "nullable": True},
+                "previous": {"type": "string", "nullable": True},
+                "results": {"type": "array", "items": _ref("Job")},
+            },
+        },
+        "CreateJob": {
+            "type": "object",
+            "required": ["kind"],
+            "additionalProperties": False,
+            "description": "Give exactly one of due_at and delay.",
+            "properties": {
+                "kind": {"type": "string", "description": "A registered kind the caller may schedule."},
+                "payload": {
+                    "type": "object",
+                    "additionalProperties": True,
+                    "description": "Checked against the kind's JSON Schema; at most SCHEDULING_MAX_PAYLOAD_BYTES.",
+                },
+                "due_at": {**_DUE_AT, "nullable": True},
+                "delay": {**_DELAY, "nullable": True},
+                "key": {
+                    "type": "string",
+                    "nullable": True,
+                    "minLength": 1,
+                    "maxLength": validation.MAX_KEY_LENGTH,
+                    "description": "One live job per (caller, key).",
+                },
+                "on_conflict": {"type": "string", "enum": list(jobs_api_functions.ON_CONFLICT_CHOICES)},
+                "max_attempts": {
+                    "type": "integer",
+                    "nullable": True,
+                    "minimum": 1,
+                    "maximum": validation.MAX_ATTEMPTS_LIMIT,
+                },
+            },
+        },
+        "Created": {
+            "type": "object",
+            "required": ["outcome", "job"],
+            "properties": {
+                "outcome": {"type": "string", "enum": ["created", "replaced", "kept"]},
+                "job": _ref("Job"),
+            },
+        },
+        "Reschedule": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "Exactly one of due_at and delay.",
+            "minProperties": 1,
+            "maxProperties": 1,
+            "properties": {"due_at": _DUE_AT, "delay": _DELAY},
+        },
+        "Empty": {"type": "object", "additionalProperties": False, "maxProperties": 0},
+    }
+
+
+def _open_kind() -> str | None:
+    """The first kind (by name) that any signed-in user may schedule with ``{}``: the create example."""
+    for name, kind in sorted(registry.all_kinds().items()):
+        if kind.api is None or kind.api.permission is not None or kind.api.predicate is not None:
+            continue
+        try:
+            kind.validate({})
+        except exceptions.InvalidPayload:
+            continue
+        return name
+    return None
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.0 document of the jobs API (paths are absolute: the API lives under /api/jobs/)."""
+    list_parameters = [
+        {
+            "name": "state",
+            "in": "query",
+            "description": f"Comma-separated states: {', '.join(JobState.values)}.",
+            "schema": {"type": "string"},
+        },
+        {"name": "kind", "in": "query", "schema": {"type": "string"}},
+        {"name": "key", "in": "query", "schema": {"type": "string"}},
+        {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10**6}},
+        {
+            "name": "page_size",
+            "in": "query",
+            "schema": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": jobs_api.MAX_PAGE_SIZE,
+                "default": jobs_api.DEFAULT_PAGE_SIZE,
+            },
+        },
+    ]
+    list_responses = _responses(
+        {"200": {"description": "A page of the caller's jobs.", "content": {JSON: {"schema": _ref("JobPage")}}}},
+        "400",
+        "401",
+        "404",
+    )
+    create_media: dict[str, Any] = {"schema": _ref("CreateJob")}
+    example_kind = _open_kind()
+    if example_kind is not None:
+        create_media["example"] = {"kind": example_kind, "payload": {}, "delay": 3600}
+    detail_responses = _responses(_job_response("The job with its attempts."), "401", "404")
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Timekeeper jobs API",
+            "version": "1",
+            "description": (
+                "Schedule, list, cancel and reschedule due_at jobs. Callers see and change only their own "
+                "jobs; staff need the admin's job permissions. A session caller sends the CSRF token on writes. "
+                "A method an operation does not list is answered 405 with an `Allow` header."
+            ),
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearerToken": []}, {"session": []}],
+        "paths": {
+            "/api/jobs/openapi.json": {
+                "get": {
+                    "operationId": "getOpenApi",
+                    "summary": "This document.",
+                    "security": [],
+                    "responses": {"200": {"description": "The OpenAPI document.", "content": {JSON: {}}}},
+                }
+            },
+            "/api/jobs/": {
+                "get": {
+                    "operationId": "listJobs",
+                    "summary": "The caller's jobs, by due time (everyone's with scheduling.view_scheduledjob).",
+                    "parameters": list_parameters,
+                    "responses": list_responses,
+                },
+                "head": {
+                    "operationId": "headJobs",
+                    "parameters": list_parameters,
+                    "responses": {code: {"description": r["description"]} for code, r in list_responses.items()},
+                },
+                "post": {
+                    "operationId": "createJob",
+                    "summary": "Schedule a job (or replace or keep the caller's live job with the same key).",
+                    "requestBody": {"required": True, "content": {JSON: create_media}},
+                    "responses": _responses(
+                        {
+                            "200": {
+                                "description": "A live job had the key: replaced or kept.",
+                                "content": {JSON: {"schema": _ref("Created")}},
+                                "links": _LINKS,
+                            },
+                            "201": {
+                                "description": "Created.",
+                                "headers": {"Location": {"schema": {"type": "string"}}},
+                                "content": {JSON: {"schema": _ref("Created")}},
+                                "links": _LINKS,
+                            },
+                        },
+                        "400",
+                        "401",
+                        "403",
+                        "409",
+                        "413",
+                        "415",
+                    ),
+                },
+            },
+            "/api/jobs/{job_id}": {
+                "parameters": [_JOB_ID],
+                "get": {
+                    "operationId": "getJob",
+                    "summary": "One job with its attempts.",
+                    "responses": detail_responses,
+                },
+                "head": {
+                    "operationId": "headJob",
+                    "responses": {code: {"description": r["description"]} for code, r in detail_responses.items()},
+                },
+            },
+            "/api/jobs/{job_id}/cancel": {
+                "parameters": [_JOB_ID],
+                "post": {
+                    "operationId": "cancelJob",
+                    "summary": "Cancel a pending job. The body may be empty or {}.",
+                    "requestBody": {"required": False, "content": {JSON: {"schema": _ref("Empty")}}},
+                    "responses": _responses(
+                        _job_response("The cancelled job."), "400", "401", "403", "404", "409", "413", "415"
+                    ),
+                },
+            },
+            "/api/jobs/{job_id}/reschedule": {
+                "parameters": [_JOB_ID],
+                "post": {
+                    "operationId": "rescheduleJob",
+                    "summary": "Move a pending job to due_at, or delay seconds from now.",
+                    "requestBody": {"required": True, "content": {JSON: {"schema": _ref("Reschedule")}}},
+                    "responses": _responses(
+                        _job_response("The moved job."), "400", "401", "403", "404", "409", "413", "415"
+                    ),
+                },
+            },
+        },
+        "components": {
+            "securitySchemes": {
+                "bearerToken": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API token (tk_...) issued in the admin; needs no CSRF token.",
+                },
+                "session": {
+                    "type": "apiKey",
+                    "in": "cookie",
+                    "name": "sessionid",
+                    "description": "A browser session; writes also need the CSRF token (X-CSRFToken header).",
+                },
+            },
+            "schemas": _schemas(),
+        },
+    }
+
+
+@require_GET
+def openapi_json(request: HttpRequest) -> JsonResponse:
+    """GET /api/jobs/openapi.json: the document, to anyone (it holds shapes, no data)."""
+    return JsonResponse(document(), json_dumps_params={"ensure_ascii": False})
