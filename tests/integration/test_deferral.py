@@ -406,3 +406,18 @@ def test_worker_queue_warning_only_for_a_shared_deferral_queue():
     assert countdowns.worker_queue_warning(["celery", countdowns.QUEUE]) is not None
     assert countdowns.worker_queue_warning([countdowns.QUEUE]) is None
     assert countdowns.worker_queue_warning(["celery"]) is None
+
+
+def test_defer_without_a_celery_app_raises_instead_of_sending_to_amqp(broker):
+    """Under Celery's fallback app (no project celery.py) defer() raises BrokerNotConfigured and sends nothing."""
+    from celery import Celery
+    from celery import current_app as celery_current
+
+    project_app = celery_current._get_current_object()
+    Celery("default", set_as_current=False, fixups=[]).set_current()
+    try:
+        with pytest.raises(exceptions.BrokerNotConfigured, match=r"scheduling\.E004"):
+            api.defer("demo.noop", {}, 1)
+    finally:
+        project_app.set_current()
+    assert queued(broker) == []
