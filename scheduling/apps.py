@@ -6,7 +6,7 @@ before Django would fail on them with a traceback.
 
 from __future__ import annotations
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.core.exceptions import ImproperlyConfigured
 
 
@@ -16,7 +16,7 @@ class SchedulingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def import_models(self) -> None:
-        if not self.apps.is_installed("django_celery_beat"):  # before our models import django_celery_beat's
+        if not apps.is_installed("django_celery_beat"):  # before our models import django_celery_beat's
             raise ImproperlyConfigured(
                 "scheduling.E005: Timekeeper needs django-celery-beat's tables (fixed-time schedules are its "
                 "periodic tasks): add 'django_celery_beat' to INSTALLED_APPS, beside 'scheduling'."
