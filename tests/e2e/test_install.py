@@ -209,7 +209,8 @@ def test_fresh_project_with_the_standard_celery_setup_runs_all_three_mechanisms(
     assert "System check identified no issues" in check.stdout, check.stdout + check.stderr
     run([str(python), "manage.py", "migrate", "--no-input"], site, env)
     run([str(python), "manage.py", "sync_schedules"], site, env)
-    assert run([str(python), "manage.py", "shell", "-c", SHELL_DASHBOARD], site, env).stdout.splitlines()[-1] == "dashboard"
+    shown = run([str(python), "manage.py", "shell", "-c", SHELL_DASHBOARD], site, env).stdout
+    assert shown.splitlines()[-1] == "dashboard", shown
 
     celery = [str(python), "-m", "celery", "-A", "shop"]
     worker_log, beat_log = tmp_path / "worker.log", tmp_path / "beat.log"
