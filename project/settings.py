@@ -210,7 +210,7 @@ FLOWER_BASIC_AUTH = os.environ.get("FLOWER_BASIC_AUTH", "")  # "user:password"; 
 # --- Timekeeper's own tunables (defaults in scheduling/conf.py) -----------------------------------
 SCHEDULING_BROKER_DELAY_MAX_SECONDS = env.get_int("SCHEDULING_BROKER_DELAY_MAX_SECONDS", 900, minimum=0)
 SCHEDULING_VISIBILITY_MARGIN_SECONDS = env.get_int("SCHEDULING_VISIBILITY_MARGIN_SECONDS", 300, minimum=1)
-SCHEDULING_HANDLER_PACKAGES = ["tasks"]
+# Job handlers: tasks/jobs.py, found like every installed app's jobs.py (no SCHEDULING_HANDLER_PACKAGES needed).
 # Claims: a worker heartbeats its running claims this often; the control loop's sweeper takes back
 # one silent for its kind's lease (this default), checking every SWEEP_INTERVAL. A killed job runs
 # again within lease + sweep interval + a claim (30 + 5 + ~1 s by default: docs/fault-tolerance.md).

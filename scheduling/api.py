@@ -52,7 +52,9 @@ def defer(kind: str, payload: Any, delay: float | int | dt.timedelta, *, key: st
     sent when the caller's transaction commits, that cannot be listed or cancelled. Longer, or with
     a ``key`` (to find, move or cancel it): ``schedule(kind, payload, delay=delay, key=key)``.
     Validates like ``schedule()`` before anything is sent or stored; ``DelayTooLong`` if the
-    broker's visibility-timeout guard would break. Returns ``Deferral(mechanism, id, due_at)``.
+    broker's visibility-timeout guard would break, ``BrokerNotConfigured`` when no Celery app or
+    broker is configured (instead of sending to Celery's default, amqp://localhost). Returns
+    ``Deferral(mechanism, id, due_at)``.
     """
     job_kind = registry.get(kind)
     validation.encode_payload(job_kind, payload)

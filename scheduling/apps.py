@@ -1,14 +1,27 @@
-"""The scheduling app: registers its system checks and the signals that keep schedule edits safe."""
+"""The scheduling app: registers its system checks and the signals that keep schedule edits safe.
+
+Its models need django-celery-beat's: ``import_models`` says so in one line (scheduling.E005)
+before Django would fail on them with a traceback.
+"""
 
 from __future__ import annotations
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
+from django.core.exceptions import ImproperlyConfigured
 
 
 class SchedulingConfig(AppConfig):
     name = "scheduling"
     verbose_name = "Timekeeper scheduling"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def import_models(self) -> None:
+        if not apps.is_installed("django_celery_beat"):  # before our models import django_celery_beat's
+            raise ImproperlyConfigured(
+                "scheduling.E005: Timekeeper needs django-celery-beat's tables (fixed-time schedules are its "
+                "periodic tasks): add 'django_celery_beat' to INSTALLED_APPS, beside 'scheduling'."
+            )
+        super().import_models()
 
     def ready(self) -> None:
         from django.db.models.signals import post_save

@@ -3,17 +3,33 @@
 - scheduling.E001: the default database is not PostgreSQL.
 - scheduling.E002: Celery accepts or produces pickle (or any non-JSON content).
 - scheduling.E003: the broker delay ceiling does not sit below the visibility timeout with a margin.
+- scheduling.E004: no Celery app or no Redis broker is configured (Celery's fallback app would send
+  to ``amqp://localhost``; ``defer()`` raises ``BrokerNotConfigured`` instead).
+- scheduling.E005: ``django_celery_beat`` is not in ``INSTALLED_APPS``. Raised as
+  ``ImproperlyConfigured`` while the apps load (``SchedulingConfig.import_models``): Timekeeper's
+  models cannot load without it, so no check could run.
+- scheduling.E006: a package named in ``SCHEDULING_HANDLER_PACKAGES`` cannot be imported.
+- scheduling.W001: no job kind is registered (no installed app has a ``jobs.py`` with a handler).
+- scheduling.W002: fixed-time schedules are declared but Celery beat's scheduler is not
+  ``scheduling.fixed.beat:LeaderDatabaseScheduler`` (they would never fire).
+
+Celery's settings are read from Celery's own configuration (``current_app.conf``), however the
+project fills it.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from django.conf import settings
+from celery.utils.imports import symbol_by_name
 from django.core import checks
 from django.db import connections
 
+from scheduling.core import broker, conf, registry
 from scheduling.deferrals import countdowns
+
+TIMEKEEPER_BEAT_SCHEDULER = "scheduling.fixed.beat:LeaderDatabaseScheduler"
 
 
 @checks.register(checks.Tags.database, deploy=False)
@@ -24,7 +40,7 @@ def check_database_is_postgresql(app_configs: Any = None, **kwargs: Any) -> list
         return [
             checks.Error(
                 f"The default database is {vendor}; Timekeeper needs PostgreSQL.",
-                hint="Set DATABASE_URL to a postgresql:// URL.",
+                hint="Set DATABASES['default'] to a django.db.backends.postgresql database.",
                 id="scheduling.E001",
             )
         ]
@@ -34,23 +50,23 @@ def check_database_is_postgresql(app_configs: Any = None, **kwargs: Any) -> list
 @checks.register()
 def check_json_only(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """A pickle message from the broker is code execution; only JSON may be accepted or produced."""
-    errors: list[checks.CheckMessage] = []
-    accepted = [str(c).lower() for c in getattr(settings, "CELERY_ACCEPT_CONTENT", ["json"])]
-    result_accepted = [str(c).lower() for c in getattr(settings, "CELERY_RESULT_ACCEPT_CONTENT", None) or accepted]
+    celery_conf = broker.app().conf
+    accepted = [str(c).lower() for c in celery_conf.accept_content or ["json"]]
+    result_accepted = [str(c).lower() for c in celery_conf.result_accept_content or accepted]
     bad = sorted({c for c in accepted + result_accepted if c not in {"json", "application/json"}})
-    for name in ("CELERY_TASK_SERIALIZER", "CELERY_RESULT_SERIALIZER"):
-        value = str(getattr(settings, name, "json")).lower()
+    for name in ("task_serializer", "result_serializer"):
+        value = str(celery_conf.get(name) or "json").lower()
         if value != "json":
-            bad.append(f"{name}={value}")
+            bad.append(f"CELERY_{name.upper()}={value}")
     if bad:
-        errors.append(
+        return [
             checks.Error(
                 f"Celery is configured to accept or produce non-JSON content: {', '.join(bad)}.",
                 hint="Set CELERY_ACCEPT_CONTENT = ['json'] and the task/result serializers to 'json'.",
                 id="scheduling.E002",
             )
-        )
-    return errors
+        ]
+    return []
 
 
 @checks.register()
@@ -62,8 +78,76 @@ def check_delay_ceiling(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     return [
         checks.Error(
             problem,
-            hint="Lower the ceiling or raise CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS. Until this passes, "
-            "workers refuse to start and defer() refuses such delays.",
+            hint="Lower the ceiling or raise the visibility timeout (CELERY_BROKER_TRANSPORT_OPTIONS"
+            "['visibility_timeout']). Until this passes, workers refuse to start and defer() refuses such delays.",
             id="scheduling.E003",
+        )
+    ]
+
+
+@checks.register()
+def check_celery_app(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Without the project's Celery app, messages would go to Celery's default broker, amqp://localhost."""
+    problem = broker.app_problem()
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            problem,
+            hint="Follow Celery's 'First steps with Django' (docs/installing.md shows the files). "
+            "Until this passes, defer() raises BrokerNotConfigured.",
+            id="scheduling.E004",
+        )
+    ]
+
+
+@checks.register()
+def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Handlers are found in each installed app's jobs.py and in SCHEDULING_HANDLER_PACKAGES."""
+    for package_name in conf.get().handler_packages:
+        try:
+            importlib.import_module(package_name)
+        except ImportError as exc:
+            return [
+                checks.Error(
+                    f"SCHEDULING_HANDLER_PACKAGES names {package_name!r}, which cannot be imported ({exc}).",
+                    hint="List only importable packages there, or drop the setting and put handlers in a jobs.py "
+                    "module of an installed app.",
+                    id="scheduling.E006",
+                )
+            ]
+    if not registry.all_kinds():
+        return [
+            checks.Warning(
+                "No job kind is registered: schedule() and defer() will refuse every kind.",
+                hint="Write handlers with @registry.handler('app.kind') in <app>/jobs.py of an installed app "
+                "(found like admin.py), or name their package in SCHEDULING_HANDLER_PACKAGES.",
+                id="scheduling.W001",
+            )
+        ]
+    return []
+
+
+@checks.register()
+def check_beat_scheduler(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Fixed-time schedules fire only under Timekeeper's beat scheduler (ticks, ledger, one leader)."""
+    from scheduling.fixed import beat, declarations
+
+    if not declarations.declared():
+        return []
+    configured = broker.app().conf.beat_scheduler
+    try:
+        scheduler = symbol_by_name(configured) if isinstance(configured, str) else configured
+        ours = isinstance(scheduler, type) and issubclass(scheduler, beat.LeaderDatabaseScheduler)
+    except (ImportError, AttributeError, ValueError):
+        ours = False
+    if ours:
+        return []
+    return [
+        checks.Warning(
+            f"Fixed-time schedules are declared, but Celery beat's scheduler is {configured!r}: they would not fire.",
+            hint=f"Set CELERY_BEAT_SCHEDULER = {TIMEKEEPER_BEAT_SCHEDULER!r} (then `celery -A <project> beat` "
+            "needs no -S option).",
+            id="scheduling.W002",
         )
     ]

@@ -50,7 +50,7 @@ class Settings:
     default_timeout_seconds: float = 300.0
     max_payload_bytes: int = 64 * 1024
     max_payload_depth: int = 32  # levels of nested lists/objects a payload may have
-    handler_packages: tuple[str, ...] = ("tasks",)  # packages whose modules register handlers
+    handler_packages: tuple[str, ...] = ()  # packages whose modules register handlers, besides every app's jobs.py
     # --- broker deferrals -----------------------------------------------------------------------------
     broker_delay_max_seconds: float = 900.0  # like SQS DelaySeconds; must stay below the visibility timeout
     visibility_margin_seconds: float = 300.0  # the ceiling must sit this far below the visibility timeout

@@ -7,6 +7,7 @@ SchedulingError
  │    └── PayloadTooLarge           the encoded payload is over the size limit
  ├── InvalidSchedule                bad due_at / delay (naive, both, neither, negative, out of range)
  ├── DelayTooLong                   a broker countdown would outlive the visibility timeout guard
+ ├── BrokerNotConfigured            no Celery app / Redis broker to send to (scheduling.E004)
  ├── JobNotFound                    no job with that id or live key (or not the caller's)
  ├── JobStateConflict               the job is not in a state that allows the change
  │    ├── JobNotCancellable
@@ -61,6 +62,13 @@ class InvalidSchedule(SchedulingError):
 
 class DelayTooLong(SchedulingError):
     """Raised when a broker countdown would not end safely before the broker's visibility timeout."""
+
+
+class BrokerNotConfigured(SchedulingError):
+    """Raised by ``defer()`` instead of sending when no Celery app or Redis broker is configured (scheduling.E004).
+
+    Celery's fallback app would otherwise send the message to ``amqp://localhost``, silently.
+    """
 
 
 class JobNotFound(SchedulingError):
@@ -123,6 +131,7 @@ class ScheduleNotFound(SchedulingError):
         self.name = name
 
 __all__ = [
+    "BrokerNotConfigured",
     "DelayTooLong",
     "InvalidCronExpression",
     "InvalidPayload",

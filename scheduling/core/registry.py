@@ -1,7 +1,9 @@
 """The registry of job kinds: ``@registry.handler("reminders.trial_ending", schema=..., ...)``.
 
-Handlers live in ``tasks/`` and are imported on first use (every module of the packages named in
-``SCHEDULING_HANDLER_PACKAGES``), so the web process, workers and beat all know the same kinds.
+Handlers are found the Django way and imported on first use, so the web process, workers and beat
+all know the same kinds: the ``jobs`` module of every installed app (``billing/jobs.py``), like
+``admin.py`` for the admin, plus every module of the packages named in
+``SCHEDULING_HANDLER_PACKAGES`` (default none) for handlers kept elsewhere.
 A handler receives a ``Job`` and does its work; it never touches Timekeeper's tables or locks.
 
 Who may schedule a kind from outside is part of its contract: ``api=registry.Access(...)`` names a
@@ -201,21 +203,46 @@ def handler(
     return register
 
 
+JOBS_MODULE = "jobs"  # the module of an installed app that holds its handlers (billing/jobs.py)
+SKIPPED_IN_PACKAGES = {"models", "admin", "apps", "views", "urls", "migrations", "tests"}  # not handler modules
+
+
 def autodiscover() -> None:
-    """Import every module of the handler packages once, so their decorators run."""
+    """Import every handler module once, so their decorators run.
+
+    The ``jobs`` module of each installed app (Timekeeper's own app is skipped: its ``jobs`` is the
+    due_at engine, not handlers), then every module of each ``SCHEDULING_HANDLER_PACKAGES`` package.
+    An error inside a handler module propagates: a missing handler must not look like a missing module.
+    """
     global _loaded
     if _loaded:
         return
     with _load_lock:
         if _loaded:
             return
-        for package_name in conf.get().handler_packages:
-            package = importlib.import_module(package_name)
-            for info in pkgutil.iter_modules(package.__path__, prefix=f"{package_name}."):
-                if info.name.rsplit(".", 1)[-1] in {"models", "admin", "apps", "views", "urls", "migrations", "tests"}:
-                    continue
-                importlib.import_module(info.name)
+        for module_name in handler_modules():
+            importlib.import_module(module_name)
         _loaded = True
+
+
+def handler_modules() -> list[str]:
+    """The modules ``autodiscover()`` imports, in order (raises ImportError for an unknown handler package)."""
+    from django.apps import apps
+    from django.utils.module_loading import module_has_submodule
+
+    names = [
+        f"{app_config.name}.{JOBS_MODULE}"
+        for app_config in apps.get_app_configs()
+        if app_config.name != "scheduling" and module_has_submodule(app_config.module, JOBS_MODULE)
+    ]
+    for package_name in conf.get().handler_packages:
+        package = importlib.import_module(package_name)
+        names.extend(
+            info.name
+            for info in pkgutil.iter_modules(package.__path__, prefix=f"{package_name}.")
+            if info.name.rsplit(".", 1)[-1] not in SKIPPED_IN_PACKAGES
+        )
+    return names
 
 
 def get(name: str) -> Kind:
@@ -232,6 +259,7 @@ def all_kinds() -> dict[str, Kind]:
     autodiscover()
     return dict(_kinds)
 
+
 __all__ = [
     "Access",
     "Backoff",
@@ -241,4 +269,5 @@ __all__ = [
     "autodiscover",
     "get",
     "handler",
+    "handler_modules",
 ]

@@ -39,7 +39,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -110,9 +109,13 @@ def send(job_kind: registry.Kind, payload: Any, seconds: float) -> Deferral:
 
     The message is sent when the caller's transaction commits (at once outside a transaction):
     roll back and nothing runs. Raises ``DelayTooLong`` for a delay that would not end the margin
-    before the broker's visibility timeout (only possible when the ceiling is misconfigured: E003).
+    before the broker's visibility timeout (only possible when the ceiling is misconfigured: E003),
+    ``BrokerNotConfigured`` when there is no Celery app or Redis broker to send to (E004).
     """
     kind = job_kind.name
+    problem = broker.app_problem()
+    if problem is not None:
+        raise exceptions.BrokerNotConfigured(f"{problem} (scheduling.E004)")
     if not guard_allows(seconds):
         raise exceptions.DelayTooLong(
             f"A {seconds:g}s countdown would not end {margin_seconds():g}s before the broker's visibility timeout "
@@ -245,7 +248,7 @@ def broker_counts(now: float | None = None) -> dict[str, int | bool] | None:
     or hash the rest are estimated from the part read (``exact`` is then False).
     """
     moment = time.time() if now is None else now
-    prefix = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")
+    prefix = broker.key_prefix()
     counts = {"visible": 0, "delayed_queued": 0, "delayed_held": 0, "in_flight": 0}
     exact = True
     try:
@@ -307,7 +310,7 @@ def worker_queue_warning(consumed: Iterable[str]) -> str | None:
     names = set(consumed)
     if QUEUE not in names or names == {QUEUE}:
         return None
-    limit = getattr(settings, "CELERY_WORKER_ETA_TASK_LIMIT", None)
+    limit = broker.app().conf.worker_eta_task_limit
     others = ", ".join(sorted(names - {QUEUE}))
     return (
         f"This worker consumes the deferral queue {QUEUE} beside {others}. Holding {limit or 'unlimited'} "

@@ -8,6 +8,10 @@ and report the rest, with their states, as not touched. Rows are never saved wit
 ``Model.save()`` here, so an edit cannot overwrite a claim. Fixed-time schedules are
 django-celery-beat's periodic tasks with the policy inline; "run now" goes through the same gate
 as beat's ticks (``gate.run_now``).
+
+The dashboard shows on the admin index with no template in the host project: the default site's
+``index_template`` (unless the project set its own) extends ``admin/index.html``, so a project
+override of that template still applies underneath.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from scheduling.templatetags.timekeeper_admin import relative
 from scheduling.web import admin_forms as admin_forms
 from scheduling.web import auth
 
+DASHBOARD_INDEX_TEMPLATE = "scheduling/admin/index.html"  # extends the project's admin/index.html, adds the dashboard
 RECENT_RUNS_SHOWN = 10  # runs listed on a schedule's page (the full history is linked)
 NEXT_RUNS_SHOWN = 5
 SELECTION_SHOWN = 20  # jobs listed on the reschedule page
@@ -701,3 +706,7 @@ class ApiTokenAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         self.message_user(
             request, ngettext("Revoked %(count)d token.", "Revoked %(count)d tokens.", revoked) % {"count": revoked}
         )
+
+
+if admin.site.index_template is None:  # the project's own index template wins; it can add {% timekeeper_dashboard %}
+    admin.site.index_template = DASHBOARD_INDEX_TEMPLATE

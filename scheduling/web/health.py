@@ -26,14 +26,13 @@ from typing import Any
 import kombu
 import redis
 from django import db
-from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 from kombu import exceptions as kombu_exceptions
 
 from scheduling import api
-from scheduling.core import conf, store
+from scheduling.core import broker, conf, store
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ def ping_broker(url: str, timeout: float = BROKER_TIMEOUT_SECONDS) -> None:
 def check_broker() -> Part:
     started = time.monotonic()
     try:
-        ping_broker(settings.CELERY_BROKER_URL)
+        ping_broker(broker.broker_url())
     except (redis.RedisError, OSError, kombu_exceptions.OperationalError) as exc:
         logger.warning("health: broker unreachable", extra={"part": "broker", "error": type(exc).__name__})
         return Part(FAILING, {"error": f"{type(exc).__name__}: {str(exc).strip()[:200]}"})

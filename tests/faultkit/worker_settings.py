@@ -4,4 +4,4 @@ from __future__ import annotations
 
 from project.settings import *  # noqa: F403 - these are the project's settings with two additions
 
-SCHEDULING_HANDLER_PACKAGES = [*SCHEDULING_HANDLER_PACKAGES, "tests.faultkit.kinds"]  # noqa: F405
+SCHEDULING_HANDLER_PACKAGES = ["tests.faultkit.kinds"]  # besides tasks/jobs.py, found as an installed app's

@@ -448,6 +448,7 @@ def _card(page: str, metric: str) -> str:
 def test_dashboard_numbers_follow_the_table(admin, schedule):
     """The index shows backlog, pending and the next 24 hours; they change when jobs are added and cancelled."""
     page = admin.get("/admin/").content.decode()
+    assert "/admin/scheduling/scheduledjob/" in page, "the app list is still there, under the dashboard"
     assert (_card(page, "backlog"), _card(page, "pending")) == ("0", "0")
     assert _card(page, "beat") == "no leader"
     job = api.schedule("demo.noop", {}, delay=0)

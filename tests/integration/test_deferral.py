@@ -29,6 +29,7 @@ from scheduling.deferrals import countdowns
 from scheduling.models import JobState, ScheduledJob
 from tasks import payments
 from tasks.models import Execution, Payment, PaymentState
+from tests.celeryconf import override_celery
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,7 +114,15 @@ def test_key_asks_for_a_row_that_a_second_defer_moves(broker):
     assert ScheduledJob.objects.get(pk=first.id).state == JobState.CANCELLED
 
 
-@override_settings(CELERY_BROKER_TRANSPORT_OPTIONS={"visibility_timeout": 600})
+@pytest.fixture
+def short_visibility_timeout():
+    """Celery's visibility timeout is 600 s (and the project's key prefix kept) for the test."""
+    options = {**core_broker.transport_options(), "visibility_timeout": 600}
+    with override_celery(broker_transport_options=options):
+        yield
+
+
+@pytest.mark.usefixtures("short_visibility_timeout")
 def test_delay_that_breaks_the_visibility_guard_is_refused(broker):
     """With a 600 s visibility timeout, 400 s + the 300 s margin would be redelivered: DelayTooLong, nothing sent."""
     with pytest.raises(exceptions.DelayTooLong):
@@ -341,15 +350,11 @@ def test_counts_read_the_unacked_hash(broker):
     assert (counts["delayed"], counts["in_flight"], counts["unacked"]) == (1, 1, 2)
 
 
-@override_settings(CELERY_BROKER_URL="redis://127.0.0.1:1/0")
-def test_counts_are_none_when_redis_does_not_answer():
+def test_counts_are_none_when_redis_does_not_answer(monkeypatch):
     """No Redis: broker_counts() says None (status() still answers for the table)."""
-    core_broker.client.cache_clear()
-    try:
-        assert countdowns.broker_counts() is None
-        assert api.status()["broker"] is None
-    finally:
-        core_broker.client.cache_clear()
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:1/0")  # Celery's own variable wins over app.conf
+    assert countdowns.broker_counts() is None
+    assert api.status()["broker"] is None
 
 
 def test_status_command_shows_table_and_broker_counts(broker, capsys):
@@ -401,3 +406,18 @@ def test_worker_queue_warning_only_for_a_shared_deferral_queue():
     assert countdowns.worker_queue_warning(["celery", countdowns.QUEUE]) is not None
     assert countdowns.worker_queue_warning([countdowns.QUEUE]) is None
     assert countdowns.worker_queue_warning(["celery"]) is None
+
+
+def test_defer_without_a_celery_app_raises_instead_of_sending_to_amqp(broker):
+    """Under Celery's fallback app (no project celery.py) defer() raises BrokerNotConfigured and sends nothing."""
+    from celery import Celery
+    from celery import current_app as celery_current
+
+    project_app = celery_current._get_current_object()
+    Celery("default", set_as_current=False, fixups=[]).set_current()
+    try:
+        with pytest.raises(exceptions.BrokerNotConfigured, match=r"scheduling\.E004"):
+            api.defer("demo.noop", {}, 1)
+    finally:
+        project_app.set_current()
+    assert queued(broker) == []

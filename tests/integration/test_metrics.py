@@ -146,11 +146,11 @@ def test_healthz_names_a_backlog_over_the_threshold(client):
 
 
 @pytest.mark.django_db
-def test_healthz_names_an_unreachable_broker(client):
+def test_healthz_names_an_unreachable_broker(client, monkeypatch):
     """A broker nobody listens on is 503 naming broker, within the bounded wait."""
     beat_heartbeat(1)
-    with override_settings(CELERY_BROKER_URL=f"redis://127.0.0.1:{free_port()}/0"):
-        response = client.get("/healthz")
+    monkeypatch.setenv("CELERY_BROKER_URL", f"redis://127.0.0.1:{free_port()}/0")  # Celery's broker_url reads it first
+    response = client.get("/healthz")
     assert (response.status_code, response.json()["failing"]) == (503, ["broker"])
     assert "Error" in response.json()["checks"]["broker"]["error"]
 
@@ -268,11 +268,11 @@ def test_scrapes_within_the_cache_period_share_one_computation(client):
 
 
 @pytest.mark.django_db
-def test_anonymous_healthz_shows_no_internal_detail(settings):
+def test_anonymous_healthz_shows_no_internal_detail(monkeypatch):
     """A failing broker: anonymous callers see part statuses only; the token holder sees the error text."""
     from django.test import Client
 
-    settings.CELERY_BROKER_URL = "redis://:hunter2@internal-redis.example.invalid:6390/0"
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://:hunter2@internal-redis.example.invalid:6390/0")
     with override_settings(SCHEDULING_METRICS_TOKEN="scrape-secret"):
         anonymous = Client().get("/healthz")
         text = anonymous.content.decode()

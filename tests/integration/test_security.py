@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.test import Client, override_settings
+from django.test import Client
 
 from project.celery import app as celery_app
 from scheduling import api, checks
 from scheduling.models import JobState, ScheduledJob
+from tests.celeryconf import override_celery
 from tests.e2e import conftest as e2e_fixtures
 from tests.e2e import harness
 from tests.e2e.private_services import free_port
@@ -61,17 +62,17 @@ def test_celery_accepts_and_produces_json_only() -> None:
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"CELERY_ACCEPT_CONTENT": ["json", "pickle"]},
-        {"CELERY_ACCEPT_CONTENT": ["application/x-python-serialize"]},
-        {"CELERY_TASK_SERIALIZER": "pickle"},
-        {"CELERY_RESULT_SERIALIZER": "pickle"},
-        {"CELERY_RESULT_ACCEPT_CONTENT": ["json", "pickle"]},
-        {"CELERY_ACCEPT_CONTENT": ["json", "yaml"]},
+        {"accept_content": ["json", "pickle"]},
+        {"accept_content": ["application/x-python-serialize"]},
+        {"task_serializer": "pickle"},
+        {"result_serializer": "pickle"},
+        {"result_accept_content": ["json", "pickle"]},
+        {"accept_content": ["json", "yaml"]},
     ],
 )
 def test_check_e002_fails_when_non_json_is_configured(overrides: dict[str, object]) -> None:
-    """scheduling.E002 is an error for every way of letting pickle (or any non-JSON) in."""
-    with override_settings(**overrides):
+    """scheduling.E002 is an error for every way of letting pickle (or any non-JSON) into Celery's configuration."""
+    with override_celery(**overrides):
         errors = checks.check_json_only()
     assert [e.id for e in errors] == ["scheduling.E002"]
     assert errors[0].level >= 40  # an Error: manage.py commands refuse to run

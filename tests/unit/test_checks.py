@@ -1,10 +1,13 @@
-"""System checks: stable ids for PostgreSQL-only, JSON-only and the delay ceiling."""
+"""System checks: stable ids for PostgreSQL-only, JSON-only, the delay ceiling and the installation traps."""
 
 from __future__ import annotations
 
+from celery import Celery
 from django.test import override_settings
 
 from scheduling import checks
+from scheduling.core import broker
+from tests.celeryconf import override_celery
 
 
 def _ids(messages):
@@ -21,29 +24,78 @@ def test_json_only_passes_with_project_settings():
     assert checks.check_json_only() == []
 
 
-@override_settings(CELERY_ACCEPT_CONTENT=["json", "pickle"])
 def test_pickle_accepted_is_an_error():
-    """Accepting pickle fails scheduling.E002."""
-    assert _ids(checks.check_json_only()) == ["scheduling.E002"]
+    """Accepting pickle in Celery's configuration fails scheduling.E002."""
+    with override_celery(accept_content=["json", "pickle"]):
+        assert _ids(checks.check_json_only()) == ["scheduling.E002"]
 
 
-@override_settings(CELERY_TASK_SERIALIZER="pickle")
 def test_pickle_serializer_is_an_error():
     """Producing pickle fails scheduling.E002 too."""
-    assert _ids(checks.check_json_only()) == ["scheduling.E002"]
+    with override_celery(task_serializer="pickle"):
+        assert _ids(checks.check_json_only()) == ["scheduling.E002"]
 
 
-@override_settings(
-    SCHEDULING_BROKER_DELAY_MAX_SECONDS=900, CELERY_BROKER_TRANSPORT_OPTIONS={"visibility_timeout": 3600}
-)
+@override_settings(SCHEDULING_BROKER_DELAY_MAX_SECONDS=900)
 def test_ceiling_below_visibility_timeout_passes():
     """900 s plus the 300 s margin sits below a 3600 s visibility timeout."""
-    assert checks.check_delay_ceiling() == []
+    with override_celery(broker_transport_options={"visibility_timeout": 3600}):
+        assert checks.check_delay_ceiling() == []
 
 
-@override_settings(
-    SCHEDULING_BROKER_DELAY_MAX_SECONDS=3500, CELERY_BROKER_TRANSPORT_OPTIONS={"visibility_timeout": 3600}
-)
+@override_settings(SCHEDULING_BROKER_DELAY_MAX_SECONDS=3500)
 def test_ceiling_too_close_to_visibility_timeout_fails():
-    """A ceiling within the margin of the visibility timeout fails scheduling.E003."""
-    assert _ids(checks.check_delay_ceiling()) == ["scheduling.E003"]
+    """A ceiling within the margin of Celery's visibility timeout fails scheduling.E003."""
+    with override_celery(broker_transport_options={"visibility_timeout": 3600}):
+        assert _ids(checks.check_delay_ceiling()) == ["scheduling.E003"]
+
+
+def test_broker_details_come_from_celerys_configuration():
+    """Key prefix, default queue and visibility timeout are read from Celery's app.conf, not project settings."""
+    options = {"visibility_timeout": 1234, "global_keyprefix": "shop:"}
+    with override_celery(broker_transport_options=options, task_default_queue="work"):
+        assert (broker.key_prefix(), broker.default_queue()) == ("shop:", "work")
+        assert broker.visibility_timeout_seconds() == 1234
+        assert broker.queue_keys(["work"])[0] == "shop:work"
+
+
+def test_project_celery_app_passes_e004():
+    """The project's Celery app with a Redis broker is silent for scheduling.E004."""
+    assert checks.check_celery_app() == []
+
+
+def test_celerys_fallback_app_is_e004():
+    """Celery's fallback app (no project celery.py) would send to amqp://localhost: a problem naming celery.py."""
+    fallback = Celery("default", set_as_current=False, fixups=[])
+    assert "celery.py" in (broker.app_problem(fallback) or "")
+
+
+def test_app_without_broker_url_or_with_amqp_is_e004(monkeypatch):
+    """A project app with no broker URL, or a non-Redis one, is a problem too."""
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)  # Celery's own variable wins over app.conf
+    no_url = Celery("shop", set_as_current=False)
+    amqp = Celery("shop", set_as_current=False, broker="amqp://guest@localhost//")
+    assert "has no broker URL" in (broker.app_problem(no_url) or "")
+    assert "needs Redis" in (broker.app_problem(amqp) or "")
+
+
+def test_handlers_found_is_silent_for_w001():
+    """The demo's tasks/jobs.py registers kinds, so W001 and E006 are silent."""
+    assert checks.check_handlers() == []
+
+
+@override_settings(SCHEDULING_HANDLER_PACKAGES=["no_such_package_here"])
+def test_unimportable_handler_package_is_e006():
+    """A SCHEDULING_HANDLER_PACKAGES entry that cannot be imported fails scheduling.E006."""
+    assert _ids(checks.check_handlers()) == ["scheduling.E006"]
+
+
+def test_timekeeper_beat_scheduler_passes_w002():
+    """The project's beat scheduler is Timekeeper's, so W002 is silent despite the declared schedules."""
+    assert checks.check_beat_scheduler() == []
+
+
+def test_other_beat_scheduler_with_declared_schedules_is_w002():
+    """Declared fixed-time schedules under Celery's default beat scheduler warn with scheduling.W002."""
+    with override_celery(beat_scheduler="celery.beat:PersistentScheduler"):
+        assert _ids(checks.check_beat_scheduler()) == ["scheduling.W002"]

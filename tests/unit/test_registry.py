@@ -48,3 +48,10 @@ def test_idempotency_key_is_per_job_not_per_attempt():
     broker = registry.Job(kind="k", payload={}, attempt=1, max_attempts=3, due_at=None, mechanism="broker", ref="7")
     assert first.idempotency_key == retry.idempotency_key == "job:7"
     assert broker.idempotency_key != first.idempotency_key
+
+
+def test_handlers_are_found_in_each_installed_apps_jobs_module():
+    """The demo's tasks/jobs.py is discovered like admin.py; Timekeeper's own scheduling.jobs (the engine) is not."""
+    modules = registry.handler_modules()
+    assert "tasks.jobs" in modules
+    assert "scheduling.jobs" not in modules

@@ -62,7 +62,7 @@ class Command(BaseCommand):
         broker = status.get("broker")
         lines.append("broker (Redis)")
         if broker is None:
-            lines.append("  unavailable: Redis did not answer (CELERY_BROKER_URL)")
+            lines.append("  unavailable: Redis did not answer (Celery's broker_url)")
         else:
             for name, label in BROKER_ROWS:
                 lines.append(f"  {label:<52} {broker.get(name, '-')}")

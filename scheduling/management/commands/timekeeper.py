@@ -1,0 +1,233 @@
+"""``manage.py timekeeper``: look at and change jobs from a shell, through ``scheduling.api``.
+
+Subcommands: ``jobs`` (list, with filters), ``cancel ID...`` (pending jobs), ``retry ID...`` (dead
+jobs), ``reschedule ID... --at ISO | --in SECONDS`` (pending jobs) and ``status``. Changes go
+through the same bulk calls as the admin's actions (one statement each): only jobs in the state the
+change is for are touched; the others are listed with the state that kept them out. A change that
+touches no job at all is an error (exit status 1), so a script notices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from scheduling import api, exceptions
+from scheduling.management.commands import scheduling_status
+from scheduling.models import JobState, ScheduledJob
+
+DEFAULT_LIMIT = 50  # jobs listed unless --limit says otherwise
+ERROR_SHOWN_CHARACTERS = 60  # of a job's last error in the text listing
+
+
+def job_id(text: str) -> int:
+    """A positive job id (argparse reports a bad one as a usage error, exit status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a job id: give whole numbers, as listed by `timekeeper jobs`."
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a job id: ids are positive.")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A positive whole number, for argparse."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number.") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be positive.")
+    return value
+
+
+def parse_when(text: str) -> dt.datetime:
+    """An ISO 8601 time; without an offset it is read in the project's TIME_ZONE."""
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 time: write e.g. 2030-01-31T09:00:00+00:00 (or ...Z)."
+        ) from None
+    if timezone.is_naive(value):
+        try:
+            value = timezone.make_aware(value)
+        except ValueError as exc:  # a wall-clock time that does not exist or is ambiguous in TIME_ZONE
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a single moment in {timezone.get_current_timezone_name()}: "
+                f"{exc}. Give an offset (+01:00)."
+            ) from None
+    return value
+
+
+def parse_seconds(text: str) -> float:
+    """A non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds.") from None
+    if not value >= 0:  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"{text} must be zero or more seconds.")
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Operate Timekeeper's jobs from a shell: list them (jobs), cancel pending ones (cancel), retry dead ones "
+        "(retry), move pending ones (reschedule), or show the backlog and broker counts (status). "
+        "Run `manage.py timekeeper <subcommand> --help` for each one's options."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        commands = parser.add_subparsers(
+            dest="subcommand", required=True, metavar="{jobs,cancel,retry,reschedule,status}"
+        )
+
+        jobs = commands.add_parser("jobs", help="List jobs, most urgent first (by due time, then id).")
+        jobs.add_argument(
+            "--state",
+            choices=JobState.values,
+            help="Only jobs in this state (pending, claimed, done, cancelled, dead).",
+        )
+        jobs.add_argument(
+            "--kind", help="Only jobs of this kind (the handler's registered name, e.g. billing.invoice)."
+        )
+        jobs.add_argument("--key", help="Only the jobs with this key (as given to api.schedule(key=...)).")
+        jobs.add_argument(
+            "--overdue", action="store_true", help="Only pending jobs whose due time has passed (the backlog)."
+        )
+        jobs.add_argument(
+            "--limit",
+            type=positive_int,
+            default=DEFAULT_LIMIT,
+            help=f"List at most this many (default {DEFAULT_LIMIT}).",
+        )
+        jobs.add_argument("--json", action="store_true", help="Print one JSON list of objects instead of a table.")
+
+        cancel = commands.add_parser("cancel", help="Cancel pending jobs (claimed or finished ones are left alone).")
+        cancel.add_argument("ids", nargs="+", type=job_id, metavar="ID", help="Ids of the jobs to cancel.")
+
+        retry = commands.add_parser("retry", help="Make dead jobs pending again, due now, with fresh attempts.")
+        retry.add_argument("ids", nargs="+", type=job_id, metavar="ID", help="Ids of the dead jobs to retry.")
+
+        reschedule = commands.add_parser("reschedule", help="Move pending jobs to another due time.")
+        reschedule.add_argument("ids", nargs="+", type=job_id, metavar="ID", help="Ids of the pending jobs to move.")
+        when = reschedule.add_mutually_exclusive_group(required=True)
+        when.add_argument(
+            "--at",
+            type=parse_when,
+            help="The new due time, ISO 8601 (2030-01-31T09:00:00+00:00); without an offset, in TIME_ZONE.",
+        )
+        when.add_argument(
+            "--in", dest="in_seconds", type=parse_seconds, help="The new due time as seconds from now (0: due now)."
+        )
+
+        status = commands.add_parser("status", help="The due_at backlog, claimed and stuck jobs, and broker counts.")
+        status.add_argument("--json", action="store_true", help="Print one JSON object (scheduling.api.status()).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        subcommand = options["subcommand"]
+        try:
+            if subcommand == "jobs":
+                self.list_jobs(options)
+            elif subcommand == "status":
+                self.status(options)
+            else:
+                self.change(subcommand, options)
+        except DatabaseError as exc:
+            raise CommandError(f"Cannot read the job table: {exc}. Is PostgreSQL up and DATABASES right?") from exc
+        except exceptions.SchedulingError as exc:
+            raise CommandError(str(exc)) from exc
+
+    # --- jobs -------------------------------------------------------------------------------------
+
+    def list_jobs(self, options: dict[str, Any]) -> None:
+        jobs = ScheduledJob.objects.all()
+        if options["state"]:
+            jobs = jobs.filter(state=options["state"])
+        if options["kind"]:
+            jobs = jobs.filter(kind=options["kind"])
+        if options["key"]:
+            jobs = jobs.filter(key=options["key"])
+        if options["overdue"]:
+            jobs = jobs.filter(state=JobState.PENDING, due_at__lte=Now())
+        rows = list(
+            jobs.order_by("due_at", "id").values(
+                "id", "kind", "state", "due_at", "attempts", "max_attempts", "key", "last_error"
+            )[: options["limit"]]
+        )
+        if options["json"]:
+            self.stdout.write(json.dumps(rows, default=_json_default, sort_keys=True))
+            return
+        if not rows:
+            self.stdout.write("No job matches.")
+            return
+        header = f"{'id':>8}  {'state':<9}  {'due at (UTC)':<20}  {'tries':>5}  {'kind':<28}  key / last error"
+        self.stdout.write(header)
+        for row in rows:
+            due = row["due_at"].astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+            tries = f"{row['attempts']}/{row['max_attempts']}"
+            tail = row["key"] or ""
+            if row["last_error"]:
+                tail = f"{tail}  {row['last_error'].splitlines()[0][:ERROR_SHOWN_CHARACTERS]}".strip()
+            self.stdout.write(f"{row['id']:>8}  {row['state']:<9}  {due:<20}  {tries:>5}  {row['kind']:<28}  {tail}")
+
+    # --- changes ----------------------------------------------------------------------------------
+
+    def change(self, subcommand: str, options: dict[str, Any]) -> None:
+        ids = options["ids"]
+        if subcommand == "cancel":
+            result, done, wanted = api.cancel_many(ids), "cancelled", JobState.PENDING
+        elif subcommand == "retry":
+            result, done, wanted = api.retry_dead_many(ids), "retried", JobState.DEAD
+        else:
+            if options["at"] is not None:
+                result = api.reschedule_many(ids, due_at=options["at"])
+            else:
+                result = api.reschedule_many(ids, delay=options["in_seconds"])
+            done, wanted = "rescheduled", JobState.PENDING
+        if result.changed:
+            self.stdout.write(f"{done.capitalize()} {_count(len(result.changed))}: {_ids(result.changed)}.")
+        for state in sorted(set(result.untouched.values())):
+            left = sorted(i for i, s in result.untouched.items() if s == state)
+            self.stderr.write(f"Not {done} ({state}, not {wanted}): {_ids(left)}.")
+        if result.missing:
+            self.stderr.write(f"No such job: {_ids(result.missing)}.")
+        if not result.changed:
+            raise CommandError(
+                f"No job was {done}: only {wanted} jobs can be. "
+                f"List them with `manage.py timekeeper jobs --state {wanted}`."
+            )
+
+    # --- status -----------------------------------------------------------------------------------
+
+    def status(self, options: dict[str, Any]) -> None:
+        numbers = api.status()
+        if options["json"]:
+            self.stdout.write(json.dumps(numbers, sort_keys=True))
+        else:
+            self.stdout.write(scheduling_status.Command().render(numbers))
+
+
+def _json_default(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _count(n: int) -> str:
+    return f"{n} job" if n == 1 else f"{n} jobs"
+
+
+def _ids(ids: Any) -> str:
+    return ", ".join(str(i) for i in ids)
