@@ -344,6 +344,7 @@ class Outcome:
     outcome: str  # AttemptOutcome value
     error: str = ""
     retry_delay_seconds: float = 0.0
+    traceback: str = ""  # a failure's formatted traceback (bounded by the executor), kept on its attempt
 
 
 def complete_jobs(outcomes: Sequence[Outcome]) -> list[int]:
@@ -373,6 +374,7 @@ def fail_jobs(outcomes: Sequence[Outcome]) -> list[tuple[int, str, dt.datetime]]
         "outcomes": [o.outcome for o in outcomes],
         "errors": [o.error for o in outcomes],
         "delays": [o.retry_delay_seconds for o in outcomes],
+        "tracebacks": [o.traceback for o in outcomes],
     }
     return [(row[0], row[1], row[2]) for row in _fetchall("fail_jobs", params)]
 

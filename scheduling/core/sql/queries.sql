@@ -302,8 +302,8 @@ SELECT id FROM done;
 WITH input AS (
     SELECT t.*, j.due_at AS old_due_at, j.attempts, j.max_attempts, j.claimed_by
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(started)s::timestamptz[], %(finished)s::timestamptz[],
-                %(outcomes)s::text[], %(errors)s::text[], %(delays)s::float8[])
-         AS t(id, token, started_at, finished_at, outcome, error, delay)
+                %(outcomes)s::text[], %(errors)s::text[], %(delays)s::float8[], %(tracebacks)s::text[])
+         AS t(id, token, started_at, finished_at, outcome, error, delay, traceback)
     JOIN scheduling_scheduledjob AS j ON j.id = t.id
 ), failed AS (
     UPDATE scheduling_scheduledjob AS j
@@ -317,9 +317,10 @@ WITH input AS (
     WHERE j.id = input.id AND j.token = input.token AND j.state = 'claimed'
     RETURNING j.id, j.state, j.due_at
 ), logged AS (
-    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
+    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error,
+                                       traceback)
     SELECT input.id, input.attempts, input.token, input.claimed_by, input.old_due_at, input.started_at,
-           input.finished_at, input.outcome, input.error
+           input.finished_at, input.outcome, input.error, input.traceback
     FROM input JOIN failed USING (id)
 )
 SELECT id, state, due_at FROM failed;
