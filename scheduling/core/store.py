@@ -461,6 +461,27 @@ def kind_controls() -> list[KindControlRow]:
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class KindCounts:
+    """What one kind has waiting, in flight and dead."""
+
+    kind: str
+    due: int  # pending, due time passed
+    claimed: int  # claimed, not started (waiting for a worker)
+    running: int  # claimed and started
+    dead_24h: int  # dead within the last 24 hours
+
+
+def kind_breakdown() -> list[KindCounts]:
+    """Per kind with anything due, in flight or recently dead: the counts (kinds with nothing are absent)."""
+    return [
+        KindCounts(
+            kind=r["kind"], due=r["due"], claimed=r["claimed"], running=r["running"], dead_24h=r["dead_24h"]
+        )
+        for r in _records("kind_breakdown", {})
+    ]
+
+
 def backlog_status(stuck_after_seconds: float, exact_limit: int = 10_000) -> BacklogStatus:
     """The status numbers; pending counts past ``exact_limit`` are planner estimates, named in ``estimated``."""
     row = _records("backlog_status", {"stuck_after": stuck_after_seconds, "exact_limit": exact_limit})[0]
