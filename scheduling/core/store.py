@@ -717,6 +717,43 @@ def backlog_history(window_seconds: float, points: int) -> list[BacklogPoint]:
 
 
 @dataclasses.dataclass(frozen=True)
+class LagBucketStats:
+    """Due-to-start lag of the attempts that started within one bucket (``at`` None: the whole window)."""
+
+    at: dt.datetime | None
+    attempts: int
+    p50: float
+    p99: float
+    max: float
+
+
+def attempt_lag_buckets(
+    window_seconds: float, bucket_seconds: float
+) -> tuple[LagBucketStats | None, list[LagBucketStats]]:
+    """The window's lag percentiles overall (None without attempts) and per bucket, oldest first."""
+    rows = [
+        LagBucketStats(at=r["bucket"], attempts=r["attempts"], p50=r["p50"], p99=r["p99"], max=r["max"])
+        for r in _records("attempt_lag_buckets", {"window": window_seconds, "bucket": bucket_seconds})
+        if r["attempts"]  # the whole-window row comes back (with NULLs) even when nothing started
+    ]
+    overall = next((r for r in rows if r.at is None), None)
+    return overall, [r for r in rows if r.at is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitingPoint:
+    at: dt.datetime
+    waiting: int  # due and not started: pending, or claimed and not yet started
+    paused: int  # due and pending, of a paused kind
+
+
+def waiting_history(window_seconds: float, points: int) -> list[WaitingPoint]:
+    """Waiting and paused work at ``points`` + 1 evenly spaced instants of the window, rebuilt from timestamps."""
+    rows = _records("waiting_history", {"window": window_seconds, "points": points})
+    return [WaitingPoint(at=r["at"], waiting=r["waiting"], paused=r["paused"]) for r in rows]
+
+
+@dataclasses.dataclass(frozen=True)
 class UpcomingJobs:
     """Pending jobs of one kind due within one hour of the horizon."""
 

@@ -316,7 +316,21 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
             self.admin_site.admin_view(self.act_view),
             name="scheduling_scheduledjob_act",
         )
-        return [act, *super().get_urls()]
+        fragment = path(
+            "dashboard/", self.admin_site.admin_view(self.dashboard_view), name="scheduling_dashboard_fragment"
+        )
+        return [act, fragment, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The dashboard's body alone (``?range=``), fetched by the open admin index every few seconds."""
+        from scheduling.web import dashboard
+
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {"show": True, **dashboard.gather(request.GET.get("range"))}
+        response = TemplateResponse(request, "scheduling/dashboard_body.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
 
     def act_view(self, request: HttpRequest, object_id: int, action: str) -> HttpResponse:
         """POST from a job's page: retry, cancel or run it now through the same bulk calls as the list's actions."""
