@@ -226,6 +226,13 @@ class JobAttempt(models.Model):
     finished_at = models.DateTimeField("finished", help_text="When the outcome was recorded.")
     outcome = models.CharField("outcome", max_length=16, choices=AttemptOutcome.choices, help_text="How it ended.")
     error = models.TextField("error", blank=True, default="", help_text="Error text for failures and timeouts.")
+    traceback = models.TextField(
+        "traceback",
+        blank=True,
+        default="",
+        db_default="",
+        help_text="Where a failed attempt broke: the last 16,000 characters of its traceback (no payload, no locals).",
+    )
 
     class Meta:
         db_table = "scheduling_jobattempt"

@@ -133,15 +133,13 @@ def trial_upgrade(request: HttpRequest, trial_id: int) -> HttpResponse:
         trial.upgraded_at = timezone.now()
         trial.save(update_fields=["upgraded_at"])
         try:
-            job_id = api.cancel(key=trial.reminder_key, owner=trial.user_id)
+            api.cancel(key=trial.reminder_key, owner=trial.user_id)
         except exceptions.JobNotFound:
             messages.success(request, "Upgraded. The reminder had already gone out or been cancelled.")
-        except exceptions.JobNotCancellable as exc:
-            messages.warning(
-                request, f"Upgraded. The reminder is being sent right now ({exc.state}); it may still arrive."
-            )
+        except exceptions.JobNotCancellable:
+            messages.warning(request, "Upgraded. The reminder is being sent right now; it may still arrive.")
         else:
-            messages.success(request, f"Upgraded. The reminder (job #{job_id}) is cancelled.")
+            messages.success(request, "Upgraded. The reminder is cancelled.")
     return redirect("tasks:trial-detail", trial_id=trial.pk)
 
 
@@ -157,19 +155,19 @@ def trial_change_end(request: HttpRequest, trial_id: int) -> HttpResponse:
         return render(request, "tasks/trial_detail.html", context, status=400)
     with transaction.atomic():
         trial = _own_trial(request, trial_id, lock=True)
+        if trial.upgraded_at is not None:
+            messages.info(request, "This trial is upgraded: it has no end to change.")
+            return redirect("tasks:trial-detail", trial_id=trial.pk)
         trial.ends_at = form.cleaned_data["ends_at"]
         trial.save(update_fields=["ends_at"])
-        if trial.upgraded_at is not None:
-            messages.success(request, "The end moved. The trial is upgraded, so there is no reminder.")
-            return redirect("tasks:trial-detail", trial_id=trial.pk)
         try:
             due = api.reschedule(key=trial.reminder_key, due_at=reminder_due(trial.ends_at), owner=trial.user_id)
         except exceptions.JobNotFound:
             job = _schedule_reminder(trial)
-            messages.success(request, f"The end moved. A new reminder (job #{job.pk}) is due {_when(job.due_at)}.")
-        except exceptions.JobNotReschedulable as exc:
+            messages.success(request, f"The end moved. A new reminder is scheduled for {_when(job.due_at)}.")
+        except exceptions.JobNotReschedulable:
             transaction.set_rollback(True)
-            messages.error(request, f"The reminder is being sent right now ({exc.state}); try again in a moment.")
+            messages.error(request, "The reminder is being sent right now; try again in a moment.")
         else:
-            messages.success(request, f"The end moved. The reminder is now due {_when(due)}.")
+            messages.success(request, f"The end moved. The reminder is now scheduled for {_when(due)}.")
     return redirect("tasks:trial-detail", trial_id=trial.pk)

@@ -344,6 +344,7 @@ class Outcome:
     outcome: str  # AttemptOutcome value
     error: str = ""
     retry_delay_seconds: float = 0.0
+    traceback: str = ""  # a failure's formatted traceback (bounded by the executor), kept on its attempt
 
 
 def complete_jobs(outcomes: Sequence[Outcome]) -> list[int]:
@@ -373,6 +374,7 @@ def fail_jobs(outcomes: Sequence[Outcome]) -> list[tuple[int, str, dt.datetime]]
         "outcomes": [o.outcome for o in outcomes],
         "errors": [o.error for o in outcomes],
         "delays": [o.retry_delay_seconds for o in outcomes],
+        "tracebacks": [o.traceback for o in outcomes],
     }
     return [(row[0], row[1], row[2]) for row in _fetchall("fail_jobs", params)]
 
@@ -456,6 +458,27 @@ def kind_controls() -> list[KindControlRow]:
             kind=r["kind"], paused=r["paused"], max_running=r["max_running"], due=r["due"], claimed=r["claimed"]
         )
         for r in _records("kind_controls", {})
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class KindCounts:
+    """What one kind has waiting, in flight and dead."""
+
+    kind: str
+    due: int  # pending, due time passed
+    claimed: int  # claimed, not started (waiting for a worker)
+    running: int  # claimed and started
+    dead_24h: int  # dead within the last 24 hours
+
+
+def kind_breakdown() -> list[KindCounts]:
+    """Per kind with anything due, in flight or recently dead: the counts (kinds with nothing are absent)."""
+    return [
+        KindCounts(
+            kind=r["kind"], due=r["due"], claimed=r["claimed"], running=r["running"], dead_24h=r["dead_24h"]
+        )
+        for r in _records("kind_breakdown", {})
     ]
 
 
@@ -691,6 +714,43 @@ def backlog_history(window_seconds: float, points: int) -> list[BacklogPoint]:
     """The backlog at ``points`` + 1 evenly spaced instants of the window, rebuilt from row timestamps."""
     rows = _records("backlog_history", {"window": window_seconds, "points": points})
     return [BacklogPoint(at=row["at"], backlog=row["backlog"]) for row in rows]
+
+
+@dataclasses.dataclass(frozen=True)
+class LagBucketStats:
+    """Due-to-start lag of the attempts that started within one bucket (``at`` None: the whole window)."""
+
+    at: dt.datetime | None
+    attempts: int
+    p50: float
+    p99: float
+    max: float
+
+
+def attempt_lag_buckets(
+    window_seconds: float, bucket_seconds: float
+) -> tuple[LagBucketStats | None, list[LagBucketStats]]:
+    """The window's lag percentiles overall (None without attempts) and per bucket, oldest first."""
+    rows = [
+        LagBucketStats(at=r["bucket"], attempts=r["attempts"], p50=r["p50"], p99=r["p99"], max=r["max"])
+        for r in _records("attempt_lag_buckets", {"window": window_seconds, "bucket": bucket_seconds})
+        if r["attempts"]  # the whole-window row comes back (with NULLs) even when nothing started
+    ]
+    overall = next((r for r in rows if r.at is None), None)
+    return overall, [r for r in rows if r.at is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitingPoint:
+    at: dt.datetime
+    waiting: int  # due and not started: pending, or claimed and not yet started
+    paused: int  # due and pending, of a paused kind
+
+
+def waiting_history(window_seconds: float, points: int) -> list[WaitingPoint]:
+    """Waiting and paused work at ``points`` + 1 evenly spaced instants of the window, rebuilt from timestamps."""
+    rows = _records("waiting_history", {"window": window_seconds, "points": points})
+    return [WaitingPoint(at=r["at"], waiting=r["waiting"], paused=r["paused"]) for r in rows]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -291,6 +291,45 @@ def kind_controls() -> list[store.KindControlRow]:
 
 
 @dataclasses.dataclass(frozen=True)
+class KindOverview:
+    """A registered kind as an operator sees it: its controls and what it has due, in flight and dead."""
+
+    kind: str
+    description: str
+    paused: bool
+    max_running: int | None
+    priority: int  # the kind's default priority
+    due: int  # pending and due (held back while paused)
+    claimed: int  # claimed, waiting for a worker
+    running: int
+    dead_24h: int
+
+
+def kind_overview() -> list[KindOverview]:
+    """Every registered kind (and any kind with a control or live rows), with its controls and counts."""
+    kinds = registry.all_kinds()
+    controls = {row.kind: row for row in store.kind_controls()}
+    counts = {row.kind: row for row in store.kind_breakdown()}
+    out = []
+    for name in sorted(set(kinds) | set(controls) | set(counts)):
+        kind, control, count = kinds.get(name), controls.get(name), counts.get(name)
+        out.append(
+            KindOverview(
+                kind=name,
+                description=kind.description if kind else "not registered in this process",
+                paused=bool(control and control.paused),
+                max_running=control.max_running if control else None,
+                priority=kind.priority if kind else 0,
+                due=count.due if count else 0,
+                claimed=count.claimed if count else 0,
+                running=count.running if count else 0,
+                dead_24h=count.dead_24h if count else 0,
+            )
+        )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
 class BulkResult:
     """What a bulk change did to a selection of job ids."""
 
@@ -383,6 +422,7 @@ __all__ = [
     "cancel",
     "cancel_many",
     "kind_controls",
+    "kind_overview",
     "pause",
     "reschedule",
     "reschedule_many",

@@ -160,7 +160,14 @@ def _outcome(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock)
     if result.ok:
         return store.Outcome(job.id, job.token, started_at, clock.now(), AttemptOutcome.SUCCEEDED)
     return store.Outcome(
-        job.id, job.token, started_at, clock.now(), result.outcome, result.error, kind.backoff.delay(job.attempts)
+        job.id,
+        job.token,
+        started_at,
+        clock.now(),
+        result.outcome,
+        result.error,
+        kind.backoff.delay(job.attempts),
+        traceback=result.traceback,
     )
 
 

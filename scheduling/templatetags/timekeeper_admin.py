@@ -21,7 +21,7 @@ def timekeeper_dashboard(context: dict[str, Any]) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.has_perm("scheduling.view_scheduledjob"):
         return {"show": False}
-    return {"show": True, **dashboard.gather()}
+    return {"show": True, **dashboard.gather(request.GET.get("range") if request is not None else None)}
 
 
 @register.filter

@@ -16,6 +16,7 @@ override of that template still applies underneath.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections import Counter
 from typing import Any
@@ -25,8 +26,8 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import OuterRef, Q, QuerySet, Subquery
-from django.db.models.functions import Now
+from django.db.models import Case, FloatField, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models.functions import Extract, Now
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -37,11 +38,12 @@ from django_celery_beat import admin as beat_admin
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import api
-from scheduling.core import exceptions, registry, store, tasknames
+from scheduling.core import conf, exceptions, registry, store, tasknames
 from scheduling.models import (
     ApiToken,
     JobAttempt,
     JobState,
+    KindControl,
     RunState,
     ScheduledJob,
     SchedulePolicy,
@@ -63,7 +65,7 @@ SELECTION_SHOWN = 20  # jobs listed on the reschedule page
 
 class JobAttemptInline(admin.TabularInline):
     model = JobAttempt
-    fields = ("number", "outcome", "due_at", "started_at", "finished_at", "lag", "worker", "error")
+    fields = ("number", "outcome", "due", "started", "finished", "lag", "worker", "error_and_traceback")
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -75,11 +77,41 @@ class JobAttemptInline(admin.TabularInline):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    @admin.display(description="due at")
+    def due(self, attempt: JobAttempt) -> str:
+        return seconds_text(attempt.due_at)
+
+    @admin.display(description="started")
+    def started(self, attempt: JobAttempt) -> str:
+        return seconds_text(attempt.started_at)
+
+    @admin.display(description="finished")
+    def finished(self, attempt: JobAttempt) -> str:
+        return seconds_text(attempt.finished_at)
+
     @admin.display(description="due-to-start lag")
     def lag(self, attempt: JobAttempt) -> str:
         if attempt.started_at is None:
             return "—"
         return f"{max((attempt.started_at - attempt.due_at).total_seconds(), 0):.3f} s"
+
+    @admin.display(description="error")
+    def error_and_traceback(self, attempt: JobAttempt) -> str:
+        """The error line, and the failure's traceback folded beneath it (frames and messages only)."""
+        if not attempt.traceback:
+            return attempt.error or "—"
+        return format_html(
+            '{}<details class="tk-traceback"><summary>traceback</summary><pre>{}</pre></details>',
+            attempt.error,
+            attempt.traceback,
+        )
+
+
+def seconds_text(value: Any) -> str:
+    """A time in the current zone to the second: 2031-06-07 08:09:10 UTC."""
+    if value is None:
+        return "—"
+    return f"{timezone.localtime(value):%Y-%m-%d %H:%M:%S %Z}"
 
 
 class CheckedSelectionMixin:
@@ -99,10 +131,17 @@ class KindFilter(admin.SimpleListFilter):
     parameter_name = "kind"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(name, name) for name in sorted(registry.all_kinds())]
+        return [(name, name) for name in due_at_kinds()]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> QuerySet[ScheduledJob]:
         return queryset.filter(kind=self.value()) if self.value() else queryset
+
+
+def due_at_kinds() -> list[str]:
+    """The registered kinds that can be rows of the jobs table: every kind but those only fixed-time schedules run."""
+    fixed_only = set(SchedulePolicy.objects.values_list("kind", flat=True).distinct())
+    with_rows = set(ScheduledJob.objects.filter(kind__in=fixed_only).values_list("kind", flat=True).distinct())
+    return sorted(name for name in registry.all_kinds() if name not in fixed_only or name in with_rows)
 
 
 class OverdueFilter(admin.SimpleListFilter):
@@ -152,7 +191,7 @@ class ChangeJobForm(forms.ModelForm):
 
 @admin.register(ScheduledJob)
 class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
-    list_display = ("id", "kind", "key", "owner", "due", "state_badge", "attempts_of")
+    list_display = ("id", "kind", "key", "owner", "due", "state_badge", "priority", "attempts_of")
     list_display_links = ("id", "kind")
     list_filter = ("state", KindFilter, OverdueFilter)
     search_fields = ("key",)
@@ -161,17 +200,48 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     list_select_related = ("owner",)
     list_per_page = 100
     show_full_result_count = False  # one count per page view is enough on a large table
-    ordering = ("due_at", "id")
     inlines = (JobAttemptInline,)
+    change_form_template = "admin/scheduling/scheduledjob/change_form.html"
     form = ChangeJobForm
     actions = ("cancel_selected", "run_now_selected", "retry_dead_selected", "reschedule_selected")
     fieldsets = (
-        (None, {"fields": ("kind", "key", "state", "due_at", "due_relative", "owner")}),
+        (None, {"fields": ("kind", "key", "state", "priority", "due_at", "due_relative", "owner")}),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Attempts", {"fields": ("attempts", "max_attempts", "lease_seconds", "last_error")}),
         ("Current claim", {"fields": ("claimed_at", "heartbeat_at", "claimed_by"), "classes": ("collapse",)}),
         ("History", {"fields": ("created_at", "updated_at", "finished_at")}),
     )
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        return ("attention", "attention_due", "id")  # what needs a person first; see get_queryset
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ScheduledJob]:
+        """Rows ranked by what needs attention: dead, stuck claims, overdue pending, running, pending, finished.
+
+        Within a rank: by due time, except finished jobs, the most recent first.
+        """
+        stuck_before = Now() - dt.timedelta(seconds=conf.get().stuck_after_seconds)
+        due_epoch = Extract("due_at", "epoch")
+        return (
+            self.model._default_manager.get_queryset()
+            .annotate(
+                attention=Case(
+                    When(state=JobState.DEAD, then=Value(0)),
+                    When(state=JobState.CLAIMED, claimed_at__lt=stuck_before, then=Value(1)),
+                    When(state=JobState.PENDING, due_at__lte=Now(), then=Value(2)),
+                    When(state=JobState.CLAIMED, then=Value(3)),
+                    When(state=JobState.PENDING, then=Value(4)),
+                    default=Value(5),
+                    output_field=IntegerField(),
+                ),
+                attention_due=Case(
+                    When(state__in=[JobState.DONE, JobState.CANCELLED], then=-due_epoch),
+                    default=due_epoch,
+                    output_field=FloatField(),
+                ),
+            )
+            .order_by(*self.get_ordering(request))
+        )
 
     # -- list columns
 
@@ -180,15 +250,17 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         local = timezone.localtime(job.due_at)
         return format_html('{}<br><span class="quiet">{}</span>', f"{local:%Y-%m-%d %H:%M:%S %Z}", relative(job.due_at))
 
-    @admin.display(description="state", ordering="state")
+    @admin.display(description="state", ordering="attention")
     def state_badge(self, job: ScheduledJob) -> str:
         overdue = job.state == JobState.PENDING and job.due_at <= timezone.now()
+        stuck = getattr(job, "attention", None) == 1
         return format_html(
-            '<span class="tk-state tk-state-{}" data-state="{}">{}{}</span>',
+            '<span class="tk-state tk-state-{}{}" data-state="{}">{}{}</span>',
+            job.state,
+            " tk-state-late" if overdue or stuck else "",
             job.state,
             job.state,
-            job.state,
-            " (overdue)" if overdue else "",
+            " (overdue)" if overdue else " (stuck)" if stuck else "",
         )
 
     @admin.display(description="attempts", ordering="attempts")
@@ -207,6 +279,80 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # jobs end by cancel; finished history is pruned by the sweeper
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        """The job's page: Save only while the due time can change (pending); buttons for what the state allows."""
+        job = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if job is not None:
+            editable = job.state == JobState.PENDING
+            context.update(
+                show_save=editable,
+                show_save_and_continue=editable,
+                show_save_and_add_another=False,
+                job_actions=self._job_actions(job) if self.has_change_permission(request, job) else [],
+            )
+        return super().change_view(request, object_id, form_url, context)
+
+    @staticmethod
+    def _job_actions(job: ScheduledJob) -> list[dict[str, str]]:
+        """The buttons a job's page offers: (name, label, where it posts)."""
+        if job.state == JobState.DEAD:
+            names = ["retry"]
+        elif job.state == JobState.PENDING:
+            names = ["run_now", "reschedule", "cancel"]
+        else:
+            names = []
+        labels = {"retry": "Retry", "run_now": "Run now", "reschedule": "Reschedule…", "cancel": "Cancel job"}
+        out = []
+        for name in names:
+            if name == "reschedule":
+                url = reverse("admin:scheduling_scheduledjob_changelist")
+            else:
+                url = reverse("admin:scheduling_scheduledjob_act", args=[job.pk, name])
+            out.append({"name": name, "label": labels[name], "url": url})
+        return out
+
+    def get_urls(self) -> list[Any]:
+        act = path(
+            "<int:object_id>/act/<str:action>/",
+            self.admin_site.admin_view(self.act_view),
+            name="scheduling_scheduledjob_act",
+        )
+        fragment = path(
+            "dashboard/", self.admin_site.admin_view(self.dashboard_view), name="scheduling_dashboard_fragment"
+        )
+        return [act, fragment, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The dashboard's body alone (``?range=``), fetched by the open admin index every few seconds."""
+        from scheduling.web import dashboard
+
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {"show": True, **dashboard.gather(request.GET.get("range"))}
+        response = TemplateResponse(request, "scheduling/dashboard_body.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    def act_view(self, request: HttpRequest, object_id: int, action: str) -> HttpResponse:
+        """POST from a job's page: retry, cancel or run it now through the same bulk calls as the list's actions."""
+        handlers = {
+            "retry": self.retry_dead_selected,
+            "cancel": self.cancel_selected,
+            "run_now": self.run_now_selected,
+        }
+        job = self.get_object(request, str(object_id))
+        if request.method != "POST" or action not in handlers:
+            return HttpResponseBadRequest("Post one of: retry, cancel, run_now.")
+        if job is None:
+            return HttpResponseRedirect(reverse("admin:scheduling_scheduledjob_changelist"))
+        if not self.has_change_permission(request, job):
+            raise PermissionDenied
+        handlers[action](request, ScheduledJob.objects.filter(pk=job.pk))
+        return HttpResponseRedirect(reverse("admin:scheduling_scheduledjob_change", args=[job.pk]))
 
     def get_readonly_fields(self, request: HttpRequest, obj: ScheduledJob | None = None) -> list[str]:
         shown = [str(f) for _name, options in self.fieldsets for f in options["fields"]]
@@ -228,7 +374,7 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         """Schedule a job with ``api.schedule``; its errors become form errors and nothing is stored."""
         if not self.has_add_permission(request):
             raise PermissionDenied
-        form = admin_forms.NewJobForm(request.POST or None, user=request.user)
+        form = admin_forms.NewJobForm(request.POST or None, user=request.user, admin_site=self.admin_site)
         if request.method == "POST" and form.is_valid():
             try:
                 with transaction.atomic():
@@ -244,7 +390,7 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         fieldsets = [
             (None, {"fields": ["kind", "payload", "owner"]}),
             ("When", {"fields": ["due_at", "delay_seconds"]}),
-            ("Key and retries", {"fields": ["key", "on_conflict", "max_attempts"]}),
+            ("Key, priority and retries", {"fields": ["key", "on_conflict", "priority", "max_attempts"]}),
         ]
         # django-stubs type these as ModelForm only; the admin's helpers work with any form.
         admin_form = helpers.AdminForm(form, fieldsets, {}, model_admin=self)  # type: ignore[arg-type]
@@ -261,9 +407,14 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
             "inline_admin_formsets": [],
             "errors": helpers.AdminErrorList(form, []),  # type: ignore[arg-type]
             "preserved_filters": self.get_preserved_filters(request),
+            "kind_help": admin_forms.kind_help(self._offered_kinds(request)),
             **(extra_context or {}),
         }
         return self.render_change_form(request, context, add=True, form_url=form_url)
+
+    @staticmethod
+    def _offered_kinds(request: HttpRequest) -> list[tuple[str, str]]:
+        return admin_forms.kind_choices(None if getattr(request.user, "is_superuser", False) else request.user)
 
     def save_model(self, request: HttpRequest, obj: ScheduledJob, form: Any, change: bool) -> None:
         """Only the due time of a pending job changes, through ``api.reschedule`` (the form locked the row)."""
@@ -349,9 +500,10 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     @admin.action(description="Reschedule selected pending jobs…", permissions=["change"])
     def reschedule_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> HttpResponse | None:
         form = admin_forms.RescheduleForm(request.POST if "apply" in request.POST else None)
+        selection = self._posted_selection(request, queryset)
         if "apply" in request.POST and form.is_valid():
             due_at = form.cleaned_data["due_at"]
-            result = api.reschedule_many(self._selection(queryset), due_at=due_at)
+            result = api.reschedule_many(selection, due_at=due_at)
             n, m = len(result.changed), result.selected - len(result.changed)
             when = f"{timezone.localtime(due_at):%Y-%m-%d %H:%M:%S %Z}"
             self._report(
@@ -367,17 +519,20 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
                 ),
             )
             return None
-        total = queryset.count()
+        selected = ScheduledJob.objects.filter(pk__in=selection)
+        total = len(selection)
+        movable = selected.filter(state=JobState.PENDING)
         context = {
             **self.admin_site.each_context(request),
             "title": "Reschedule jobs",
             "opts": self.model._meta,
             "form": form,
             "media": self.media + form.media,
-            "jobs": list(queryset.select_related("owner")[:SELECTION_SHOWN]),
+            "jobs": list(selected.select_related("owner").order_by("due_at", "id")[:SELECTION_SHOWN]),
             "total": total,
             "more": max(total - SELECTION_SHOWN, 0),
-            "pending": queryset.filter(state=JobState.PENDING).count(),
+            "pending": movable.count(),
+            "came_due": movable.filter(due_at__lte=Now()).count(),
             "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
             "select_across": request.POST.get("select_across", "0"),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
@@ -385,10 +540,99 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/scheduling/scheduledjob/reschedule.html", context)
 
+    @staticmethod
+    def _posted_selection(request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> list[int]:
+        """The ids the person ticked (not narrowed by the list's filters, which may drop jobs that came due meanwhile).
+
+        "Select all" means the list's rows, as Django's actions do.
+        """
+        if request.POST.get("select_across", "0") == "1":
+            return list(queryset.values_list("id", flat=True))
+        return sorted({int(value) for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)})
+
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)
         return actions
+
+
+# --- Kinds: pause, resume, cap ------------------------------------------------------------------------
+
+
+class KindCapForm(forms.Form):
+    """The cap of one kind: a whole number, or empty for no cap."""
+
+    max_running = forms.IntegerField(
+        required=False, min_value=1, max_value=1_000_000, label="max running", help_text="Empty: no cap."
+    )
+
+
+@admin.register(KindControl)
+class KindControlAdmin(admin.ModelAdmin):
+    """One page listing every registered kind with its controls and counts; changes go through ``scheduling.api``.
+
+    Pausing keeps a kind's due jobs pending (counted as paused, not backlog); a cap bounds how many of
+    its jobs are claimed or running at once, cluster-wide. Rows are never edited with ``save()`` here.
+    """
+
+    change_list_template = "admin/scheduling/kindcontrol/kinds.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        act = path(
+            "<str:kind>/<str:action>/",
+            self.admin_site.admin_view(self.act_view),
+            name="scheduling_kindcontrol_act",
+        )
+        return [act, *super().get_urls()]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Kinds: pause, resume, cap",
+            "opts": self.model._meta,
+            "kinds": api.kind_overview(),
+            "can_change": self.has_change_permission(request),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, self.change_list_template, context)
+
+    def act_view(self, request: HttpRequest, kind: str, action: str) -> HttpResponse:
+        """POST: pause, resume or cap ``kind`` through ``scheduling.api``; the message says what changed."""
+        if request.method != "POST" or action not in {"pause", "resume", "cap"}:
+            return HttpResponseBadRequest("Post pause, resume or cap.")
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        back = HttpResponseRedirect(reverse("admin:scheduling_kindcontrol_changelist"))
+        try:
+            if action == "pause":
+                api.pause(kind)
+                self.message_user(request, f"Paused {kind}: its due jobs stay pending until it is resumed.")
+            elif action == "resume":
+                api.resume(kind)
+                self.message_user(request, f"Resumed {kind}: its due jobs are claimed again.")
+            else:
+                form = KindCapForm(request.POST)
+                if not form.is_valid():
+                    errors = "; ".join(str(e) for e in form.errors.get("max_running", ["not a whole number"]))
+                    self.message_user(request, f"{kind} was not changed: the cap {errors}", messages.ERROR)
+                    return back
+                cap = form.cleaned_data["max_running"]
+                api.set_max_running(kind, cap)
+                self.message_user(
+                    request,
+                    f"{kind}: at most {cap} running at once." if cap is not None else f"{kind}: no cap.",
+                )
+        except exceptions.SchedulingError as exc:
+            self.message_user(request, f"{kind} was not changed: {exc}", messages.ERROR)
+        return back
 
 
 # --- Fixed-time schedules: django-celery-beat's periodic tasks with Timekeeper's policy -------------------

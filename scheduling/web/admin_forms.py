@@ -17,7 +17,7 @@ from django.forms.fields import InvalidJSONInput
 from django.utils import timezone
 
 from scheduling.core import conf, exceptions, registry, validation
-from scheduling.models import SchedulePolicy
+from scheduling.models import MAX_PRIORITY, MIN_PRIORITY, SchedulePolicy
 
 
 class PayloadField(forms.JSONField):
@@ -113,15 +113,30 @@ class NewJobForm(forms.Form):
     max_attempts = forms.IntegerField(
         required=False, min_value=1, max_value=1000, help_text="Empty: the kind's default."
     )
-    owner = forms.ModelChoiceField(
-        queryset=get_user_model().objects.order_by("username"),
+    priority = forms.TypedChoiceField(
+        choices=[("", "the kind's default"), *[(str(n), str(n)) for n in range(MIN_PRIORITY, MAX_PRIORITY + 1)]],
+        coerce=int,
+        empty_value=None,
         required=False,
-        help_text="Who the job belongs to (the jobs API shows it only to them and to staff).",
+        help_text=f"{MIN_PRIORITY}-{MAX_PRIORITY}: among due jobs, a higher priority is claimed first.",
+    )
+    owner = forms.ModelChoiceField(
+        queryset=get_user_model().objects.all(),
+        required=False,
+        help_text="The user's id (the magnifier looks one up). The jobs API shows the job only to them and to staff.",
     )
 
-    def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Any = None, admin_site: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.user = user
+        if admin_site is not None:
+            # A raw id with a lookup, not a select of every user (which grows with the user table).
+            from django.contrib.admin.widgets import ForeignKeyRawIdWidget
+
+            from scheduling.models import ScheduledJob
+
+            remote = ScheduledJob._meta.get_field("owner").remote_field
+            self.fields["owner"].widget = ForeignKeyRawIdWidget(remote, admin_site)
         cast(forms.ChoiceField, self.fields["kind"]).choices = [("", "---------"), *kind_choices(user)]
         zone = timezone.get_current_timezone_name()
         self.fields["due_at"].help_text = f"In {zone}. Give a due time or a delay, not both."
@@ -151,6 +166,7 @@ class NewJobForm(forms.Form):
             "on_conflict": data["on_conflict"],
             "max_attempts": data.get("max_attempts"),
             "owner": data.get("owner"),
+            "priority": data.get("priority"),
         }
         if data.get("due_at") is not None:
             out["due_at"] = data["due_at"]
@@ -244,3 +260,60 @@ class PolicyFormSet(forms.BaseInlineFormSet):
 
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+EXAMPLE_DEPTH = 6  # nesting followed when making an example payload from a schema
+
+
+def example_payload(schema: dict[str, Any] | None, depth: int = 0) -> Any:
+    """A payload shaped like ``schema`` (its examples, defaults, consts or enums first; else a plain value per type).
+
+    A hint for a person filling the add form, not a guarantee: formats and patterns are not followed.
+    """
+    if not isinstance(schema, dict) or depth > EXAMPLE_DEPTH:
+        return {}
+    for word in ("examples",):
+        if isinstance(schema.get(word), list) and schema[word]:
+            return schema[word][0]
+    for word in ("default", "const"):
+        if word in schema:
+            return schema[word]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for word in ("oneOf", "anyOf", "allOf"):
+        if isinstance(schema.get(word), list) and schema[word]:
+            return example_payload(schema[word][0], depth + 1)
+    kind = schema.get("type", "object" if "properties" in schema else None)
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        required = schema.get("required") or list(properties)
+        return {name: example_payload(properties[name], depth + 1) for name in required if name in properties}
+    if kind == "array":
+        return [example_payload(schema.get("items"), depth + 1)] if schema.get("items") else []
+    if kind == "integer":
+        return int(schema.get("minimum", 1))
+    if kind == "number":
+        return schema.get("minimum", 1.0)
+    if kind == "boolean":
+        return False
+    if kind == "string":
+        return "text" if not schema.get("minLength") else "x" * int(schema["minLength"])
+    return None
+
+
+def kind_help(kinds: list[tuple[str, str]]) -> list[dict[str, str]]:
+    """For the add form: each offered kind's description, schema and an example payload made from it."""
+    out = []
+    for name, _label in kinds:
+        kind = registry.get(name)
+        out.append(
+            {
+                "name": name,
+                "description": kind.description,
+                "schema": pretty_json(kind.schema) if kind.schema is not None else "any JSON object",
+                "example": pretty_json(example_payload(kind.schema)),
+            }
+        )
+    return out

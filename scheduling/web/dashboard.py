@@ -1,11 +1,19 @@
-"""The admin index dashboard: what is late, what is running, who leads beat, what the next 24 hours hold.
+"""The admin index dashboard: what waits, what is late, what is running, who leads beat, what is coming.
 
-Everything is read when the page is drawn, by the database clock. The two charts cover the last
-hour: the due-to-start lag per minute (from ``JobAttempt``: started_at minus due_at, so attempts
-appear when they end) and the backlog per minute, rebuilt from row timestamps (see the
-``backlog_history`` query for what that reconstruction can and cannot see). The next 24 hours
-count due_at rows per hour, fixed-time ticks per hour (``policies.preview``) and the broker's
-delayed countdowns, which are all due within the broker ceiling (minutes), so in the first hour.
+Everything is read when the page (or its refresh) is drawn, by the database clock. The page asks
+for its body again every few seconds (``fragment``, a server-rendered piece of HTML fetched by a
+dozen lines of JavaScript), so it stays true without a reload. A range (15 min, 1 h, 6 h, 24 h)
+sets the history charts' window; each chart has 60 buckets in it.
+
+- **Lag**: p50 and p99 of the due-to-start lag per bucket (``JobAttempt``: started_at minus due_at,
+  so attempts appear when they end). The axis stops at the whole window's p99, in one unit chosen
+  from it; points above it are marked, so one job moved two days into the past cannot flatten a
+  burst that waited 40 s.
+- **Waiting**: due work not yet started: pending (not paused), claimed but not started, and the
+  broker's visible messages (now only: the broker keeps no history); paused work apart.
+- **Next 24 hours**: due_at rows, fixed-time ticks and broker countdowns per hour. A schedule
+  firing more often than every ``FREQUENT_TICK_SECONDS`` is counted in the table, not drawn, so
+  one every-minute schedule does not swamp the rest.
 """
 
 from __future__ import annotations
@@ -24,8 +32,11 @@ from scheduling.web import health, svg
 
 logger = logging.getLogger(__name__)
 
-HISTORY_SECONDS = 3600  # the charts cover the last hour
-HISTORY_POINTS = 60  # one backlog sample per minute
+RANGES = {"15m": 900, "1h": 3600, "6h": 21_600, "24h": 86_400}  # the history charts' windows, in seconds
+DEFAULT_RANGE = "1h"
+HISTORY_POINTS = 60  # buckets (lag) and samples (waiting) per window: one a minute over an hour
+REFRESH_SECONDS = 5  # how often the open page asks for its body again
+FREQUENT_TICK_SECONDS = 900  # fixed-time schedules firing more often than this are listed, not drawn
 HORIZON_SECONDS = 86_400  # "the next 24 hours"
 FIXED_TICKS_CAP = 1440  # ticks counted per schedule in the horizon (one a minute); more show as "1440+"
 
@@ -42,6 +53,11 @@ class FixedOutlook:
     next_tick: dt.datetime | None
     per_hour: list[int]
     error: str = ""
+
+    @property
+    def frequent(self) -> bool:
+        """Fires more often than every ``FREQUENT_TICK_SECONDS`` (drawn apart from the next-24-hours bars)."""
+        return self.ticks > HORIZON_SECONDS // FREQUENT_TICK_SECONDS
 
 
 def fixed_outlook(now: dt.datetime) -> list[FixedOutlook]:
@@ -78,14 +94,22 @@ def fixed_outlook(now: dt.datetime) -> list[FixedOutlook]:
     return out
 
 
-def gather() -> dict[str, Any]:
-    """Every number and chart the dashboard shows."""
+def range_key(value: str | None) -> str:
+    """A known range's key (15m, 1h, 6h, 24h); anything else is the default."""
+    return value if value in RANGES else DEFAULT_RANGE
+
+
+def gather(range_name: str | None = None) -> dict[str, Any]:
+    """Every number and chart the dashboard shows, over the history range ``range_name``."""
+    key = range_key(range_name)
+    window = RANGES[key]
     now = store.database_now()
     status = api.status()  # with the broker's counts (None when Redis does not answer)
     beat = store.beat_heartbeat("beat")
     broker = status["broker"]
     upcoming = store.upcoming_jobs(HORIZON_SECONDS)
     fixed = fixed_outlook(now)
+    kinds_overview = api.kind_overview()
 
     jobs_per_hour = [0] * 24
     kinds: dict[str, dict[str, Any]] = {}
@@ -94,49 +118,72 @@ def gather() -> dict[str, Any]:
         entry = kinds.setdefault(row.kind, {"kind": row.kind, "count": 0, "first_due": row.first_due})
         entry["count"] += row.count
         entry["first_due"] = min(entry["first_due"], row.first_due)
-    fixed_per_hour = [sum(f.per_hour[h] for f in fixed) for h in range(24)]
+    drawn = [f for f in fixed if not f.frequent]
+    fixed_per_hour = [sum(f.per_hour[h] for f in drawn) for h in range(24)]
     delayed = broker["delayed"] if broker is not None else None
+    visible = broker["visible"] if broker is not None else None
     broker_per_hour = [delayed or 0] + [0] * 23
 
-    start = now - dt.timedelta(seconds=HISTORY_SECONDS)
-    lag = store.attempt_lag_by_minute(HISTORY_SECONDS)
-    backlog = store.backlog_history(HISTORY_SECONDS, HISTORY_POINTS)
+    start = now - dt.timedelta(seconds=window)
+    overall, lag = store.attempt_lag_buckets(window, window / HISTORY_POINTS)
+    history = store.waiting_history(window, HISTORY_POINTS)
     local_now = timezone.localtime(now)
     hour_labels = [f"{(local_now + dt.timedelta(hours=h)):%H}h" for h in range(24)]
+    claimed_waiting = sum(k.claimed for k in kinds_overview)
+    running = sum(k.running for k in kinds_overview)
+    waiting = status["backlog"] + claimed_waiting + (visible or 0)
+
+    waiting_series = [svg.Series("due, not started", [(p.at, float(p.waiting)) for p in history])]
+    if any(p.paused for p in history):
+        waiting_series.append(svg.Series("paused", [(p.at, float(p.paused)) for p in history]))
+    if visible:
+        waiting_series.append(svg.Series("broker visible (now)", [(now, float(visible))]))
 
     return {
         "now": now,
+        "range": key,
+        "ranges": list(RANGES),
+        "refresh_seconds": REFRESH_SECONDS,
         "status": status,
+        "waiting": {
+            "total": waiting,
+            "due": status["backlog"],
+            "claimed": claimed_waiting,
+            "broker": visible,
+            "running": running,
+        },
         "beat": beat,
         "beat_fresh": beat is not None and beat.age_seconds <= health.beat_max_age_seconds(),
         "beat_max_age_seconds": health.beat_max_age_seconds(),
         "broker": broker,
+        "kinds": [
+            k for k in kinds_overview if k.due or k.claimed or k.running or k.dead_24h or k.paused or k.max_running
+        ],
         "next24": {
             "jobs": sum(jobs_per_hour),
             "fixed": sum(f.ticks for f in fixed),
             "fixed_capped": any(f.capped for f in fixed),
+            "frequent": [f for f in fixed if f.frequent],
             "broker": delayed,
             "kinds": sorted(kinds.values(), key=lambda k: k["first_due"]),
             "schedules": fixed,
         },
-        "lag_chart": svg.line_chart(
+        "lag_chart": svg.lag_chart(
             [
-                svg.Series("p50", [(m.minute, m.p50) for m in lag]),
-                svg.Series("p95", [(m.minute, m.p95) for m in lag]),
-                svg.Series("max", [(m.minute, m.max) for m in lag]),
+                svg.Series("p50", [(b.at, b.p50) for b in lag if b.at is not None]),
+                svg.Series("p99", [(b.at, b.p99) for b in lag if b.at is not None]),
             ],
             start=start,
             end=now,
-            title="Due-to-start lag per minute, last hour",
-            value_text=svg.seconds_text,
-            empty_text="no attempts ended in the last hour",
+            title=f"Due-to-start lag, p50 and p99 per {svg.span_text(window / HISTORY_POINTS).strip()}",
+            clip_at=overall.p99 if overall else None,
         ),
-        "lag_attempts": sum(m.attempts for m in lag),
-        "backlog_chart": svg.line_chart(
-            [svg.Series("backlog", [(point.at, float(point.backlog)) for point in backlog])],
+        "lag": overall,
+        "waiting_chart": svg.line_chart(
+            waiting_series,
             start=start,
             end=now,
-            title="Backlog (pending and overdue), last hour",
+            title="Waiting work (due, not started) and paused work",
         ),
         "next24_chart": svg.stacked_bars(
             [

@@ -36,7 +36,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from scheduling import api
 from scheduling.core import conf, exceptions, registry, validation
-from scheduling.models import JobState, ScheduledJob
+from scheduling.models import MAX_PRIORITY, MIN_PRIORITY, JobState, ScheduledJob
 from scheduling.web import auth
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 MAX_JOB_ID = 2**63 - 1  # bigint: a larger id cannot exist (and would be a database error, not a 404)
 MAX_DATETIME_TEXT = 64  # characters: no ISO-8601 date-time is longer
-CREATE_FIELDS = frozenset({"kind", "payload", "due_at", "delay", "key", "on_conflict", "max_attempts"})
+CREATE_FIELDS = frozenset({"kind", "payload", "due_at", "delay", "key", "on_conflict", "max_attempts", "priority"})
 RESCHEDULE_FIELDS = frozenset({"due_at", "delay"})
 
 
@@ -179,6 +179,7 @@ def job_json(job: ScheduledJob, *, attempts: bool = False) -> dict[str, Any]:
         "payload": job.payload,
         "attempts": job.attempts,
         "max_attempts": job.max_attempts,
+        "priority": job.priority,
         "last_error": job.last_error,
         "owner": job.owner_id,
         "created_at": job.created_at,
@@ -357,6 +358,16 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
     if "kind" not in data or not isinstance(data["kind"], str):
         raise ApiError(400, "invalid_request", "kind is required: the name of a registered job kind.")
     payload = data.get("payload", {})
+    priority = data.get("priority")
+    if priority is not None and (
+        isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise ApiError(
+            400,
+            "invalid_priority",
+            f"priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} (higher is claimed first), "
+            f"got {json.dumps(priority)[:40]}.",
+        )
     try:
         validation.check_text(data["kind"], "kind")
         kind = registry.get(data["kind"])
@@ -370,6 +381,7 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
                 on_conflict=data.get("on_conflict", "replace"),
                 max_attempts=data.get("max_attempts"),
                 owner=user,
+                priority=priority,
                 **_time_arguments(data),
             )
     except exceptions.SchedulingError as exc:

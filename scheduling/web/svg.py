@@ -45,6 +45,22 @@ def seconds_text(value: float) -> str:
     return f"{value / 3600:.3g} h"
 
 
+UNITS = ((1.0, 0.001, "ms"), (120.0, 1.0, "s"), (7200.0, 60.0, "min"), (math.inf, 3600.0, "h"))
+
+
+def time_unit(max_seconds: float) -> tuple[float, str]:
+    """One unit for a whole axis, chosen from its top: (seconds per unit, name): ms, s, min or h."""
+    for below, size, name in UNITS:
+        if max_seconds < below:
+            return size, name
+    return UNITS[-1][1], UNITS[-1][2]  # pragma: no cover - the last bound is infinite
+
+
+def span_text(seconds: float) -> str:
+    """-15 min, -1 h, -24 h: how far back an axis starts."""
+    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min"
+
+
 def count_text(value: float) -> str:
     return f"{value:,.0f}" if value >= 1 or value == 0 else f"{value:.2g}"
 
@@ -88,8 +104,7 @@ def line_chart(
             f'<text x="{left - 4}" y="{gy + 4:.1f}" text-anchor="end" font-size="10" '
             f'fill="var(--body-quiet-color, #666)">{escape(value_text(y_max * fraction))}</text>'
         )
-    minutes = round(span / 60)
-    for fraction, label in ((0.0, f"-{minutes} min"), (0.5, f"-{minutes // 2} min"), (1.0, "now")):
+    for fraction, label in ((0.0, f"-{span_text(span)}"), (0.5, f"-{span_text(span / 2)}"), (1.0, "now")):
         anchor = "start" if fraction == 0 else "end" if fraction == 1 else "middle"
         parts.append(
             f'<text x="{left + plot_w * fraction:.1f}" y="{height - 6}" text-anchor="{anchor}" font-size="10" '
@@ -177,5 +192,98 @@ def stacked_bars(
             f'<text x="{legend_x + 14}" y="12" font-size="10" fill="var(--body-fg, #333)">{escape(name)}</text>'
         )
         legend_x += 14 + 7 * len(name) + 16
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # noqa: S308 - every interpolated text above is escaped or a number
+
+
+def lag_chart(
+    series: Sequence[Series],
+    *,
+    start: dt.datetime,
+    end: dt.datetime,
+    title: str,
+    clip_at: float | None,
+    width: int = 480,
+    height: int = 150,
+    empty_text: str = "no attempts started in this period",
+) -> SafeString:
+    """Lag lines in one time unit, the axis topped at ``clip_at`` (the window's p99): no outlier flattens the rest.
+
+    A point above the axis is drawn at the top as a hollow triangle whose tooltip gives its value.
+    The unit (ms, s, min or h) is chosen from the axis' top and used for every label.
+    """
+    left, right, top, bottom = 52, 10, 22, 22
+    plot_w, plot_h = width - left - right, height - top - bottom
+    span = max((end - start).total_seconds(), 1e-9)
+    values = [v for s in series for _, v in s.points]
+    limit = clip_at if clip_at is not None and clip_at > 0 else max(values, default=0.0)
+    size, unit = time_unit(max(limit, 1e-9))
+    y_max = nice_ceiling(limit / size) * size if limit > 0 else size
+
+    def x(at: dt.datetime) -> float:
+        return left + plot_w * min(max((at - start).total_seconds() / span, 0.0), 1.0)
+
+    def y(value: float) -> float:
+        return top + plot_h * (1 - min(max(value / y_max, 0.0), 1.0))
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="tk-chart" role="img" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" aria-label="{escape(title)}" data-unit="{unit}">',
+        f"<title>{escape(title)}</title>",
+    ]
+    for fraction in (0.0, 0.5, 1.0):
+        gy = y(y_max * fraction)
+        parts.append(
+            f'<line x1="{left}" y1="{gy:.1f}" x2="{width - right}" y2="{gy:.1f}" '
+            f'stroke="var(--hairline-color, #ddd)" stroke-width="1"/>'
+        )
+        parts.append(
+            f'<text x="{left - 4}" y="{gy + 4:.1f}" text-anchor="end" font-size="10" class="tk-axis" '
+            f'fill="var(--body-quiet-color, #666)">{y_max * fraction / size:.4g} {unit}</text>'
+        )
+    for fraction, label in ((0.0, f"-{span_text(span)}"), (0.5, f"-{span_text(span / 2)}"), (1.0, "now")):
+        anchor = "start" if fraction == 0 else "end" if fraction == 1 else "middle"
+        parts.append(
+            f'<text x="{left + plot_w * fraction:.1f}" y="{height - 6}" text-anchor="{anchor}" font-size="10" '
+            f'fill="var(--body-quiet-color, #666)">{escape(label)}</text>'
+        )
+    legend_x = left
+    for i, s in enumerate(series):
+        colour = PALETTE[i % len(PALETTE)]
+        parts.append(f'<rect x="{legend_x}" y="6" width="10" height="4" fill="{colour}"/>')
+        parts.append(
+            f'<text x="{legend_x + 14}" y="12" font-size="10" fill="var(--body-fg, #333)">{escape(s.name)}</text>'
+        )
+        legend_x += 14 + 7 * len(s.name) + 16
+    clipped = sum(1 for v in values if v > y_max)
+    if clipped:
+        parts.append(
+            f'<text x="{width - right}" y="12" text-anchor="end" font-size="10" class="tk-clipped" '
+            f'fill="var(--body-quiet-color, #666)">▲ {clipped} above the axis</text>'
+        )
+    if not values:
+        parts.append(
+            f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h / 2:.1f}" text-anchor="middle" font-size="12" '
+            f'fill="var(--body-quiet-color, #666)">{escape(empty_text)}</text>'
+        )
+    for i, s in enumerate(series):
+        colour = PALETTE[i % len(PALETTE)]
+        coords = [(x(at), y(v)) for at, v in s.points]
+        if len(coords) == 1:
+            cx, cy = coords[0]
+            parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="2.5" fill="{colour}"/>')
+        elif coords:
+            text = " ".join(f"{cx:.1f},{cy:.1f}" for cx, cy in coords)
+            parts.append(
+                f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" stroke-linejoin="round" points="{text}"/>'
+            )
+        for at, v in s.points:
+            if v > y_max:
+                cx = x(at)
+                parts.append(
+                    f'<path class="tk-clip-mark" d="M{cx - 4:.1f},{top + 6:.1f} L{cx:.1f},{top - 1:.1f} '
+                    f'L{cx + 4:.1f},{top + 6:.1f} Z" fill="var(--body-bg, #fff)" stroke="{colour}">'
+                    f"<title>{escape(s.name)}: {escape(seconds_text(v))} (above the axis)</title></path>"
+                )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every interpolated text above is escaped or a number

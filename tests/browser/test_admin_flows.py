@@ -138,7 +138,7 @@ def test_customer_starts_a_trial_moves_its_end_and_upgrades(page, django_user_mo
     new_end = timezone.localtime() + dt.timedelta(days=20)
     page.fill("#change-end #id_ends_at", new_end.strftime("%Y-%m-%dT%H:%M"))
     page.click("#change-end button")
-    page.wait_for_selector("text=The reminder is now due")
+    page.wait_for_selector("text=The reminder is now scheduled for")
     moved = ScheduledJob.objects.get(pk=job.pk)
     assert moved.due_at == new_end.replace(second=0, microsecond=0) - dt.timedelta(days=3)
     assert (new_end - dt.timedelta(days=3)).strftime("%Y-%m-%d") in page.locator("#reminder-due").inner_text()

@@ -64,7 +64,8 @@ def test_start_schedules_the_reminder_three_days_before_the_end(browser, user):
     assert job.due_at == ends - dt.timedelta(days=3)
     page = browser.get(f"/trials/{trial.pk}/").content.decode()
     assert 'data-job-state="pending"' in page
-    assert f"trial-ending:{trial.pk}" in page
+    assert ">scheduled</span>" in page  # the customer's word, not the internal state or key
+    assert f"trial-ending:{trial.pk}" not in page
 
 
 @pytest.mark.parametrize("ends_in", [dt.timedelta(hours=-1), dt.timedelta(days=400)])
@@ -91,7 +92,7 @@ def test_changing_the_end_moves_the_same_reminder(browser):
     job = reminder(trial)
     new_end = (timezone.now() + dt.timedelta(days=20)).replace(second=0, microsecond=0)
     response = browser.post(f"/trials/{trial.pk}/end", {"ends_at": local(new_end)}, follow=True)
-    assert "The reminder is now due" in response.content.decode()
+    assert "The reminder is now scheduled for" in response.content.decode()
     moved = reminder(trial)
     assert (moved.id, moved.due_at) == (job.id, new_end - dt.timedelta(days=3))
 
@@ -147,3 +148,18 @@ def test_trial_admin_shows_the_reminder_state_and_is_read_only(browser, admin_cl
     assert admin_client.get("/admin/tasks/trial/add/").status_code == 403
     browser.post(f"/trials/{trial.pk}/upgrade")
     assert admin_client.get("/admin/tasks/trial/").context["cl"].result_list[0].reminder == "cancelled"
+
+
+def test_an_upgraded_trial_offers_no_change_of_end_and_refuses_one(client, django_user_model):
+    """After an upgrade the page shows "cancelled" and no "Change the end"; a posted change is refused."""
+    user = django_user_model.objects.create_user("dora", password="pw")
+    client.force_login(user)
+    ends = timezone.now() + dt.timedelta(days=10)
+    trial = start(client, ends)
+    client.post(f"/trials/{trial.pk}/upgrade")
+    page = client.get(f"/trials/{trial.pk}/").content.decode()
+    assert "Change the end" not in page
+    assert ">cancelled</span>" in page
+    client.post(f"/trials/{trial.pk}/end", {"ends_at": (ends + dt.timedelta(days=5)).strftime("%Y-%m-%dT%H:%M")})
+    trial.refresh_from_db()
+    assert abs(trial.ends_at - ends) < dt.timedelta(minutes=1)

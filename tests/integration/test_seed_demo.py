@@ -37,3 +37,13 @@ def test_seed_demo_adds_nothing_once_the_demo_jobs_have_finished():
     assert ScheduledJob.objects.count() == jobs_before
     assert not ScheduledJob.objects.filter(state=JobState.PENDING).exists()
     assert Trial.objects.count() == 1
+
+
+def test_seed_demo_leaves_the_name_admin_free_for_createsuperuser(django_user_model):
+    """seed_demo makes no half user "admin": createsuperuser --username admin works after it."""
+    call_command("seed_demo", verbosity=0)
+    assert not django_user_model.objects.filter(username="admin").exists()
+    owner = Trial.objects.get().user
+    assert (owner.username, owner.is_staff, owner.has_usable_password()) == ("demo-customer", False, False)
+    call_command("createsuperuser", username="admin", email="a@example.invalid", interactive=False, verbosity=0)
+    assert django_user_model.objects.get(username="admin").is_superuser

@@ -302,8 +302,8 @@ SELECT id FROM done;
 WITH input AS (
     SELECT t.*, j.due_at AS old_due_at, j.attempts, j.max_attempts, j.claimed_by
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(started)s::timestamptz[], %(finished)s::timestamptz[],
-                %(outcomes)s::text[], %(errors)s::text[], %(delays)s::float8[])
-         AS t(id, token, started_at, finished_at, outcome, error, delay)
+                %(outcomes)s::text[], %(errors)s::text[], %(delays)s::float8[], %(tracebacks)s::text[])
+         AS t(id, token, started_at, finished_at, outcome, error, delay, traceback)
     JOIN scheduling_scheduledjob AS j ON j.id = t.id
 ), failed AS (
     UPDATE scheduling_scheduledjob AS j
@@ -317,9 +317,10 @@ WITH input AS (
     WHERE j.id = input.id AND j.token = input.token AND j.state = 'claimed'
     RETURNING j.id, j.state, j.due_at
 ), logged AS (
-    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
+    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error,
+                                       traceback)
     SELECT input.id, input.attempts, input.token, input.claimed_by, input.old_due_at, input.started_at,
-           input.finished_at, input.outcome, input.error
+           input.finished_at, input.outcome, input.error, input.traceback
     FROM input JOIN failed USING (id)
 )
 SELECT id, state, due_at FROM failed;
@@ -732,3 +733,90 @@ SELECT c.kind, c.paused, c.max_running,
         WHERE j.state = 'claimed' AND j.kind = c.kind) AS claimed
 FROM scheduling_kindcontrol AS c
 ORDER BY c.kind;
+
+-- name: kind_breakdown
+-- Per kind: due (pending, due time passed), claimed and not started (queued; claimed_by is set by
+-- the start), running, and dead in the last 24 h. Each arm of the WHERE is an indexed range (the
+-- pending partial index, the claimed partial index, finished_at), so a big history is not read.
+SELECT kind,
+       count(*) FILTER (WHERE state = 'pending') AS due,
+       count(*) FILTER (WHERE state = 'claimed' AND claimed_by = '') AS claimed,
+       count(*) FILTER (WHERE state = 'claimed' AND claimed_by <> '') AS running,
+       count(*) FILTER (WHERE state = 'dead') AS dead_24h
+FROM scheduling_scheduledjob
+WHERE (state = 'pending' AND due_at <= now())
+   OR state = 'claimed'
+   OR (state = 'dead' AND finished_at > now() - interval '24 hours')
+GROUP BY kind
+ORDER BY kind;
+
+-- name: attempt_lag_buckets
+-- Due-to-start lag (started_at - due_at, never below 0) of the attempts that started in the last
+-- `window` seconds, per `bucket` seconds (date_bin from the epoch), with p50, p99 and max; the row
+-- whose bucket is NULL is the whole window (its p99 is where the dashboard clips its axis). The
+-- finished_at bound lets jobattempt_finished_idx find the rows.
+WITH lags AS (
+    SELECT started_at, greatest(extract(epoch FROM started_at - due_at), 0)::float8 AS lag
+    FROM scheduling_jobattempt
+    WHERE finished_at >= now() - make_interval(secs => %(window)s)
+      AND started_at >= now() - make_interval(secs => %(window)s)
+)
+SELECT date_bin(make_interval(secs => %(bucket)s), started_at, timestamptz '1970-01-01 00:00:00+00') AS bucket,
+       count(*) AS attempts,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99,
+       max(lag) AS max
+FROM lags
+GROUP BY GROUPING SETS ((1), ())
+ORDER BY 1 NULLS FIRST;
+
+-- name: waiting_history
+-- What was waiting at `points` + 1 instants over the last `window` seconds, rebuilt from row
+-- timestamps like backlog_history, in two series: `waiting` (due and not started: pending, or
+-- claimed and not yet started by a worker) and `paused` (due, pending, of a kind paused now).
+-- A claim still not started keeps waiting until now; a started claim waited until its claim (its
+-- start time is not stored before its attempt is written). Pausing is read as it is now: a kind
+-- paused a minute ago shows its earlier wait as paused too.
+WITH bounds AS (
+    SELECT now() - make_interval(secs => %(window)s) AS t_start,
+           %(window)s::float8 / %(points)s AS step, %(points)s::int AS n
+), paused AS (
+    SELECT kind FROM scheduling_kindcontrol WHERE paused
+), waits AS (
+    SELECT 'w' AS series, a.due_at AS since, coalesce(a.started_at, a.finished_at) AS until
+    FROM scheduling_jobattempt AS a, bounds
+    WHERE a.finished_at >= bounds.t_start
+    UNION ALL
+    SELECT 'w', j.due_at, CASE WHEN j.claimed_by = '' THEN now() + interval '1 day' ELSE j.claimed_at END
+    FROM scheduling_scheduledjob AS j, bounds
+    WHERE j.state = 'claimed' AND (j.claimed_by = '' OR j.claimed_at >= bounds.t_start)
+    UNION ALL
+    SELECT CASE WHEN j.kind IN (SELECT kind FROM paused) THEN 'p' ELSE 'w' END, j.due_at, now() + interval '1 day'
+    FROM scheduling_scheduledjob AS j
+    WHERE j.state = 'pending' AND j.due_at <= now()
+    UNION ALL
+    SELECT 'w', j.due_at, j.finished_at
+    FROM scheduling_scheduledjob AS j, bounds
+    WHERE j.state = 'cancelled' AND j.finished_at >= bounds.t_start AND j.due_at < j.finished_at
+), spans AS (
+    SELECT w.series,
+           greatest(0, ceil(extract(epoch FROM w.since - b.t_start) / b.step))::int AS first_i,
+           least(b.n, ceil(extract(epoch FROM w.until - b.t_start) / b.step) - 1)::int AS last_i
+    FROM waits AS w, bounds AS b
+    WHERE w.until > b.t_start
+), deltas AS (
+    SELECT i,
+           sum(d) FILTER (WHERE series = 'w') AS dw,
+           sum(d) FILTER (WHERE series = 'p') AS dp
+    FROM (SELECT series, first_i AS i, 1 AS d FROM spans WHERE first_i <= last_i
+          UNION ALL
+          SELECT series, last_i + 1, -1 FROM spans WHERE first_i <= last_i) AS e
+    GROUP BY i
+)
+SELECT b.t_start + make_interval(secs => g.i * b.step) AS at,
+       (sum(coalesce(deltas.dw, 0)) OVER (ORDER BY g.i))::bigint AS waiting,
+       (sum(coalesce(deltas.dp, 0)) OVER (ORDER BY g.i))::bigint AS paused
+FROM bounds AS b
+CROSS JOIN generate_series(0, b.n) AS g(i)
+LEFT JOIN deltas ON deltas.i = g.i
+ORDER BY g.i;

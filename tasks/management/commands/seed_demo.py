@@ -28,8 +28,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--owner",
-            default="admin",
-            help="Username that owns the demo trial and jobs (created without a password if missing). Default: admin.",
+            default="demo-customer",
+            help="Username that owns the demo trial and jobs (created as a customer that cannot log in, if missing; "
+            "never a staff account, so `createsuperuser` stays free for any name). Default: demo-customer.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -1,0 +1,88 @@
+"""The kinds JSON API: ``GET /api/kinds/``, ``POST /api/kinds/<kind>/pause``, ``.../resume``, ``.../cap``.
+
+Operators' controls over whole kinds, through ``scheduling.api`` (``pause``, ``resume``,
+``set_max_running``, ``kind_overview``). Every endpoint takes a staff account with the
+``scheduling.change_kindcontrol`` permission (a session with CSRF, or a bearer token): others get
+403 with the reason. 400: a wrong body (the cap is ``{"max_running": n}`` with n from 1 to
+1,000,000, or ``null`` for no cap); 404: no registered kind of that name; 405: wrong method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from django.db import transaction
+from django.http import HttpRequest, JsonResponse
+
+from scheduling import api
+from scheduling.core import exceptions, registry
+from scheduling.web import jobs_api
+
+PERMISSION = "scheduling.change_kindcontrol"
+CAP_FIELDS = frozenset({"max_running"})
+
+
+def _operator(user: Any) -> None:
+    """403 unless ``user`` is staff with the kind-control permission."""
+    if not user.is_staff:
+        raise jobs_api.ApiError(403, "forbidden", "Kind controls are for staff accounts.")
+    if not user.has_perm(PERMISSION):
+        raise jobs_api.ApiError(403, "forbidden", f"Kind controls need the {PERMISSION} permission.")
+
+
+def _known(kind: str) -> None:
+    try:
+        registry.get(kind)
+    except exceptions.UnknownJobKind:
+        raise jobs_api.ApiError(404, "unknown_kind", f"No registered kind {kind!r}.") from None
+
+
+def _overview(kind: str) -> dict[str, Any]:
+    return next(dataclasses.asdict(k) for k in api.kind_overview() if k.kind == kind)
+
+
+@jobs_api._endpoint(("GET", "HEAD"))
+def collection(request: HttpRequest, user: Any) -> JsonResponse:
+    """Every kind with its controls (paused, max_running) and counts (due, claimed, running, dead_24h)."""
+    _operator(user)
+    return jobs_api.ok({"results": [dataclasses.asdict(k) for k in api.kind_overview()]})
+
+
+@jobs_api._endpoint(("POST",))
+def pause(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
+    """Pause a kind: its due jobs stay pending until resumed."""
+    _operator(user)
+    jobs_api._check_fields(jobs_api.read_json(request, optional=True), frozenset())
+    _known(kind)
+    with transaction.atomic():
+        api.pause(kind)
+    return jobs_api.ok(_overview(kind))
+
+
+@jobs_api._endpoint(("POST",))
+def resume(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
+    """Resume a kind: its due jobs are claimed again."""
+    _operator(user)
+    jobs_api._check_fields(jobs_api.read_json(request, optional=True), frozenset())
+    _known(kind)
+    with transaction.atomic():
+        api.resume(kind)
+    return jobs_api.ok(_overview(kind))
+
+
+@jobs_api._endpoint(("POST",))
+def cap(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
+    """Cap a kind's running jobs: ``{"max_running": n}``, or ``{"max_running": null}`` for no cap."""
+    _operator(user)
+    data = jobs_api.read_json(request)
+    jobs_api._check_fields(data, CAP_FIELDS)
+    if "max_running" not in data:
+        raise jobs_api.ApiError(400, "invalid_request", 'Send {"max_running": n} (1 to 1000000) or null for no cap.')
+    _known(kind)
+    try:
+        with transaction.atomic():
+            api.set_max_running(kind, data["max_running"])
+    except exceptions.InvalidSchedule as exc:
+        raise jobs_api.ApiError(400, "invalid_cap", str(exc)) from None
+    return jobs_api.ok(_overview(kind))

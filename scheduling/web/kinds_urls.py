@@ -1,0 +1,16 @@
+"""URLs of the kinds API, included under ``api/kinds/`` with the namespace ``kinds-api``."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from scheduling.web import kinds_api
+
+app_name = "kinds-api"
+
+urlpatterns = [
+    path("", kinds_api.collection, name="collection"),
+    path("<str:kind>/pause", kinds_api.pause, name="pause"),
+    path("<str:kind>/resume", kinds_api.resume, name="resume"),
+    path("<str:kind>/cap", kinds_api.cap, name="cap"),
+]

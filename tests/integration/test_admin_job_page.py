@@ -1,0 +1,167 @@
+"""A job's admin page and list: act from the page, tracebacks kept, what needs attention first."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.utils import timezone
+
+from scheduling import api
+from scheduling.core import store
+from scheduling.jobs import runner
+from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulePolicy
+from scheduling.web import admin_forms
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.filterwarnings("ignore:No directory at:UserWarning"),  # whitenoise: collectstatic has not run here
+]
+
+CHANGELIST = "/admin/scheduling/scheduledjob/"
+
+
+def _page(job_id: int) -> str:
+    return f"{CHANGELIST}{job_id}/change/"
+
+
+def _dead(run_sql: Any) -> int:
+    """A demo.fail job run until it is dead (three failed attempts, each with its traceback)."""
+    job = api.schedule("demo.fail", {"secret": "do-not-show"}, delay=0)
+    for _ in range(3):
+        run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [job.id])
+        (claim,) = store.claim_due_jobs(10)
+        runner.run_batch([(claim.id, claim.token)])
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.DEAD
+    return job.id
+
+
+def test_a_failed_attempt_keeps_its_traceback_without_the_payload(run_sql):
+    """Each failed attempt stores the handler's traceback (where it broke), never the payload's text."""
+    job_id = _dead(run_sql)
+    tracebacks = list(JobAttempt.objects.filter(job_id=job_id).values_list("traceback", flat=True))
+    assert len(tracebacks) == 3
+    assert all("DemoFailure" in t and "tasks/demo.py" in t for t in tracebacks)
+    assert not any("do-not-show" in t for t in tracebacks)
+
+
+def test_a_dead_jobs_page_has_retry_and_no_save(admin_client, run_sql):
+    """A dead job's page offers Retry (no Save); pressing it makes the job pending and says so."""
+    job_id = _dead(run_sql)
+    page = admin_client.get(_page(job_id)).content.decode()
+    assert 'name="_save"' not in page
+    assert 'name="_continue"' not in page
+    assert 'value="retry"' in page
+    assert 'value="cancel"' not in page
+    assert "Traceback (most recent call last)" in page
+    assert "DemoFailure" in page
+    response = admin_client.post(f"{CHANGELIST}{job_id}/act/retry/", follow=True)
+    assert [str(m) for m in response.context["messages"]] == [
+        "1 dead job is pending again, due now, with a fresh attempts budget."
+    ]
+    assert ScheduledJob.objects.get(pk=job_id).state == JobState.PENDING
+
+
+def test_a_pending_jobs_page_cancels_and_runs_now(admin_client):
+    """A pending job's page offers Run now, Reschedule and Cancel, each through the bulk calls."""
+    job = api.schedule("demo.noop", {}, delay=3600)
+    page = admin_client.get(_page(job.id)).content.decode()
+    assert all(f'value="{name}"' in page for name in ("run_now", "reschedule", "cancel"))
+    assert 'name="_save"' in page
+    response = admin_client.post(f"{CHANGELIST}{job.id}/act/run_now/", follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["1 job is due now; a worker takes it within a second."]
+    assert ScheduledJob.objects.get(pk=job.id).due_at <= timezone.now()
+    response = admin_client.post(f"{CHANGELIST}{job.id}/act/cancel/", follow=True)
+    assert [str(m) for m in response.context["messages"]] == ["Cancelled 1 job."]
+    page = admin_client.get(_page(job.id)).content.decode()
+    assert 'name="_save"' not in page
+    assert 'id="job-actions"' not in page
+
+
+def test_an_unknown_page_action_is_refused(admin_client):
+    """A job page action other than retry, cancel or run_now answers 400 and changes nothing."""
+    job = api.schedule("demo.noop", {}, delay=3600)
+    assert admin_client.post(f"{CHANGELIST}{job.id}/act/delete/").status_code == 400
+    assert admin_client.get(f"{CHANGELIST}{job.id}/act/cancel/").status_code == 400
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.PENDING
+
+
+def test_the_list_puts_dead_stuck_and_overdue_first_and_finished_last(admin_client, run_sql):
+    """The list ranks dead, stuck claims, overdue pending, then pending by due time, finished last."""
+    later = api.schedule("demo.noop", {"n": "later"}, delay=7200).id
+    soon = api.schedule("demo.noop", {"n": "soon"}, delay=3600).id
+    done = api.schedule("demo.noop", {"n": "done"}, delay=60).id
+    stuck = api.schedule("demo.noop", {"n": "stuck"}, delay=0).id
+    store.claim_due_jobs(10)
+    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '1 hour' WHERE id = %s", [stuck])
+    overdue = api.schedule("demo.noop", {"n": "overdue"}, delay=60).id
+    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 minute' WHERE id = %s", [overdue])
+    dead = api.schedule("demo.noop", {"n": "dead"}, delay=60).id
+    ScheduledJob.objects.filter(pk=dead).update(state=JobState.DEAD, finished_at=timezone.now())
+    ScheduledJob.objects.filter(pk=done).update(state=JobState.DONE, finished_at=timezone.now())
+    response = admin_client.get(CHANGELIST)
+    order = [job.pk for job in response.context["cl"].result_list]
+    assert order == [dead, stuck, overdue, soon, later, done]
+    assert 'class="tk-state tk-state-dead"' in response.content.decode()
+
+
+def test_the_kind_filter_lists_only_due_at_kinds(admin_client):
+    """Kinds run only by fixed-time schedules are not offered by the list's kind filter."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    every = IntervalSchedule.objects.create(every=60, period=IntervalSchedule.SECONDS)
+    task = PeriodicTask.objects.create(name="only-fixed", task="scheduling.run_fixed", interval=every)
+    SchedulePolicy.objects.create(periodic_task=task, kind="reports.rebuild_cache")
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert "?kind=demo.noop" in page
+    assert "?kind=reports.rebuild_cache" not in page
+
+
+def test_the_add_form_shows_each_kinds_schema_an_example_and_takes_a_priority(admin_client, admin_user):
+    """The add form shows the kind's schema and an example that passes it; priority reaches the row."""
+    page = admin_client.get(f"{CHANGELIST}add/").content.decode()
+    assert 'data-kind="reminders.trial_ending"' in page
+    assert "Example payload" in page
+    assert 'class="vForeignKeyRawIdAdminField"' in page  # owner is a raw id, not a select of every user
+    example = admin_forms.example_payload(
+        {"type": "object", "properties": {"user_id": {"type": "integer", "minimum": 1}}, "required": ["user_id"]}
+    )
+    assert example == {"user_id": 1}
+    response = admin_client.post(
+        f"{CHANGELIST}add/",
+        {
+            "kind": "demo.noop",
+            "payload": "{}",
+            "on_conflict": "error",
+            "delay_seconds": "3600",
+            "priority": "7",
+            "owner": str(admin_user.pk),
+        },
+    )
+    assert response.status_code == 302
+    assert ScheduledJob.objects.get().priority == 7
+
+
+def test_every_kinds_example_payload_passes_its_schema():
+    """The example shown for each registered kind is accepted by that kind's schema."""
+    from scheduling.core import registry
+
+    for kind in registry.all_kinds().values():
+        if kind.schema is not None and kind.schema.get("type") == "object":
+            kind.validate(admin_forms.example_payload(kind.schema))
+
+
+def test_reschedule_counts_selected_jobs_that_came_due(admin_client, run_sql):
+    """Jobs that came due after being ticked still count as selected and movable on the reschedule page."""
+    job = api.schedule("demo.noop", {}, delay=3600)
+    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 second' WHERE id = %s", [job.id])
+    data = {"action": "reschedule_selected", ACTION_CHECKBOX_NAME: [str(job.id)], "index": "0"}
+    page = admin_client.post(f"{CHANGELIST}?overdue=no", data).content.decode()
+    assert "1 job selected; 1 of them can still be moved (pending, 1 of which came due meanwhile)" in page
+    admin_client.post(
+        f"{CHANGELIST}?overdue=no",
+        {**data, "apply": "1", "due_at": "2031-05-06T07:08:09", "select_across": "0"},
+    )
+    assert ScheduledJob.objects.get(pk=job.id).due_at == dt.datetime(2031, 5, 6, 7, 8, 9, tzinfo=dt.UTC)
