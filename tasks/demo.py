@@ -32,7 +32,6 @@ def noop(job: registry.Job) -> None:
     timeout=60,
     max_attempts=3,
     backoff=registry.Backoff(1, 5),
-    batch_size=20,
     api=registry.Access(),
 )
 def record(job: registry.Job) -> None:
