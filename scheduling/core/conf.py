@@ -33,7 +33,7 @@ class Settings:
     claim_batch_size: int = 500  # rows: the most one claim statement takes
     default_batch_size: int = 50  # jobs per run_batch message unless the kind says otherwise
     claim_interval_seconds: float = 1.0  # the control loop re-reads the next due time at least this often
-    max_queued_batches: int = 4  # messages: the job queue never holds more batches sent by the claim (~2 per job-worker process)
+    max_queued_batches: int = 4  # messages: at most this many batches queued by the claim (~2 per worker process)
     control_in_workers: bool = True  # every worker runs the control loop thread (one leads); False: this one never does
     # --- due_at engine: leases and the sweeper --------------------------------------------------------
     heartbeat_seconds: float = 5.0  # a running claim's lease is renewed this often; 0 turns heartbeats off

@@ -286,9 +286,18 @@ def claim_due_jobs(limit: int) -> list[Claim]:
     return [Claim(*row) for row in _fetchall_async_commit("claim_due_jobs", {"limit": limit})]
 
 
-def next_due_times(horizon_seconds: float, limit: int) -> list[tuple[dt.datetime, float]]:
-    """(instant, seconds from now by the database clock) of upcoming distinct due times."""
-    return [(row[0], row[1]) for row in _fetchall("next_due_times", {"horizon": horizon_seconds, "limit": limit})]
+@dataclasses.dataclass(frozen=True)
+class DueInstant:
+    """An upcoming due time and how far it is by the database clock."""
+
+    at: dt.datetime
+    in_seconds: float
+
+
+def next_due_times(horizon_seconds: float, limit: int) -> list[DueInstant]:
+    """Upcoming distinct due times, with their distance by the database clock."""
+    rows = _fetchall("next_due_times", {"horizon": horizon_seconds, "limit": limit})
+    return [DueInstant(row[0], row[1]) for row in rows]
 
 
 def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJob]:
@@ -362,8 +371,17 @@ def complete_jobs(outcomes: Sequence[Outcome]) -> list[int]:
     return [row[0] for row in _fetchall("complete_jobs", params)]
 
 
-def fail_jobs(outcomes: Sequence[Outcome]) -> list[tuple[int, str, dt.datetime]]:
-    """Record failures; returns (id, new state, new due_at) for the jobs whose token still matched."""
+@dataclasses.dataclass(frozen=True)
+class MovedJob:
+    """A job an outcome, a release or the sweeper moved: its id, its new state and due time."""
+
+    id: int
+    state: JobState
+    due_at: dt.datetime | None = None
+
+
+def fail_jobs(outcomes: Sequence[Outcome]) -> list[MovedJob]:
+    """Record failures; returns the jobs whose token still matched (pending again with a due time, or dead)."""
     if not outcomes:
         return []
     params = {
@@ -376,14 +394,15 @@ def fail_jobs(outcomes: Sequence[Outcome]) -> list[tuple[int, str, dt.datetime]]
         "delays": [o.retry_delay_seconds for o in outcomes],
         "tracebacks": [o.traceback for o in outcomes],
     }
-    return [(row[0], row[1], row[2]) for row in _fetchall("fail_jobs", params)]
+    return [MovedJob(row[0], JobState(row[1]), row[2]) for row in _fetchall("fail_jobs", params)]
 
 
-def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[tuple[int, str]]:
+def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[MovedJob]:
+    """Give claims back (pending, or dead when their attempts are spent); the attempt is recorded as reclaimed."""
     if not claims:
         return []
     params = {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims], "reason": reason}
-    return [(row[0], row[1]) for row in _fetchall("release_jobs", params)]
+    return [MovedJob(row[0], JobState(row[1])) for row in _fetchall("release_jobs", params)]
 
 
 # --- Sweeping and status ---------------------------------------------------------------------------
@@ -391,7 +410,7 @@ def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[tuple[i
 
 def sweep_expired_claims(
     *, heartbeats: bool, sweep_after_seconds: float, limit: int, queued_ids: Collection[int] | None
-) -> list[tuple[int, str]]:
+) -> list[MovedJob]:
     """Take back expired claims; ``queued_ids`` are claims whose message is still queued (None: unknown).
 
     With ``queued_ids`` None (the broker did not answer) claims never started are left alone.
@@ -403,7 +422,7 @@ def sweep_expired_claims(
         "check_unstarted": queued_ids is not None,
         "covered": list(queued_ids or []),
     }
-    return [(row[0], row[1]) for row in _fetchall("sweep_expired_claims", params)]
+    return [MovedJob(row[0], JobState(row[1])) for row in _fetchall("sweep_expired_claims", params)]
 
 
 def prune_finished_jobs(*, days: int, limit: int) -> int:

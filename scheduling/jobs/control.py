@@ -147,7 +147,7 @@ class ControlLoop:
         """Seconds to the next due row within ``interval`` (re-read at least that often), capped by a step."""
         horizon = min(interval, WAIT_STEP_SECONDS, max(0.0, self._next_sweep - time.monotonic()))
         upcoming = store.next_due_times(horizon, 1)
-        return horizon if not upcoming else min(horizon, max(0.0, upcoming[0][1]))
+        return horizon if not upcoming else min(horizon, max(0.0, upcoming[0].in_seconds))
 
     def _listen(self) -> None:
         if self._listening:

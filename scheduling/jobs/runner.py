@@ -30,7 +30,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from scheduling.core import exceptions, executor, leadership, registry, store
 from scheduling.jobs import lease
-from scheduling.models import AttemptOutcome
+from scheduling.models import AttemptOutcome, JobState
 
 logger = logging.getLogger(__name__)
 
@@ -175,15 +175,15 @@ def _record(report: BatchReport, successes: list[store.Outcome], failures: list[
     """Write outcomes, conditional on the claim tokens; count what was kept and what was stale."""
     done = store.complete_jobs(successes)
     moved = store.fail_jobs(failures)
-    kept = set(done) | {m[0] for m in moved}
+    kept = set(done) | {m.id for m in moved}
     stale = {o.id for o in successes + failures} - kept
     for job_id in stale:
         logger.warning(
             "outcome refused: the claim token no longer matches (the job was taken back)",
             extra={"job_id": job_id, "action": "stale_completion"},
         )
-    for job_id, state, _due_at in moved:
-        logger.info("job failed", extra={"job_id": job_id, "action": "dead" if state == "dead" else "retry"})
+    for job in moved:
+        logger.info("job failed", extra={"job_id": job.id, "action": "dead" if job.state == JobState.DEAD else "retry"})
     report.succeeded += len(done)
     report.failed += len(moved)
     report.stale += len(stale)
@@ -297,8 +297,8 @@ def _give_back(claims: Sequence[tuple[int, str]]) -> None:
     except DatabaseError:
         logger.warning("could not give claims back while stopping; the sweeper will", exc_info=True)
         return
-    for job_id, state in released:
+    for job in released:
         logger.warning(
             "claim released: the worker is stopping",
-            extra={"job_id": job_id, "action": "released" if state == "pending" else state},
+            extra={"job_id": job.id, "action": "released" if job.state == JobState.PENDING else job.state},
         )

@@ -15,6 +15,7 @@ import logging
 
 from scheduling.core import broker, conf, store, tasknames
 from scheduling.jobs import lease
+from scheduling.models import JobState
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +40,13 @@ def reclaim_expired() -> tuple[int, int]:
             limit=RECLAIM_BATCH_SIZE,
             queued_ids=queued,
         )
-        for job_id, state in moved:
+        for job in moved:
             logger.warning(
                 "claim expired; job taken back",
-                extra={"job_id": job_id, "action": "reclaimed" if state == "pending" else "dead"},
+                extra={"job_id": job.id, "action": "reclaimed" if job.state == JobState.PENDING else "dead"},
             )
-        reclaimed += sum(1 for _, state in moved if state == "pending")
-        killed += sum(1 for _, state in moved if state == "dead")
+        reclaimed += sum(1 for job in moved if job.state == JobState.PENDING)
+        killed += sum(1 for job in moved if job.state == JobState.DEAD)
         if len(moved) < RECLAIM_BATCH_SIZE:
             return reclaimed, killed
 

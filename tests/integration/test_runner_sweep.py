@@ -167,7 +167,9 @@ def test_status_counts_backlog_and_stuck(run_sql):
 def test_released_claims_go_back_to_pending(run_sql):
     """A worker shutting down can give back its claims: pending again, attempt recorded as reclaimed."""
     claim = _claim_one(run_sql)
-    assert store.release_jobs([(claim.id, claim.token)], "worker shutting down") == [(claim.id, "pending")]
+    assert store.release_jobs([(claim.id, claim.token)], "worker shutting down") == [
+        store.MovedJob(claim.id, JobState.PENDING)
+    ]
     job = ScheduledJob.objects.get(pk=claim.id)
     assert job.state == JobState.PENDING
     assert JobAttempt.objects.get(job_id=claim.id).error == "worker shutting down"

@@ -276,7 +276,7 @@ class JobLifeMachine(RuleBasedStateMachine):
         if self._holds(job, token):
             self._end_attempt(job, to_pending_unless_spent=True)
             job.due = True  # retried after a backoff of 0 s
-            assert [(m[0], m[1]) for m in moved] == [(job_id, job.state)]
+            assert [(m.id, m.state) for m in moved] == [(job_id, job.state)]
         else:
             assert moved == []
 
@@ -289,7 +289,7 @@ class JobLifeMachine(RuleBasedStateMachine):
         released = store.release_jobs([(job_id, token)], "worker shutting down")
         if self._holds(job, token):
             self._end_attempt(job, to_pending_unless_spent=True)
-            assert released == [(job_id, job.state)]
+            assert [(r.id, r.state) for r in released] == [(job_id, job.state)]
         else:
             assert released == []
 
@@ -310,11 +310,11 @@ class JobLifeMachine(RuleBasedStateMachine):
     def sweep(self) -> None:
         expired = {i for i, j in self.model.items() if j.state == JobState.CLAIMED and j.expired}
         moved = store.sweep_expired_claims(heartbeats=True, sweep_after_seconds=900, limit=500, queued_ids=[])
-        assert {m[0] for m in moved} == expired, "the sweeper takes back exactly the claims past their lease"
-        for job_id, state in moved:
-            job = self.model[job_id]
+        assert {m.id for m in moved} == expired, "the sweeper takes back exactly the claims past their lease"
+        for moved_job in moved:
+            job = self.model[moved_job.id]
             self._end_attempt(job, to_pending_unless_spent=True)
-            assert state == job.state
+            assert moved_job.state == job.state
 
     @rule(job_id=jobs)
     def retry_dead(self, job_id: int) -> None:
