@@ -250,8 +250,11 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                     entries[model.name] = FixedEntry(model, app=self.app, clock=self.clock)
                 else:
                     entries[model.name] = self.Entry(model, app=self.app)
-            except ValueError:
-                pass
+            except ValueError as exc:  # Celery cannot read the row (django-celery-beat drops it silently)
+                logger.error(
+                    "periodic task's schedule cannot be read by Celery; not firing it",
+                    extra={"schedule": model.name, "error": str(exc), "action": "invalid_schedule"},
+                )
         return entries
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:

@@ -3,14 +3,21 @@
 Pure Python: no database, no Django settings. Every instant returned is an aware UTC datetime.
 
 Cron expressions
-    Five fields, ``minute hour day-of-month month day-of-week``, each parsed by Celery's
-    ``crontab_parser``: ``*``, numbers, ranges ``a-b``, steps ``*/n`` and ``a-b/n``, lists ``a,b``.
-    Month names (``jan``..``dec``) are accepted in the month field and day names (``sun``..``sat``)
-    in the day-of-week field, three letters, any case. Day of week 0 and 7 both mean Sunday.
-    A descending range wraps around, as in Celery: ``fri-sun`` is Friday, Saturday and Sunday,
-    ``50-10`` in the minute field is minutes 50..59 and 0..10. A step needs ``*`` or a range in
-    front of it (``5/10`` is refused). Nicknames: ``@yearly``/``@annually``, ``@monthly``,
-    ``@weekly``, ``@daily``/``@midnight``, ``@hourly``; ``@reboot`` has no time and is refused.
+    Five fields, ``minute hour day-of-month month day-of-week``: ``*``, numbers, ranges ``a-b``,
+    steps ``*/n`` and ``a-b/n``, lists ``a,b``. Month names (``jan``..``dec``) are accepted in the
+    month field and day names (``sun``..``sat``) in the day-of-week field, three letters, any case.
+    Day of week 0 and 7 both mean Sunday, in ranges too (``1-7`` is Monday to Sunday, ``0-7/2`` is
+    Sunday, Tuesday, Thursday, Saturday, as in Vixie cron). A descending range wraps around, as in
+    Celery: ``fri-sun`` is Friday, Saturday and Sunday, ``fri-mon/2`` Friday and Sunday (the week
+    has one Sunday), ``50-10`` in the minute field is minutes 50..59 and 0..10. A step needs ``*`` or
+    a range in front of it (``5/10`` is refused). Nicknames: ``@yearly``/``@annually``,
+    ``@monthly``, ``@weekly``, ``@daily``/``@midnight``, ``@hourly``; ``@reboot`` has no time and is
+    refused. Seconds fields and ``@every`` are refused: intervals are ``every=`` schedules.
+
+    ``expand()`` gives the form that is written into django-celery-beat's ``CrontabSchedule``, and
+    Celery's ``crontab`` reads every field of it as the same values: a day-of-week field naming 7
+    (which Celery refuses) is rewritten as the list of its days (``1-7`` -> ``0-6``). A field is
+    also refused when it is longer than the column that stores it.
 
     Day of month and day of week follow the Vixie cron rule: when both are restricted, a day
     matches if either matches. A field is restricted unless it covers its whole range, so ``*``,
@@ -49,7 +56,6 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from celery.schedules import ParseException, crontab_parser
 from cron_descriptor import (
     ExpressionDescriptor,
     FormatException,
@@ -94,6 +100,8 @@ _PART = re.compile(
     re.ASCII | re.IGNORECASE,
 )
 _ONE_MICROSECOND: Final = timedelta(microseconds=1)
+# A number with more significant digits than this is out of every range (and never reaches int()).
+_MAX_DIGITS: Final = 9
 
 
 @dataclass(frozen=True)
@@ -102,15 +110,17 @@ class _FieldSpec:
     low: int
     high: int
     names: tuple[str, ...] = ()
+    # The length of django-celery-beat's CrontabSchedule column that stores the field.
+    max_length: int = 64
 
     @property
     def full(self) -> frozenset[int]:
         return frozenset(range(self.low, self.high + 1))
 
 
-_MINUTE = _FieldSpec("minute", 0, 59)
-_HOUR = _FieldSpec("hour", 0, 23)
-_DAY_OF_MONTH = _FieldSpec("day-of-month", 1, 31)
+_MINUTE = _FieldSpec("minute", 0, 59, max_length=240)
+_HOUR = _FieldSpec("hour", 0, 23, max_length=96)
+_DAY_OF_MONTH = _FieldSpec("day-of-month", 1, 31, max_length=124)
 _MONTH = _FieldSpec("month", 1, 12, _MONTH_NAMES)
 # 7 is accepted here and folded onto 0 (Sunday) after parsing.
 _DAY_OF_WEEK = _FieldSpec("day-of-week", 0, 7, _DAY_NAMES)
@@ -169,15 +179,20 @@ def _parse(expr: str) -> tuple[str, _Fields]:
         nickname = text.lower()
         if nickname == "@reboot":
             raise exceptions.InvalidCronExpression("'@reboot' has no fixed time and is not supported.")
+        if nickname.startswith("@every"):
+            raise exceptions.InvalidCronExpression(
+                f"{_shown(text)} is not a cron expression; declare an interval with every=<seconds> instead."
+            )
         if nickname not in NICKNAMES:
             known = ", ".join(NICKNAMES)
-            raise exceptions.InvalidCronExpression(f"Unknown cron nickname {text!r}; known ones are {known}.")
+            raise exceptions.InvalidCronExpression(f"Unknown cron nickname {_shown(text)}; known ones are {known}.")
         text = NICKNAMES[nickname]
     parts = text.split()
     if len(parts) != len(_FIELD_SPECS):
+        seconds = " (a seconds field is not supported; use every= for intervals)" if len(parts) == 6 else ""
         raise exceptions.InvalidCronExpression(
-            f"Cron expression {expr!r} has {len(parts)} field(s); expected 5: "
-            "minute hour day-of-month month day-of-week."
+            f"Cron expression {_shown(expr)} has {len(parts)} field(s); expected 5: "
+            f"minute hour day-of-month month day-of-week{seconds}."
         )
     minutes, hours, days_of_month, months, days_of_week = (
         _parse_field(spec, part) for spec, part in zip(_FIELD_SPECS, parts, strict=True)
@@ -194,11 +209,18 @@ def _parse(expr: str) -> tuple[str, _Fields]:
         raise exceptions.InvalidCronExpression(
             f"Cron expression {expr!r} never fires: none of its months has any of its days of the month."
         )
+    parts[4] = _celery_day_of_week(parts[4], fields.days_of_week)
     return " ".join(parts), fields
 
 
 def _parse_field(spec: _FieldSpec, text: str) -> frozenset[int]:
-    """Check one field strictly, then let Celery's ``crontab_parser`` expand it."""
+    """Check one field strictly and expand it to its values (day of week: 0..7, 7 not yet folded)."""
+    if len(text) > spec.max_length:
+        raise exceptions.InvalidCronExpression(
+            f"The {spec.name} field {_shown(text)} is {len(text)} characters long; at most {spec.max_length} "
+            "fit in the crontab table."
+        )
+    values: set[int] = set()
     for part in text.split(","):
         if not part:
             raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r} has an empty list item.")
@@ -212,32 +234,80 @@ def _parse_field(spec: _FieldSpec, text: str) -> frozenset[int]:
                     f"The {spec.name} field {text!r}: a step needs '*' or a range before it "
                     f"(e.g. '*/{step}' or '{low}-{spec.high}/{step}'), not {part!r}."
                 )
+            if len(step.lstrip("0")) > _MAX_DIGITS:
+                raise exceptions.InvalidCronExpression(
+                    f"The {spec.name} field {_shown(text)}: the step {_shown(step)} is too large."
+                )
             if int(step) == 0:
                 raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r}: a step must be at least 1.")
-        for atom in (low, high):
-            if atom is not None:
-                _check_atom(spec, text, atom)
-    try:
-        values = crontab_parser(spec.high - spec.low + 1, spec.low).parse(text)
-    except (ValueError, ParseException) as exc:  # the checks above should leave nothing for these
-        raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r} is invalid: {exc}") from exc
+        first = spec.low if low is None else _value(spec, text, low)
+        last = spec.high if low is None else first if high is None else _value(spec, text, high)
+        values.update(_expand(spec, first, last)[:: int(step) if step is not None else 1])
     return frozenset(values)
 
 
-def _check_atom(spec: _FieldSpec, text: str, atom: str) -> None:
+def _expand(spec: _FieldSpec, first: int, last: int) -> list[int]:
+    """The values of ``first-last`` in order; a descending range wraps around the end, as in Celery.
+
+    Day of week: an ascending range runs over 0..7 as in Vixie cron (``0-7/2`` is 0, 2, 4, 6;
+    ``1-7/3`` is 1, 4, 7), values folded later; a descending one (``fri-mon``) wraps around the week
+    0..6 after folding 7 onto 0, so that Sunday comes once (``fri-mon/2`` is Friday and Sunday).
+    """
+    if first <= last:
+        return list(range(first, last + 1))
+    low, high = spec.low, spec.high
+    if spec is _DAY_OF_WEEK:
+        first, last, high = first % 7, last % 7, 6
+        if first <= last:
+            return list(range(first, last + 1))
+    return list(range(first, high + 1)) + list(range(low, last + 1))
+
+
+def _value(spec: _FieldSpec, text: str, atom: str) -> int:
+    """A number or name of the field, checked against its range."""
     if atom.isdigit():
-        value = int(atom)
-        if not spec.low <= value <= spec.high:
+        digits = atom.lstrip("0") or "0"
+        if len(digits) > _MAX_DIGITS or not spec.low <= int(digits) <= spec.high:
             raise exceptions.InvalidCronExpression(
-                f"The {spec.name} field {text!r}: {value} is out of range {spec.low}-{spec.high}."
+                f"The {spec.name} field {_shown(text)}: {digits if len(digits) <= _MAX_DIGITS else _shown(digits)} "
+                f"is out of range {spec.low}-{spec.high}."
             )
-    elif atom.lower() not in spec.names:
-        if spec.names:
-            allowed = f"{spec.names[0]}..{spec.names[-1]}"
-            raise exceptions.InvalidCronExpression(
-                f"The {spec.name} field {text!r}: {atom!r} is not a number or a name ({allowed})."
-            )
-        raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r}: {atom!r} is not a number.")
+        return int(digits)
+    if atom.lower() in spec.names:
+        return spec.names.index(atom.lower()) + (1 if spec is _MONTH else 0)
+    if spec.names:
+        allowed = f"{spec.names[0]}..{spec.names[-1]}"
+        raise exceptions.InvalidCronExpression(
+            f"The {spec.name} field {text!r}: {atom!r} is not a number or a name ({allowed})."
+        )
+    raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r}: {atom!r} is not a number.")
+
+
+def _celery_day_of_week(text: str, days: frozenset[int]) -> str:
+    """The day-of-week field as Celery's crontab reads it: as written, unless it names day 7.
+
+    Celery accepts 0..6 only, and django-celery-beat's beat drops an entry it cannot read without
+    a word, so a field naming 7 (``7``, ``1-7``, ``fri-7``) is written as the list of its days.
+    Such a field never starts with ``*``, nor does its rewrite: whether it restricts the days
+    (the Vixie rule in ``_Fields``) is unchanged.
+    """
+    atoms = (match.group("low", "high") for match in map(_PART.fullmatch, text.split(",")) if match is not None)
+    if not any(atom is not None and atom.isdigit() and int(atom) == 7 for pair in atoms for atom in pair):
+        return text
+    runs: list[list[int]] = []
+    for day in sorted(days):
+        if runs and day == runs[-1][-1] + 1:
+            runs[-1].append(day)
+        else:
+            runs.append([day])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``text`` quoted for an error message, shortened when long (a 5,000-digit number, say)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[: limit // 2]!r}...({len(text)} characters)"
 
 
 def _zone(name: str) -> ZoneInfo:

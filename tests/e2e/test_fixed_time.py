@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 import itertools
 import os
 import signal
 import time
 
 import pytest
+from django.core.management import call_command
+from django_celery_beat.models import PeriodicTask
 
-from scheduling import fixed, schedules, store
+from scheduling import cron, fixed, schedules, store
 from scheduling.models import RunState, SchedulePolicy, ScheduleRun
 from tests.e2e import fixed_soak
 from tests.e2e.harness import wait_for, wait_ready
@@ -110,3 +113,41 @@ def test_kill_9_of_a_worker_mid_run_releases_the_lock_and_the_next_tick_runs(clu
     lost = ScheduleRun.objects.get(pk=running.pk)
     assert lost.state == RunState.FAILED
     assert "worker running it was lost" in lost.error
+
+
+def test_day_seven_schedules_sync_as_crontabs_celery_reads_and_a_real_beat_fires_them(cluster):
+    """0 3 * * 7 and 0 3 * * 1-7 sync (sync_schedules) into crontabs Celery reads; a real beat keeps and fires both."""
+    expressions = {"sundays-0300": ("0 3 * * 7", "0", {0}), "every-day-1-7": ("0 3 * * 1-7", "0-6", set(range(7)))}
+    schedules.declared()  # import tasks/ first, so the test's own declarations are the only extra ones
+    try:
+        for name, (expression, _, _) in expressions.items():
+            # run_once with an 8-day deadline: the latest tick (within the last week) is caught up when beat starts.
+            schedules.declare(
+                name=name, kind="demo.record", cron=expression, timezone="Europe/Lisbon", missed_policy="run_once",
+                starting_deadline_seconds=8 * 86_400, failed_history_limit=20,
+            )  # fmt: skip
+        call_command("sync_schedules", *expressions, stdout=io.StringIO())
+    finally:
+        for name in expressions:
+            schedules._declared.pop(name, None)
+    now = store.database_now()
+    latest: dict[str, dt.datetime] = {}
+    for name, (expression, written, days) in expressions.items():
+        task = PeriodicTask.objects.select_related("crontab").get(name=name)
+        assert task.crontab.day_of_week == written
+        assert task.crontab.schedule.day_of_week == days, "Celery's crontab reads the row (it raised ValueError on 7)"
+        SchedulePolicy.objects.filter(periodic_task=task).update(anchor_at=now - dt.timedelta(days=8), last_tick=None)
+        tick = cron.CronSchedule.parse(expression, "Europe/Lisbon").latest_at_or_before(now)
+        assert tick is not None
+        latest[name] = tick
+    worker = cluster.worker("w1")
+    beat = cluster.beat("beat1")
+    wait_ready(worker)
+    for name, tick in latest.items():
+        run = wait_for(
+            lambda name=name, tick=tick: [r for r in runs(name, RunState.SUCCEEDED) if r.tick == tick],
+            90,
+            message=f"{name}: its latest tick {tick.isoformat()} to run",
+        )[0]
+        assert run.trigger == "catch_up"
+    assert "cannot be read by Celery" not in beat.log()

@@ -10,6 +10,7 @@ from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from celery.schedules import crontab, crontab_parser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -241,6 +242,121 @@ def test_descending_range_wraps_around() -> None:
     wrapped = CronSchedule.parse("0 0 * * fri-sun", "UTC").next_n(reference, 9)
     assert wrapped == CronSchedule.parse("0 0 * * 5,6,0", "UTC").next_n(reference, 9)
     assert {t.isoweekday() % 7 for t in wrapped} == {5, 6, 0}
+
+
+@pytest.mark.parametrize(
+    ("day_of_week", "written", "days"),
+    [
+        ("7", "0", {0}),
+        ("0-7", "0-6", set(range(7))),
+        ("1-7", "0-6", set(range(7))),
+        ("fri-7", "0,5-6", {5, 6, 0}),
+        ("5-7,mon", "0-1,5-6", {5, 6, 0, 1}),
+        ("1-7/3", "0-1,4", {1, 4, 0}),
+        ("sun", "sun", {0}),
+        ("*/2", "*/2", {0, 2, 4, 6}),
+    ],
+)
+def test_day_of_week_seven_is_written_the_way_celery_reads_it(day_of_week: str, written: str, days: set[int]) -> None:
+    """Day 7 (alone or in a range) expands to a field Celery's crontab reads as the same days; Sunday fires."""
+    expression = f"0 3 * * {day_of_week}"
+    expanded = cron.expand(expression)
+    assert expanded == f"0 3 * * {written}"
+    assert crontab(minute="0", hour="3", day_of_week=expanded.split()[4]).day_of_week == days
+    reference = utc(2026, 1, 1)
+    ticks = CronSchedule.parse(expression, LISBON).next_n(reference, 14)
+    assert ticks == CronSchedule.parse(expanded, LISBON).next_n(reference, 14)
+    assert {t.isoweekday() % 7 for t in ticks} == days
+
+
+@pytest.mark.parametrize(
+    ("day_of_week", "days"),
+    [
+        ("fri-mon/2", {5, 0}),
+        ("sat-tue/2", {6, 1}),
+        ("fri-sun", {5, 6, 0}),
+        ("sat-mon/1", {6, 0, 1}),
+        ("7-2", {0, 1, 2}),
+    ],
+)
+def test_wrapped_day_of_week_range_counts_sunday_once(day_of_week: str, days: set[int]) -> None:
+    """A descending day-of-week range wraps over a 7-day week like Celery's: fri-mon/2 is Friday and Sunday."""
+    ticks = CronSchedule.parse(f"0 0 * * {day_of_week}", "UTC").next_n(utc(2026, 1, 1), 21)
+    assert {t.isoweekday() % 7 for t in ticks} == days
+    if "7" not in day_of_week:
+        assert crontab_parser(7).parse(day_of_week) == days
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "9" * 5000 + " * * * *",
+        "*/" + "9" * 5000 + " * * * *",
+        "0 " + "1" * 90 + " * * *",
+        "0 0 1-" + "9" * 60 + " * *",
+        "*/" + "7" * 200 + " * * * *",
+        "0 0 * * 1," + "0" * 30 + "8",
+    ],
+)
+def test_huge_numbers_raise_invalid_cron_expression_with_a_short_message(expression: str) -> None:
+    """A number of thousands of digits (value or step) is an InvalidCronExpression, and the message stays short."""
+    with pytest.raises(exceptions.InvalidCronExpression) as caught:
+        cron.expand(expression)
+    assert len(str(caught.value)) < 300
+
+
+def test_leading_zeros_and_large_steps_are_still_numbers() -> None:
+    """0005 is minute 5 and a step larger than the field leaves only its start, as in Vixie cron and Celery."""
+    reference = utc(2026, 1, 1)
+    assert CronSchedule.parse("0005 * * * *", "UTC").next_n(reference, 3) == CronSchedule.parse(
+        "5 * * * *", "UTC"
+    ).next_n(reference, 3)
+    assert CronSchedule.parse("*/100 0 * * *", "UTC").next_n(reference, 3) == CronSchedule.parse(
+        "0 0 * * *", "UTC"
+    ).next_n(reference, 3)
+
+
+_FIELD_BOUNDS = ((0, 59, ()), (0, 23, ()), (1, 31, ()), (1, 12, cron._MONTH_NAMES), (0, 7, cron._DAY_NAMES))
+
+
+@st.composite
+def field_texts(draw: st.DrawFn, index: int) -> str:
+    """A valid text for field ``index``: lists of *, */n, values, names, ranges (wrapped too) and steps."""
+    low, high, names = _FIELD_BOUNDS[index]
+
+    def atom() -> str:
+        value = draw(st.integers(low, high))
+        if names and draw(st.booleans()) and value - (1 if index == 3 else 0) < len(names):
+            return names[value - (1 if index == 3 else 0)]
+        return str(value)
+
+    items = []
+    for _ in range(draw(st.integers(1, 3))):
+        form = draw(st.sampled_from(["*", "*/n", "a", "a-b", "a-b/n"]))
+        step = str(draw(st.integers(1, high + 2)))
+        item = {"*": "*", "*/n": f"*/{step}", "a": atom(), "a-b": f"{atom()}-{atom()}"}.get(form)
+        items.append(item if item is not None else f"{atom()}-{atom()}/{step}")
+    return ",".join(items)
+
+
+@settings(max_examples=400, deadline=None)
+@given(fields=st.tuples(*(field_texts(i) for i in range(5))))
+def test_every_expanded_field_is_read_by_celery_as_the_same_values(fields: tuple[str, ...]) -> None:
+    """Celery's crontab parser reads each field of expand() as exactly the values Timekeeper fires on."""
+    expression = " ".join(fields)
+    try:
+        expanded, parsed = cron._parse(expression)  # the value sets behind the public API
+    except exceptions.InvalidCronExpression as exc:  # only a day no listed month has may be refused
+        message = str(exc)
+    else:
+        message = ""
+    if message:
+        assert "never fires" in message
+        return
+    sizes = ((60, 0), (24, 0), (31, 1), (12, 1), (7, 0))
+    values = (parsed.minutes, parsed.hours, parsed.days_of_month, parsed.months, parsed.days_of_week)
+    for text, (size, low), wanted in zip(expanded.split(), sizes, values, strict=True):
+        assert crontab_parser(size, low).parse(text) == wanted, text
 
 
 def test_day_of_month_or_day_of_week_when_both_restricted() -> None:
