@@ -19,11 +19,12 @@ Cron expressions
     (which Celery refuses) is rewritten as the list of its days (``1-7`` -> ``0-6``). A field is
     also refused when it is longer than the column that stores it.
 
-    Day of month and day of week follow the Vixie cron rule: when both are restricted, a day
-    matches if either matches. A field is restricted unless it covers its whole range, so ``*``,
-    ``*/1``, ``1-31`` and ``0-6`` all count as unrestricted. (Vixie cron looks only at a leading
-    ``*``, so it treats ``*/2`` as unrestricted and ``1-31`` as restricted; this module, like
-    Kubernetes, treats ``*/2`` as restricted and ``1-31`` as unrestricted.)
+    Day of month and day of week follow the Vixie cron rule (``entry.c`` sets ``DOM_STAR`` and
+    ``DOW_STAR`` from the field's first character): a field that starts with ``*`` (``*``, ``*/2``)
+    is unrestricted, any other (``1-31``, ``0-6``, ``mon-fri``) is restricted, whatever values it
+    covers. When both are restricted a day matches if either matches; otherwise both must match.
+    So ``0 0 1-31 * 1`` runs every day, ``0 0 */2 * 1`` on Mondays that are odd days of the month,
+    as in Vixie and Debian cron and cronsim.
 
 DST semantics
     A schedule runs on the wall clock of its time zone. Each matching wall time fires once:
@@ -113,10 +114,6 @@ class _FieldSpec:
     # The length of django-celery-beat's CrontabSchedule column that stores the field.
     max_length: int = 64
 
-    @property
-    def full(self) -> frozenset[int]:
-        return frozenset(range(self.low, self.high + 1))
-
 
 _MINUTE = _FieldSpec("minute", 0, 59, max_length=240)
 _HOUR = _FieldSpec("hour", 0, 23, max_length=96)
@@ -136,14 +133,8 @@ class _Fields:
     days_of_month: frozenset[int]
     months: frozenset[int]
     days_of_week: frozenset[int]
-
-    @property
-    def dom_restricted(self) -> bool:
-        return self.days_of_month != _DAY_OF_MONTH.full
-
-    @property
-    def dow_restricted(self) -> bool:
-        return self.days_of_week != frozenset(range(7))
+    dom_restricted: bool  # the day-of-month field does not start with '*' (Vixie's DOM_STAR unset)
+    dow_restricted: bool  # the day-of-week field does not start with '*' (Vixie's DOW_STAR unset)
 
     def day_matches(self, day: date) -> bool:
         """Whether ``day`` is a day the expression runs on (Vixie rule for dom/dow)."""
@@ -203,9 +194,11 @@ def _parse(expr: str) -> tuple[str, _Fields]:
         days_of_month=days_of_month,
         months=months,
         days_of_week=frozenset(d % 7 for d in days_of_week),
+        dom_restricted=not parts[2].startswith("*"),
+        dow_restricted=not parts[4].startswith("*"),
     )
     reachable = any(day <= _MONTH_DAYS[month] for month in fields.months for day in fields.days_of_month)
-    if fields.dom_restricted and not fields.dow_restricted and not reachable:
+    if not fields.dow_restricted and not reachable:
         raise exceptions.InvalidCronExpression(
             f"Cron expression {expr!r} never fires: none of its months has any of its days of the month."
         )

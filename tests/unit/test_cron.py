@@ -373,13 +373,28 @@ def test_day_of_month_or_day_of_week_when_both_restricted() -> None:
     assert date(2026, 2, 13) in days  # a Friday the 13th, once
 
 
-def test_full_range_day_field_counts_as_unrestricted() -> None:
-    """A day field covering its whole range (1-31, 0-6) is unrestricted, so the other field alone decides."""
-    reference = utc(2026, 1, 1)
-    fridays = CronSchedule.parse("0 12 * * 5", "UTC").next_n(reference, 8)
-    assert CronSchedule.parse("0 12 1-31 * 5", "UTC").next_n(reference, 8) == fridays
-    thirteenths = CronSchedule.parse("0 12 13 * *", "UTC").next_n(reference, 8)
-    assert CronSchedule.parse("0 12 13 * 0-6", "UTC").next_n(reference, 8) == thirteenths
+@pytest.mark.parametrize(
+    ("expression", "runs_on"),
+    [
+        # A day field that does not start with '*' is restricted, whatever it covers: either day matches.
+        ("0 0 1-31 * 1", lambda d: True),
+        ("0 0 13 * 0-6", lambda d: True),
+        ("0 0 1-31 * mon-fri", lambda d: True),
+        ("0 0 1,15 * 1", lambda d: d.day in (1, 15) or d.weekday() == 0),
+        # A field that starts with '*' is unrestricted, even with a step: both must match.
+        ("0 0 */2 * 1", lambda d: d.day % 2 == 1 and d.weekday() == 0),
+        ("0 0 */1 * 5", lambda d: d.weekday() == 4),
+        ("0 0 13 * */1", lambda d: d.day == 13),
+        ("0 0 1-31 * *", lambda d: True),
+        ("0 0 * * 0-6", lambda d: True),
+    ],
+)
+def test_day_fields_follow_the_vixie_rule(expression: str, runs_on: Callable[[date], bool]) -> None:
+    """Vixie cron's rule: a day field starting with '*' is unrestricted; with both restricted, either day matches."""
+    ticks = CronSchedule.parse(expression, "UTC").ticks_between(utc(2025, 12, 31, 23), utc(2026, 6, 30, 23))
+    days = [t.date() for t in ticks]
+    expected = [date(2026, 1, 1) + timedelta(days=i) for i in range(181)]
+    assert days == [day for day in expected if runs_on(day)]
 
 
 def test_leap_day_is_found_without_scanning() -> None:
