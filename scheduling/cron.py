@@ -27,18 +27,25 @@ Cron expressions
     as in Vixie and Debian cron and cronsim.
 
 DST semantics
-    A schedule runs on the wall clock of its time zone. Each matching wall time fires once:
-    * Clocks go back (the wall time happens twice): it fires at its first occurrence only. That
-      holds for every schedule, minute-level ones included: on Lisbon's fall-back night
-      ``*/15 * * * *`` fires at 01:00, 01:15, 01:30, 01:45 WEST and next at 02:00 WET, 1h15 later;
-      the repeated 01:00-01:45 WET are not fired again. A schedule that must keep a steady
-      real-time cadence should use the UTC zone or an interval schedule.
-    * Clocks go forward (the wall time does not exist): with ``dst_gap="shift"`` it fires at the
-      instant the gap ends, the first instant the clock reads that wall time or later (01:30 on
-      2026-03-29 in Europe/Lisbon fires at 02:00 WEST = 01:00 UTC); with ``dst_gap="skip"`` it
-      does not fire that day. Several wall times that shift to the same instant fire once.
-    With these rules the instant of a wall time never decreases as the wall time increases, so
-    the ticks come out in order of the wall times, and searches can bisect within a day.
+    A schedule runs on the wall clock of its time zone, with Debian cron's rule at clock changes
+    (``cron.c``: "fixed-time" jobs versus "wildcard" jobs, told apart by ``MIN_STAR``/``HR_STAR``,
+    i.e. whether the minute or the hour field starts with ``*``):
+    * **Fixed time** (neither the minute nor the hour field starts with ``*``: ``30 1 * * *``,
+      ``0,30 9-17 * * *``, ``@daily``): each matching wall time fires once. Clocks go back (the
+      wall time happens twice): it fires at its first occurrence only, so ``30 1 * * *`` runs once
+      on Lisbon's fall-back night. Clocks go forward (the wall time does not exist): with
+      ``dst_gap="shift"`` (the default, Debian's) it fires at the instant the gap ends, the first
+      instant the clock reads that wall time or later (01:30 on 2026-03-29 in Europe/Lisbon fires
+      at 02:00 WEST = 01:00 UTC); with ``dst_gap="skip"`` it does not fire that day. Several wall
+      times that shift to the same instant fire once.
+    * **Wildcard** (the minute or the hour field starts with ``*``: ``*/15 * * * *``,
+      ``0 * * * *``, ``@hourly``, ``5 */2 * * *``): the schedule keeps its real-time cadence. It
+      fires at every instant at which the clock reads a matching wall time: twice for a wall time
+      of the repeated hour (``*/15 * * * *`` in Lisbon on 25 Oct 2026 fires at 01:00..01:45 WEST
+      and again at 01:00..01:45 WET, every 15 minutes), never for one skipped by a gap
+      (``dst_gap`` does not apply).
+    ``0-59/15`` and ``0,15,30,45`` are fixed-time fields (they do not start with ``*``), as in
+    Debian cron and cronsim. On a day without a clock change both kinds agree.
 
 Intervals
     ``interval_tick`` and ``interval_next_after`` place ticks on a grid ``anchor + k * every``
@@ -48,10 +55,11 @@ Intervals
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Final
@@ -90,6 +98,9 @@ MIN_INTERVAL_WINDOW_DAYS: Final = 366
 MIN_INTERVAL_REFERENCE: Final = datetime(2026, 1, 1, tzinfo=UTC)
 
 EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+# How many clock-change days' ticks a schedule keeps computed (each is up to 1,440 instants).
+_CHANGE_DAYS_CACHED: Final = 8
 
 _MONTH_NAMES: Final = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 _DAY_NAMES: Final = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
@@ -135,6 +146,7 @@ class _Fields:
     days_of_week: frozenset[int]
     dom_restricted: bool  # the day-of-month field does not start with '*' (Vixie's DOM_STAR unset)
     dow_restricted: bool  # the day-of-week field does not start with '*' (Vixie's DOW_STAR unset)
+    wildcard_time: bool  # the minute or the hour field starts with '*' (Debian's MIN_STAR|HR_STAR)
 
     def day_matches(self, day: date) -> bool:
         """Whether ``day`` is a day the expression runs on (Vixie rule for dom/dow)."""
@@ -196,6 +208,7 @@ def _parse(expr: str) -> tuple[str, _Fields]:
         days_of_week=frozenset(d % 7 for d in days_of_week),
         dom_restricted=not parts[2].startswith("*"),
         dow_restricted=not parts[4].startswith("*"),
+        wildcard_time=parts[0].startswith("*") or parts[1].startswith("*"),
     )
     reachable = any(day <= _MONTH_DAYS[month] for month in fields.months for day in fields.days_of_month)
     if not fields.dow_restricted and not reachable:
@@ -335,6 +348,7 @@ class CronSchedule:
     _fields: _Fields = field(init=False, repr=False, compare=False)
     _zone: ZoneInfo = field(init=False, repr=False, compare=False)
     _minutes_of_day: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _change_days: dict[date, tuple[datetime, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         expanded, fields = _parse(self.expression)
@@ -344,6 +358,7 @@ class CronSchedule:
         object.__setattr__(self, "_fields", fields)
         object.__setattr__(self, "_zone", _zone(self.timezone))
         object.__setattr__(self, "_minutes_of_day", fields.minutes_of_day())
+        object.__setattr__(self, "_change_days", {})
 
     @classmethod
     def parse(cls, expr: str, tz: str, dst_gap: str = DST_GAP_SHIFT) -> CronSchedule:
@@ -384,23 +399,22 @@ class CronSchedule:
     def latest_at_or_before(self, instant: datetime) -> datetime | None:
         """The latest tick at or before ``instant``, or None if none within the search limit."""
         at = _as_utc(instant)
-        count = len(self._minutes_of_day)
         local_day = at.astimezone(self._zone).date()
         try:
-            # A wall time later than the local time of `instant` can still have occurred before it
-            # when `instant` is in the second pass of a repeated hour, so start a day ahead.
+            # A tick of a later local day can come before `instant` when `instant` is in the second
+            # pass of a repeated interval that spans midnight, so start a day ahead.
             start = local_day + timedelta(days=1)
         except OverflowError:
             start = local_day
+        best: datetime | None = None
         for day in self._matching_days(start, forward=False):
-            key = self._bisect_key(day)
-            index = bisect.bisect_right(range(count), at, key=key) - 1
-            while index >= 0:
-                tick = self._tick(day, index)
-                if tick is not None:  # None: a wall time skipped by a DST gap
-                    return tick
-                index -= 1
-        return None
+            ticks = self._day_ticks(day)
+            index = bisect.bisect_right(ticks, at) - 1
+            if index >= 0 and (best is None or ticks[index] > best):
+                best = ticks[index]
+            if best is not None and best >= self._day_end(day, days_before=1):
+                return best  # the earlier days' ticks all come before it
+        return best
 
     def min_interval_seconds(self, reference: datetime | None = None) -> float:
         """The shortest gap between consecutive ticks in the year after ``reference``.
@@ -413,28 +427,26 @@ class CronSchedule:
         ref = _as_utc(reference if reference is not None else MIN_INTERVAL_REFERENCE, "reference")
         first_day = ref.astimezone(self._zone).date()
         window_end = first_day + timedelta(days=MIN_INTERVAL_WINDOW_DAYS)
-        walls = self._minutes_of_day
-        wall_gap = min((b - a for a, b in itertools.pairwise(walls)), default=None)
+        wall_gap = min((b - a for a, b in itertools.pairwise(self._minutes_of_day)), default=None)
         best = math.inf
         count = 0
-        previous: datetime | None = None
+        # Every tick of a clock-change day, the first and last of other days: consecutive ones of
+        # these are either consecutive ticks or further apart than the wall-clock gap of a day.
+        marks: set[datetime] = set()
         for day in self._matching_days(first_day, forward=True):
             if day >= window_end and count >= 2:
                 break
-            if self._has_clock_change(day):
-                ticks = [tick for i in range(len(walls)) if (tick := self._tick(day, i)) is not None]
-            else:
-                ticks = [self._instant(day, 0)[0], self._instant(day, len(walls) - 1)[0]]
-                if wall_gap is not None:
+            ticks = self._day_ticks(day)
+            count += len(ticks)
+            if isinstance(ticks, _PlainDay):
+                if len(ticks) >= 2 and wall_gap is not None:
                     best = min(best, wall_gap * 60.0)
-            for tick in ticks:
-                if previous is not None and tick != previous:
-                    best = min(best, (tick - previous).total_seconds())
-                    count += 1
-                elif previous is None:
-                    count += 1
-                previous = tick
-        return best if count >= 2 else math.inf
+                marks.update((ticks[0], ticks[len(ticks) - 1]))
+            else:
+                marks.update(ticks)
+        ordered = sorted(marks)
+        best = min([best, *((b - a).total_seconds() for a, b in itertools.pairwise(ordered))])
+        return best if len(ordered) >= 2 else math.inf
 
     def describe(self) -> str:
         """A readable English description, e.g. ``At 03:00 AM (Europe/Lisbon)``."""
@@ -447,7 +459,10 @@ class CronSchedule:
         notes = [self.timezone]
         if self._fields.dom_restricted and self._fields.dow_restricted:
             notes.append("on days matching either the day of the month or the day of the week")
-        if self.dst_gap == DST_GAP_SKIP:
+        if self._fields.wildcard_time:
+            if self._zone_changes_offset():
+                notes.append("at clock changes it keeps its real-time cadence: a repeated hour runs twice")
+        elif self.dst_gap == DST_GAP_SKIP:
             notes.append("times skipped by a clock change do not run")
         described = f"{text} ({'; '.join(notes)})"
         if self.nickname is not None:
@@ -457,17 +472,41 @@ class CronSchedule:
     # --- machinery ----------------------------------------------------------------------------
 
     def _ticks_after(self, after: datetime) -> Iterator[datetime]:
-        """Every tick strictly after ``after`` (UTC), ascending; raises if one never comes."""
-        count = len(self._minutes_of_day)
+        """Every tick strictly after ``after`` (UTC), ascending; raises if one never comes.
+
+        Days are visited in order; a day's ticks are ascending, but at a repeated interval that
+        spans midnight a day's second-pass ticks come after the next day's first ones, so ticks
+        wait in a heap until no later day can have an earlier one (``_day_start``).
+        """
+        local_day = after.astimezone(self._zone).date()
+        try:
+            start = local_day - timedelta(days=1)  # its second-pass ticks may still be ahead
+        except OverflowError:
+            start = local_day
+        heap: list[tuple[datetime, int, _DayTicks, int]] = []
+        order = itertools.count()
         previous: datetime | None = None
-        for day in self._matching_days(after.astimezone(self._zone).date(), forward=True):
-            start = 0
-            if previous is None:
-                start = bisect.bisect_right(range(count), after, key=self._bisect_key(day))
-            for index in range(start, count):
-                tick = self._tick(day, index)
-                if tick is None or tick <= after or tick == previous:
-                    continue  # skipped by a gap / second pass of a repeated hour / same gap end
+        for day in self._matching_days(start, forward=True):
+            ticks = self._day_ticks(day)
+            index = bisect.bisect_right(ticks, after)
+            if index < len(ticks):
+                heapq.heappush(heap, (ticks[index], next(order), ticks, index))
+            try:
+                boundary: datetime | None = self._day_start(day + timedelta(days=1))
+            except OverflowError:
+                boundary = None
+            while heap and (boundary is None or heap[0][0] < boundary):
+                tick, _, source, index = heapq.heappop(heap)
+                if index + 1 < len(source):
+                    heapq.heappush(heap, (source[index + 1], next(order), source, index + 1))
+                if tick != previous:  # several gap wall times may shift to one instant
+                    previous = tick
+                    yield tick
+        while heap:
+            tick, _, source, index = heapq.heappop(heap)
+            if index + 1 < len(source):
+                heapq.heappush(heap, (source[index + 1], next(order), source, index + 1))
+            if tick != previous:
                 previous = tick
                 yield tick
         raise exceptions.InvalidCronExpression(
@@ -501,24 +540,50 @@ class CronSchedule:
         minute = self._minutes_of_day[index]
         return datetime.combine(day, time(minute // 60, minute % 60))
 
-    def _instant(self, day: date, index: int) -> tuple[datetime, bool]:
-        """The UTC instant of a wall time and whether it fell in a DST gap (then: the gap's end)."""
-        wall = self._wall(day, index)
-        first = wall.replace(tzinfo=self._zone).astimezone(UTC)  # fold=0: first occurrence if repeated
-        if first.astimezone(self._zone).replace(tzinfo=None) == wall:
-            return first, False
-        return self._gap_end(wall), True
+    def _day_ticks(self, day: date) -> _DayTicks:
+        """The ticks of a matching local day (those whose wall time is on that day), ascending."""
+        if not self._has_clock_change(day):
+            return _PlainDay(self._zone, day, self._minutes_of_day)
+        ticks = self._change_days.get(day)
+        if ticks is None:
+            ticks = self._clock_change_day_ticks(day)
+            if len(self._change_days) >= _CHANGE_DAYS_CACHED:
+                self._change_days.clear()
+            self._change_days[day] = ticks
+        return ticks
 
-    def _tick(self, day: date, index: int) -> datetime | None:
-        """The tick of a wall time, or None if it falls in a gap and the policy is skip."""
-        instant, in_gap = self._instant(day, index)
-        if in_gap and self.dst_gap == DST_GAP_SKIP:
-            return None
-        return instant
+    def _clock_change_day_ticks(self, day: date) -> tuple[datetime, ...]:
+        """A clock-change day's ticks, wall time by wall time (see the module docstring)."""
+        found: set[datetime] = set()
+        for index in range(len(self._minutes_of_day)):
+            wall = self._wall(day, index)
+            first = wall.replace(tzinfo=self._zone).astimezone(UTC)  # fold=0: first occurrence if repeated
+            if first.astimezone(self._zone).replace(tzinfo=None) == wall:
+                found.add(first)
+                if self._fields.wildcard_time:  # the second occurrence too (the same instant if none)
+                    found.add(wall.replace(tzinfo=self._zone, fold=1).astimezone(UTC))
+            elif not self._fields.wildcard_time and self.dst_gap == DST_GAP_SHIFT:
+                found.add(self._gap_end(wall))
+        return tuple(sorted(found))
 
-    def _bisect_key(self, day: date) -> Callable[[int], datetime]:
-        """Index of a wall time of ``day`` -> its instant; non-decreasing, so bisect can use it."""
-        return lambda index: self._instant(day, index)[0]
+    def _reading(self, wall: datetime, *, last: bool) -> datetime:
+        """The first (or last) instant the clock reads ``wall``; the gap's end if it never does."""
+        instant = wall.replace(tzinfo=self._zone, fold=1 if last else 0).astimezone(UTC)
+        if instant.astimezone(self._zone).replace(tzinfo=None) == wall:
+            return instant
+        return self._gap_end(wall)
+
+    def _day_start(self, day: date) -> datetime:
+        """No tick of ``day`` or a later day comes before this instant (the clock reaching 00:00)."""
+        return self._reading(datetime.combine(day, time()), last=False)
+
+    def _day_end(self, day: date, days_before: int = 0) -> datetime:
+        """No tick of the day ``days_before`` days before ``day``, or an earlier one, comes after this."""
+        try:
+            following = day + timedelta(days=1 - days_before)
+        except OverflowError:
+            return datetime.max.replace(tzinfo=UTC)
+        return self._reading(datetime.combine(following, time()), last=True)
 
     def _gap_end(self, wall: datetime) -> datetime:
         """The first instant at which the local clock reads ``wall`` or later (``wall`` is in a gap)."""
@@ -549,6 +614,31 @@ class CronSchedule:
                 local = datetime.combine(midnight, time(), tzinfo=self._zone).replace(fold=fold)
                 offsets.add(local.utcoffset())
         return len(offsets) > 1
+
+    def _zone_changes_offset(self) -> bool:
+        """Whether the zone's UTC offset differs between January and July (it has DST)."""
+        year = MIN_INTERVAL_REFERENCE.year
+        return len({datetime(year, month, 1, tzinfo=self._zone).utcoffset() for month in (1, 7)}) > 1
+
+
+class _PlainDay:
+    """The ticks of a day without a clock change, computed on demand (bisect reads a handful)."""
+
+    __slots__ = ("_day", "_minutes", "_zone")
+
+    def __init__(self, zone: ZoneInfo, day: date, minutes: tuple[int, ...]) -> None:
+        self._zone, self._day, self._minutes = zone, day, minutes
+
+    def __len__(self) -> int:
+        return len(self._minutes)
+
+    def __getitem__(self, index: int) -> datetime:
+        minute = self._minutes[index]
+        wall = datetime.combine(self._day, time(minute // 60, minute % 60), tzinfo=self._zone)
+        return wall.astimezone(UTC)
+
+
+_DayTicks = _PlainDay | tuple[datetime, ...]
 
 
 def _interval_micros(every_seconds: float) -> int:

@@ -20,9 +20,10 @@ Semantics
       At most ``max_ticks`` ticks are looked at per step: the most recent ones.
     * **Suspended.** Nothing is sent or recorded. Resuming changes the timing fingerprint, which
       moves the anchor (``policies``), so the suspended stretch neither fires nor counts as missed.
-    * **Time zones.** Cron ticks follow ``scheduling.cron``: a repeated wall time fires at its
-      first occurrence; a skipped one fires at the end of the gap (``dst_gap="shift"``) or not
-      at all (``"skip"``). Interval ticks sit on a grid from the Unix epoch, the same everywhere.
+    * **Time zones.** Cron ticks follow ``scheduling.cron`` (Debian cron's rule): a fixed-time
+      schedule fires a repeated wall time at its first occurrence and a skipped one at the end of
+      the gap (``dst_gap="shift"``) or not at all (``"skip"``); a wildcard one (``*/15 * * * *``)
+      keeps its real-time cadence. Interval ticks sit on a grid from the Unix epoch.
 """
 
 from __future__ import annotations

@@ -97,8 +97,12 @@ def matcher(minutes: set[int], hours: set[int] | None = None, days_of_month: set
 
 
 def oracle(zone_name: str, matches: Callable[[datetime], bool], start: datetime, end: datetime,
-           dst_gap: str) -> list[datetime]:
-    """Ticks in (start, end] found by walking every UTC minute: first occurrences and gap ends."""
+           dst_gap: str, wildcard: bool = False) -> list[datetime]:
+    """Ticks in (start, end] found by walking every UTC minute.
+
+    Fixed-time schedules: first occurrences and gap ends (shift). Wildcard ones (Debian's
+    MIN_STAR/HR_STAR): every minute at which the clock reads a matching wall time, nothing else.
+    """
     zone = ZoneInfo(zone_name)
     ticks = []
     t = start.replace(second=0, microsecond=0)
@@ -106,8 +110,8 @@ def oracle(zone_name: str, matches: Callable[[datetime], bool], start: datetime,
     while t <= end:
         local = t.astimezone(zone)
         now = local.replace(tzinfo=None, fold=0)
-        fire = local.fold == 0 and matches(now)  # fold=1: second pass of a repeated wall time
-        if dst_gap == "shift" and now - previous > MINUTE:  # the clock jumped over some wall times
+        fire = (wildcard or local.fold == 0) and matches(now)  # fold=1: second pass of a repeated wall time
+        if not wildcard and dst_gap == "shift" and now - previous > MINUTE:  # the clock jumped over wall times
             skipped = previous + MINUTE
             while skipped < now and not fire:
                 fire = matches(skipped)
@@ -445,32 +449,54 @@ def test_three_am_is_three_am_local_all_season() -> None:
         assert tick - previous == expected, tick
 
 
-def test_quarter_hours_in_repeated_hour_fire_once_each() -> None:
-    """*/15 on the fall-back night: each wall time fires once (first pass), leaving a 1h15 gap to 02:00 WET."""
+def test_quarter_hours_keep_their_cadence_through_the_repeated_hour() -> None:
+    """*/15 on the fall-back night fires every 15 real minutes: 01:00-01:45 WEST, then 01:00-01:45 WET again."""
     schedule = CronSchedule.parse("*/15 * * * *", LISBON)
     ticks = list(schedule.ticks_between(utc(2026, 10, 24, 23, 30), utc(2026, 10, 25, 2, 30)))
-    assert ticks == [
-        utc(2026, 10, 24, 23, 45),  # 00:45 WEST
-        utc(2026, 10, 25, 0, 0),  # 01:00 WEST
-        utc(2026, 10, 25, 0, 15),
-        utc(2026, 10, 25, 0, 30),
-        utc(2026, 10, 25, 0, 45),  # 01:45 WEST; 01:00-01:45 WET (01:00-01:45 UTC) do not fire again
-        utc(2026, 10, 25, 2, 0),  # 02:00 WET
-        utc(2026, 10, 25, 2, 15),
-        utc(2026, 10, 25, 2, 30),
+    quarter = timedelta(minutes=15)
+    assert ticks == [utc(2026, 10, 24, 23, 45) + i * quarter for i in range(12)]
+    local = [t.astimezone(ZoneInfo(LISBON)).strftime("%H:%M %Z") for t in ticks]
+    assert local[1:9] == [f"01:{m:02d} {z}" for z in ("WEST", "WET") for m in (0, 15, 30, 45)]
+
+
+@pytest.mark.parametrize(
+    ("expression", "local"),
+    [
+        ("30 * * * *", ["00:30 WEST", "01:30 WEST", "01:30 WET", "02:30 WET"]),  # wildcard hour: both passes
+        ("0-59/30 1 * * *", ["01:00 WEST", "01:30 WEST"]),  # fixed time (no leading '*'): first pass only
+        ("30 1 * * *", ["01:30 WEST"]),
+        ("@hourly", ["01:00 WEST", "01:00 WET", "02:00 WET"]),
+        ("* 1 * * *", [f"01:{m:02d} {z}" for z in ("WEST", "WET") for m in range(60)]),
+    ],
+)
+def test_fall_back_fixed_time_runs_once_and_wildcard_runs_in_both_passes(expression: str, local: list[str]) -> None:
+    """Debian's rule at fall-back: fixed minute and hour fire at the first 01:30; a '*' field fires in both hours."""
+    schedule = CronSchedule.parse(expression, LISBON)
+    ticks = schedule.ticks_between(utc(2026, 10, 24, 23, 15), utc(2026, 10, 25, 2, 45))
+    assert [t.astimezone(ZoneInfo(LISBON)).strftime("%H:%M %Z") for t in ticks] == local
+
+
+@pytest.mark.parametrize("dst_gap", ["shift", "skip"])
+def test_spring_forward_wildcard_skips_the_gap_and_fixed_time_shifts(dst_gap: str) -> None:
+    """At spring-forward 30 * * * * keeps hourly real time (no 01:30 at all); 30 1 * * * shifts to 02:00 or skips."""
+    hourly = CronSchedule.parse("30 * * * *", LISBON, dst_gap)
+    assert list(hourly.ticks_between(utc(2026, 3, 28, 23, 45), utc(2026, 3, 29, 2, 45))) == [
+        utc(2026, 3, 29, 0, 30),  # 00:30 WET
+        utc(2026, 3, 29, 1, 30),  # 02:30 WEST: one real hour later, 01:30 never shown by the clock
+        utc(2026, 3, 29, 2, 30),
     ]
-    walls = [wall(t) for t in ticks]
-    assert len(set(walls)) == len(walls)
-    assert ticks[5] - ticks[4] == timedelta(hours=1, minutes=15)
+    daily = CronSchedule.parse("30 1 * * *", LISBON, dst_gap)
+    expected = [SPRING_FORWARD] if dst_gap == "shift" else []
+    assert list(daily.ticks_between(utc(2026, 3, 28, 23, 45), utc(2026, 3, 29, 2, 45))) == expected
 
 
-def test_quarter_hours_in_skipped_hour_collapse_to_gap_end_once() -> None:
-    """*/15 on the spring-forward night: 01:00-01:45 WET do not exist and all fire once at 02:00 WEST."""
+def test_quarter_hours_in_skipped_hour_keep_their_cadence() -> None:
+    """*/15 at spring-forward: 01:00-01:45 WET do not exist; 00:45 WET is followed 15 min later by 02:00 WEST."""
     schedule = CronSchedule.parse("*/15 * * * *", LISBON)
     ticks = list(schedule.ticks_between(utc(2026, 3, 29, 0, 30), utc(2026, 3, 29, 1, 30)))
     assert ticks == [utc(2026, 3, 29, 0, 45), SPRING_FORWARD, utc(2026, 3, 29, 1, 15), utc(2026, 3, 29, 1, 30)]
     skipping = CronSchedule.parse("*/15 * * * *", LISBON, dst_gap="skip")
-    # 02:00 WEST exists (it is the gap end) so it fires under skip as well; 01:xx do not.
+    # dst_gap applies to fixed-time schedules only: a wildcard one has no wall times to shift.
     assert list(skipping.ticks_between(utc(2026, 3, 29, 0, 30), utc(2026, 3, 29, 1, 30))) == ticks
 
 
@@ -488,10 +514,13 @@ def test_several_gap_wall_times_yield_the_gap_end_once() -> None:
 
 
 def test_latest_at_or_before_during_second_pass_of_repeated_hour() -> None:
-    """At 01:10 WET (second pass) the latest */15 tick is 01:45 WEST, a later wall time that ran earlier."""
-    schedule = CronSchedule.parse("*/15 * * * *", LISBON)
+    """At 01:10 WET (second pass) the latest 45 1 * * * tick is 01:45 WEST, a later wall time that ran earlier."""
+    schedule = CronSchedule.parse("45 1 * * *", LISBON)
     assert schedule.latest_at_or_before(utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 25, 0, 45)
-    assert schedule.next_after(utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 25, 2, 0)
+    assert schedule.next_after(utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 26, 1, 45)
+    quarters = CronSchedule.parse("*/15 * * * *", LISBON)
+    assert quarters.latest_at_or_before(utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 25, 1, 0)  # 01:00 WET
+    assert quarters.next_after(utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 25, 1, 15)  # 01:15 WET
 
 
 def test_latest_at_or_before_on_gap_day() -> None:
@@ -507,6 +536,10 @@ def test_latest_at_or_before_on_gap_day() -> None:
     ("expression", "minutes", "hours"),
     [
         ("*/15 * * * *", set(range(0, 60, 15)), None),
+        ("30 * * * *", {30}, None),
+        ("* 1 * * *", set(range(60)), {1}),
+        ("0 */2 * * *", {0}, set(range(0, 24, 2))),
+        ("0-59/20 1-3 * * *", {0, 20, 40}, {1, 2, 3}),
         ("30 1 * * *", {30}, {1}),
         ("0 0 * * *", {0}, {0}),
         ("59 23 * * *", {59}, {23}),
@@ -517,12 +550,14 @@ def test_latest_at_or_before_on_gap_day() -> None:
 def test_ticks_match_minute_by_minute_oracle_around_changes(
     zone_name: str, dst_gap: str, expression: str, minutes: set[int], hours: set[int] | None
 ) -> None:
-    """Around every 2026 offset change of odd zones, ticks equal a brute-force minute-by-minute walk."""
+    """Around every 2026 offset change of odd zones, ticks equal a brute-force minute-by-minute walk (both kinds)."""
     schedule = CronSchedule.parse(expression, zone_name, dst_gap)
     matches = matcher(minutes, hours)
+    wildcard = expression.split()[0].startswith("*") or expression.split()[1].startswith("*")
     for change in transitions(zone_name, 2026) or [utc(2026, 6, 1)]:
         start, end = change - timedelta(hours=26), change + timedelta(hours=26)
-        assert list(schedule.ticks_between(start, end)) == oracle(zone_name, matches, start, end, dst_gap), change
+        expected = oracle(zone_name, matches, start, end, dst_gap, wildcard)
+        assert list(schedule.ticks_between(start, end)) == expected, change
 
 
 def test_repeated_interval_spanning_midnight() -> None:
@@ -536,8 +571,12 @@ def test_repeated_interval_spanning_midnight() -> None:
     assert schedule.next_after(second_pass) == utc(2010, 11, 8, 4, 0)
     start, end = utc(2010, 11, 5), utc(2010, 11, 9)
     every_quarter = CronSchedule.parse("*/15 * * * *", goose_bay)
-    expected = oracle(goose_bay, matcher(set(range(0, 60, 15))), start, end, "shift")
-    assert list(every_quarter.ticks_between(start, end)) == expected
+    fixed_quarters = CronSchedule.parse("0,15,30,45 0-23 * * *", goose_bay)
+    for schedule, wildcard in ((every_quarter, True), (fixed_quarters, False)):
+        expected = oracle(goose_bay, matcher({0, 15, 30, 45}), start, end, "shift", wildcard)
+        assert list(schedule.ticks_between(start, end)) == expected
+        for instant in (second_pass, utc(2010, 11, 7, 3, 10), utc(2010, 11, 7, 3, 59), utc(2010, 11, 7, 4, 1)):
+            assert schedule.latest_at_or_before(instant) == max(t for t in expected if t <= instant), instant
 
 
 def test_transitions_helper_finds_lisbon_changes() -> None:
@@ -617,11 +656,16 @@ def test_min_interval_seconds_with_skip_ignores_skipped_ticks() -> None:
 
 
 def test_describe_is_readable_and_names_the_zone() -> None:
-    """describe() gives English text with the zone, the nickname and the either-day rule when relevant."""
+    """describe() gives the zone, the nickname, the either-day rule and the DST rule of wildcard schedules."""
     assert CronSchedule.parse("0 3 * * *", LISBON).describe() == "At 03:00 AM (Europe/Lisbon)"
     assert CronSchedule.parse("@daily", "UTC").describe() == "@daily: At 12:00 AM (UTC)"
     assert "either" in CronSchedule.parse("0 0 13 * fri", "UTC").describe()
     assert "do not run" in CronSchedule.parse("30 1 * * *", LISBON, "skip").describe()
+    cadence = "at clock changes it keeps its real-time cadence: a repeated hour runs twice"
+    assert cadence in CronSchedule.parse("*/15 * * * *", LISBON).describe()
+    assert cadence in CronSchedule.parse("@hourly", LISBON, "skip").describe()
+    assert "do not run" not in CronSchedule.parse("@hourly", LISBON, "skip").describe(), "dst_gap is for fixed times"
+    assert "cadence" not in CronSchedule.parse("*/15 * * * *", "UTC").describe()
 
 
 # --- properties ---------------------------------------------------------------------------------------
@@ -668,15 +712,18 @@ instants = st.one_of(
 def test_next_after_increases_and_matches_the_expression(
     case: tuple[CronSchedule, Callable[[datetime], bool]], instant: datetime
 ) -> None:
-    """Ticks strictly increase, and each is a first occurrence of a matching wall time or a shifted gap end."""
+    """Ticks increase; each reads a matching wall time (a first occurrence if fixed-time) or is a shifted gap end."""
     schedule, matches = case
     zone = ZoneInfo(schedule.timezone)
+    minute, hour = schedule.expanded.split()[:2]
+    wildcard = minute.startswith("*") or hour.startswith("*")
     previous = instant
     for tick in schedule.next_n(instant, 5):
         assert tick > previous
         assert tick.tzinfo is UTC
         local = tick.astimezone(zone)
-        if not (local.fold == 0 and matches(local.replace(tzinfo=None, fold=0))):
+        if not ((wildcard or local.fold == 0) and matches(local.replace(tzinfo=None, fold=0))):
+            assert not wildcard, "a wildcard schedule fires only when the clock reads a matching time"
             assert schedule.dst_gap == "shift"
             assert is_gap_end_for(schedule, matches, tick), tick
         previous = tick

@@ -93,13 +93,14 @@ def test_0300_stays_at_0300_local_across_both_changes():
         assert tick.astimezone(LISBON).strftime("%H:%M") == "03:00"
 
 
-def test_minutely_schedule_through_the_repeated_hour_never_fires_a_wall_time_twice():
-    """Every 15 min on the fall-back night: 01:00-01:45 WEST fire, their WET repeats do not, nothing is missed."""
+def test_quarter_hourly_schedule_keeps_its_cadence_through_the_repeated_hour():
+    """Every 15 min on the fall-back night: 01:00-01:45 WEST and again WET, every 15 real minutes, nothing missed."""
     beat = SimulatedBeat(daily("*/15 * * * *"), recheck_seconds=5)
     beat.run(utc(2026, 10, 24, 23, 50), utc(2026, 10, 25, 2, 5))
     local = [t.astimezone(LISBON).strftime("%H:%M %Z") for t in beat.ticks]
-    assert local == ["01:00 WEST", "01:15 WEST", "01:30 WEST", "01:45 WEST", "02:00 WET"]
-    assert len(set(beat.ticks)) == len(beat.ticks)
+    assert local == [f"01:{m:02d} {zone}" for zone in ("WEST", "WET") for m in (0, 15, 30, 45)] + ["02:00 WET"]
+    assert {b - a for a, b in zip(beat.ticks, beat.ticks[1:], strict=False)} == {timedelta(minutes=15)}
+    assert all(send.trigger == "beat" for send in beat.sent)
     assert beat.missed == []
 
 
