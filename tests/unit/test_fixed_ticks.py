@@ -185,6 +185,32 @@ def test_a_tick_noticed_within_the_late_tolerance_is_sent_on_time():
     assert plan.missed == tuple(utc(2026, 5, 4, 10, m) for m in (5, 10, 15, 20, 25))
 
 
+@pytest.mark.parametrize("missed_policy", ["skip", "run_once", "run_all"])
+def test_a_handover_sends_every_tick_within_the_late_tolerance(missed_policy):
+    """A 2 s schedule whose leader died after 10:00:00: the next leader at 10:00:04.7 sends :02 and :04, misses none."""
+    state = ticks.TickState(
+        timing=ticks.Timing.from_interval(2),
+        anchor_at=utc(2026, 5, 1),
+        last_tick=utc(2026, 5, 4, 10),
+        missed_policy=missed_policy,
+    )
+    now = utc(2026, 5, 4, 10) + timedelta(seconds=4.7)
+    plan = ticks.plan(state, now, late_seconds=LATE, max_ticks=MAX_TICKS)
+    assert plan.sends == (ticks.Send(utc(2026, 5, 4, 10, 0, 2), "beat"), ticks.Send(utc(2026, 5, 4, 10, 0, 4), "beat"))
+    assert plan.missed == ()
+    assert plan.advance_to == utc(2026, 5, 4, 10, 0, 4)
+
+
+def test_only_ticks_older_than_the_late_tolerance_follow_the_missed_policy():
+    """Late tolerance 5 s, beat back 10.5 s after its last tick: 10:00:02 and :04 are missed, :06 to :10 are sent."""
+    state = ticks.TickState(
+        timing=ticks.Timing.from_interval(2), anchor_at=utc(2026, 5, 1), last_tick=utc(2026, 5, 4, 10)
+    )
+    plan = ticks.plan(state, utc(2026, 5, 4, 10) + timedelta(seconds=10.5), late_seconds=5, max_ticks=MAX_TICKS)
+    assert plan.missed == (utc(2026, 5, 4, 10, 0, 2), utc(2026, 5, 4, 10, 0, 4))
+    assert plan.sends == tuple(ticks.Send(utc(2026, 5, 4, 10, 0, s), "beat") for s in (6, 8, 10))
+
+
 def test_run_once_sends_the_latest_missed_tick_within_the_starting_deadline():
     """run_once: the latest missed tick (10:30, 150 s old) runs once when the deadline allows it."""
     now = utc(2026, 5, 4, 10, 32, 30)
