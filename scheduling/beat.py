@@ -44,6 +44,7 @@ LEADER_CHECK_SECONDS = 2.0  # how often the leader checks its lock connection is
 HEARTBEAT_SECONDS = 5.0  # how often the leader writes its heartbeat row
 SEND_RETRY_SECONDS = 2.0  # after a failed send of a fixed-time tick, look again this soon
 MISSED_ERROR = "beat was not running in time for this tick (missed_policy={policy})"
+MISSED_LOG = "ticks missed while beat was not running"
 
 
 class Clock(Protocol):
@@ -309,7 +310,7 @@ def carry_out(
         missed_policy = policy.missed_policy if policy is not None else "skip"
         recorded = store.record_missed_ticks(policy_id, plan.missed, MISSED_ERROR.format(policy=missed_policy))
         logger.warning(
-            "ticks missed while beat was not running",
+            MISSED_LOG,
             extra={
                 **log,
                 "missed": len(plan.missed),
