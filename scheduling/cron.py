@@ -89,8 +89,11 @@ NICKNAMES: Final[dict[str, str]] = {
     "@hourly": "0 * * * *",
 }
 
-# Longest stretch a search walks without finding a tick. Feb 29 can be 8 years apart (2096, 2104).
-SEARCH_LIMIT_DAYS: Final = 8 * 366
+# Longest stretch a search walks without finding a tick. With a day of the month and a day of the
+# week that must both match (Vixie's rule when one starts with '*'), ticks can be decades apart:
+# 13 June on a Sunday 11 years (2038, 2049), 29 February on a Sunday 40 (across 2100). cronsim
+# gives up after 50 years as well.
+SEARCH_LIMIT_DAYS: Final = 50 * 366
 
 # min_interval_seconds() looks at the ticks in this many days from its reference date...
 MIN_INTERVAL_WINDOW_DAYS: Final = 366

@@ -410,6 +410,16 @@ def test_leap_day_is_found_without_scanning() -> None:
     assert schedule.next_n(utc(2026, 1, 1), 3) == [utc(2028, 2, 29), utc(2032, 2, 29), utc(2036, 2, 29)]
 
 
+def test_day_of_month_and_star_day_of_week_ticks_decades_apart_are_found() -> None:
+    """13 June on a Sunday (11 years apart) and 29 February on a Sunday (40 years across 2100) are found."""
+    june = CronSchedule.parse("44 11 13 6 */7", "UTC")
+    assert june.next_after(utc(2038, 6, 14)) == utc(2049, 6, 13, 11, 44)
+    assert june.latest_at_or_before(utc(2049, 6, 12)) == utc(2038, 6, 13, 11, 44)
+    leap_sunday = CronSchedule.parse("0 0 29 2 */7", LISBON)  # */7 is Sunday and starts with "*": both must match
+    assert leap_sunday.next_after(utc(2088, 3, 1)) == utc(2128, 2, 29)
+    assert leap_sunday.min_interval_seconds() == (date(2060, 2, 29) - date(2032, 2, 29)).days * 86400.0
+
+
 # --- Europe/Lisbon 2026 DST days ---------------------------------------------------------------------
 
 
