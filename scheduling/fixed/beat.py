@@ -43,6 +43,7 @@ LEADER_CHECK_SECONDS = 2.0  # how often the leader checks its lock connection is
 HEARTBEAT_SECONDS = 5.0  # how often the leader writes its heartbeat row
 SEND_RETRY_SECONDS = 2.0  # after a failed send of a fixed-time tick, look again this soon
 MISSED_ERROR = "beat was not running in time for this tick (missed_policy={policy})"
+MISSED_LOG = "ticks missed while beat was not running"
 
 
 class Clock(Protocol):
@@ -226,8 +227,11 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                     entries[model.name] = FixedEntry(model, app=self.app, clock=self.clock)
                 else:
                     entries[model.name] = self.Entry(model, app=self.app)
-            except ValueError:
-                pass
+            except ValueError as exc:  # Celery cannot read the row (django-celery-beat drops it silently)
+                logger.error(
+                    "periodic task's schedule cannot be read by Celery; not firing it",
+                    extra={"schedule": model.name, "error": str(exc), "action": "invalid_schedule"},
+                )
         return entries
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
@@ -282,7 +286,7 @@ def carry_out(
         missed_policy = policy.missed_policy if policy is not None else MissedPolicy.SKIP
         recorded = store.record_missed_ticks(policy_id, plan.missed, MISSED_ERROR.format(policy=missed_policy))
         logger.warning(
-            "ticks missed while beat was not running",
+            MISSED_LOG,
             extra={
                 **log,
                 "missed": len(plan.missed),

@@ -3,34 +3,49 @@
 Pure Python: no database, no Django settings. Every instant returned is an aware UTC datetime.
 
 Cron expressions
-    Five fields, ``minute hour day-of-month month day-of-week``, each parsed by Celery's
-    ``crontab_parser``: ``*``, numbers, ranges ``a-b``, steps ``*/n`` and ``a-b/n``, lists ``a,b``.
-    Month names (``jan``..``dec``) are accepted in the month field and day names (``sun``..``sat``)
-    in the day-of-week field, three letters, any case. Day of week 0 and 7 both mean Sunday.
-    A descending range wraps around, as in Celery: ``fri-sun`` is Friday, Saturday and Sunday,
-    ``50-10`` in the minute field is minutes 50..59 and 0..10. A step needs ``*`` or a range in
-    front of it (``5/10`` is refused). Nicknames: ``@yearly``/``@annually``, ``@monthly``,
-    ``@weekly``, ``@daily``/``@midnight``, ``@hourly``; ``@reboot`` has no time and is refused.
+    Five fields, ``minute hour day-of-month month day-of-week``: ``*``, numbers, ranges ``a-b``,
+    steps ``*/n`` and ``a-b/n``, lists ``a,b``. Month names (``jan``..``dec``) are accepted in the
+    month field and day names (``sun``..``sat``) in the day-of-week field, three letters, any case.
+    Day of week 0 and 7 both mean Sunday, in ranges too (``1-7`` is Monday to Sunday, ``0-7/2`` is
+    Sunday, Tuesday, Thursday, Saturday, as in Vixie cron). A descending range wraps around, as in
+    Celery: ``fri-sun`` is Friday, Saturday and Sunday, ``fri-mon/2`` Friday and Sunday (the week
+    has one Sunday), ``50-10`` in the minute field is minutes 50..59 and 0..10. A step needs ``*`` or
+    a range in front of it (``5/10`` is refused). Nicknames: ``@yearly``/``@annually``,
+    ``@monthly``, ``@weekly``, ``@daily``/``@midnight``, ``@hourly``; ``@reboot`` has no time and is
+    refused. Seconds fields and ``@every`` are refused: intervals are ``every=`` schedules.
 
-    Day of month and day of week follow the Vixie cron rule: when both are restricted, a day
-    matches if either matches. A field is restricted unless it covers its whole range, so ``*``,
-    ``*/1``, ``1-31`` and ``0-6`` all count as unrestricted. (Vixie cron looks only at a leading
-    ``*``, so it treats ``*/2`` as unrestricted and ``1-31`` as restricted; this module, like
-    Kubernetes, treats ``*/2`` as restricted and ``1-31`` as unrestricted.)
+    ``expand()`` gives the form that is written into django-celery-beat's ``CrontabSchedule``, and
+    Celery's ``crontab`` reads every field of it as the same values: a day-of-week field naming 7
+    (which Celery refuses) is rewritten as the list of its days (``1-7`` -> ``0-6``). A field is
+    also refused when it is longer than the column that stores it.
+
+    Day of month and day of week follow the Vixie cron rule (``entry.c`` sets ``DOM_STAR`` and
+    ``DOW_STAR`` from the field's first character): a field that starts with ``*`` (``*``, ``*/2``)
+    is unrestricted, any other (``1-31``, ``0-6``, ``mon-fri``) is restricted, whatever values it
+    covers. When both are restricted a day matches if either matches; otherwise both must match.
+    So ``0 0 1-31 * 1`` runs every day, ``0 0 */2 * 1`` on Mondays that are odd days of the month,
+    as in Vixie and Debian cron and cronsim.
 
 DST semantics
-    A schedule runs on the wall clock of its time zone. Each matching wall time fires once:
-    * Clocks go back (the wall time happens twice): it fires at its first occurrence only. That
-      holds for every schedule, minute-level ones included: on Lisbon's fall-back night
-      ``*/15 * * * *`` fires at 01:00, 01:15, 01:30, 01:45 WEST and next at 02:00 WET, 1h15 later;
-      the repeated 01:00-01:45 WET are not fired again. A schedule that must keep a steady
-      real-time cadence should use the UTC zone or an interval schedule.
-    * Clocks go forward (the wall time does not exist): with ``dst_gap="shift"`` it fires at the
-      instant the gap ends, the first instant the clock reads that wall time or later (01:30 on
-      2026-03-29 in Europe/Lisbon fires at 02:00 WEST = 01:00 UTC); with ``dst_gap="skip"`` it
-      does not fire that day. Several wall times that shift to the same instant fire once.
-    With these rules the instant of a wall time never decreases as the wall time increases, so
-    the ticks come out in order of the wall times, and searches can bisect within a day.
+    A schedule runs on the wall clock of its time zone, with Debian cron's rule at clock changes
+    (``cron.c``: "fixed-time" jobs versus "wildcard" jobs, told apart by ``MIN_STAR``/``HR_STAR``,
+    i.e. whether the minute or the hour field starts with ``*``):
+    * **Fixed time** (neither the minute nor the hour field starts with ``*``: ``30 1 * * *``,
+      ``0,30 9-17 * * *``, ``@daily``): each matching wall time fires once. Clocks go back (the
+      wall time happens twice): it fires at its first occurrence only, so ``30 1 * * *`` runs once
+      on Lisbon's fall-back night. Clocks go forward (the wall time does not exist): with
+      ``dst_gap="shift"`` (the default, Debian's) it fires at the instant the gap ends, the first
+      instant the clock reads that wall time or later (01:30 on 2026-03-29 in Europe/Lisbon fires
+      at 02:00 WEST = 01:00 UTC); with ``dst_gap="skip"`` it does not fire that day. Several wall
+      times that shift to the same instant fire once.
+    * **Wildcard** (the minute or the hour field starts with ``*``: ``*/15 * * * *``,
+      ``0 * * * *``, ``@hourly``, ``5 */2 * * *``): the schedule keeps its real-time cadence. It
+      fires at every instant at which the clock reads a matching wall time: twice for a wall time
+      of the repeated hour (``*/15 * * * *`` in Lisbon on 25 Oct 2026 fires at 01:00..01:45 WEST
+      and again at 01:00..01:45 WET, every 15 minutes), never for one skipped by a gap
+      (``dst_gap`` does not apply).
+    ``0-59/15`` and ``0,15,30,45`` are fixed-time fields (they do not start with ``*``), as in
+    Debian cron and cronsim. On a day without a clock change both kinds agree.
 
 Intervals
     ``interval_tick`` and ``interval_next_after`` place ticks on a grid ``anchor + k * every``
@@ -40,16 +55,16 @@ Intervals
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from celery.schedules import ParseException, crontab_parser
 from cron_descriptor import (
     ExpressionDescriptor,
     FormatException,
@@ -74,8 +89,11 @@ NICKNAMES: Final[dict[str, str]] = {
     "@hourly": "0 * * * *",
 }
 
-# Longest stretch a search walks without finding a tick. Feb 29 can be 8 years apart (2096, 2104).
-SEARCH_LIMIT_DAYS: Final = 8 * 366
+# Longest stretch a search walks without finding a tick. With a day of the month and a day of the
+# week that must both match (Vixie's rule when one starts with '*'), ticks can be decades apart:
+# 13 June on a Sunday 11 years (2038, 2049), 29 February on a Sunday 40 (across 2100). cronsim
+# gives up after 50 years as well.
+SEARCH_LIMIT_DAYS: Final = 50 * 366
 
 # min_interval_seconds() looks at the ticks in this many days from its reference date...
 MIN_INTERVAL_WINDOW_DAYS: Final = 366
@@ -83,6 +101,9 @@ MIN_INTERVAL_WINDOW_DAYS: Final = 366
 MIN_INTERVAL_REFERENCE: Final = datetime(2026, 1, 1, tzinfo=UTC)
 
 EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+# How many clock-change days' ticks a schedule keeps computed (each is up to 1,440 instants).
+_CHANGE_DAYS_CACHED: Final = 8
 
 _MONTH_NAMES: Final = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 _DAY_NAMES: Final = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
@@ -94,6 +115,8 @@ _PART = re.compile(
     re.ASCII | re.IGNORECASE,
 )
 _ONE_MICROSECOND: Final = timedelta(microseconds=1)
+# A number with more significant digits than this is out of every range (and never reaches int()).
+_MAX_DIGITS: Final = 9
 
 
 @dataclass(frozen=True)
@@ -102,15 +125,13 @@ class _FieldSpec:
     low: int
     high: int
     names: tuple[str, ...] = ()
-
-    @property
-    def full(self) -> frozenset[int]:
-        return frozenset(range(self.low, self.high + 1))
+    # The length of django-celery-beat's CrontabSchedule column that stores the field.
+    max_length: int = 64
 
 
-_MINUTE = _FieldSpec("minute", 0, 59)
-_HOUR = _FieldSpec("hour", 0, 23)
-_DAY_OF_MONTH = _FieldSpec("day-of-month", 1, 31)
+_MINUTE = _FieldSpec("minute", 0, 59, max_length=240)
+_HOUR = _FieldSpec("hour", 0, 23, max_length=96)
+_DAY_OF_MONTH = _FieldSpec("day-of-month", 1, 31, max_length=124)
 _MONTH = _FieldSpec("month", 1, 12, _MONTH_NAMES)
 # 7 is accepted here and folded onto 0 (Sunday) after parsing.
 _DAY_OF_WEEK = _FieldSpec("day-of-week", 0, 7, _DAY_NAMES)
@@ -126,14 +147,9 @@ class _Fields:
     days_of_month: frozenset[int]
     months: frozenset[int]
     days_of_week: frozenset[int]
-
-    @property
-    def dom_restricted(self) -> bool:
-        return self.days_of_month != _DAY_OF_MONTH.full
-
-    @property
-    def dow_restricted(self) -> bool:
-        return self.days_of_week != frozenset(range(7))
+    dom_restricted: bool  # the day-of-month field does not start with '*' (Vixie's DOM_STAR unset)
+    dow_restricted: bool  # the day-of-week field does not start with '*' (Vixie's DOW_STAR unset)
+    wildcard_time: bool  # the minute or the hour field starts with '*' (Debian's MIN_STAR|HR_STAR)
 
     def day_matches(self, day: date) -> bool:
         """Whether ``day`` is a day the expression runs on (Vixie rule for dom/dow)."""
@@ -169,15 +185,20 @@ def _parse(expr: str) -> tuple[str, _Fields]:
         nickname = text.lower()
         if nickname == "@reboot":
             raise exceptions.InvalidCronExpression("'@reboot' has no fixed time and is not supported.")
+        if nickname.startswith("@every"):
+            raise exceptions.InvalidCronExpression(
+                f"{_shown(text)} is not a cron expression; declare an interval with every=<seconds> instead."
+            )
         if nickname not in NICKNAMES:
             known = ", ".join(NICKNAMES)
-            raise exceptions.InvalidCronExpression(f"Unknown cron nickname {text!r}; known ones are {known}.")
+            raise exceptions.InvalidCronExpression(f"Unknown cron nickname {_shown(text)}; known ones are {known}.")
         text = NICKNAMES[nickname]
     parts = text.split()
     if len(parts) != len(_FIELD_SPECS):
+        seconds = " (a seconds field is not supported; use every= for intervals)" if len(parts) == 6 else ""
         raise exceptions.InvalidCronExpression(
-            f"Cron expression {expr!r} has {len(parts)} field(s); expected 5: "
-            "minute hour day-of-month month day-of-week."
+            f"Cron expression {_shown(expr)} has {len(parts)} field(s); expected 5: "
+            f"minute hour day-of-month month day-of-week{seconds}."
         )
     minutes, hours, days_of_month, months, days_of_week = (
         _parse_field(spec, part) for spec, part in zip(_FIELD_SPECS, parts, strict=True)
@@ -188,17 +209,27 @@ def _parse(expr: str) -> tuple[str, _Fields]:
         days_of_month=days_of_month,
         months=months,
         days_of_week=frozenset(d % 7 for d in days_of_week),
+        dom_restricted=not parts[2].startswith("*"),
+        dow_restricted=not parts[4].startswith("*"),
+        wildcard_time=parts[0].startswith("*") or parts[1].startswith("*"),
     )
     reachable = any(day <= _MONTH_DAYS[month] for month in fields.months for day in fields.days_of_month)
-    if fields.dom_restricted and not fields.dow_restricted and not reachable:
+    if not fields.dow_restricted and not reachable:
         raise exceptions.InvalidCronExpression(
             f"Cron expression {expr!r} never fires: none of its months has any of its days of the month."
         )
+    parts[4] = _celery_day_of_week(parts[4], fields.days_of_week)
     return " ".join(parts), fields
 
 
 def _parse_field(spec: _FieldSpec, text: str) -> frozenset[int]:
-    """Check one field strictly, then let Celery's ``crontab_parser`` expand it."""
+    """Check one field strictly and expand it to its values (day of week: 0..7, 7 not yet folded)."""
+    if len(text) > spec.max_length:
+        raise exceptions.InvalidCronExpression(
+            f"The {spec.name} field {_shown(text)} is {len(text)} characters long; at most {spec.max_length} "
+            "fit in the crontab table."
+        )
+    values: set[int] = set()
     for part in text.split(","):
         if not part:
             raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r} has an empty list item.")
@@ -212,32 +243,80 @@ def _parse_field(spec: _FieldSpec, text: str) -> frozenset[int]:
                     f"The {spec.name} field {text!r}: a step needs '*' or a range before it "
                     f"(e.g. '*/{step}' or '{low}-{spec.high}/{step}'), not {part!r}."
                 )
+            if len(step.lstrip("0")) > _MAX_DIGITS:
+                raise exceptions.InvalidCronExpression(
+                    f"The {spec.name} field {_shown(text)}: the step {_shown(step)} is too large."
+                )
             if int(step) == 0:
                 raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r}: a step must be at least 1.")
-        for atom in (low, high):
-            if atom is not None:
-                _check_atom(spec, text, atom)
-    try:
-        values = crontab_parser(spec.high - spec.low + 1, spec.low).parse(text)
-    except (ValueError, ParseException) as exc:  # the checks above should leave nothing for these
-        raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r} is invalid: {exc}") from exc
+        first = spec.low if low is None else _value(spec, text, low)
+        last = spec.high if low is None else first if high is None else _value(spec, text, high)
+        values.update(_expand(spec, first, last)[:: int(step) if step is not None else 1])
     return frozenset(values)
 
 
-def _check_atom(spec: _FieldSpec, text: str, atom: str) -> None:
+def _expand(spec: _FieldSpec, first: int, last: int) -> list[int]:
+    """The values of ``first-last`` in order; a descending range wraps around the end, as in Celery.
+
+    Day of week: an ascending range runs over 0..7 as in Vixie cron (``0-7/2`` is 0, 2, 4, 6;
+    ``1-7/3`` is 1, 4, 7), values folded later; a descending one (``fri-mon``) wraps around the week
+    0..6 after folding 7 onto 0, so that Sunday comes once (``fri-mon/2`` is Friday and Sunday).
+    """
+    if first <= last:
+        return list(range(first, last + 1))
+    low, high = spec.low, spec.high
+    if spec is _DAY_OF_WEEK:
+        first, last, high = first % 7, last % 7, 6
+        if first <= last:
+            return list(range(first, last + 1))
+    return list(range(first, high + 1)) + list(range(low, last + 1))
+
+
+def _value(spec: _FieldSpec, text: str, atom: str) -> int:
+    """A number or name of the field, checked against its range."""
     if atom.isdigit():
-        value = int(atom)
-        if not spec.low <= value <= spec.high:
+        digits = atom.lstrip("0") or "0"
+        if len(digits) > _MAX_DIGITS or not spec.low <= int(digits) <= spec.high:
             raise exceptions.InvalidCronExpression(
-                f"The {spec.name} field {text!r}: {value} is out of range {spec.low}-{spec.high}."
+                f"The {spec.name} field {_shown(text)}: {digits if len(digits) <= _MAX_DIGITS else _shown(digits)} "
+                f"is out of range {spec.low}-{spec.high}."
             )
-    elif atom.lower() not in spec.names:
-        if spec.names:
-            allowed = f"{spec.names[0]}..{spec.names[-1]}"
-            raise exceptions.InvalidCronExpression(
-                f"The {spec.name} field {text!r}: {atom!r} is not a number or a name ({allowed})."
-            )
-        raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r}: {atom!r} is not a number.")
+        return int(digits)
+    if atom.lower() in spec.names:
+        return spec.names.index(atom.lower()) + (1 if spec is _MONTH else 0)
+    if spec.names:
+        allowed = f"{spec.names[0]}..{spec.names[-1]}"
+        raise exceptions.InvalidCronExpression(
+            f"The {spec.name} field {text!r}: {atom!r} is not a number or a name ({allowed})."
+        )
+    raise exceptions.InvalidCronExpression(f"The {spec.name} field {text!r}: {atom!r} is not a number.")
+
+
+def _celery_day_of_week(text: str, days: frozenset[int]) -> str:
+    """The day-of-week field as Celery's crontab reads it: as written, unless it names day 7.
+
+    Celery accepts 0..6 only, and django-celery-beat's beat drops an entry it cannot read without
+    a word, so a field naming 7 (``7``, ``1-7``, ``fri-7``) is written as the list of its days.
+    Such a field never starts with ``*``, nor does its rewrite: whether it restricts the days
+    (the Vixie rule in ``_Fields``) is unchanged.
+    """
+    atoms = (match.group("low", "high") for match in map(_PART.fullmatch, text.split(",")) if match is not None)
+    if not any(atom is not None and atom.isdigit() and int(atom) == 7 for pair in atoms for atom in pair):
+        return text
+    runs: list[list[int]] = []
+    for day in sorted(days):
+        if runs and day == runs[-1][-1] + 1:
+            runs[-1].append(day)
+        else:
+            runs.append([day])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``text`` quoted for an error message, shortened when long (a 5,000-digit number, say)."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[: limit // 2]!r}...({len(text)} characters)"
 
 
 def _zone(name: str) -> ZoneInfo:
@@ -272,6 +351,7 @@ class CronSchedule:
     _fields: _Fields = field(init=False, repr=False, compare=False)
     _zone: ZoneInfo = field(init=False, repr=False, compare=False)
     _minutes_of_day: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _change_days: dict[date, tuple[datetime, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         expanded, fields = _parse(self.expression)
@@ -281,6 +361,7 @@ class CronSchedule:
         object.__setattr__(self, "_fields", fields)
         object.__setattr__(self, "_zone", _zone(self.timezone))
         object.__setattr__(self, "_minutes_of_day", fields.minutes_of_day())
+        object.__setattr__(self, "_change_days", {})
 
     @classmethod
     def parse(cls, expr: str, tz: str, dst_gap: str = DST_GAP_SHIFT) -> CronSchedule:
@@ -321,23 +402,22 @@ class CronSchedule:
     def latest_at_or_before(self, instant: datetime) -> datetime | None:
         """The latest tick at or before ``instant``, or None if none within the search limit."""
         at = _as_utc(instant)
-        count = len(self._minutes_of_day)
         local_day = at.astimezone(self._zone).date()
         try:
-            # A wall time later than the local time of `instant` can still have occurred before it
-            # when `instant` is in the second pass of a repeated hour, so start a day ahead.
+            # A tick of a later local day can come before `instant` when `instant` is in the second
+            # pass of a repeated interval that spans midnight, so start a day ahead.
             start = local_day + timedelta(days=1)
         except OverflowError:
             start = local_day
+        best: datetime | None = None
         for day in self._matching_days(start, forward=False):
-            key = self._bisect_key(day)
-            index = bisect.bisect_right(range(count), at, key=key) - 1
-            while index >= 0:
-                tick = self._tick(day, index)
-                if tick is not None:  # None: a wall time skipped by a DST gap
-                    return tick
-                index -= 1
-        return None
+            ticks = self._day_ticks(day)
+            index = bisect.bisect_right(ticks, at) - 1
+            if index >= 0 and (best is None or ticks[index] > best):
+                best = ticks[index]
+            if best is not None and best >= self._day_end(day, days_before=1):
+                return best  # the earlier days' ticks all come before it
+        return best
 
     def min_interval_seconds(self, reference: datetime | None = None) -> float:
         """The shortest gap between consecutive ticks in the year after ``reference``.
@@ -350,28 +430,26 @@ class CronSchedule:
         ref = _as_utc(reference if reference is not None else MIN_INTERVAL_REFERENCE, "reference")
         first_day = ref.astimezone(self._zone).date()
         window_end = first_day + timedelta(days=MIN_INTERVAL_WINDOW_DAYS)
-        walls = self._minutes_of_day
-        wall_gap = min((b - a for a, b in itertools.pairwise(walls)), default=None)
+        wall_gap = min((b - a for a, b in itertools.pairwise(self._minutes_of_day)), default=None)
         best = math.inf
         count = 0
-        previous: datetime | None = None
+        # Every tick of a clock-change day, the first and last of other days: consecutive ones of
+        # these are either consecutive ticks or further apart than the wall-clock gap of a day.
+        marks: set[datetime] = set()
         for day in self._matching_days(first_day, forward=True):
             if day >= window_end and count >= 2:
                 break
-            if self._has_clock_change(day):
-                ticks = [tick for i in range(len(walls)) if (tick := self._tick(day, i)) is not None]
-            else:
-                ticks = [self._instant(day, 0)[0], self._instant(day, len(walls) - 1)[0]]
-                if wall_gap is not None:
+            ticks = self._day_ticks(day)
+            count += len(ticks)
+            if isinstance(ticks, _PlainDay):
+                if len(ticks) >= 2 and wall_gap is not None:
                     best = min(best, wall_gap * 60.0)
-            for tick in ticks:
-                if previous is not None and tick != previous:
-                    best = min(best, (tick - previous).total_seconds())
-                    count += 1
-                elif previous is None:
-                    count += 1
-                previous = tick
-        return best if count >= 2 else math.inf
+                marks.update((ticks[0], ticks[len(ticks) - 1]))
+            else:
+                marks.update(ticks)
+        ordered = sorted(marks)
+        best = min([best, *((b - a).total_seconds() for a, b in itertools.pairwise(ordered))])
+        return best if len(ordered) >= 2 else math.inf
 
     def describe(self) -> str:
         """A readable English description, e.g. ``At 03:00 AM (Europe/Lisbon)``."""
@@ -384,7 +462,10 @@ class CronSchedule:
         notes = [self.timezone]
         if self._fields.dom_restricted and self._fields.dow_restricted:
             notes.append("on days matching either the day of the month or the day of the week")
-        if self.dst_gap == DST_GAP_SKIP:
+        if self._fields.wildcard_time:
+            if self._zone_changes_offset():
+                notes.append("at clock changes it keeps its real-time cadence: a repeated hour runs twice")
+        elif self.dst_gap == DST_GAP_SKIP:
             notes.append("times skipped by a clock change do not run")
         described = f"{text} ({'; '.join(notes)})"
         if self.nickname is not None:
@@ -394,17 +475,41 @@ class CronSchedule:
     # --- machinery ----------------------------------------------------------------------------
 
     def _ticks_after(self, after: datetime) -> Iterator[datetime]:
-        """Every tick strictly after ``after`` (UTC), ascending; raises if one never comes."""
-        count = len(self._minutes_of_day)
+        """Every tick strictly after ``after`` (UTC), ascending; raises if one never comes.
+
+        Days are visited in order; a day's ticks are ascending, but at a repeated interval that
+        spans midnight a day's second-pass ticks come after the next day's first ones, so ticks
+        wait in a heap until no later day can have an earlier one (``_day_start``).
+        """
+        local_day = after.astimezone(self._zone).date()
+        try:
+            start = local_day - timedelta(days=1)  # its second-pass ticks may still be ahead
+        except OverflowError:
+            start = local_day
+        heap: list[tuple[datetime, int, _DayTicks, int]] = []
+        order = itertools.count()
         previous: datetime | None = None
-        for day in self._matching_days(after.astimezone(self._zone).date(), forward=True):
-            start = 0
-            if previous is None:
-                start = bisect.bisect_right(range(count), after, key=self._bisect_key(day))
-            for index in range(start, count):
-                tick = self._tick(day, index)
-                if tick is None or tick <= after or tick == previous:
-                    continue  # skipped by a gap / second pass of a repeated hour / same gap end
+        for day in self._matching_days(start, forward=True):
+            ticks = self._day_ticks(day)
+            index = bisect.bisect_right(ticks, after)
+            if index < len(ticks):
+                heapq.heappush(heap, (ticks[index], next(order), ticks, index))
+            try:
+                boundary: datetime | None = self._day_start(day + timedelta(days=1))
+            except OverflowError:
+                boundary = None
+            while heap and (boundary is None or heap[0][0] < boundary):
+                tick, _, source, index = heapq.heappop(heap)
+                if index + 1 < len(source):
+                    heapq.heappush(heap, (source[index + 1], next(order), source, index + 1))
+                if tick != previous:  # several gap wall times may shift to one instant
+                    previous = tick
+                    yield tick
+        while heap:
+            tick, _, source, index = heapq.heappop(heap)
+            if index + 1 < len(source):
+                heapq.heappush(heap, (source[index + 1], next(order), source, index + 1))
+            if tick != previous:
                 previous = tick
                 yield tick
         raise exceptions.InvalidCronExpression(
@@ -438,24 +543,50 @@ class CronSchedule:
         minute = self._minutes_of_day[index]
         return datetime.combine(day, time(minute // 60, minute % 60))
 
-    def _instant(self, day: date, index: int) -> tuple[datetime, bool]:
-        """The UTC instant of a wall time and whether it fell in a DST gap (then: the gap's end)."""
-        wall = self._wall(day, index)
-        first = wall.replace(tzinfo=self._zone).astimezone(UTC)  # fold=0: first occurrence if repeated
-        if first.astimezone(self._zone).replace(tzinfo=None) == wall:
-            return first, False
-        return self._gap_end(wall), True
+    def _day_ticks(self, day: date) -> _DayTicks:
+        """The ticks of a matching local day (those whose wall time is on that day), ascending."""
+        if not self._has_clock_change(day):
+            return _PlainDay(self._zone, day, self._minutes_of_day)
+        ticks = self._change_days.get(day)
+        if ticks is None:
+            ticks = self._clock_change_day_ticks(day)
+            if len(self._change_days) >= _CHANGE_DAYS_CACHED:
+                self._change_days.clear()
+            self._change_days[day] = ticks
+        return ticks
 
-    def _tick(self, day: date, index: int) -> datetime | None:
-        """The tick of a wall time, or None if it falls in a gap and the policy is skip."""
-        instant, in_gap = self._instant(day, index)
-        if in_gap and self.dst_gap == DST_GAP_SKIP:
-            return None
-        return instant
+    def _clock_change_day_ticks(self, day: date) -> tuple[datetime, ...]:
+        """A clock-change day's ticks, wall time by wall time (see the module docstring)."""
+        found: set[datetime] = set()
+        for index in range(len(self._minutes_of_day)):
+            wall = self._wall(day, index)
+            first = wall.replace(tzinfo=self._zone).astimezone(UTC)  # fold=0: first occurrence if repeated
+            if first.astimezone(self._zone).replace(tzinfo=None) == wall:
+                found.add(first)
+                if self._fields.wildcard_time:  # the second occurrence too (the same instant if none)
+                    found.add(wall.replace(tzinfo=self._zone, fold=1).astimezone(UTC))
+            elif not self._fields.wildcard_time and self.dst_gap == DST_GAP_SHIFT:
+                found.add(self._gap_end(wall))
+        return tuple(sorted(found))
 
-    def _bisect_key(self, day: date) -> Callable[[int], datetime]:
-        """Index of a wall time of ``day`` -> its instant; non-decreasing, so bisect can use it."""
-        return lambda index: self._instant(day, index)[0]
+    def _reading(self, wall: datetime, *, last: bool) -> datetime:
+        """The first (or last) instant the clock reads ``wall``; the gap's end if it never does."""
+        instant = wall.replace(tzinfo=self._zone, fold=1 if last else 0).astimezone(UTC)
+        if instant.astimezone(self._zone).replace(tzinfo=None) == wall:
+            return instant
+        return self._gap_end(wall)
+
+    def _day_start(self, day: date) -> datetime:
+        """No tick of ``day`` or a later day comes before this instant (the clock reaching 00:00)."""
+        return self._reading(datetime.combine(day, time()), last=False)
+
+    def _day_end(self, day: date, days_before: int = 0) -> datetime:
+        """No tick of the day ``days_before`` days before ``day``, or an earlier one, comes after this."""
+        try:
+            following = day + timedelta(days=1 - days_before)
+        except OverflowError:
+            return datetime.max.replace(tzinfo=UTC)
+        return self._reading(datetime.combine(following, time()), last=True)
 
     def _gap_end(self, wall: datetime) -> datetime:
         """The first instant at which the local clock reads ``wall`` or later (``wall`` is in a gap)."""
@@ -486,6 +617,31 @@ class CronSchedule:
                 local = datetime.combine(midnight, time(), tzinfo=self._zone).replace(fold=fold)
                 offsets.add(local.utcoffset())
         return len(offsets) > 1
+
+    def _zone_changes_offset(self) -> bool:
+        """Whether the zone's UTC offset differs between January and July (it has DST)."""
+        year = MIN_INTERVAL_REFERENCE.year
+        return len({datetime(year, month, 1, tzinfo=self._zone).utcoffset() for month in (1, 7)}) > 1
+
+
+class _PlainDay:
+    """The ticks of a day without a clock change, computed on demand (bisect reads a handful)."""
+
+    __slots__ = ("_day", "_minutes", "_zone")
+
+    def __init__(self, zone: ZoneInfo, day: date, minutes: tuple[int, ...]) -> None:
+        self._zone, self._day, self._minutes = zone, day, minutes
+
+    def __len__(self) -> int:
+        return len(self._minutes)
+
+    def __getitem__(self, index: int) -> datetime:
+        minute = self._minutes[index]
+        wall = datetime.combine(self._day, time(minute // 60, minute % 60), tzinfo=self._zone)
+        return wall.astimezone(UTC)
+
+
+_DayTicks = _PlainDay | tuple[datetime, ...]
 
 
 def _interval_micros(every_seconds: float) -> int:

@@ -189,6 +189,21 @@ def check(
         )
 
 
+def _check_celery_reads(crontab: CrontabSchedule) -> None:
+    """``InvalidCronExpression`` unless the crontab row is written the way Celery's crontab reads it.
+
+    django-celery-beat builds Celery's ``crontab`` from the row when beat loads it, and drops the
+    entry without a word when that fails (day of week 7, which cron accepts and Celery does not).
+    """
+    fields = crontab_expression(crontab)
+    wanted = cron.expand(fields)
+    if wanted != " ".join(fields.split()):
+        raise exceptions.InvalidCronExpression(
+            f"Celery cannot read the day of week {crontab.day_of_week!r}: write it as {wanted.split()[4]!r} "
+            "(the same days; Celery knows Sunday as 0 only)."
+        )
+
+
 def validate_policy(policy: SchedulePolicy, periodic_task: PeriodicTask | None = None) -> None:
     """Raise a named error (with ``.field``) unless the policy and its periodic task can work.
 
@@ -198,6 +213,8 @@ def validate_policy(policy: SchedulePolicy, periodic_task: PeriodicTask | None =
     task = periodic_task if periodic_task is not None else policy.periodic_task
     try:
         timing = timing_of(task, policy)
+        if timing.crontab is not None:
+            _check_celery_reads(task.crontab)
     except exceptions.InvalidPolicy as exc:
         raise _invalid(exc, None) from None
     except (exceptions.InvalidCronExpression, exceptions.UnknownTimeZone, exceptions.InvalidSchedule) as exc:

@@ -10,19 +10,23 @@ Semantics
       ``anchor_at`` is when the schedule (or its timing) last changed, ``last_tick`` the latest
       tick beat handled. So a new or edited schedule never fires a tick from before the change
       (django-celery-beat #537/#683 fired edited schedules at once) and never loses the next one.
-    * **On time.** The latest tick at or before ``now`` is sent with trigger ``beat`` when it is
-      at most ``late_seconds`` old (a leader handover or a beat restart within that is harmless).
-    * **Missed.** Every other unhandled tick was missed (beat was down or stalled). The schedule's
-      ``missed_policy`` decides: ``skip`` records them as missed runs; ``run_once`` sends the
-      latest of them (trigger ``catch_up``) if it is within the starting deadline and no on-time
-      tick is being sent, recording the rest; ``run_all`` sends each one within the missed-tick
-      window and the starting deadline (the gate would refuse the others), recording the rest.
-      At most ``max_ticks`` ticks are looked at per step: the most recent ones.
+    * **On time.** Every unhandled tick at most ``late_seconds`` old is sent with trigger
+      ``beat``, in order, whichever replica leads: a leader handover or a beat restart within
+      the tolerance loses nothing, even when several ticks came due meanwhile (a 2 s schedule
+      whose leader was killed: the standby sends both ticks of the 3 s it took to lead).
+    * **Missed.** An unhandled tick older than ``late_seconds`` was missed (beat was down or
+      stalled longer than that). The schedule's ``missed_policy`` decides: ``skip`` records them
+      as missed runs; ``run_once`` sends the latest of them (trigger ``catch_up``) if it is within
+      the starting deadline and no on-time tick is being sent, recording the rest; ``run_all``
+      sends each one within the missed-tick window and the starting deadline (the gate would
+      refuse the others), recording the rest. At most ``max_ticks`` ticks are looked at per step:
+      the most recent ones.
     * **Suspended.** Nothing is sent or recorded. Resuming changes the timing fingerprint, which
       moves the anchor (``policies``), so the suspended stretch neither fires nor counts as missed.
-    * **Time zones.** Cron ticks follow ``scheduling.fixed.cron``: a repeated wall time fires at its
-      first occurrence; a skipped one fires at the end of the gap (``dst_gap="shift"``) or not
-      at all (``"skip"``). Interval ticks sit on a grid from the Unix epoch, the same everywhere.
+    * **Time zones.** Cron ticks follow ``scheduling.fixed.cron`` (Debian cron's rule): a fixed-time
+      schedule fires a repeated wall time at its first occurrence and a skipped one at the end of
+      the gap (``dst_gap="shift"``) or not at all (``"skip"``); a wildcard one (``*/15 * * * *``)
+      keeps its real-time cadence. Interval ticks sit on a grid from the Unix epoch.
 """
 
 from __future__ import annotations
@@ -195,11 +199,11 @@ def plan(state: TickState, now: dt.datetime, *, late_seconds: float, max_ticks: 
     if not unmet:
         return TickPlan(next_tick=next_tick)
     latest = unmet[-1]
-    current = latest if (now - latest).total_seconds() <= late_seconds else None
-    candidates = unmet[:-1] if current is not None else unmet
+    on_time = [tick for tick in unmet if (now - tick).total_seconds() <= late_seconds]
+    candidates = unmet[: len(unmet) - len(on_time)]  # older than the late tolerance: missed
     sends: list[Send] = []
     catch_up: list[dt.datetime] = []
-    if state.missed_policy == MISSED_RUN_ONCE and current is None and candidates:
+    if state.missed_policy == MISSED_RUN_ONCE and not on_time and candidates:
         newest = candidates[-1]
         if _within(now - newest, state.starting_deadline_seconds):
             catch_up = [newest]
@@ -209,8 +213,7 @@ def plan(state: TickState, now: dt.datetime, *, late_seconds: float, max_ticks: 
             limit = min(limit, state.starting_deadline_seconds)
         catch_up = [tick for tick in candidates if _within(now - tick, limit)]
     sends.extend(Send(tick, TRIGGER_CATCH_UP) for tick in catch_up)
-    if current is not None:
-        sends.append(Send(current, TRIGGER_BEAT))
+    sends.extend(Send(tick, TRIGGER_BEAT) for tick in on_time)
     chosen = set(catch_up)
     missed = tuple(tick for tick in candidates if tick not in chosen)
     return TickPlan(

@@ -2,9 +2,10 @@
 
 ``soak()`` starts beats and workers in a ``harness.Cluster``, declares a short interval schedule,
 re-sends some of its ticks itself (a third sender racing beat's message, so the ledger has real
-duplicates to refuse), optionally kills the leading beat with SIGKILL midway, and then checks
-every tick: exactly one succeeded run and exactly one execution. The e2e test runs it for about
-half a minute; a benchmark can run it for minutes with the same function and print the report.
+duplicates to refuse), optionally kills the leading beat with SIGKILL midway (``kills`` times,
+each killed beat replaced by a fresh standby once the lead has moved), and then checks every
+tick: exactly one succeeded run (so none recorded ``missed``) and exactly one execution. The e2e
+test runs it for under a minute; a benchmark can run it for minutes with the same function.
 It must run inside a test or command that owns a committed database (``transactional_db``).
 """
 
@@ -21,7 +22,7 @@ from django.db.models import Sum
 from project.celery import app as celery_app
 from scheduling import schedules
 from scheduling.core import store
-from scheduling.fixed import cron
+from scheduling.fixed import beat, cron
 from scheduling.models import SchedulerHeartbeat, ScheduleRun
 from tasks.models import Execution
 from tests.e2e import harness
@@ -36,16 +37,23 @@ class SoakReport:
     injected: int  # tick messages re-sent by the soak itself, beside beat's
     injected_refused_ticks: int  # injected ticks whose row counted at least one refused duplicate
     duplicates_refused: int  # the sum over all rows
-    handover_seconds: float | None  # SIGKILL of the leader -> the standby holds the lead
+    handover_seconds: float | None  # SIGKILL of the leader -> the standby holds the lead (the first kill)
     first_run_after_kill_seconds: float | None  # SIGKILL of the leader -> the first run of a later tick starts
+    handovers: list[float] = dataclasses.field(default_factory=list)  # every kill's handover, in seconds
+    missed: int = 0  # rows of the schedule recorded missed (ticks beat did not send)
+    # "ticks missed" warnings in the beats' logs: a missed tick whose injected duplicate ran first leaves
+    # no missed row (the row exists already), but the beat that gave up on it still says so.
+    missed_warnings: int = 0
 
     def summary(self) -> str:
         handover = f"{self.handover_seconds:.2f}s" if self.handover_seconds is not None else "n/a"
         first = f"{self.first_run_after_kill_seconds:.2f}s" if self.first_run_after_kill_seconds is not None else "n/a"
+        each = ", ".join(f"{seconds:.2f}s" for seconds in self.handovers) or "n/a"
         return (
-            f"{self.ticks_checked} ticks checked, {len(self.problems)} problems; {self.injected} duplicate sends "
-            f"injected, {self.duplicates_refused} duplicates refused; leader handover {handover}, "
-            f"first run after the kill {first}"
+            f"{self.ticks_checked} ticks checked, {len(self.problems)} problems, {self.missed} missed "
+            f"({self.missed_warnings} beat warnings); "
+            f"{self.injected} duplicate sends injected, {self.duplicates_refused} duplicates refused; "
+            f"leader handover {handover} (all {len(self.handovers)}: {each}), first run after the kill {first}"
         )
 
 
@@ -64,9 +72,19 @@ def soak(
     beats: int = 2,
     workers: int = 2,
     kill_leader_after: float | None = None,
+    kills: int = 1,
+    kill_every: float = 12.0,
+    standby_pauses: tuple[float, ...] = (),
+    missed_policy: str = "run_all",
     inject_every: int = 2,
 ) -> SoakReport:
-    """Run the scenario (see the module docstring) and return its report; processes stay for the caller to stop."""
+    """Run the scenario (see the module docstring) and return its report; processes stay for the caller to stop.
+
+    With ``kill_leader_after``, the leader is killed then and again every ``kill_every`` seconds
+    (once the previous handover is done), ``kills`` times in all. ``standby_pauses[i]`` seconds
+    (none by default) the standbys are stopped (SIGSTOP) from just before the i-th kill, a slow
+    takeover on a loaded host: the next leader then finds several ticks come due meanwhile.
+    """
     worker_procs = [cluster.worker(f"w{i + 1}", concurrency=2) for i in range(workers)]
     beat_procs = [cluster.beat(f"beat{i + 1}") for i in range(beats)]
     for proc in worker_procs:
@@ -79,7 +97,7 @@ def soak(
         kind="demo.record",
         every=every,
         concurrency_policy="allow",
-        missed_policy="run_all",
+        missed_policy=missed_policy,
         missed_window_seconds=120,
         successful_history_limit=10_000,
         failed_history_limit=10_000,
@@ -87,10 +105,13 @@ def soak(
     schedules.sync(declarations=[declaration])
     started = store.database_now()
     injected: set[dt.datetime] = set()
-    handover: float | None = None
+    handovers: list[float] = []
     killed_at: dt.datetime | None = None
     kill_mono: float | None = None
     victim: int | None = None
+    done_kills = 0
+    paused: list[harness.Proc] = []
+    resume_at = 0.0
     deadline = time.monotonic() + seconds
     begin = time.monotonic()
     last_seen: dt.datetime | None = None
@@ -103,17 +124,36 @@ def soak(
                     "scheduling.run_fixed", kwargs={"schedule": name, "tick": tick.isoformat(), "trigger": "beat"}
                 )
                 injected.add(tick)
-        if kill_leader_after is not None and kill_mono is None and time.monotonic() - begin >= kill_leader_after:
+        settled = kill_mono is None or len(handovers) == done_kills
+        due = kill_leader_after is not None and time.monotonic() - begin >= kill_leader_after + done_kills * kill_every
+        if done_kills < kills and settled and due:
             victim = leader_pid()
             assert victim in beat_pids, f"the leader {victim} is one of ours"
+            pause = standby_pauses[done_kills] if done_kills < len(standby_pauses) else 0.0
+            if pause > 0:
+                paused = [proc for proc in beat_procs if proc.pid != victim and proc.popen.poll() is None]
+                for proc in paused:
+                    proc.signal(signal.SIGSTOP)
+                resume_at = time.monotonic() + pause
             os.kill(victim, signal.SIGKILL)
             kill_mono = time.monotonic()
-            killed_at = store.database_now()
-        if kill_mono is not None and handover is None:
+            done_kills += 1
+            if killed_at is None:
+                killed_at = store.database_now()
+        if paused and time.monotonic() >= resume_at:
+            for proc in paused:
+                proc.signal(signal.SIGCONT)
+            paused = []
+        if kill_mono is not None and len(handovers) < done_kills:
             current = leader_pid()
             if current is not None and current != victim and current in beat_pids:
-                handover = time.monotonic() - kill_mono
+                handovers.append(time.monotonic() - kill_mono)
+                # a fresh standby in place of the killed beat, so the next kill has a replica to hand over to
+                beat_procs.append(cluster.beat(f"beat{len(beat_procs) + 1}"))
+                beat_pids.add(beat_procs[-1].pid)
         time.sleep(0.05)
+    for proc in paused:
+        proc.signal(signal.SIGCONT)
     end = store.database_now()
     harness.wait_for(
         lambda: not ScheduleRun.objects.filter(schedule__periodic_task__name=name, state="running").exists(),
@@ -122,7 +162,10 @@ def soak(
     )
     last_tick = cron.interval_tick(end - dt.timedelta(seconds=2 * every), every)
     first_tick = cron.interval_next_after(started, every)
-    return _check(name, every, first_tick, last_tick, injected, handover, killed_at)
+    report = _check(name, every, first_tick, last_tick, injected, handovers[0] if handovers else None, killed_at)
+    report.handovers = handovers
+    report.missed_warnings = sum(proc.log().count(beat.MISSED_LOG) for proc in beat_procs)
+    return report
 
 
 def _check(
@@ -162,6 +205,7 @@ def _check(
         if later is not None:
             first_after = (later.started_at - killed_at).total_seconds()
     total = runs.aggregate(total=Sum("duplicates_refused"))["total"] or 0
+    missed = runs.filter(state="missed").count()
     return SoakReport(
         ticks_checked=checked,
         problems=problems,
@@ -170,4 +214,5 @@ def _check(
         duplicates_refused=total,
         handover_seconds=handover,
         first_run_after_kill_seconds=first_after,
+        missed=missed,
     )

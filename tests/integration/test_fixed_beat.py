@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,7 +23,7 @@ from django_celery_beat.schedulers import DatabaseScheduler
 from project.celery import app as celery_app
 from scheduling import schedules
 from scheduling.core import leadership, store
-from scheduling.fixed import beat
+from scheduling.fixed import beat, cron
 from scheduling.models import SchedulePolicy, SchedulerHeartbeat, ScheduleRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,6 +125,52 @@ def test_the_message_carries_the_tick_and_every_replica_computes_the_same_one(sc
     assert not due, "a tick is sent once"
     assert delay == pytest.approx(59.6, abs=0.01)
     assert queue() == []
+
+
+def lead(scheduler: beat.LeaderDatabaseScheduler) -> None:
+    """Take the beat lead, waiting for a dead leader's session to end (the server drops its lock then)."""
+    for _ in range(200):
+        if scheduler._ensure_leader():
+            return
+        time.sleep(0.05)
+    raise AssertionError("the leader lock was never free")
+
+
+@pytest.mark.parametrize(
+    ("late_seconds", "lead_after", "sent", "missed"),
+    [
+        (60, 4.7, [2, 4], []),  # the standby leads 0.7 s after the 2nd tick: both unmet ticks are on time
+        (5, 10.5, [6, 8, 10], [2, 4]),  # beat away 10.5 s with a 5 s tolerance: only the older two are missed
+    ],
+    ids=["within-tolerance", "beyond-tolerance"],
+)
+def test_a_handover_sends_every_tick_within_the_late_tolerance(
+    scheduler, clock, queue, settings, late_seconds, lead_after, sent, missed
+):
+    """The leader sends a tick and dies; the standby that takes the lead sends every unmet tick within the tolerance."""
+    settings.SCHEDULING_FIXED_LATE_SECONDS = late_seconds
+    policy = declare("handover-2s", every=2, failed_history_limit=20)
+    first = cron.interval_next_after(policy.anchor_at, 2)  # the schedule's first tick
+    standby_clock = FakeClock(first)
+    standby = beat.LeaderDatabaseScheduler(app=celery_app, clock=standby_clock)
+    try:
+        lead(scheduler)
+        assert not standby._ensure_leader(), "one leader at a time"
+        clock.at = first + dt.timedelta(seconds=0.3)
+        assert step(scheduler, "handover-2s")[0]
+        assert [(m["tick"], m["trigger"]) for m in queue()] == [(first.isoformat(), "beat")]
+        scheduler._leadership._drop()  # kill -9: the lock's session ends without an unlock
+        standby_clock.at = first + dt.timedelta(seconds=lead_after)
+        lead(standby)
+        assert step(standby, "handover-2s")[0]
+        expected = [(first + dt.timedelta(seconds=n)).isoformat() for n in sent]
+        assert [(m["tick"], m["trigger"]) for m in queue()] == [(tick, "beat") for tick in expected]
+        rows = ScheduleRun.objects.filter(schedule=policy, state="missed").order_by("tick")
+        assert [r.tick for r in rows] == [first + dt.timedelta(seconds=n) for n in missed]
+        assert SchedulePolicy.objects.get(pk=policy.pk).last_tick == first + dt.timedelta(seconds=sent[-1])
+        assert not step(standby, "handover-2s")[0], "each tick is handled once"
+    finally:
+        standby.close()
 
 
 @pytest.mark.parametrize(

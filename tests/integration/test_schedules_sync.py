@@ -166,6 +166,17 @@ def test_validate_policy_on_an_unsaved_edit_with_a_bad_crontab():
         policies.validate_policy(policy, task)
 
 
+def test_validate_policy_refuses_a_crontab_row_celery_cannot_read():
+    """An admin crontab with day of week 1-7 is refused, naming the spelling Celery reads (beat would drop it)."""
+    task = PeriodicTask(
+        name="sundays", task="scheduling.run_fixed", crontab=CrontabSchedule(minute="0", hour="3", day_of_week="1-7")
+    )
+    with pytest.raises(exceptions.InvalidCronExpression, match="write it as '0-6'"):
+        policies.validate_policy(SchedulePolicy(kind="demo.noop"), task)
+    task.crontab.day_of_week = "0-6"
+    policies.validate_policy(SchedulePolicy(kind="demo.noop"), task)
+
+
 def test_preview_lists_the_next_runs_in_the_schedules_zone():
     """preview() gives the next five runs of the Lisbon settlement at 03:00 local, across the spring change."""
     declaration = schedules.make(name="p", kind="demo.noop", cron="0 3 * * *", timezone="Europe/Lisbon")

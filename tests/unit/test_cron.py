@@ -10,6 +10,7 @@ from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from celery.schedules import crontab, crontab_parser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -97,8 +98,12 @@ def matcher(minutes: set[int], hours: set[int] | None = None, days_of_month: set
 
 
 def oracle(zone_name: str, matches: Callable[[datetime], bool], start: datetime, end: datetime,
-           dst_gap: str) -> list[datetime]:
-    """Ticks in (start, end] found by walking every UTC minute: first occurrences and gap ends."""
+           dst_gap: str, wildcard: bool = False) -> list[datetime]:
+    """Ticks in (start, end] found by walking every UTC minute.
+
+    Fixed-time schedules: first occurrences and gap ends (shift). Wildcard ones (Debian's
+    MIN_STAR/HR_STAR): every minute at which the clock reads a matching wall time, nothing else.
+    """
     zone = ZoneInfo(zone_name)
     ticks = []
     t = start.replace(second=0, microsecond=0)
@@ -106,8 +111,8 @@ def oracle(zone_name: str, matches: Callable[[datetime], bool], start: datetime,
     while t <= end:
         local = t.astimezone(zone)
         now = local.replace(tzinfo=None, fold=0)
-        fire = local.fold == 0 and matches(now)  # fold=1: second pass of a repeated wall time
-        if dst_gap == "shift" and now - previous > MINUTE:  # the clock jumped over some wall times
+        fire = (wildcard or local.fold == 0) and matches(now)  # fold=1: second pass of a repeated wall time
+        if not wildcard and dst_gap == "shift" and now - previous > MINUTE:  # the clock jumped over wall times
             skipped = previous + MINUTE
             while skipped < now and not fire:
                 fire = matches(skipped)
@@ -244,6 +249,121 @@ def test_descending_range_wraps_around() -> None:
     assert {t.isoweekday() % 7 for t in wrapped} == {5, 6, 0}
 
 
+@pytest.mark.parametrize(
+    ("day_of_week", "written", "days"),
+    [
+        ("7", "0", {0}),
+        ("0-7", "0-6", set(range(7))),
+        ("1-7", "0-6", set(range(7))),
+        ("fri-7", "0,5-6", {5, 6, 0}),
+        ("5-7,mon", "0-1,5-6", {5, 6, 0, 1}),
+        ("1-7/3", "0-1,4", {1, 4, 0}),
+        ("sun", "sun", {0}),
+        ("*/2", "*/2", {0, 2, 4, 6}),
+    ],
+)
+def test_day_of_week_seven_is_written_the_way_celery_reads_it(day_of_week: str, written: str, days: set[int]) -> None:
+    """Day 7 (alone or in a range) expands to a field Celery's crontab reads as the same days; Sunday fires."""
+    expression = f"0 3 * * {day_of_week}"
+    expanded = cron.expand(expression)
+    assert expanded == f"0 3 * * {written}"
+    assert crontab(minute="0", hour="3", day_of_week=expanded.split()[4]).day_of_week == days
+    reference = utc(2026, 1, 1)
+    ticks = CronSchedule.parse(expression, LISBON).next_n(reference, 14)
+    assert ticks == CronSchedule.parse(expanded, LISBON).next_n(reference, 14)
+    assert {t.isoweekday() % 7 for t in ticks} == days
+
+
+@pytest.mark.parametrize(
+    ("day_of_week", "days"),
+    [
+        ("fri-mon/2", {5, 0}),
+        ("sat-tue/2", {6, 1}),
+        ("fri-sun", {5, 6, 0}),
+        ("sat-mon/1", {6, 0, 1}),
+        ("7-2", {0, 1, 2}),
+    ],
+)
+def test_wrapped_day_of_week_range_counts_sunday_once(day_of_week: str, days: set[int]) -> None:
+    """A descending day-of-week range wraps over a 7-day week like Celery's: fri-mon/2 is Friday and Sunday."""
+    ticks = CronSchedule.parse(f"0 0 * * {day_of_week}", "UTC").next_n(utc(2026, 1, 1), 21)
+    assert {t.isoweekday() % 7 for t in ticks} == days
+    if "7" not in day_of_week:
+        assert crontab_parser(7).parse(day_of_week) == days
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "9" * 5000 + " * * * *",
+        "*/" + "9" * 5000 + " * * * *",
+        "0 " + "1" * 90 + " * * *",
+        "0 0 1-" + "9" * 60 + " * *",
+        "*/" + "7" * 200 + " * * * *",
+        "0 0 * * 1," + "0" * 30 + "8",
+    ],
+)
+def test_huge_numbers_raise_invalid_cron_expression_with_a_short_message(expression: str) -> None:
+    """A number of thousands of digits (value or step) is an InvalidCronExpression, and the message stays short."""
+    with pytest.raises(exceptions.InvalidCronExpression) as caught:
+        cron.expand(expression)
+    assert len(str(caught.value)) < 300
+
+
+def test_leading_zeros_and_large_steps_are_still_numbers() -> None:
+    """0005 is minute 5 and a step larger than the field leaves only its start, as in Vixie cron and Celery."""
+    reference = utc(2026, 1, 1)
+    assert CronSchedule.parse("0005 * * * *", "UTC").next_n(reference, 3) == CronSchedule.parse(
+        "5 * * * *", "UTC"
+    ).next_n(reference, 3)
+    assert CronSchedule.parse("*/100 0 * * *", "UTC").next_n(reference, 3) == CronSchedule.parse(
+        "0 0 * * *", "UTC"
+    ).next_n(reference, 3)
+
+
+_FIELD_BOUNDS = ((0, 59, ()), (0, 23, ()), (1, 31, ()), (1, 12, cron._MONTH_NAMES), (0, 7, cron._DAY_NAMES))
+
+
+@st.composite
+def field_texts(draw: st.DrawFn, index: int) -> str:
+    """A valid text for field ``index``: lists of *, */n, values, names, ranges (wrapped too) and steps."""
+    low, high, names = _FIELD_BOUNDS[index]
+
+    def atom() -> str:
+        value = draw(st.integers(low, high))
+        if names and draw(st.booleans()) and value - (1 if index == 3 else 0) < len(names):
+            return names[value - (1 if index == 3 else 0)]
+        return str(value)
+
+    items = []
+    for _ in range(draw(st.integers(1, 3))):
+        form = draw(st.sampled_from(["*", "*/n", "a", "a-b", "a-b/n"]))
+        step = str(draw(st.integers(1, high + 2)))
+        item = {"*": "*", "*/n": f"*/{step}", "a": atom(), "a-b": f"{atom()}-{atom()}"}.get(form)
+        items.append(item if item is not None else f"{atom()}-{atom()}/{step}")
+    return ",".join(items)
+
+
+@settings(max_examples=400, deadline=None)
+@given(fields=st.tuples(*(field_texts(i) for i in range(5))))
+def test_every_expanded_field_is_read_by_celery_as_the_same_values(fields: tuple[str, ...]) -> None:
+    """Celery's crontab parser reads each field of expand() as exactly the values Timekeeper fires on."""
+    expression = " ".join(fields)
+    try:
+        expanded, parsed = cron._parse(expression)  # the value sets behind the public API
+    except exceptions.InvalidCronExpression as exc:  # only a day no listed month has may be refused
+        message = str(exc)
+    else:
+        message = ""
+    if message:
+        assert "never fires" in message
+        return
+    sizes = ((60, 0), (24, 0), (31, 1), (12, 1), (7, 0))
+    values = (parsed.minutes, parsed.hours, parsed.days_of_month, parsed.months, parsed.days_of_week)
+    for text, (size, low), wanted in zip(expanded.split(), sizes, values, strict=True):
+        assert crontab_parser(size, low).parse(text) == wanted, text
+
+
 def test_day_of_month_or_day_of_week_when_both_restricted() -> None:
     """With both day fields restricted, a day matches if either does (Vixie rule)."""
     schedule = CronSchedule.parse("0 12 13 * 5", "UTC")
@@ -258,13 +378,28 @@ def test_day_of_month_or_day_of_week_when_both_restricted() -> None:
     assert date(2026, 2, 13) in days  # a Friday the 13th, once
 
 
-def test_full_range_day_field_counts_as_unrestricted() -> None:
-    """A day field covering its whole range (1-31, 0-6) is unrestricted, so the other field alone decides."""
-    reference = utc(2026, 1, 1)
-    fridays = CronSchedule.parse("0 12 * * 5", "UTC").next_n(reference, 8)
-    assert CronSchedule.parse("0 12 1-31 * 5", "UTC").next_n(reference, 8) == fridays
-    thirteenths = CronSchedule.parse("0 12 13 * *", "UTC").next_n(reference, 8)
-    assert CronSchedule.parse("0 12 13 * 0-6", "UTC").next_n(reference, 8) == thirteenths
+@pytest.mark.parametrize(
+    ("expression", "runs_on"),
+    [
+        # A day field that does not start with '*' is restricted, whatever it covers: either day matches.
+        ("0 0 1-31 * 1", lambda d: True),
+        ("0 0 13 * 0-6", lambda d: True),
+        ("0 0 1-31 * mon-fri", lambda d: True),
+        ("0 0 1,15 * 1", lambda d: d.day in (1, 15) or d.weekday() == 0),
+        # A field that starts with '*' is unrestricted, even with a step: both must match.
+        ("0 0 */2 * 1", lambda d: d.day % 2 == 1 and d.weekday() == 0),
+        ("0 0 */1 * 5", lambda d: d.weekday() == 4),
+        ("0 0 13 * */1", lambda d: d.day == 13),
+        ("0 0 1-31 * *", lambda d: True),
+        ("0 0 * * 0-6", lambda d: True),
+    ],
+)
+def test_day_fields_follow_the_vixie_rule(expression: str, runs_on: Callable[[date], bool]) -> None:
+    """Vixie cron's rule: a day field starting with '*' is unrestricted; with both restricted, either day matches."""
+    ticks = CronSchedule.parse(expression, "UTC").ticks_between(utc(2025, 12, 31, 23), utc(2026, 6, 30, 23))
+    days = [t.date() for t in ticks]
+    expected = [date(2026, 1, 1) + timedelta(days=i) for i in range(181)]
+    assert days == [day for day in expected if runs_on(day)]
 
 
 def test_leap_day_is_found_without_scanning() -> None:
@@ -274,6 +409,16 @@ def test_leap_day_is_found_without_scanning() -> None:
     assert schedule.next_after(utc(2096, 3, 1)) == utc(2104, 2, 29)
     assert schedule.latest_at_or_before(utc(2103, 12, 31)) == utc(2096, 2, 29)
     assert schedule.next_n(utc(2026, 1, 1), 3) == [utc(2028, 2, 29), utc(2032, 2, 29), utc(2036, 2, 29)]
+
+
+def test_day_of_month_and_star_day_of_week_ticks_decades_apart_are_found() -> None:
+    """13 June on a Sunday (11 years apart) and 29 February on a Sunday (40 years across 2100) are found."""
+    june = CronSchedule.parse("44 11 13 6 */7", "UTC")
+    assert june.next_after(utc(2038, 6, 14)) == utc(2049, 6, 13, 11, 44)
+    assert june.latest_at_or_before(utc(2049, 6, 12)) == utc(2038, 6, 13, 11, 44)
+    leap_sunday = CronSchedule.parse("0 0 29 2 */7", LISBON)  # */7 is Sunday and starts with "*": both must match
+    assert leap_sunday.next_after(utc(2088, 3, 1)) == utc(2128, 2, 29)
+    assert leap_sunday.min_interval_seconds() == (date(2060, 2, 29) - date(2032, 2, 29)).days * 86400.0
 
 
 # --- Europe/Lisbon 2026 DST days ---------------------------------------------------------------------
@@ -315,32 +460,54 @@ def test_three_am_is_three_am_local_all_season() -> None:
         assert tick - previous == expected, tick
 
 
-def test_quarter_hours_in_repeated_hour_fire_once_each() -> None:
-    """*/15 on the fall-back night: each wall time fires once (first pass), leaving a 1h15 gap to 02:00 WET."""
+def test_quarter_hours_keep_their_cadence_through_the_repeated_hour() -> None:
+    """*/15 on the fall-back night fires every 15 real minutes: 01:00-01:45 WEST, then 01:00-01:45 WET again."""
     schedule = CronSchedule.parse("*/15 * * * *", LISBON)
     ticks = list(schedule.ticks_between(utc(2026, 10, 24, 23, 30), utc(2026, 10, 25, 2, 30)))
-    assert ticks == [
-        utc(2026, 10, 24, 23, 45),  # 00:45 WEST
-        utc(2026, 10, 25, 0, 0),  # 01:00 WEST
-        utc(2026, 10, 25, 0, 15),
-        utc(2026, 10, 25, 0, 30),
-        utc(2026, 10, 25, 0, 45),  # 01:45 WEST; 01:00-01:45 WET (01:00-01:45 UTC) do not fire again
-        utc(2026, 10, 25, 2, 0),  # 02:00 WET
-        utc(2026, 10, 25, 2, 15),
-        utc(2026, 10, 25, 2, 30),
+    quarter = timedelta(minutes=15)
+    assert ticks == [utc(2026, 10, 24, 23, 45) + i * quarter for i in range(12)]
+    local = [t.astimezone(ZoneInfo(LISBON)).strftime("%H:%M %Z") for t in ticks]
+    assert local[1:9] == [f"01:{m:02d} {z}" for z in ("WEST", "WET") for m in (0, 15, 30, 45)]
+
+
+@pytest.mark.parametrize(
+    ("expression", "local"),
+    [
+        ("30 * * * *", ["00:30 WEST", "01:30 WEST", "01:30 WET", "02:30 WET"]),  # wildcard hour: both passes
+        ("0-59/30 1 * * *", ["01:00 WEST", "01:30 WEST"]),  # fixed time (no leading '*'): first pass only
+        ("30 1 * * *", ["01:30 WEST"]),
+        ("@hourly", ["01:00 WEST", "01:00 WET", "02:00 WET"]),
+        ("* 1 * * *", [f"01:{m:02d} {z}" for z in ("WEST", "WET") for m in range(60)]),
+    ],
+)
+def test_fall_back_fixed_time_runs_once_and_wildcard_runs_in_both_passes(expression: str, local: list[str]) -> None:
+    """Debian's rule at fall-back: fixed minute and hour fire at the first 01:30; a '*' field fires in both hours."""
+    schedule = CronSchedule.parse(expression, LISBON)
+    ticks = schedule.ticks_between(utc(2026, 10, 24, 23, 15), utc(2026, 10, 25, 2, 45))
+    assert [t.astimezone(ZoneInfo(LISBON)).strftime("%H:%M %Z") for t in ticks] == local
+
+
+@pytest.mark.parametrize("dst_gap", ["shift", "skip"])
+def test_spring_forward_wildcard_skips_the_gap_and_fixed_time_shifts(dst_gap: str) -> None:
+    """At spring-forward 30 * * * * keeps hourly real time (no 01:30 at all); 30 1 * * * shifts to 02:00 or skips."""
+    hourly = CronSchedule.parse("30 * * * *", LISBON, dst_gap)
+    assert list(hourly.ticks_between(utc(2026, 3, 28, 23, 45), utc(2026, 3, 29, 2, 45))) == [
+        utc(2026, 3, 29, 0, 30),  # 00:30 WET
+        utc(2026, 3, 29, 1, 30),  # 02:30 WEST: one real hour later, 01:30 never shown by the clock
+        utc(2026, 3, 29, 2, 30),
     ]
-    walls = [wall(t) for t in ticks]
-    assert len(set(walls)) == len(walls)
-    assert ticks[5] - ticks[4] == timedelta(hours=1, minutes=15)
+    daily = CronSchedule.parse("30 1 * * *", LISBON, dst_gap)
+    expected = [SPRING_FORWARD] if dst_gap == "shift" else []
+    assert list(daily.ticks_between(utc(2026, 3, 28, 23, 45), utc(2026, 3, 29, 2, 45))) == expected
 
 
-def test_quarter_hours_in_skipped_hour_collapse_to_gap_end_once() -> None:
-    """*/15 on the spring-forward night: 01:00-01:45 WET do not exist and all fire once at 02:00 WEST."""
+def test_quarter_hours_in_skipped_hour_keep_their_cadence() -> None:
+    """*/15 at spring-forward: 01:00-01:45 WET do not exist; 00:45 WET is followed 15 min later by 02:00 WEST."""
     schedule = CronSchedule.parse("*/15 * * * *", LISBON)
     ticks = list(schedule.ticks_between(utc(2026, 3, 29, 0, 30), utc(2026, 3, 29, 1, 30)))
     assert ticks == [utc(2026, 3, 29, 0, 45), SPRING_FORWARD, utc(2026, 3, 29, 1, 15), utc(2026, 3, 29, 1, 30)]
     skipping = CronSchedule.parse("*/15 * * * *", LISBON, dst_gap="skip")
-    # 02:00 WEST exists (it is the gap end) so it fires under skip as well; 01:xx do not.
+    # dst_gap applies to fixed-time schedules only: a wildcard one has no wall times to shift.
     assert list(skipping.ticks_between(utc(2026, 3, 29, 0, 30), utc(2026, 3, 29, 1, 30))) == ticks
 
 
@@ -358,10 +525,13 @@ def test_several_gap_wall_times_yield_the_gap_end_once() -> None:
 
 
 def test_latest_at_or_before_during_second_pass_of_repeated_hour() -> None:
-    """At 01:10 WET (second pass) the latest */15 tick is 01:45 WEST, a later wall time that ran earlier."""
-    schedule = CronSchedule.parse("*/15 * * * *", LISBON)
+    """At 01:10 WET (second pass) the latest 45 1 * * * tick is 01:45 WEST, a later wall time that ran earlier."""
+    schedule = CronSchedule.parse("45 1 * * *", LISBON)
     assert schedule.latest_at_or_before(utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 25, 0, 45)
-    assert schedule.next_after(utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 25, 2, 0)
+    assert schedule.next_after(utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 26, 1, 45)
+    quarters = CronSchedule.parse("*/15 * * * *", LISBON)
+    assert quarters.latest_at_or_before(utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 25, 1, 0)  # 01:00 WET
+    assert quarters.next_after(utc(2026, 10, 25, 1, 10)) == utc(2026, 10, 25, 1, 15)  # 01:15 WET
 
 
 def test_latest_at_or_before_on_gap_day() -> None:
@@ -377,6 +547,10 @@ def test_latest_at_or_before_on_gap_day() -> None:
     ("expression", "minutes", "hours"),
     [
         ("*/15 * * * *", set(range(0, 60, 15)), None),
+        ("30 * * * *", {30}, None),
+        ("* 1 * * *", set(range(60)), {1}),
+        ("0 */2 * * *", {0}, set(range(0, 24, 2))),
+        ("0-59/20 1-3 * * *", {0, 20, 40}, {1, 2, 3}),
         ("30 1 * * *", {30}, {1}),
         ("0 0 * * *", {0}, {0}),
         ("59 23 * * *", {59}, {23}),
@@ -387,12 +561,14 @@ def test_latest_at_or_before_on_gap_day() -> None:
 def test_ticks_match_minute_by_minute_oracle_around_changes(
     zone_name: str, dst_gap: str, expression: str, minutes: set[int], hours: set[int] | None
 ) -> None:
-    """Around every 2026 offset change of odd zones, ticks equal a brute-force minute-by-minute walk."""
+    """Around every 2026 offset change of odd zones, ticks equal a brute-force minute-by-minute walk (both kinds)."""
     schedule = CronSchedule.parse(expression, zone_name, dst_gap)
     matches = matcher(minutes, hours)
+    wildcard = expression.split()[0].startswith("*") or expression.split()[1].startswith("*")
     for change in transitions(zone_name, 2026) or [utc(2026, 6, 1)]:
         start, end = change - timedelta(hours=26), change + timedelta(hours=26)
-        assert list(schedule.ticks_between(start, end)) == oracle(zone_name, matches, start, end, dst_gap), change
+        expected = oracle(zone_name, matches, start, end, dst_gap, wildcard)
+        assert list(schedule.ticks_between(start, end)) == expected, change
 
 
 def test_repeated_interval_spanning_midnight() -> None:
@@ -406,8 +582,12 @@ def test_repeated_interval_spanning_midnight() -> None:
     assert schedule.next_after(second_pass) == utc(2010, 11, 8, 4, 0)
     start, end = utc(2010, 11, 5), utc(2010, 11, 9)
     every_quarter = CronSchedule.parse("*/15 * * * *", goose_bay)
-    expected = oracle(goose_bay, matcher(set(range(0, 60, 15))), start, end, "shift")
-    assert list(every_quarter.ticks_between(start, end)) == expected
+    fixed_quarters = CronSchedule.parse("0,15,30,45 0-23 * * *", goose_bay)
+    for schedule, wildcard in ((every_quarter, True), (fixed_quarters, False)):
+        expected = oracle(goose_bay, matcher({0, 15, 30, 45}), start, end, "shift", wildcard)
+        assert list(schedule.ticks_between(start, end)) == expected
+        for instant in (second_pass, utc(2010, 11, 7, 3, 10), utc(2010, 11, 7, 3, 59), utc(2010, 11, 7, 4, 1)):
+            assert schedule.latest_at_or_before(instant) == max(t for t in expected if t <= instant), instant
 
 
 def test_transitions_helper_finds_lisbon_changes() -> None:
@@ -487,11 +667,16 @@ def test_min_interval_seconds_with_skip_ignores_skipped_ticks() -> None:
 
 
 def test_describe_is_readable_and_names_the_zone() -> None:
-    """describe() gives English text with the zone, the nickname and the either-day rule when relevant."""
+    """describe() gives the zone, the nickname, the either-day rule and the DST rule of wildcard schedules."""
     assert CronSchedule.parse("0 3 * * *", LISBON).describe() == "At 03:00 AM (Europe/Lisbon)"
     assert CronSchedule.parse("@daily", "UTC").describe() == "@daily: At 12:00 AM (UTC)"
     assert "either" in CronSchedule.parse("0 0 13 * fri", "UTC").describe()
     assert "do not run" in CronSchedule.parse("30 1 * * *", LISBON, "skip").describe()
+    cadence = "at clock changes it keeps its real-time cadence: a repeated hour runs twice"
+    assert cadence in CronSchedule.parse("*/15 * * * *", LISBON).describe()
+    assert cadence in CronSchedule.parse("@hourly", LISBON, "skip").describe()
+    assert "do not run" not in CronSchedule.parse("@hourly", LISBON, "skip").describe(), "dst_gap is for fixed times"
+    assert "cadence" not in CronSchedule.parse("*/15 * * * *", "UTC").describe()
 
 
 # --- properties ---------------------------------------------------------------------------------------
@@ -538,15 +723,18 @@ instants = st.one_of(
 def test_next_after_increases_and_matches_the_expression(
     case: tuple[CronSchedule, Callable[[datetime], bool]], instant: datetime
 ) -> None:
-    """Ticks strictly increase, and each is a first occurrence of a matching wall time or a shifted gap end."""
+    """Ticks increase; each reads a matching wall time (a first occurrence if fixed-time) or is a shifted gap end."""
     schedule, matches = case
     zone = ZoneInfo(schedule.timezone)
+    minute, hour = schedule.expanded.split()[:2]
+    wildcard = minute.startswith("*") or hour.startswith("*")
     previous = instant
     for tick in schedule.next_n(instant, 5):
         assert tick > previous
         assert tick.tzinfo is UTC
         local = tick.astimezone(zone)
-        if not (local.fold == 0 and matches(local.replace(tzinfo=None, fold=0))):
+        if not ((wildcard or local.fold == 0) and matches(local.replace(tzinfo=None, fold=0))):
+            assert not wildcard, "a wildcard schedule fires only when the clock reads a matching time"
             assert schedule.dst_gap == "shift"
             assert is_gap_end_for(schedule, matches, tick), tick
         previous = tick

@@ -94,13 +94,14 @@ def test_0300_stays_at_0300_local_across_both_changes():
         assert tick.astimezone(LISBON).strftime("%H:%M") == "03:00"
 
 
-def test_minutely_schedule_through_the_repeated_hour_never_fires_a_wall_time_twice():
-    """Every 15 min on the fall-back night: 01:00-01:45 WEST fire, their WET repeats do not, nothing is missed."""
+def test_quarter_hourly_schedule_keeps_its_cadence_through_the_repeated_hour():
+    """Every 15 min on the fall-back night: 01:00-01:45 WEST and again WET, every 15 real minutes, nothing missed."""
     beat = SimulatedBeat(daily("*/15 * * * *"), recheck_seconds=5)
     beat.run(utc(2026, 10, 24, 23, 50), utc(2026, 10, 25, 2, 5))
     local = [t.astimezone(LISBON).strftime("%H:%M %Z") for t in beat.ticks]
-    assert local == ["01:00 WEST", "01:15 WEST", "01:30 WEST", "01:45 WEST", "02:00 WET"]
-    assert len(set(beat.ticks)) == len(beat.ticks)
+    assert local == [f"01:{m:02d} {zone}" for zone in ("WEST", "WET") for m in (0, 15, 30, 45)] + ["02:00 WET"]
+    assert {b - a for a, b in zip(beat.ticks, beat.ticks[1:], strict=False)} == {timedelta(minutes=15)}
+    assert all(send.trigger == "beat" for send in beat.sent)
     assert beat.missed == []
 
 
@@ -183,6 +184,32 @@ def test_a_tick_noticed_within_the_late_tolerance_is_sent_on_time():
     plan = ticks.plan(every_five_minutes(), utc(2026, 5, 4, 10, 30, 20), late_seconds=LATE, max_ticks=MAX_TICKS)
     assert plan.sends == (ticks.Send(utc(2026, 5, 4, 10, 30), "beat"),)
     assert plan.missed == tuple(utc(2026, 5, 4, 10, m) for m in (5, 10, 15, 20, 25))
+
+
+@pytest.mark.parametrize("missed_policy", ["skip", "run_once", "run_all"])
+def test_a_handover_sends_every_tick_within_the_late_tolerance(missed_policy):
+    """A 2 s schedule whose leader died after 10:00:00: the next leader at 10:00:04.7 sends :02 and :04, misses none."""
+    state = ticks.TickState(
+        timing=ticks.Timing.from_interval(2),
+        anchor_at=utc(2026, 5, 1),
+        last_tick=utc(2026, 5, 4, 10),
+        missed_policy=missed_policy,
+    )
+    now = utc(2026, 5, 4, 10) + timedelta(seconds=4.7)
+    plan = ticks.plan(state, now, late_seconds=LATE, max_ticks=MAX_TICKS)
+    assert plan.sends == (ticks.Send(utc(2026, 5, 4, 10, 0, 2), "beat"), ticks.Send(utc(2026, 5, 4, 10, 0, 4), "beat"))
+    assert plan.missed == ()
+    assert plan.advance_to == utc(2026, 5, 4, 10, 0, 4)
+
+
+def test_only_ticks_older_than_the_late_tolerance_follow_the_missed_policy():
+    """Late tolerance 5 s, beat back 10.5 s after its last tick: 10:00:02 and :04 are missed, :06 to :10 are sent."""
+    state = ticks.TickState(
+        timing=ticks.Timing.from_interval(2), anchor_at=utc(2026, 5, 1), last_tick=utc(2026, 5, 4, 10)
+    )
+    plan = ticks.plan(state, utc(2026, 5, 4, 10) + timedelta(seconds=10.5), late_seconds=5, max_ticks=MAX_TICKS)
+    assert plan.missed == (utc(2026, 5, 4, 10, 0, 2), utc(2026, 5, 4, 10, 0, 4))
+    assert plan.sends == tuple(ticks.Send(utc(2026, 5, 4, 10, 0, s), "beat") for s in (6, 8, 10))
 
 
 def test_run_once_sends_the_latest_missed_tick_within_the_starting_deadline():
