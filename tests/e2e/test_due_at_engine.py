@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from django.db.models import Max
+from django.db.models.functions import Now
 
 from scheduling import api
 from scheduling.models import JobAttempt, JobState, ScheduledJob
@@ -53,3 +56,35 @@ def test_timeout_stops_a_handler(cluster):
     assert outcomes == ["timed_out", "timed_out"]
     for attempt in JobAttempt.objects.filter(job_id=job.id):
         assert (attempt.finished_at - attempt.started_at).total_seconds() < 10
+
+
+def test_one_worker_and_no_beat_claim_run_and_sweep_with_every_process_running_handlers(cluster):
+    """One `celery worker -c 2`, no beat: two jobs run at once (control takes no seat) and a dead claim is swept."""
+    worker = cluster.worker(concurrency=2)
+    wait_ready(worker)
+    wait_for(lambda: "control loop leads here" in worker.log(), 30, message="the worker's control loop to lead")
+    # A claim whose worker vanished (started, no heartbeat for longer than its lease): the sweeper takes it back.
+    stranded = api.schedule("demo.record", {"label": "stranded"}, delay=3600)
+    ScheduledJob.objects.filter(pk=stranded.id).update(
+        state=JobState.CLAIMED,
+        token="00000000-0000-0000-0000-000000000001",
+        claimed_by="gone:1",
+        attempts=1,
+        claimed_at=Now() - dt.timedelta(minutes=10),
+        heartbeat_at=Now() - dt.timedelta(minutes=10),
+        due_at=Now(),
+    )
+    sleepers = [api.schedule("demo.sleep", {"seconds": 1.5}, delay=0) for _ in range(2)]
+
+    def both_running() -> set[int]:
+        started = Execution.objects.filter(idempotency_key__in=[f"job:{j.id}" for j in sleepers])
+        still_claimed = ScheduledJob.objects.filter(pk__in=[j.id for j in sleepers], state=JobState.CLAIMED).count()
+        return {e.pid for e in started} if still_claimed == 2 else set()
+
+    pids = wait_for(lambda: len(both_running()) == 2 and both_running(), 30, message="both sleepers running at once")
+    assert pids <= set(worker.children()), "two pool processes ran handlers at the same time"
+    wait_for(
+        lambda: ScheduledJob.objects.get(pk=stranded.id).state == JobState.DONE, 60, message="the swept job to run"
+    )
+    outcomes = list(JobAttempt.objects.filter(job_id=stranded.id).order_by("number").values_list("outcome", flat=True))
+    assert outcomes == ["reclaimed", "succeeded"]
