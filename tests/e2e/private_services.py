@@ -279,6 +279,7 @@ class Stack:
             "max_attempts": max_attempts,
             "key": key,
             "owner_id": None,
+            "priority": 0,
         }
         return int(self.sql(store.queries()["insert_job"], params)[0][0])
 

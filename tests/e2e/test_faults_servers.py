@@ -277,7 +277,7 @@ def _claim_with_lost_messages(stack: Stack, count: int, lease: int) -> list[list
     conn = stack.pg.connect(autocommit=False)
     an_hour_ago = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)  # due before anything else: claimed first
     params = {"kind": "demo.record", "payload": "{}", "due_at": an_hour_ago, "delay": 0.0, "lease_seconds": lease,
-              "max_attempts": 5, "key": None, "owner_id": None}  # fmt: skip
+              "max_attempts": 5, "key": None, "owner_id": None, "priority": 0}  # fmt: skip
     with conn, conn.cursor() as cur:
         inserted = set()
         for _ in range(count):
