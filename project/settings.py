@@ -225,6 +225,8 @@ SCHEDULING_METRICS_TOKEN = os.environ.get("SCHEDULING_METRICS_TOKEN", "")  # set
 # With DEBUG off and no token, /metrics is refused unless opened on purpose here.
 SCHEDULING_METRICS_PUBLIC = env.get_bool("SCHEDULING_METRICS_PUBLIC", False)
 SCHEDULING_METRICS_CACHE_SECONDS = env.get_int("SCHEDULING_METRICS_CACHE_SECONDS", 5, minimum=0)
+# OpenTelemetry spans (scheduling.core.tracing): on when asked, or when an OTLP endpoint is configured.
+SCHEDULING_TRACING = env.get_bool("SCHEDULING_TRACING", bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")))
 
 # Claiming and sweeping need no beat entries: every worker runs the control loop (one leads).
 SCHEDULING_CLAIM_INTERVAL_SECONDS = env.get_float("SCHEDULING_CLAIM_INTERVAL_SECONDS", 1.0, minimum=0.05)

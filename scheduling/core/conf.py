@@ -67,6 +67,8 @@ class Settings:
     metrics_token: str = ""  # when set, /metrics needs "Authorization: Bearer <token>"; /healthz shows details with it
     metrics_public: bool = False  # True: /metrics answers anyone when no token is set (DEBUG off refuses otherwise)
     metrics_cache_seconds: float = 5.0  # a scrape within this long of the last one gets the same text
+    # --- traces --------------------------------------------------------------------------------------
+    tracing: bool = False  # OpenTelemetry spans of schedule, claim and run (OTLP to OTEL_EXPORTER_OTLP_ENDPOINT)
 
     @classmethod
     def from_django(cls) -> Settings:

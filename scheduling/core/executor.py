@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Iterator
 from types import FrameType
 
-from scheduling.core import registry
+from scheduling.core import registry, tracing
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,20 @@ def invoke(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Res
     A ``JobTimeout`` from a deadline set by the caller around several calls propagates; one from
     this call's own timeout becomes ``TIMED_OUT``.
     """
+    with tracing.span(
+        "timekeeper.run_job",
+        job_id=job.id,
+        ref=job.ref or None,
+        kind=kind.name,
+        attempt=job.attempt,
+        mechanism=job.mechanism,
+    ) as span:
+        result = _call(kind, job, timeout)
+        span.set("outcome", result.outcome)
+        return result
+
+
+def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Result:
     log = {"kind": kind.name, "job_id": job.id, "ref": job.ref, "attempt": job.attempt}
     owns_deadline = False
     try:

@@ -214,20 +214,54 @@ def _check(declaration: Declaration) -> None:
 
 
 def _schedule_row(declaration: Declaration) -> CrontabSchedule | IntervalSchedule:
-    if declaration.cron is not None:
-        minute, hour, day_of_month, month_of_year, day_of_week = cron.expand(declaration.cron).split()
+    return schedule_row(declaration.cron, declaration.timezone, declaration.every)
+
+
+def schedule_row(
+    expression: str | None, timezone: str, every_seconds: float | None
+) -> CrontabSchedule | IntervalSchedule:
+    """The django-celery-beat row for a timing: a ``CrontabSchedule`` in ``timezone`` (nicknames
+    expanded) for an expression, else an ``IntervalSchedule`` of ``every_seconds``; found or created."""
+    if expression:
+        minute, hour, day_of_month, month_of_year, day_of_week = cron.expand(expression).split()
         row, _ = CrontabSchedule.objects.get_or_create(
             minute=minute,
             hour=hour,
             day_of_month=day_of_month,
             month_of_year=month_of_year,
             day_of_week=day_of_week,
-            timezone=declaration.timezone,
+            timezone=timezone,
         )
         return row
-    assert declaration.every is not None
-    row, _ = IntervalSchedule.objects.get_or_create(every=int(declaration.every), period=IntervalSchedule.SECONDS)
+    assert every_seconds is not None
+    row, _ = IntervalSchedule.objects.get_or_create(every=int(every_seconds), period=IntervalSchedule.SECONDS)
     return row
+
+
+def apply_policy(task: PeriodicTask, policy: SchedulePolicy, timezone: str, every_seconds: float | None) -> bool:
+    """Make ``task`` follow ``policy`` (the admin's one place to edit a schedule): its crontab or
+    interval from the policy's expression (in ``timezone``) or ``every_seconds``, and ``suspend``
+    equal to "not enabled". Saves only what differs; returns whether anything was written."""
+    wrote = False
+    if policy.expression or every_seconds:
+        row = schedule_row(policy.expression or None, timezone, every_seconds)
+        is_cron = isinstance(row, CrontabSchedule)
+        wanted: dict[str, Any] = {
+            "crontab": row if is_cron else None,
+            "interval": None if is_cron else row,
+            "solar": None,
+            "clocked": None,
+        }
+        if any(_differs(getattr(task, field), value) for field, value in wanted.items()):
+            for field, value in wanted.items():
+                setattr(task, field, value)
+            task.save(update_fields=[*wanted])  # post_save: the anchor moves to the new timing
+            wrote = True
+    if policy.suspend == task.enabled:
+        policy.suspend = not task.enabled
+        policy.save(update_fields=["suspend"])
+        wrote = True
+    return wrote
 
 
 def _policy_fields(declaration: Declaration) -> dict[str, Any]:
@@ -299,11 +333,14 @@ def _differs(current: Any, wanted: Any) -> bool:
             return current != wanted
     return current != wanted
 
+
 __all__ = [
     "Declaration",
     "SyncReport",
+    "apply_policy",
     "declare",
     "declared",
     "make",
+    "schedule_row",
     "sync",
 ]

@@ -105,6 +105,30 @@ def timing_of(periodic_task: PeriodicTask, policy: SchedulePolicy | None = None)
     )
 
 
+def timing_from(expression: str, timezone: str, every_seconds: float | None, dst_gap: str) -> ticks.Timing:
+    """The timing a policy's own fields describe (the admin's form): a cron expression in ``timezone``, or
+    ``every_seconds``. Named errors carry ``.field`` (``expression``, ``timezone`` or ``every_seconds``)."""
+    if expression and every_seconds:
+        raise _invalid(
+            exceptions.InvalidSchedule("Give a cron expression or an interval in seconds, not both."), "every_seconds"
+        )
+    if not expression and not every_seconds:
+        raise _invalid(exceptions.InvalidSchedule("Give a cron expression or an interval in seconds."), "expression")
+    try:
+        if expression:
+            return ticks.Timing.from_cron(expression, timezone or "UTC", dst_gap)
+        assert every_seconds is not None
+        return ticks.Timing.from_interval(every_seconds)
+    except exceptions.InvalidCronExpression as exc:
+        raise _invalid(exc, "expression") from None
+    except exceptions.UnknownTimeZone as exc:
+        raise _invalid(exc, "timezone") from None
+    except exceptions.InvalidSchedule as exc:
+        raise _invalid(exc, "every_seconds") from None
+    except exceptions.InvalidPolicy as exc:
+        raise _invalid(exc, "dst_gap") from None
+
+
 def timing_key(periodic_task: PeriodicTask, policy: SchedulePolicy) -> str:
     """The fingerprint whose change moves the anchor: timing, suspension and enabled state."""
     try:

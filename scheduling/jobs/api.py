@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from scheduling.core import conf, exceptions, registry, store, validation
+from scheduling.core import conf, exceptions, registry, store, tracing, validation
 from scheduling.jobs import claim
 from scheduling.models import JobState, ScheduledJob
 
@@ -77,68 +77,73 @@ def schedule_with_outcome(
     priority: int | None = None,
 ) -> tuple[ScheduledJob, str]:
     """``schedule()``, also saying what happened: "created", "replaced" or "kept"."""
-    job_kind = registry.get(kind)
-    validation.encode_payload(job_kind, payload)
-    resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
-    validation.check_key(key)
-    if on_conflict not in ON_CONFLICT_CHOICES:
-        raise exceptions.InvalidSchedule(
-            f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, got {on_conflict!r}."
-        )
-    attempts = validation.check_max_attempts(job_kind, max_attempts)
-    job_priority = validation.check_priority(job_kind, priority)
-    owner_id = getattr(owner, "pk", owner)
+    with tracing.span("timekeeper.schedule", kind=kind, mechanism="table") as span:
+        job_kind = registry.get(kind)
+        validation.encode_payload(job_kind, payload)
+        resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
+        validation.check_key(key)
+        if on_conflict not in ON_CONFLICT_CHOICES:
+            raise exceptions.InvalidSchedule(
+                f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, got {on_conflict!r}."
+            )
+        attempts = validation.check_max_attempts(job_kind, max_attempts)
+        job_priority = validation.check_priority(job_kind, priority)
+        owner_id = getattr(owner, "pk", owner)
 
-    new = store.NewJob(
-        kind=kind,
-        payload=payload,
-        due_at=resolved_due_at,
-        delay_seconds=resolved_delay,
-        lease_seconds=job_kind.lease_seconds,
-        max_attempts=attempts,
-        key=key,
-        owner_id=owner_id,
-        priority=job_priority,
-    )
-    asked_at = time.monotonic()
-    outcome = "created"
-    if key is None:
-        row = store.insert_job(new, on_conflict)
-        assert row is not None
-        job_id, stored_due_at, in_seconds = row.id, row.due_at, row.in_seconds
-    else:
-        upserted = store.upsert_keyed_job(new, on_conflict)
-        if upserted is None:  # replace met a running (claimed) job, or it finished meanwhile
-            live = store.live_job_by_key(key, owner_id)
-            if live is not None:
-                raise exceptions.JobNotReschedulable(live.id, live.state)
+        new = store.NewJob(
+            kind=kind,
+            payload=payload,
+            due_at=resolved_due_at,
+            delay_seconds=resolved_delay,
+            lease_seconds=job_kind.lease_seconds,
+            max_attempts=attempts,
+            key=key,
+            owner_id=owner_id,
+            priority=job_priority,
+        )
+        asked_at = time.monotonic()
+        outcome = "created"
+        if key is None:
+            row = store.insert_job(new, on_conflict)
+            assert row is not None
+            job_id, stored_due_at, in_seconds = row.id, row.due_at, row.in_seconds
+        else:
             upserted = store.upsert_keyed_job(new, on_conflict)
-            if upserted is None:
-                raise exceptions.KeyConflict(key, -1)
-        if not upserted.inserted and on_conflict == "error":
-            raise exceptions.KeyConflict(key, upserted.id)
-        if not upserted.inserted and on_conflict == "keep":
-            logger.info("schedule kept the live job for the key", extra={"job_id": upserted.id, "action": "kept"})
-            return ScheduledJob.objects.get(pk=upserted.id), "kept"
-        outcome = "created" if upserted.inserted else "replaced"
-        job_id, stored_due_at, in_seconds = upserted.id, upserted.due_at, upserted.in_seconds
-    claim.wake_on_commit(in_seconds, asked_at)
-    logger.info("job scheduled", extra={"job_id": job_id, "kind": kind, "action": "scheduled"})
-    job = ScheduledJob(
-        id=job_id,
-        kind=kind,
-        payload=payload,
-        due_at=stored_due_at,
-        state=JobState.PENDING,
-        lease_seconds=job_kind.lease_seconds,
-        attempts=0,
-        max_attempts=attempts,
-        key=key,
-        owner_id=owner_id,
-        priority=job_priority,
-    )
-    job._state.adding = False
-    return job, outcome
+            if upserted is None:  # replace met a running (claimed) job, or it finished meanwhile
+                live = store.live_job_by_key(key, owner_id)
+                if live is not None:
+                    raise exceptions.JobNotReschedulable(live.id, live.state)
+                upserted = store.upsert_keyed_job(new, on_conflict)
+                if upserted is None:
+                    raise exceptions.KeyConflict(key, -1)
+            if not upserted.inserted and on_conflict == "error":
+                raise exceptions.KeyConflict(key, upserted.id)
+            if not upserted.inserted and on_conflict == "keep":
+                logger.info("schedule kept the live job for the key", extra={"job_id": upserted.id, "action": "kept"})
+                span.set("job_id", upserted.id)
+                span.set("outcome", "kept")
+                return ScheduledJob.objects.get(pk=upserted.id), "kept"
+            outcome = "created" if upserted.inserted else "replaced"
+            job_id, stored_due_at, in_seconds = upserted.id, upserted.due_at, upserted.in_seconds
+        claim.wake_on_commit(in_seconds, asked_at)
+        logger.info("job scheduled", extra={"job_id": job_id, "kind": kind, "action": "scheduled"})
+        job = ScheduledJob(
+            id=job_id,
+            kind=kind,
+            payload=payload,
+            due_at=stored_due_at,
+            state=JobState.PENDING,
+            lease_seconds=job_kind.lease_seconds,
+            attempts=0,
+            max_attempts=attempts,
+            key=key,
+            owner_id=owner_id,
+            priority=job_priority,
+        )
+        job._state.adding = False
+        span.set("job_id", job_id)
+        span.set("outcome", outcome)
+        return job, outcome
 
 
 def schedule_many(
@@ -157,27 +162,29 @@ def schedule_many(
     the same transaction rules, in one statement: for bulk loads, where a row-per-call insert
     dominates. No keys: a keyed job needs ``schedule()``'s conflict handling.
     """
-    job_kind = registry.get(kind)
-    encoded = [validation.encode_payload(job_kind, payload) for payload in payloads]
-    resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
-    attempts = validation.check_max_attempts(job_kind, max_attempts)
-    job_priority = validation.check_priority(job_kind, priority)
-    if not encoded:
-        return []
-    asked_at = time.monotonic()
-    rows = store.insert_jobs(
-        kind,
-        encoded,
-        due_at=resolved_due_at,
-        delay_seconds=resolved_delay,
-        lease_seconds=job_kind.lease_seconds,
-        max_attempts=attempts,
-        owner_id=getattr(owner, "pk", owner),
-        priority=job_priority,
-    )
-    claim.wake_on_commit(min(row.in_seconds for row in rows), asked_at)  # one wake-up: all rows share the due time
-    logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
-    return [row.id for row in rows]
+    with tracing.span("timekeeper.schedule_many", kind=kind, mechanism="table", count=len(payloads)) as span:
+        job_kind = registry.get(kind)
+        encoded = [validation.encode_payload(job_kind, payload) for payload in payloads]
+        resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
+        attempts = validation.check_max_attempts(job_kind, max_attempts)
+        job_priority = validation.check_priority(job_kind, priority)
+        if not encoded:
+            return []
+        asked_at = time.monotonic()
+        rows = store.insert_jobs(
+            kind,
+            encoded,
+            due_at=resolved_due_at,
+            delay_seconds=resolved_delay,
+            lease_seconds=job_kind.lease_seconds,
+            max_attempts=attempts,
+            owner_id=getattr(owner, "pk", owner),
+            priority=job_priority,
+        )
+        claim.wake_on_commit(min(row.in_seconds for row in rows), asked_at)  # one wake-up: all rows share the due time
+        logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
+        span.set("job_ids", [row.id for row in rows])
+        return [row.id for row in rows]
 
 
 def _find(job_id: int | None, key: str | None, owner: Any = None) -> int:

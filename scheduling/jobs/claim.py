@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import kombu.exceptions
 
-from scheduling.core import broker, conf, exceptions, registry, store, tasknames
+from scheduling.core import broker, conf, exceptions, registry, store, tasknames, tracing
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,15 @@ def room() -> int:
 
 def claim_and_dispatch(limit: int | None = None) -> ClaimReport:
     """Claim due rows, at most what the queue has room for, and send them to workers as batches."""
+    with tracing.span("timekeeper.claim", mechanism="table") as span:
+        report = _claim_and_dispatch(limit, span)
+        span.set("claimed", report.claimed)
+        span.set("batches", report.batches)
+        span.set("given_back", report.given_back)
+        return report
+
+
+def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
     settings = conf.get()
     free = room()
     if free <= 0:
@@ -85,6 +94,8 @@ def claim_and_dispatch(limit: int | None = None) -> ClaimReport:
         return ClaimReport(0, 0, 0, more_due=True, queue_full=True)
     size = min(limit or settings.claim_batch_size, free * settings.default_batch_size)
     claims = store.claim_due_jobs(size)
+    span.set("job_ids", [c.id for c in claims])
+    span.set("kinds", sorted({c.kind for c in claims}))
     batches = batches_for(claims)
     sent = 0
     try:

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
-from scheduling.core import exceptions, executor, leadership, registry, store
+from scheduling.core import exceptions, executor, leadership, registry, store, tracing
 from scheduling.jobs import lease
 from scheduling.models import AttemptOutcome, JobState
 
@@ -97,7 +97,16 @@ def _recording(write: Callable[[], T]) -> T:
 def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:
     """Run the claimed jobs (id, token) that are still ours; record every outcome."""
     claims = [(int(i), str(t)) for i, t in claims]
+    with tracing.span("timekeeper.run_batch", job_ids=[i for i, _ in claims], mechanism="table") as span:
+        report = _run_batch(claims, span)
+        for name, value in dataclasses.asdict(report).items():
+            span.set(name, value)
+        return report
+
+
+def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchReport:
     started = store.start_jobs(claims, leadership.process_name())
+    span.set("kinds", sorted({j.kind for j in started}))
     report = BatchReport(started=len(started), skipped=len(claims) - len(started))
     if report.skipped:
         logger.info(

@@ -649,7 +649,7 @@ class SchedulePolicyInline(admin.StackedInline):
     verbose_name_plural = "fixed-time policy (runs through Timekeeper's exactly-once gate)"
     readonly_fields = ("anchor_at", "last_tick")
     fieldsets = (
-        (None, {"fields": ("kind", "payload", "expression", "suspend")}),
+        (None, {"fields": ("kind", "payload", "expression", "timezone", "every_seconds")}),
         (
             "Overlap and deadlines",
             {
@@ -683,6 +683,18 @@ class PeriodicTaskAdmin(CheckedSelectionMixin, beat_admin.PeriodicTaskAdmin):
         *beat_admin.PeriodicTaskAdmin.fieldsets[2:],
     )
     readonly_fields = (*beat_admin.PeriodicTaskAdmin.readonly_fields, "timing", "next_runs", "recent_runs")
+
+    # With a policy, its expression (or interval) is the schedule's one timing: these are written from it.
+    BEAT_TIMING_FIELDS = frozenset({"interval", "crontab", "crontab_translation", "solar", "clocked"})
+
+    def get_fieldsets(self, request: HttpRequest, obj: PeriodicTask | None = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not self._policy_exists(obj):
+            return fieldsets
+        return [
+            (name, {**options, "fields": tuple(f for f in options["fields"] if f not in self.BEAT_TIMING_FIELDS)})
+            for name, options in fieldsets
+        ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[PeriodicTask]:
         last_state = ScheduleRun.objects.filter(schedule__periodic_task=OuterRef("pk")).order_by("-tick")
@@ -784,12 +796,48 @@ class PeriodicTaskAdmin(CheckedSelectionMixin, beat_admin.PeriodicTaskAdmin):
 
         super().save_related(request, form, formsets, change)
         task = form.instance
+        policy_form = next(
+            (f for fs in formsets for f in fs.forms if isinstance(f, admin_forms.SchedulePolicyForm) and f.instance.pk),
+            None,
+        )
+        if policy_form is not None:
+            from scheduling.fixed import declarations
+
+            data = policy_form.cleaned_data
+            zone = data.get("timezone") or "UTC"
+            declarations.apply_policy(task, policy_form.instance, zone, data.get("every_seconds"))
         if self._policy_exists(task):
             wanted = json.dumps({"schedule": task.name})
             if task.task != tasknames.RUN_FIXED or task.kwargs != wanted:
                 task.task = tasknames.RUN_FIXED
                 task.kwargs = wanted
                 task.save(update_fields=["task", "kwargs"])
+
+    # -- one pause switch: "Enabled"; a policy's suspend follows it (the list's actions too)
+
+    @admin.action(description="Enable selected tasks")
+    def enable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        super().enable_tasks(request, queryset)
+        self._suspend_follows_enabled(ids)
+
+    @admin.action(description="Disable selected tasks")
+    def disable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        super().disable_tasks(request, queryset)
+        self._suspend_follows_enabled(ids)
+
+    @admin.action(description="Toggle activity of selected tasks")
+    def toggle_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        super().toggle_tasks(request, queryset)
+        self._suspend_follows_enabled(ids)
+
+    @staticmethod
+    def _suspend_follows_enabled(task_ids: list[int]) -> None:
+        policies = SchedulePolicy.objects.filter(periodic_task__in=task_ids)
+        policies.filter(periodic_task__enabled=True, suspend=True).update(suspend=False)
+        policies.filter(periodic_task__enabled=False, suspend=False).update(suspend=True)
 
     @staticmethod
     def _policy_exists(task: PeriodicTask) -> bool:

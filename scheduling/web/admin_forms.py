@@ -205,10 +205,29 @@ class RescheduleForm(forms.Form):
 
 
 class SchedulePolicyForm(forms.ModelForm):
-    """A periodic task's policy inline, validated by ``policies.validate_policy`` against the task being saved."""
+    """A periodic task's policy inline: the one place to edit a schedule's timing.
+
+    The timing is the policy's expression in ``timezone``, or ``every_seconds``; on save the admin
+    writes it into the task's crontab or interval (``declarations.apply_policy``), whose fields are
+    then not on the page. Pausing is the task's "Enabled" box alone: ``suspend`` is not on the form
+    and follows it. Without an expression or interval (adding a task), the task's own crontab or
+    interval is validated, as before.
+    """
 
     kind = forms.ChoiceField(help_text="The registered handler each run calls.")
     payload = PayloadField(initial=dict, required=False, help_text="Arguments handed to the handler on every run.")
+    timezone = forms.CharField(
+        required=False,
+        max_length=63,
+        initial="UTC",
+        help_text="The IANA zone the cron expression is read in (e.g. Europe/Lisbon); empty: UTC.",
+    )
+    every_seconds = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label="every (seconds)",
+        help_text="Instead of a cron expression: run every this many seconds.",
+    )
 
     class Meta:
         model = SchedulePolicy
@@ -222,7 +241,6 @@ class SchedulePolicyForm(forms.ModelForm):
             "backoff_limit",
             "successful_history_limit",
             "failed_history_limit",
-            "suspend",
             "missed_policy",
             "missed_window_seconds",
             "dst_gap",
@@ -232,6 +250,15 @@ class SchedulePolicyForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         self.periodic_task = periodic_task
         cast(forms.ChoiceField, self.fields["kind"]).choices = [("", "---------"), *kind_choices()]
+        if periodic_task is not None and periodic_task.pk is not None:
+            from scheduling.fixed import policies
+
+            if periodic_task.crontab_id is not None:
+                self.fields["timezone"].initial = str(periodic_task.crontab.timezone)
+                if not self.initial.get("expression"):
+                    self.initial["expression"] = policies.crontab_expression(periodic_task.crontab)
+            elif periodic_task.interval_id is not None:
+                self.fields["every_seconds"].initial = int(policies.interval_seconds(periodic_task.interval))
 
     def clean(self) -> dict[str, Any]:
         super().clean()
@@ -242,9 +269,30 @@ class SchedulePolicyForm(forms.ModelForm):
             return data
         from scheduling.fixed import policies
 
-        candidate = SchedulePolicy(**{name: data[name] for name in self.Meta.fields if name in data})
+        model_fields = {f.name for f in SchedulePolicy._meta.get_fields()}
+        candidate = SchedulePolicy(
+            **{name: data[name] for name in self.Meta.fields if name in data and name in model_fields}
+        )
         try:
-            policies.validate_policy(candidate, periodic_task=self.periodic_task)
+            if data.get("expression") or data.get("every_seconds"):
+                timing = policies.timing_from(
+                    data.get("expression") or "",
+                    data.get("timezone") or "",
+                    data.get("every_seconds"),
+                    candidate.dst_gap,
+                )
+                policies.check(
+                    timing,
+                    kind=candidate.kind,
+                    payload=candidate.payload,
+                    concurrency_policy=candidate.concurrency_policy,
+                    missed_policy=candidate.missed_policy,
+                    active_deadline_seconds=candidate.active_deadline_seconds,
+                    starting_deadline_seconds=candidate.starting_deadline_seconds,
+                    missed_window_seconds=candidate.missed_window_seconds,
+                )
+            else:
+                policies.validate_policy(candidate, periodic_task=self.periodic_task)
         except exceptions.SchedulingError as exc:
             field = getattr(exc, "field", None)
             self.add_error(field if field in self.fields else None, str(exc))

@@ -416,6 +416,143 @@ def test_policy_inline_refuses_a_timeout_not_shorter_than_the_interval(admin):
     assert task.policy.active_deadline_seconds == 30
 
 
+def _schedule_post(task: PeriodicTask, **changes: Any) -> dict[str, Any]:
+    """The change form of a schedule with a policy, as the page posts it, with ``changes`` applied."""
+    policy = task.policy
+    data: dict[str, Any] = {
+        "name": task.name,
+        "regtask": "",
+        "task": task.task,
+        "enabled": "on",
+        "description": "",
+        "start_time_0": "",
+        "start_time_1": "",
+        "args": "[]",
+        "kwargs": task.kwargs,
+        "expires": "",
+        "expire_seconds": "",
+        "queue": "",
+        "exchange": "",
+        "routing_key": "",
+        "priority": "",
+        "headers": "{}",
+        "policy-TOTAL_FORMS": "1",
+        "policy-INITIAL_FORMS": "1",
+        "policy-MIN_NUM_FORMS": "0",
+        "policy-MAX_NUM_FORMS": "1",
+        "policy-0-id": str(policy.pk),
+        "policy-0-periodic_task": str(task.pk),
+        "policy-0-kind": policy.kind,
+        "policy-0-payload": json.dumps(policy.payload),
+        "policy-0-expression": "0 3 * * *",
+        "policy-0-timezone": "Europe/Lisbon",
+        "policy-0-every_seconds": "",
+        "policy-0-concurrency_policy": policy.concurrency_policy,
+        "policy-0-starting_deadline_seconds": "",
+        "policy-0-active_deadline_seconds": "",
+        "policy-0-backoff_limit": str(policy.backoff_limit),
+        "policy-0-successful_history_limit": str(policy.successful_history_limit),
+        "policy-0-failed_history_limit": str(policy.failed_history_limit),
+        "policy-0-missed_policy": policy.missed_policy,
+        "policy-0-missed_window_seconds": str(policy.missed_window_seconds),
+        "policy-0-dst_gap": policy.dst_gap,
+    }
+    for name, value in changes.items():
+        if value is None:
+            data.pop(name, None)
+        else:
+            data[name] = value
+    return data
+
+
+def test_a_schedule_page_edits_timing_only_on_the_policy(admin, schedule):
+    """With a policy, beat's crontab/interval/solar/clocked fields are not on the form; its expression and zone are."""
+    page = admin.get(f"/admin/django_celery_beat/periodictask/{schedule.pk}/change/").content.decode()
+    for beat_field in ("crontab", "interval", "solar", "clocked"):
+        assert f'name="{beat_field}"' not in page, beat_field
+    assert 'name="policy-0-expression"' in page
+    assert 'value="0 3 * * *"' in page  # the crontab's fields, shown as the policy's expression
+    assert 'name="policy-0-timezone"' in page
+    assert 'value="Europe/Lisbon"' in page
+
+
+def test_editing_the_expression_rewrites_the_crontab_and_the_next_runs(admin, schedule):
+    """Saving a new expression and zone writes beat's crontab from it, and the preview follows."""
+    url = f"/admin/django_celery_beat/periodictask/{schedule.pk}/change/"
+    data = _schedule_post(schedule, **{"policy-0-expression": "30 6 * * *", "policy-0-timezone": "America/New_York"})
+    response = admin.post(url, data)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    schedule.refresh_from_db()
+    crontab = schedule.crontab
+    assert (crontab.minute, crontab.hour, str(crontab.timezone)) == ("30", "6", "America/New_York")
+    assert schedule.policy.expression == "30 6 * * *"
+    page = admin.get(url).content.decode()
+    assert page.count(" 06:30:00 EST") + page.count(" 06:30:00 EDT") == 5
+    response = admin.post(url, _schedule_post(schedule, **{"policy-0-expression": "@weekly"}))
+    assert response.status_code == 302, response.content.decode()[:3000]
+    schedule.refresh_from_db()
+    crontab = schedule.crontab
+    assert (crontab.minute, crontab.hour, crontab.day_of_week, str(crontab.timezone)) == (
+        "0",
+        "0",
+        "0",
+        "Europe/Lisbon",
+    )
+    assert "At 12:00 AM, only on Sunday (Europe/Lisbon)" in admin.get(url).content.decode()
+
+
+def test_an_interval_replaces_the_crontab_and_a_bad_expression_is_refused(admin, schedule):
+    """every_seconds makes beat's interval the timing; an invalid expression is a form error and nothing changes."""
+    url = f"/admin/django_celery_beat/periodictask/{schedule.pk}/change/"
+    response = admin.post(url, _schedule_post(schedule, **{"policy-0-expression": "61 * * * *"}))
+    assert response.status_code == 200
+    schedule.refresh_from_db()
+    assert schedule.crontab.hour == "3"
+    data = _schedule_post(schedule, **{"policy-0-expression": "", "policy-0-every_seconds": "600"})
+    response = admin.post(url, data)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    schedule.refresh_from_db()
+    assert schedule.crontab is None
+    assert (schedule.interval.every, schedule.interval.period) == (600, "seconds")
+
+
+def test_one_pause_switch_stops_runs(admin, schedule):
+    """The page has one pause control ("Enabled"); unticking it suspends the policy, beat drops it, no runs preview."""
+    from scheduling.fixed import policies
+
+    url = f"/admin/django_celery_beat/periodictask/{schedule.pk}/change/"
+    page = admin.get(url).content.decode()
+    assert 'name="enabled"' in page
+    assert "suspend" not in page.split('id="policy-group"', 1)[-1].split("</fieldset>", 1)[0]
+    assert 'name="policy-0-suspend"' not in page
+    response = admin.post(url, _schedule_post(schedule, enabled=None))
+    assert response.status_code == 302, response.content.decode()[:3000]
+    schedule.refresh_from_db()
+    policy = SchedulePolicy.objects.get(periodic_task=schedule)
+    assert (schedule.enabled, policy.suspend) == (False, True)
+    assert policies.tick_state(policy, schedule).suspended
+    assert not PeriodicTask.objects.enabled().filter(pk=schedule.pk).exists()
+    assert "disabled" in admin.get(url).content.decode()
+    response = admin.post(url, _schedule_post(schedule))
+    assert response.status_code == 302
+    schedule.refresh_from_db()
+    policy.refresh_from_db()
+    assert (schedule.enabled, policy.suspend) == (True, False)
+    assert not policies.tick_state(policy, schedule).suspended
+
+
+def test_list_actions_keep_suspend_with_enabled(admin, schedule):
+    """Disabling from the list suspends the policy; enabling resumes it: the two flags never disagree."""
+    for action, enabled in (("disable_tasks", False), ("enable_tasks", True), ("toggle_tasks", False)):
+        admin.post(
+            "/admin/django_celery_beat/periodictask/",
+            {"action": action, ACTION_CHECKBOX_NAME: [str(schedule.pk)], "index": "0"},
+        )
+        schedule.refresh_from_db()
+        policy = SchedulePolicy.objects.get(periodic_task=schedule)
+        assert (schedule.enabled, policy.suspend) == (enabled, not enabled), action
+
+
 # --- API tokens ---------------------------------------------------------------------------------------------
 
 
