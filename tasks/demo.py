@@ -41,6 +41,18 @@ def record(job: registry.Job) -> None:
         time.sleep(float(job.payload["sleep"]))
 
 
+# The same work committing as it goes (atomic=False): its row is visible while it runs, and its
+# outcome is written afterwards in a statement of its own (retried while the database is away).
+registry.handler(
+    "demo.record_committing",
+    schema=RECORD_SCHEMA,
+    timeout=60,
+    max_attempts=3,
+    backoff=registry.Backoff(1, 5),
+    atomic=False,
+)(record)
+
+
 class DemoFailure(RuntimeError):
     """The failure ``demo.fail`` raises on purpose."""
 

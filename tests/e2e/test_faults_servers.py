@@ -168,7 +168,8 @@ def test_postgres_unreachable_for_30s(private_stack: Stack) -> None:
         wait_ready(w)
     lease = 45  # longer than the outage plus a heartbeat interval: live claims survive it
     before = [stack.schedule("demo.record", {}, delay=1 + i * 0.05, lease_seconds=lease) for i in range(40)]
-    sleepers = [stack.schedule("demo.record", {"sleep": 6}, delay=3, lease_seconds=lease)]
+    # A kind that commits as it goes: its outcome is a statement of its own, retried through the outage.
+    sleepers = [stack.schedule("demo.record_committing", {"sleep": 6}, delay=3, lease_seconds=lease)]
     wait_for(lambda: stack.executions_per_key().get(f"job:{sleepers[0]}"), 60, message="the sleeper to start")
     during = [stack.schedule("demo.record", {}, delay=2 + i * 0.4, lease_seconds=lease) for i in range(60)]
     after = [stack.schedule("demo.record", {}, delay=40 + i * 0.1, lease_seconds=lease) for i in range(30)]
