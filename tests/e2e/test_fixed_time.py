@@ -15,7 +15,7 @@ from django_celery_beat.models import PeriodicTask
 
 from scheduling import schedules
 from scheduling.core import store
-from scheduling.fixed import cron, gate
+from scheduling.fixed import cron, declarations, gate
 from scheduling.models import RunState, SchedulePolicy, ScheduleRun
 from tests.e2e import fixed_soak
 from tests.e2e.harness import wait_for, wait_ready
@@ -139,7 +139,7 @@ def test_day_seven_schedules_sync_as_crontabs_celery_reads_and_a_real_beat_fires
         call_command("sync_schedules", *expressions, stdout=io.StringIO())
     finally:
         for name in expressions:
-            schedules._declared.pop(name, None)
+            declarations._declared.pop(name, None)
     now = store.database_now()
     latest: dict[str, dt.datetime] = {}
     for name, (expression, written, days) in expressions.items():
