@@ -10,6 +10,7 @@ import datetime as dt
 import json
 import math
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -40,13 +41,18 @@ def broker_url(db: int = BROKER_DB) -> str:
     return f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}"
 
 
+_BENCH_SECRET_KEY = secrets.token_urlsafe(50)  # production mode needs one; nothing here signs anything kept
+
+
 def bench_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for the platform's processes (and this one): the bench database and broker."""
     env = dict(os.environ)
     env.update(
         {
             "DJANGO_SETTINGS_MODULE": "project.settings",
-            "DEBUG": "1",
+            # Production mode, as workers run: DEBUG on would wrap every cursor to log its SQL.
+            "DEBUG": "0",
+            "SECRET_KEY": _BENCH_SECRET_KEY,
             "DATABASE_URL": dsn(),
             "CELERY_BROKER_URL": broker_url(),
             "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
@@ -93,7 +99,7 @@ def setup() -> None:
     subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True
     )
-    for key in ("DJANGO_SETTINGS_MODULE", "DEBUG", "DATABASE_URL", "CELERY_BROKER_URL", "LOG_LEVEL"):
+    for key in ("DJANGO_SETTINGS_MODULE", "DEBUG", "SECRET_KEY", "DATABASE_URL", "CELERY_BROKER_URL", "LOG_LEVEL"):
         os.environ[key] = env[key]
     # This process fills tables with millions of rows: no statement timeout here (the workers keep theirs).
     os.environ["DATABASE_STATEMENT_TIMEOUT_MS"] = "0"

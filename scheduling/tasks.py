@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 from celery import Task, shared_task, signals
+from django import db
 
 from scheduling.deferrals import countdowns
 from scheduling.fixed import gate
@@ -81,6 +82,22 @@ def run_fixed(self: Task, schedule: str, tick: str | None = None, trigger: str =
         trigger = RunTrigger.MANUAL
     report = gate.run(schedule, when, trigger, task_id=str(self.request.id or ""))
     return {"outcome": report.outcome, "run_id": report.run_id, "attempt": report.attempt}
+
+
+@signals.task_prerun.connect
+@signals.task_postrun.connect
+def close_old_connections(sender: Any = None, **kwargs: Any) -> None:
+    """Around each of Timekeeper's tasks, treat the database connection as Django treats it around a request.
+
+    ``django.db.close_old_connections``: a connection with errors or a transaction left open is
+    closed, one older than ``CONN_MAX_AGE`` too, and with ``CONN_HEALTH_CHECKS`` the next use checks
+    that it still answers. This is what keeps a reused connection safe (a handler stopped by its
+    timeout mid-query, a database restart). Celery's Django fixup closes every connection around
+    every task unless ``CELERY_DB_REUSE_MAX`` is set; with it set, a batch does not pay for a new
+    connection (and PostgreSQL for a new backend) each time (docs/installing.md).
+    """
+    if getattr(sender, "name", "").startswith("scheduling.") and not getattr(sender.request, "is_eager", False):
+        db.close_old_connections()
 
 
 @signals.worker_init.connect
