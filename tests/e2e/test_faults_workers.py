@@ -514,3 +514,25 @@ def test_a_countdown_longer_than_the_visibility_timeout_runs_once_only_through_t
         guarded_executions=1,
         raw_first_run_after_s=measure.seconds(first_run.started_at, sent_at),
     )
+
+
+def _run_one(kind: str) -> ScheduledJob:
+    job = api.schedule(kind, {}, delay=0)
+    return _wait_state(job.id, JobState.DONE, 30)
+
+
+def test_a_pool_process_keeps_its_database_session_between_batches_and_replaces_a_dead_one(cluster):
+    """Batches reuse one PostgreSQL session; after it is killed, the next batch runs on a new one, first time."""
+    _start(cluster, concurrency=1)
+    first = [_run_one("faults.session") for _ in range(3)]  # batch_size 1: one message, one task each
+    sessions = {e.pid for job in first for e in _executions(job.id)}
+    assert len(sessions) == 1, f"each batch opened its own connection: {sessions}"
+    (backend,) = sessions
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
+    after = _run_one("faults.session")
+
+    (execution,) = _executions(after.id)
+    assert execution.pid != backend, "a new session after the old one was terminated"
+    assert after.attempts == 1 and _outcomes(after.id) == ["succeeded"], "run at the first try, not rescued later"

@@ -106,3 +106,12 @@ def poison(job: registry.Job) -> None:
     """Record the execution, then SIGKILL the process running it (every time)."""
     Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@registry.handler("faults.session", schema={"type": "object"}, timeout=10, max_attempts=3, batch_size=1)
+def session(job: registry.Job) -> None:
+    """Record which PostgreSQL session ran the job: Execution.pid holds the backend's pid, not the worker's."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=backend)
