@@ -163,7 +163,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Keep each pool process's database connection between tasks (CONN_MAX_AGE and CONN_HEALTH_CHECKS
 # above still apply: Timekeeper's tasks run django.db.close_old_connections around themselves).
 # Without it Celery's Django fixup closes the connection around every task: a new connection, and a
-# new PostgreSQL backend, per batch (measured: about a fifth of the due_at engine's throughput).
+# new PostgreSQL backend, per batch (measured: about a third of the due_at engine's throughput).
 CELERY_DB_REUSE_MAX = 1_000_000
 # Soft shutdown: with REMAP_SIGTERM=SIGQUIT in a worker's environment, SIGTERM stops taking messages,
 # gives running tasks this long to finish, then stops the rest, whose claims their pool processes
