@@ -65,6 +65,71 @@ def count_text(value: float) -> str:
     return f"{value:,.0f}" if value >= 1 or value == 0 else f"{value:.2g}"
 
 
+class _Frame:
+    """What every time chart shares: the svg element, three gridlines with y labels, the time axis, the legend.
+
+    ``parts`` is the svg text so far (the caller adds its marks and the closing tag); ``x`` and
+    ``y`` map a time and a value to the plot.
+    """
+
+    right, top, bottom = 10, 22, 22
+
+    def __init__(
+        self,
+        series: Sequence[Series],
+        start: dt.datetime,
+        end: dt.datetime,
+        title: str,
+        y_max: float,
+        y_label: Callable[[float], str],
+        *,
+        left: int,
+        width: int,
+        height: int,
+        svg_attrs: str = "",  # trusted attribute text (numbers and fixed words only)
+        axis_class: str = "",
+    ) -> None:
+        self.left, self.start, self.y_max = left, start, y_max
+        self.plot_w, self.plot_h = width - left - self.right, height - self.top - self.bottom
+        self.span = span = max((end - start).total_seconds(), 1e-9)
+        self.parts = parts = [
+            f'<svg xmlns="http://www.w3.org/2000/svg" class="tk-chart" role="img" viewBox="0 0 {width} {height}" '
+            f'width="{width}" height="{height}" aria-label="{escape(title)}"{svg_attrs}>',
+            f"<title>{escape(title)}</title>",
+        ]
+        right, plot_w = self.right, self.plot_w
+        for fraction in (0.0, 0.5, 1.0):
+            gy = self.y(y_max * fraction)
+            parts.append(
+                f'<line x1="{left}" y1="{gy:.1f}" x2="{width - right}" y2="{gy:.1f}" '
+                f'stroke="var(--hairline-color, #ddd)" stroke-width="1"/>'
+            )
+            parts.append(
+                f'<text x="{left - 4}" y="{gy + 4:.1f}" text-anchor="end" font-size="10"{axis_class} '
+                f'fill="var(--body-quiet-color, #666)">{escape(y_label(y_max * fraction))}</text>'
+            )
+        for fraction, label in ((0.0, f"-{span_text(span)}"), (0.5, f"-{span_text(span / 2)}"), (1.0, "now")):
+            anchor = "start" if fraction == 0 else "end" if fraction == 1 else "middle"
+            parts.append(
+                f'<text x="{left + plot_w * fraction:.1f}" y="{height - 6}" text-anchor="{anchor}" font-size="10" '
+                f'fill="var(--body-quiet-color, #666)">{escape(label)}</text>'
+            )
+        legend_x = left
+        for i, s in enumerate(series):
+            colour = PALETTE[i % len(PALETTE)]
+            parts.append(f'<rect x="{legend_x}" y="6" width="10" height="4" fill="{colour}"/>')
+            parts.append(
+                f'<text x="{legend_x + 14}" y="12" font-size="10" fill="var(--body-fg, #333)">{escape(s.name)}</text>'
+            )
+            legend_x += 14 + 7 * len(s.name) + 16
+
+    def x(self, at: dt.datetime) -> float:
+        return self.left + self.plot_w * min(max((at - self.start).total_seconds() / self.span, 0.0), 1.0)
+
+    def y(self, value: float) -> float:
+        return self.top + self.plot_h * (1 - min(max(value / self.y_max, 0.0), 1.0))
+
+
 def line_chart(
     series: Sequence[Series],
     *,
@@ -77,47 +142,11 @@ def line_chart(
     empty_text: str = "no data in this period",
 ) -> SafeString:
     """Lines over [start, end] on a shared y axis from 0; a series with one point is drawn as a dot."""
-    left, right, top, bottom = 58, 10, 22, 22
-    plot_w, plot_h = width - left - right, height - top - bottom
-    span = max((end - start).total_seconds(), 1e-9)
     values = [v for s in series for _, v in s.points]
     y_max = nice_ceiling(max(values, default=0.0))
-
-    def x(at: dt.datetime) -> float:
-        return left + plot_w * min(max((at - start).total_seconds() / span, 0.0), 1.0)
-
-    def y(value: float) -> float:
-        return top + plot_h * (1 - min(max(value / y_max, 0.0), 1.0))
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="tk-chart" role="img" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" aria-label="{escape(title)}">',
-        f"<title>{escape(title)}</title>",
-    ]
-    for fraction in (0.0, 0.5, 1.0):
-        gy = y(y_max * fraction)
-        parts.append(
-            f'<line x1="{left}" y1="{gy:.1f}" x2="{width - right}" y2="{gy:.1f}" '
-            f'stroke="var(--hairline-color, #ddd)" stroke-width="1"/>'
-        )
-        parts.append(
-            f'<text x="{left - 4}" y="{gy + 4:.1f}" text-anchor="end" font-size="10" '
-            f'fill="var(--body-quiet-color, #666)">{escape(value_text(y_max * fraction))}</text>'
-        )
-    for fraction, label in ((0.0, f"-{span_text(span)}"), (0.5, f"-{span_text(span / 2)}"), (1.0, "now")):
-        anchor = "start" if fraction == 0 else "end" if fraction == 1 else "middle"
-        parts.append(
-            f'<text x="{left + plot_w * fraction:.1f}" y="{height - 6}" text-anchor="{anchor}" font-size="10" '
-            f'fill="var(--body-quiet-color, #666)">{escape(label)}</text>'
-        )
-    legend_x = left
-    for i, s in enumerate(series):
-        colour = PALETTE[i % len(PALETTE)]
-        parts.append(f'<rect x="{legend_x}" y="6" width="10" height="4" fill="{colour}"/>')
-        parts.append(
-            f'<text x="{legend_x + 14}" y="12" font-size="10" fill="var(--body-fg, #333)">{escape(s.name)}</text>'
-        )
-        legend_x += 14 + 7 * len(s.name) + 16
+    frame = _Frame(series, start, end, title, y_max, value_text, left=58, width=width, height=height)
+    parts, x, y = frame.parts, frame.x, frame.y
+    left, top, plot_w, plot_h = frame.left, frame.top, frame.plot_w, frame.plot_h
     if not values:
         parts.append(
             f'<text x="{left + plot_w / 2:.1f}" y="{top + plot_h / 2:.1f}" text-anchor="middle" font-size="12" '
@@ -212,49 +241,16 @@ def lag_chart(
     A point above the axis is drawn at the top as a hollow triangle whose tooltip gives its value.
     The unit (ms, s, min or h) is chosen from the axis' top and used for every label.
     """
-    left, right, top, bottom = 52, 10, 22, 22
-    plot_w, plot_h = width - left - right, height - top - bottom
-    span = max((end - start).total_seconds(), 1e-9)
     values = [v for s in series for _, v in s.points]
     limit = clip_at if clip_at is not None and clip_at > 0 else max(values, default=0.0)
     size, unit = time_unit(max(limit, 1e-9))
     y_max = nice_ceiling(limit / size) * size if limit > 0 else size
-
-    def x(at: dt.datetime) -> float:
-        return left + plot_w * min(max((at - start).total_seconds() / span, 0.0), 1.0)
-
-    def y(value: float) -> float:
-        return top + plot_h * (1 - min(max(value / y_max, 0.0), 1.0))
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="tk-chart" role="img" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" aria-label="{escape(title)}" data-unit="{unit}">',
-        f"<title>{escape(title)}</title>",
-    ]
-    for fraction in (0.0, 0.5, 1.0):
-        gy = y(y_max * fraction)
-        parts.append(
-            f'<line x1="{left}" y1="{gy:.1f}" x2="{width - right}" y2="{gy:.1f}" '
-            f'stroke="var(--hairline-color, #ddd)" stroke-width="1"/>'
-        )
-        parts.append(
-            f'<text x="{left - 4}" y="{gy + 4:.1f}" text-anchor="end" font-size="10" class="tk-axis" '
-            f'fill="var(--body-quiet-color, #666)">{y_max * fraction / size:.4g} {unit}</text>'
-        )
-    for fraction, label in ((0.0, f"-{span_text(span)}"), (0.5, f"-{span_text(span / 2)}"), (1.0, "now")):
-        anchor = "start" if fraction == 0 else "end" if fraction == 1 else "middle"
-        parts.append(
-            f'<text x="{left + plot_w * fraction:.1f}" y="{height - 6}" text-anchor="{anchor}" font-size="10" '
-            f'fill="var(--body-quiet-color, #666)">{escape(label)}</text>'
-        )
-    legend_x = left
-    for i, s in enumerate(series):
-        colour = PALETTE[i % len(PALETTE)]
-        parts.append(f'<rect x="{legend_x}" y="6" width="10" height="4" fill="{colour}"/>')
-        parts.append(
-            f'<text x="{legend_x + 14}" y="12" font-size="10" fill="var(--body-fg, #333)">{escape(s.name)}</text>'
-        )
-        legend_x += 14 + 7 * len(s.name) + 16
+    frame = _Frame(
+        series, start, end, title, y_max, lambda value: f"{value / size:.4g} {unit}",
+        left=52, width=width, height=height, svg_attrs=f' data-unit="{unit}"', axis_class=' class="tk-axis"',
+    )  # fmt: skip
+    parts, x, y = frame.parts, frame.x, frame.y
+    left, right, top, plot_w, plot_h = frame.left, frame.right, frame.top, frame.plot_w, frame.plot_h
     clipped = sum(1 for v in values if v > y_max)
     if clipped:
         parts.append(
