@@ -5,7 +5,8 @@ Parts checked, each with a bounded wait:
 - ``database``: a round trip to PostgreSQL (``connect_timeout`` and ``statement_timeout`` bound it).
 - ``broker``: a Redis ``PING`` with a 2 s socket timeout (other brokers: a kombu connection).
 - ``beat``: the leading beat's heartbeat is younger than ``SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS``
-  (the leader writes it every 5 s, so 30 s means several missed beats, not one slow one).
+  (the leader writes it every 5 s, so 30 s means several missed beats, not one slow one), or no
+  periodic task is enabled (then no beat is needed: ``ok`` with ``"needed": false``).
 - ``backlog``: pending jobs past their due time are at most ``SCHEDULING_HEALTH_MAX_BACKLOG``.
 
 Database failures are caught as ``django.db.Error``: a connection closed under the process raises
@@ -29,6 +30,7 @@ from django import db
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
+from django_celery_beat.models import PeriodicTask
 from kombu import exceptions as kombu_exceptions
 
 from scheduling import api
@@ -91,15 +93,28 @@ def check_broker() -> Part:
     return Part(OK, {"latency_ms": round((time.monotonic() - started) * 1000, 1)})
 
 
+def beat_needed() -> bool:
+    """Beat has work only when a periodic task is enabled (fixed-time schedules or plain beat entries).
+
+    due_at jobs and deferrals need no beat: a deployment without schedules runs none, and its
+    health does not depend on one.
+    """
+    return PeriodicTask.objects.filter(enabled=True).exists()
+
+
 def check_beat() -> Part:
     limit = beat_max_age_seconds()
     beat = store.beat_heartbeat("beat")
+    detail: dict[str, Any] = {"max_age_seconds": limit}
+    if beat is not None:
+        detail["heartbeat_age_seconds"] = round(beat.age_seconds, 1)
+    if beat is not None and beat.age_seconds <= limit:
+        return Part(OK, detail)
+    if not beat_needed():
+        return Part(OK, {**detail, "needed": False, "note": "no periodic task is enabled: no beat is needed"})
     if beat is None:
-        return Part(FAILING, {"error": "no beat process has ever led", "max_age_seconds": limit})
-    detail = {"heartbeat_age_seconds": round(beat.age_seconds, 1), "max_age_seconds": limit}
-    if beat.age_seconds > limit:
-        return Part(FAILING, {**detail, "error": f"the beat leader's heartbeat is {beat.age_seconds:.0f}s old"})
-    return Part(OK, detail)
+        return Part(FAILING, {**detail, "error": "no beat process has ever led"})
+    return Part(FAILING, {**detail, "error": f"the beat leader's heartbeat is {beat.age_seconds:.0f}s old"})
 
 
 def check_backlog() -> Part:

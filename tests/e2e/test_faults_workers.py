@@ -535,4 +535,5 @@ def test_a_pool_process_keeps_its_database_session_between_batches_and_replaces_
 
     (execution,) = _executions(after.id)
     assert execution.pid != backend, "a new session after the old one was terminated"
-    assert after.attempts == 1 and _outcomes(after.id) == ["succeeded"], "run at the first try, not rescued later"
+    assert after.attempts == 1, "run at the first try, not rescued later"
+    assert _outcomes(after.id) == ["succeeded"]

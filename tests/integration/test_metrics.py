@@ -15,6 +15,7 @@ import pytest
 from django.db import connection
 from django.db.models.functions import Now
 from django.test import override_settings
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduling import api
@@ -120,9 +121,15 @@ def test_healthz_is_200_when_every_part_is_fine(client):
     assert response["Cache-Control"].startswith("max-age=0")
 
 
+def enabled_periodic_task(name: str = "nightly") -> PeriodicTask:
+    every = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.HOURS)
+    return PeriodicTask.objects.create(name=name, task="celery.backend_cleanup", interval=every, enabled=True)
+
+
 @pytest.mark.django_db
 def test_healthz_names_a_stale_beat(client):
     """A heartbeat older than SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS is 503 naming beat; no heartbeat at all too."""
+    enabled_periodic_task()
     response = client.get("/healthz")
     assert (response.status_code, response.json()["failing"]) == (503, ["beat"])
     beat_heartbeat(45)
@@ -131,6 +138,23 @@ def test_healthz_names_a_stale_beat(client):
     assert "45s old" in response.json()["checks"]["beat"]["error"]
     with override_settings(SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS=60):
         assert client.get("/healthz").status_code == 200
+
+
+@pytest.mark.django_db
+def test_healthz_needs_no_beat_while_no_periodic_task_is_enabled(client, admin_client):
+    """due_at jobs and deferrals need no beat: without an enabled periodic task, no (or a stale) beat is ok."""
+    response = client.get("/healthz")
+    assert (response.status_code, response.json()["failing"]) == (200, [])
+    detail = admin_client.get("/healthz").json()["checks"]["beat"]
+    assert (detail["status"], detail["needed"]) == ("ok", False)
+
+    task = enabled_periodic_task()
+    assert client.get("/healthz").json()["failing"] == ["beat"], "an enabled schedule needs a beat"
+    beat_heartbeat(45)
+    assert client.get("/healthz").json()["failing"] == ["beat"]
+    task.enabled = False
+    task.save()
+    assert client.get("/healthz").status_code == 200, "a disabled schedule does not"
 
 
 @pytest.mark.django_db
