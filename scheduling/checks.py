@@ -128,26 +128,49 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return []
 
 
+def is_timekeeper_scheduler(scheduler: Any) -> bool:
+    """Whether ``scheduler`` (a class or its dotted name) is Timekeeper's beat scheduler or a subclass."""
+    from scheduling.fixed import beat
+
+    try:
+        found = symbol_by_name(scheduler) if isinstance(scheduler, str) else scheduler
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(found, type) and issubclass(found, beat.LeaderDatabaseScheduler)
+
+
+def beat_scheduler_problem(scheduler: Any) -> str:
+    """What is wrong with running beat under ``scheduler`` (empty when nothing is): W002 at beat's own start."""
+    from scheduling.fixed import declarations
+
+    if not declarations.declared() or is_timekeeper_scheduler(scheduler):
+        return ""
+    return (
+        f"scheduling.W002: fixed-time schedules are declared, but this beat runs the scheduler {scheduler!r}: "
+        f"they will not fire. Start beat with -S {TIMEKEEPER_BEAT_SCHEDULER} or set CELERY_BEAT_SCHEDULER."
+    )
+
+
 @checks.register()
 def check_beat_scheduler(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Fixed-time schedules fire only under Timekeeper's beat scheduler (ticks, ledger, one leader)."""
-    from scheduling.fixed import beat, declarations
+    """Fixed-time schedules fire only under Timekeeper's beat scheduler (ticks, ledger, one leader).
+
+    This sees Celery's configuration, not a ``-S`` on beat's command line: beat itself says so at its
+    start (``scheduling.tasks.check_beat_scheduler_at_start``), whichever way it was chosen.
+    """
+    from scheduling.fixed import declarations
 
     if not declarations.declared():
         return []
     configured = broker.app().conf.beat_scheduler
-    try:
-        scheduler = symbol_by_name(configured) if isinstance(configured, str) else configured
-        ours = isinstance(scheduler, type) and issubclass(scheduler, beat.LeaderDatabaseScheduler)
-    except (ImportError, AttributeError, ValueError):
-        ours = False
-    if ours:
+    if is_timekeeper_scheduler(configured):
         return []
     return [
         checks.Warning(
             f"Fixed-time schedules are declared, but Celery beat's scheduler is {configured!r}: they would not fire.",
             hint=f"Set CELERY_BEAT_SCHEDULER = {TIMEKEEPER_BEAT_SCHEDULER!r} (then `celery -A <project> beat` "
-            "needs no -S option).",
+            "needs no -S option). If beat is started with that -S option instead, silence this warning "
+            "(SILENCED_SYSTEM_CHECKS); beat checks its own scheduler when it starts.",
             id="scheduling.W002",
         )
     ]

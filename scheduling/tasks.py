@@ -120,6 +120,19 @@ def refuse_non_json(sender: Any = None, **kwargs: Any) -> None:
         raise SystemExit(f"scheduling.E002: {errors[0].msg}")  # Celery logs and swallows Exception subclasses
 
 
+@signals.beat_init.connect
+def check_beat_scheduler_at_start(sender: Any = None, **kwargs: Any) -> None:
+    """A beat whose scheduler (``-S`` or ``beat_scheduler``) is not Timekeeper's says so, loudly, as it starts.
+
+    The system check W002 sees only Celery's configuration; this sees the scheduler beat really runs.
+    """
+    from scheduling import checks
+
+    problem = checks.beat_scheduler_problem(getattr(sender, "scheduler_cls", None))
+    if problem:
+        logger.error(problem, extra={"action": "foreign_beat_scheduler"})
+
+
 @signals.worker_ready.connect
 def start_control_loop(sender: Any = None, **kwargs: Any) -> None:
     """Claiming and sweeping run beside the pool, in this worker's main process (one worker leads)."""

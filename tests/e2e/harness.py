@@ -129,8 +129,9 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def beat(self, name: str = "beat1", *, env: Mapping[str, str] | None = None) -> Proc:
-        argv = [*CELERY, "beat", "-l", "info", "--pidfile=", "-s", str(self.log_dir / f"{name}-schedule")]
+    def beat(self, name: str = "beat1", *, env: Mapping[str, str] | None = None, args: list[str] | None = None) -> Proc:
+        schedule_file = str(self.log_dir / f"{name}-schedule")
+        argv = [*CELERY, "beat", "-l", "info", "--pidfile=", "-s", schedule_file, *(args or [])]
         proc = Proc(name, argv, base_env({**self.env, **(env or {})}), self.log_dir)
         self.procs.append(proc)
         return proc

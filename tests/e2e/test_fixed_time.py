@@ -161,3 +161,15 @@ def test_day_seven_schedules_sync_as_crontabs_celery_reads_and_a_real_beat_fires
         )[0]
         assert run.trigger == "catch_up"
     assert "cannot be read by Celery" not in beat.log()
+
+
+def test_a_beat_started_with_a_foreign_scheduler_says_so_at_its_start(cluster):
+    """W002 cannot see beat's -S option; beat itself logs the problem as it starts (and not under ours)."""
+    schedules.declared()  # the demo's declarations are what makes the scheduler matter
+    foreign = cluster.beat("beat-foreign", args=["-S", "celery.beat:PersistentScheduler"])
+    ours = cluster.beat("beat-ours")
+    wait_for(lambda: "beat: Starting..." in foreign.log() and "beat: Starting..." in ours.log(), 60,
+             message="both beats to start")  # fmt: skip
+    wait_for(lambda: "scheduling.W002" in foreign.log(), 30, message="the foreign scheduler to be named")
+    assert "this beat runs the scheduler 'celery.beat:PersistentScheduler'" in foreign.log()
+    assert "scheduling.W002" not in ours.log()

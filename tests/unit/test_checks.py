@@ -95,6 +95,15 @@ def test_timekeeper_beat_scheduler_passes_w002():
     assert checks.check_beat_scheduler() == []
 
 
+def test_beat_names_a_foreign_scheduler_it_runs_under():
+    """beat's own start check (a -S the system check cannot see): a foreign scheduler is named, ours passes."""
+    problem = checks.beat_scheduler_problem("celery.beat:PersistentScheduler")
+    assert problem.startswith("scheduling.W002:")
+    assert "'celery.beat:PersistentScheduler'" in problem
+    assert checks.beat_scheduler_problem(checks.TIMEKEEPER_BEAT_SCHEDULER) == ""
+    assert checks.beat_scheduler_problem("no.such:Scheduler") != ""
+
+
 def test_other_beat_scheduler_with_declared_schedules_is_w002():
     """Declared fixed-time schedules under Celery's default beat scheduler warn with scheduling.W002."""
     with override_celery(beat_scheduler="celery.beat:PersistentScheduler"):
