@@ -25,4 +25,5 @@ USER timekeeper
 
 EXPOSE 8000 5555
 
-CMD ["gunicorn", "project.wsgi:application", "--bind=0.0.0.0:8000", "--access-logfile=-"]
+# The config file checks the settings and servers first (one line and exit status 78 when wrong).
+CMD ["gunicorn", "--config=python:project.gunicorn_conf", "project.wsgi:application", "--bind=0.0.0.0:8000", "--access-logfile=-"]

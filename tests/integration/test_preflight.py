@@ -203,3 +203,15 @@ def test_celery_with_a_bad_url_prints_one_line() -> None:
     """Any celery command reads the settings first: a URL that is no URL is one line, not a traceback."""
     result = run([sys.executable, "-m", "celery", "-A", "project", "inspect", "ping"], DATABASE_URL="not a url")
     assert_one_line(result, "DATABASE_URL", says="is not a URL")
+
+
+def test_gunicorn_with_an_unreachable_database_prints_one_line() -> None:
+    """The image's web command (gunicorn with project.gunicorn_conf) exits 78 after one line, before any worker."""
+    result = run(
+        [sys.executable, "-m", "gunicorn", "--config=python:project.gunicorn_conf", "project.wsgi:application",
+         f"--bind=127.0.0.1:{free_port()}"],
+        DATABASE_URL=f"postgresql://postgres:{SECRET}@127.0.0.1:1/x",
+        CELERY_BROKER_URL="redis://127.0.0.1:6379/15",
+    )  # fmt: skip
+    assert_one_line(result, "DATABASE_URL", says="where nothing accepts connections")
+    assert "Booting worker" not in result.stdout

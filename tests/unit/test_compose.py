@@ -5,6 +5,7 @@ Every command a container runs must name something this project has: a Celery su
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -77,7 +78,9 @@ def problems_with(argv: list[str], facts: dict[str, Any]) -> list[str]:
     if argv[0] == "gunicorn":
         if "project.wsgi:application" not in argv or not facts["wsgi_application"]:
             return [f"gunicorn must serve project.wsgi:application: {argv}"]
-        return []
+        if "--config=python:project.gunicorn_conf" not in argv:
+            return [f"gunicorn must load project.gunicorn_conf (its one-line settings check): {argv}"]
+        return [] if importlib.util.find_spec("project.gunicorn_conf") else ["project/gunicorn_conf.py is missing"]
     if argv[:2] == ["python", "manage.py"]:
         return [] if argv[2] in facts["manage"] else [f"manage.py has no command {argv[2]!r}"]
     if argv[:2] == ["python", "-c"]:
@@ -201,7 +204,8 @@ def test_worker_and_beat_can_scale(services: dict[str, Any]) -> None:
 def test_service_commands(services: dict[str, Any]) -> None:
     """Each service runs the expected program: migrate, gunicorn, celery worker / beat / flower."""
     assert argv_of(services["migrate"]["command"])[:3] == ["python", "manage.py", "migrate"]
-    assert argv_of(services["web"]["command"])[:2] == ["gunicorn", "project.wsgi:application"]
+    web = argv_of(services["web"]["command"])
+    assert web[:3] == ["gunicorn", "--config=python:project.gunicorn_conf", "project.wsgi:application"], web
     for name in ["worker", "beat", "flower"]:
         assert argv_of(services[name]["command"])[:4] == ["celery", "-A", "project", name], name
 
