@@ -22,6 +22,7 @@ from typing import Any
 from celery import Task, shared_task, signals
 from django import db
 
+from scheduling.core import tracing
 from scheduling.deferrals import countdowns
 from scheduling.fixed import gate
 from scheduling.jobs import claim as claim_module
@@ -118,6 +119,12 @@ def refuse_non_json(sender: Any = None, **kwargs: Any) -> None:
     if errors:
         logger.critical("worker refuses to start: %s", errors[0].msg, extra={"action": "refused_start"})
         raise SystemExit(f"scheduling.E002: {errors[0].msg}")  # Celery logs and swallows Exception subclasses
+
+
+@signals.worker_process_init.connect
+def start_tracing(sender: Any = None, **kwargs: Any) -> None:
+    """With SCHEDULING_TRACING on, each pool process sets up tracing before its first task (core/tracing.py)."""
+    tracing.start_in_worker_process()
 
 
 @signals.beat_init.connect

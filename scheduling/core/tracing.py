@@ -15,9 +15,11 @@ the rest of the standard ``OTEL_*`` environment (service name, headers, sampler)
 Spans: ``timekeeper.schedule`` and ``timekeeper.schedule_many`` (``jobs/api.py``),
 ``timekeeper.claim`` (``jobs/claim.py``), ``timekeeper.run_batch`` (``jobs/runner.py``) and
 ``timekeeper.run_job`` (``core/executor.py``: every handler call, whatever the mechanism).
-The Celery hop between claim and batch is not instrumented (opentelemetry-instrumentation-celery
-is not in the package index this project installs from): the claim and the run are separate
-traces, joined by the job ids on both.
+The Celery hop is instrumented by opentelemetry-instrumentation-celery, switched on with the
+provider: a message carries its trace context in its headers, so a claim, the ``run_batch`` it
+sends and the handlers that batch runs are one trace (``apply_async/...`` and ``run/...`` spans
+between them). Its failure handler is left unconnected: it would put the exception's message and
+traceback on the span, and either may quote a payload.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING
 from scheduling.core import conf
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
 logger = logging.getLogger(__name__)
@@ -130,4 +133,24 @@ def _configure() -> Tracer:
         provider.add_span_processor(BatchSpanProcessor(exporter))
         trace.set_tracer_provider(provider)
         logger.info("tracing on", extra={"action": "tracing_on", "exporter": type(exporter).__name__})
+    _instrument_celery(provider)
     return provider.get_tracer(TRACER_NAME)
+
+
+def _instrument_celery(provider: TracerProvider) -> None:
+    """Spans for publishing and running Celery tasks, the trace context carried in the message headers."""
+    from celery import signals
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    instrumentor = CeleryInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:  # opentelemetry-instrument, or an earlier call
+        return
+    instrumentor.instrument(tracer_provider=provider)
+    # A failure's span would hold the exception's message and traceback: they may quote a payload.
+    signals.task_failure.disconnect(instrumentor._trace_failure)
+
+
+def start_in_worker_process() -> None:
+    """In a pool process, before its first task: the provider and the Celery hooks, so every task is traced."""
+    if enabled():
+        tracer()

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
+import gzip
+import http.server
+import threading
+from typing import ClassVar
 
 import pytest
 from django.db.models import Max
 from django.db.models.functions import Now
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from scheduling import api
 from scheduling.models import JobAttempt, JobState, ScheduledJob
@@ -88,3 +96,69 @@ def test_one_worker_and_no_beat_claim_run_and_sweep_with_every_process_running_h
     )
     outcomes = list(JobAttempt.objects.filter(job_id=stranded.id).order_by("number").values_list("outcome", flat=True))
     assert outcomes == ["reclaimed", "succeeded"]
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP trace receiver: keeps (name, trace id, span id, parent span id) of every span posted."""
+
+    spans: ClassVar[list[tuple[str, str, str, str]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                for s in scope.spans:
+                    self.spans.append((s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex()))
+        reply = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+def test_a_claim_its_batch_and_the_handler_are_one_trace_across_celery(cluster):
+    """With tracing on, the trace context crosses the broker: claim → publish → run → run_batch → run_job."""
+    _Collector.spans = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        worker = cluster.worker(env={
+            "SCHEDULING_TRACING": "1",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",  # export every 0.2 s
+        })  # fmt: skip
+        wait_ready(worker)
+        job = api.schedule("demo.record", {}, delay=0)
+
+        def chain() -> list[tuple[str, str, str, str]] | None:
+            by_id = {span_id: (name, trace, span_id, parent) for name, trace, span_id, parent in list(_Collector.spans)}
+            for name, trace, span_id, parent in list(_Collector.spans):
+                if name == "timekeeper.run_job":
+                    path = [(name, trace, span_id, parent)]
+                    while path[-1][3] in by_id:
+                        path.append(by_id[path[-1][3]])
+                    if path[-1][0] == "timekeeper.claim":
+                        return path
+            return None
+
+        path = wait_for(chain, 30, message="the handler's span to reach the claim's through Celery")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [name for name, *_ in path] == [
+        "timekeeper.run_job",
+        "timekeeper.run_batch",
+        "run/scheduling.run_batch",
+        "apply_async/scheduling.run_batch",
+        "timekeeper.claim",
+    ]
+    assert len({trace for _, trace, _, _ in path}) == 1, "one trace"
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.DONE

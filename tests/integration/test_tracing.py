@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from celery import signals
 from django.conf import settings
 from django.test import override_settings
 from opentelemetry import trace
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -100,16 +102,31 @@ def test_no_span_holds_the_payload(run_sql, spans, queue):
     with pytest.raises(exceptions.InvalidPayload):
         api.schedule("demo.record", {"label": MARKER * 20}, delay=60)  # too long: the error quotes it
     api.schedule_many("demo.record", [{"label": MARKER}], delay=60)
+    deferral = api.defer("demo.record", {"label": MARKER}, delay=300)  # a Celery message carrying the payload
+    assert deferral.mechanism == "broker"
     finished = spans.get_finished_spans()
-    assert {"timekeeper.schedule_many"} <= {s.name for s in finished}
+    assert {"timekeeper.schedule_many", "apply_async/scheduling.run_deferred"} <= {s.name for s in finished}
     for recorded in finished:
         text = repr(dict(recorded.attributes or {})) + repr([e.attributes for e in recorded.events])
         text += repr(recorded.status.description)
         assert MARKER not in text, recorded.name
 
 
+@pytest.fixture
+def celery_not_instrumented() -> Iterator[None]:
+    """A process that never turned tracing on has no Celery hooks; an earlier test here may have set them."""
+    instrumentor = CeleryInstrumentor()
+    was = instrumentor.is_instrumented_by_opentelemetry
+    if was:
+        instrumentor.uninstrument()
+    yield
+    if was:
+        instrumentor.instrument(tracer_provider=trace.get_tracer_provider())
+        signals.task_failure.disconnect(instrumentor._trace_failure)
+
+
 @override_settings(SCHEDULING_TRACING=False)
-def test_tracing_off_records_nothing(run_sql, spans, queue):
+def test_tracing_off_records_nothing(run_sql, spans, queue, celery_not_instrumented):
     """With tracing off (the default) no span is recorded and span() is the shared no-op."""
     _schedule_claim_run(run_sql)
     assert spans.get_finished_spans() == ()
