@@ -45,7 +45,7 @@ class Result:
 
     outcome: str  # SUCCEEDED, FAILED or TIMED_OUT
     error: str = ""  # "Type: message" (bounded), or the timeout said in words
-    traceback: str = ""  # the formatted traceback of a failure (bounded; frames and messages, no locals)
+    traceback: str = ""  # a failure's traceback (bounded; frames and exception types, no messages, no locals)
 
     @property
     def ok(self) -> bool:
@@ -69,6 +69,24 @@ def deadline(seconds: float | None) -> Iterator[bool]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def scrubbed_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` and of its causes: frames and exception types, none of their messages.
+
+    A message may quote a payload (``ValueError(f"bad email {payload['email']}")``); where it broke
+    is in the frames. The message itself is kept once, bounded, in the attempt's error text.
+    """
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = f"{type(current).__module__}.{type(current).__qualname__}"
+        frames = "".join(traceback.format_tb(current.__traceback__))
+        parts.append(f"Traceback (most recent call last):\n{frames}{name}: (message withheld)")
+        current = current.__cause__ or current.__context__
+    return "\n\nwhile handling or caused by:\n".join(reversed(parts))
 
 
 def error_text(exc: BaseException) -> str:
@@ -108,5 +126,5 @@ def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Resu
         return Result(TIMED_OUT, f"timed out after {timeout:g}s")
     except Exception as exc:
         logger.warning("job raised %s", type(exc).__name__, extra={**log, "action": "failed"})
-        return Result(FAILED, error_text(exc), traceback.format_exc()[-TRACEBACK_LIMIT:])
+        return Result(FAILED, error_text(exc), scrubbed_traceback(exc)[-TRACEBACK_LIMIT:])
     return Result(SUCCEEDED)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import traceback
 from typing import Any
 
 from django.core.paginator import EmptyPage, Paginator
@@ -35,7 +34,7 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
 from scheduling import api
-from scheduling.core import conf, exceptions, registry, validation
+from scheduling.core import conf, exceptions, executor, registry, validation
 from scheduling.models import MAX_PRIORITY, MIN_PRIORITY, JobState, ScheduledJob
 from scheduling.web import auth
 
@@ -250,20 +249,6 @@ def _endpoint(allowed: tuple[str, ...]) -> Any:
     return wrap
 
 
-def scrubbed_traceback(exc: BaseException) -> str:
-    """The traceback of ``exc`` and of its causes, with exception types but none of their messages."""
-    parts: list[str] = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        name = f"{type(current).__module__}.{type(current).__qualname__}"
-        frames = "".join(traceback.format_tb(current.__traceback__))
-        parts.append(f"Traceback (most recent call last):\n{frames}{name}: (message withheld)")
-        current = current.__cause__ or current.__context__
-    return "\n\nwhile handling or caused by:\n".join(reversed(parts))
-
-
 def _log_failure(operation: str, request: HttpRequest, job_id: int | None, exc: BaseException) -> None:
     """One error line for a 500: operation, method, job id and caller, and the scrubbed traceback."""
     logger.error(
@@ -272,7 +257,7 @@ def _log_failure(operation: str, request: HttpRequest, job_id: int | None, exc: 
         operation,
         type(exc).__name__,
         job_id if job_id is not None else "-",
-        scrubbed_traceback(exc),
+        executor.scrubbed_traceback(exc),
         extra={"job_id": job_id, "action": "api_error", "operation": operation},
     )
 

@@ -9,7 +9,7 @@ import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.utils import timezone
 
-from scheduling import api
+from scheduling import api, registry
 from scheduling.core import store
 from scheduling.jobs import runner
 from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulePolicy
@@ -45,6 +45,25 @@ def test_a_failed_attempt_keeps_its_traceback_without_the_payload(run_sql):
     assert len(tracebacks) == 3
     assert all("DemoFailure" in t and "tasks/demo.py" in t for t in tracebacks)
     assert not any("do-not-show" in t for t in tracebacks)
+
+
+def _quote_payload(job: registry.Job) -> None:
+    raise ValueError(f"cannot use {job.payload['email']}")
+
+
+registry.handler("test.quotes_payload", schema={"type": "object"}, timeout=10, max_attempts=1)(_quote_payload)
+
+
+def test_a_traceback_keeps_where_it_broke_but_not_a_message_quoting_the_payload(run_sql):
+    """An exception whose message quotes the payload: the frames and type are kept, its message is not."""
+    job = api.schedule("test.quotes_payload", {"email": "someone@example.org"}, delay=0)
+    (claim,) = store.claim_due_jobs(10)
+    runner.run_batch([(claim.id, claim.token)])
+    (attempt,) = JobAttempt.objects.filter(job_id=job.id)
+    assert "_quote_payload" in attempt.traceback
+    assert "builtins.ValueError: (message withheld)" in attempt.traceback
+    assert "someone@example.org" not in attempt.traceback
+    assert attempt.error == "ValueError: cannot use someone@example.org", "the message is kept once, as the error"
 
 
 def test_a_dead_jobs_page_has_retry_and_no_save(admin_client, run_sql):
