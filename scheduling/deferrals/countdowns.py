@@ -128,7 +128,10 @@ def send(job_kind: registry.Kind, payload: Any, seconds: float) -> Deferral:
 
     def publish() -> None:
         broker.send(
-            tasknames.RUN_DEFERRED, args=[kind, payload, 1, deferral_id], task_id=deferral_id, eta=due_at,
+            tasknames.RUN_DEFERRED,
+            args=[kind, payload, 1, deferral_id],
+            task_id=deferral_id,
+            eta=due_at,
             time_limit=time_limit,
         )
         logger.info(
@@ -221,6 +224,21 @@ def _eta_of(message: Any) -> float | None:
     return None if eta is None else eta.timestamp()
 
 
+def _message(raw: bytes | str) -> Any:
+    """A raw queue entry (kombu's JSON envelope), decoded; None when it is not JSON."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _task_of(message: Any) -> str | None:
+    """The Celery task name a stored message carries (protocol 2 puts it in the headers)."""
+    headers = message.get("headers") if isinstance(message, dict) else None
+    task = headers.get("task") if isinstance(headers, dict) else None
+    return task if isinstance(task, str) else None
+
+
 def _eta(raw: bytes | str) -> float | None:
     """The ETA of a raw queue entry (JSON text), or None."""
     try:
@@ -239,6 +257,8 @@ def broker_counts(now: float | None = None) -> dict[str, int | bool] | None:
       ApproximateNumberOfMessagesDelayed; it includes the claim engine's own wake-ups (<= 2 s).
     - ``in_flight``: taken by a worker and due: running, or about to.
     - ``unacked``: everything taken and not acknowledged (``delayed_held`` + ``in_flight``).
+    - ``visible_batches``: the visible messages that are ``run_batch`` messages of claimed due_at
+      jobs (their jobs are counted as claimed in the table; a backlog total adds the rest only).
 
     How exact: a snapshot read in several round trips, not atomically. A message that moves
     between a list and the unacked hash while counting can be counted twice or missed; ETAs are
@@ -249,7 +269,7 @@ def broker_counts(now: float | None = None) -> dict[str, int | bool] | None:
     """
     moment = time.time() if now is None else now
     prefix = broker.key_prefix()
-    counts = {"visible": 0, "delayed_queued": 0, "delayed_held": 0, "in_flight": 0}
+    counts = {"visible": 0, "visible_batches": 0, "delayed_queued": 0, "delayed_held": 0, "in_flight": 0}
     exact = True
     try:
         client = broker.client()
@@ -259,18 +279,25 @@ def broker_counts(now: float | None = None) -> dict[str, int | bool] | None:
             pipe.llen(key)
         lengths = pipe.execute()
         for key, length in zip(keys, lengths, strict=True):
-            future, read = 0, 0
+            future, batches, read = 0, 0, 0
             while read < min(length, COUNT_LIMIT_PER_KEY):
                 chunk = client.lrange(key, read, read + COUNT_CHUNK - 1)
                 if not chunk:
                     break
                 read += len(chunk)
-                future += sum(1 for raw in chunk if (_eta(raw) or 0) > moment)
+                for raw in chunk:
+                    message = _message(raw)
+                    if (_eta_of(message) or 0) > moment:
+                        future += 1
+                    elif _task_of(message) == tasknames.RUN_BATCH:
+                        batches += 1
             if read < length:
                 exact = False
                 future = round(future * length / read) if read else 0
+                batches = round(batches * length / read) if read else 0
             counts["delayed_queued"] += future
             counts["visible"] += length - future
+            counts["visible_batches"] += batches
         held, total = 0, 0
         for _tag, raw in client.hscan_iter(f"{prefix}unacked", count=COUNT_CHUNK):
             total += 1
@@ -293,6 +320,7 @@ def broker_counts(now: float | None = None) -> dict[str, int | bool] | None:
         return None
     return {
         "visible": counts["visible"],
+        "visible_batches": counts["visible_batches"],
         "delayed": counts["delayed_queued"] + counts["delayed_held"],
         "in_flight": counts["in_flight"],
         "unacked": counts["delayed_held"] + counts["in_flight"],

@@ -10,7 +10,8 @@ sets the history charts' window; each chart has 60 buckets in it.
   from it; points above it are marked, so one job moved two days into the past cannot flatten a
   burst that waited 40 s.
 - **Waiting**: due work not yet started: pending (not paused), claimed but not started, and the
-  broker's visible messages (now only: the broker keeps no history); paused work apart.
+  broker's visible messages other than the batches of those claimed jobs (now only: the broker
+  keeps no history); paused work apart.
 - **Next 24 hours**: due_at rows, fixed-time ticks and broker countdowns per hour. A schedule
   firing more often than every ``FREQUENT_TICK_SECONDS`` is counted in the table, not drawn, so
   one every-minute schedule does not swamp the rest.
@@ -131,7 +132,9 @@ def gather(range_name: str | None = None) -> dict[str, Any]:
     hour_labels = [f"{(local_now + dt.timedelta(hours=h)):%H}h" for h in range(24)]
     claimed_waiting = sum(k.claimed for k in kinds_overview)
     running = sum(k.running for k in kinds_overview)
-    waiting = status["backlog"] + claimed_waiting + (visible or 0)
+    # Visible batch messages carry claimed jobs, already counted: only the other visible messages add.
+    visible_other = (visible or 0) - (broker["visible_batches"] if broker is not None else 0)
+    waiting = status["backlog"] + claimed_waiting + visible_other
 
     waiting_series = [svg.Series("due, not started", [(p.at, float(p.waiting)) for p in history])]
     if any(p.paused for p in history):
@@ -150,6 +153,7 @@ def gather(range_name: str | None = None) -> dict[str, Any]:
             "due": status["backlog"],
             "claimed": claimed_waiting,
             "broker": visible,
+            "broker_other": visible_other if broker is not None else None,
             "running": running,
         },
         "beat": beat,

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pytest
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from scheduling import api
+from scheduling import tasks as celery_tasks
+from scheduling.core import broker as core_broker
 from scheduling.core import store
+from scheduling.deferrals import countdowns
+from scheduling.jobs import claim
 from scheduling.models import SchedulePolicy
 from scheduling.web import dashboard
 
@@ -41,6 +46,38 @@ def test_backlog_counts_claimed_jobs_no_worker_started(admin_client, run_sql):
     assert _card(page, "backlog") == "3"
     assert "1 pending · 2 claimed, waiting" in page
     assert _kind_row(page, "demo.noop")[:3] == ["demo.noop", "1", "2"]
+
+
+@pytest.fixture
+def broker_keys() -> Iterator[None]:
+    """This run's broker keys deleted before and after (tests run with a per-run key prefix)."""
+    client = core_broker.client()
+    prefix = core_broker.key_prefix()
+    assert prefix, "tests run with a per-run Redis key prefix (tests/settings.py)"
+
+    def clean() -> None:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+    clean()
+    yield
+    clean()
+
+
+def test_backlog_counts_a_claimed_job_once_though_its_batch_waits_on_the_broker(admin_client, run_sql, broker_keys):
+    """Claimed jobs whose batch message waits in the queue count once; another visible message adds one."""
+    api.schedule_many("demo.noop", [{}, {}, {}], delay=0)
+    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms'")
+    report = claim.claim_and_dispatch(limit=2)
+    assert (report.claimed, report.batches) == (2, 1)
+    celery_tasks.sweep.apply_async()  # a visible message that is not a batch
+    counts = countdowns.broker_counts()
+    assert counts is not None
+    assert (counts["visible"], counts["visible_batches"]) == (2, 1)
+    page = admin_client.get(FRAGMENT).content.decode()
+    assert _card(page, "backlog") == "4", "1 pending + 2 claimed + 1 other message, not + the batch again"
+    assert "1 pending · 2 claimed, waiting · 1 more on the broker" in " ".join(page.split())
 
 
 def test_paused_work_is_shown_apart_from_the_backlog(admin_client, run_sql):

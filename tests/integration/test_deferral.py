@@ -323,6 +323,7 @@ def test_counts_split_queued_messages_into_visible_and_delayed(broker):
     counts = countdowns.broker_counts()
     assert counts == {
         "visible": 1,
+        "visible_batches": 0,
         "delayed": 3,
         "in_flight": 0,
         "unacked": 0,
