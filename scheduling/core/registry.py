@@ -184,6 +184,10 @@ def handler(
             raise exceptions.SchedulingError(f"Job kind {name!r} is registered twice.")
         if schema is not None:
             jsonschema.Draft202012Validator.check_schema(schema)
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+            raise exceptions.SchedulingError(
+                f"Job kind {name!r}: priority must be a whole number from 0 to 9 (higher runs first), not {priority!r}."
+            )
         _kinds[name] = Kind(
             name=name,
             func=func,

@@ -41,6 +41,15 @@ def test_registering_a_kind_twice_is_refused():
             """Another noop."""
 
 
+@pytest.mark.parametrize("priority", [-1, 10, 2.5, "5", True])
+def test_a_default_priority_outside_0_to_9_is_refused_at_registration(priority):
+    """A kind's default priority is checked when it registers, not at every schedule() of the kind."""
+    with pytest.raises(exceptions.SchedulingError, match="priority must be a whole number from 0 to 9"):
+        registry.handler("test.bad_priority", priority=priority)(lambda job: None)
+    with pytest.raises(exceptions.UnknownJobKind):
+        registry.get("test.bad_priority")
+
+
 def test_idempotency_key_is_per_job_not_per_attempt():
     """Retries of the same job share an idempotency key; different mechanisms do not collide."""
     first = registry.Job(kind="k", payload={}, attempt=1, max_attempts=3, due_at=None, id=7)
