@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from django import forms
@@ -477,6 +478,27 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
                 m,
             ),
         )
+        self._warn_held_back(request, result.changed)
+
+    def _warn_held_back(self, request: HttpRequest, job_ids: Sequence[int]) -> None:
+        """Jobs made due whose kind is paused, or capped and full, wait: say so beside "within a second"."""
+        held = {
+            c.kind: c
+            for c in api.kind_controls()
+            if c.paused or (c.max_running is not None and c.claimed >= c.max_running)
+        }
+        if not held or not job_ids:
+            return
+        made_due = ScheduledJob.objects.filter(pk__in=job_ids, kind__in=list(held))
+        waiting = Counter(made_due.values_list("kind", flat=True))
+        for kind, count in sorted(waiting.items()):
+            control = held[kind]
+            waits = f"{count} of these jobs wait{'s' if count == 1 else ''}"
+            if control.paused:
+                text = f"Kind {kind} is paused: {waits} until it is resumed."
+            else:
+                text = f"Kind {kind} runs at most {control.max_running} at a time: {waits} for a free place."
+            self.message_user(request, text, messages.WARNING)
 
     @admin.action(description="Retry selected dead jobs", permissions=["change"])
     def retry_dead_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:

@@ -57,8 +57,10 @@ def time_unit(max_seconds: float) -> tuple[float, str]:
 
 
 def span_text(seconds: float) -> str:
-    """-15 min, -1 h, -24 h: how far back an axis starts."""
-    return f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min"
+    """15 s, 15 min, 1 h, 24 h: a span in the largest unit it fills (an axis' start, a bucket's width)."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def count_text(value: float) -> str:

@@ -83,6 +83,27 @@ def test_a_dead_jobs_page_has_retry_and_no_save(admin_client, run_sql):
     assert ScheduledJob.objects.get(pk=job_id).state == JobState.PENDING
 
 
+def test_run_now_says_when_a_paused_or_full_kind_holds_the_job_back(admin_client):
+    """Run now on a paused kind's job (or a full capped one's) warns that it waits, beside "within a second"."""
+    paused = api.schedule("demo.noop", {}, delay=3600)
+    capped = api.schedule("demo.record", {}, delay=3600)
+    api.pause("demo.noop")
+    api.set_max_running("demo.record", 1)
+    response = admin_client.post(f"{CHANGELIST}{capped.id}/act/run_now/", follow=True)
+    assert len(response.context["messages"]) == 1, "capped but with room: nothing to add"
+    api.schedule("demo.record", {}, due_at=store.database_now() - dt.timedelta(hours=1))  # claimed first
+    assert len(store.claim_due_jobs(10)) == 1  # the cap is taken: one demo.record claimed
+    response = admin_client.post(f"{CHANGELIST}{paused.id}/act/run_now/", follow=True)
+    assert [str(m) for m in response.context["messages"]] == [
+        "1 job is due now; a worker takes it within a second.",
+        "Kind demo.noop is paused: 1 of these jobs waits until it is resumed.",
+    ]
+    response = admin_client.post(f"{CHANGELIST}{capped.id}/act/run_now/", follow=True)
+    assert [str(m) for m in response.context["messages"]][1] == (
+        "Kind demo.record runs at most 1 at a time: 1 of these jobs waits for a free place."
+    )
+
+
 def test_a_pending_jobs_page_cancels_and_runs_now(admin_client):
     """A pending job's page offers Run now, Reschedule and Cancel, each through the bulk calls."""
     job = api.schedule("demo.noop", {}, delay=3600)

@@ -46,3 +46,4 @@ def test_an_empty_lag_chart_says_so():
 def test_span_labels_read_in_hours_past_an_hour():
     """The time axis says -24 h, not -1440 min."""
     assert (svg.span_text(86_400), svg.span_text(900), svg.span_text(21_600)) == ("24 h", "15 min", "6 h")
+    assert (svg.span_text(15), svg.span_text(60), svg.span_text(90)) == ("15 s", "1 min", "1.5 min")  # 15 min / 60
