@@ -266,9 +266,22 @@ def pause(kind: str) -> store.KindControlRow:
     return row
 
 
+def _registered_or_controlled(kind: str) -> None:
+    """``UnknownJobKind`` unless ``kind`` is registered or has a control row.
+
+    Lifting a control (resume, no cap) stays possible for a kind whose code is gone: its pending
+    jobs then run and fail as an unknown kind, visibly, instead of waiting unseen forever.
+    """
+    try:
+        registry.get(kind)
+    except exceptions.UnknownJobKind:
+        if not any(row.kind == kind for row in store.kind_controls()):
+            raise
+
+
 def resume(kind: str) -> store.KindControlRow:
     """Resume ``kind``: its due jobs are claimed again (the control loop is woken on commit)."""
-    registry.get(kind)
+    _registered_or_controlled(kind)
     row = store.set_kind_paused(kind, False)
     claim.wake_on_commit(0.0, time.monotonic())
     logger.info("kind resumed", extra={"kind": kind, "action": "resumed"})
@@ -279,9 +292,12 @@ def set_max_running(kind: str, max_running: int | None) -> store.KindControlRow:
     """Cap how many jobs of ``kind`` are claimed or running at once, cluster-wide (None: no cap).
 
     The rest wait pending, not claimed. Raises ``InvalidSchedule`` for a cap that is not a whole
-    number of at least 1.
+    number of at least 1. A cap can be lifted (None) from a kind no longer registered.
     """
-    registry.get(kind)
+    if max_running is None:
+        _registered_or_controlled(kind)
+    else:
+        registry.get(kind)
     if max_running is not None and (
         isinstance(max_running, bool) or not isinstance(max_running, int) or not 1 <= max_running <= 1_000_000
     ):

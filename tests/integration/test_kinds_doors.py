@@ -11,7 +11,7 @@ from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from scheduling import api
+from scheduling import api, exceptions
 from scheduling.models import KindControl, ScheduledJob
 
 pytestmark = [
@@ -81,6 +81,21 @@ def test_api_unknown_kind_is_404(operator):
     response = _post(operator, f"{KINDS}no.such.kind/pause")
     assert (response.status_code, response.json()["error"]["code"]) == (404, "unknown_kind")
     assert not KindControl.objects.exists()
+
+
+def test_a_kind_whose_code_is_gone_can_still_be_resumed_and_uncapped(operator):
+    """A control left on a kind no longer registered can be lifted (API and Python), but not set again."""
+    KindControl.objects.create(kind="gone.kind", paused=True, max_running=3)
+    response = _post(operator, f"{KINDS}gone.kind/resume")
+    assert response.status_code == 200, response.content
+    assert _control("gone.kind") == (False, 3)
+    assert _post(operator, f"{KINDS}gone.kind/cap", {"max_running": None}).status_code == 200
+    assert _control("gone.kind") == (False, None)
+    assert _post(operator, f"{KINDS}gone.kind/pause").status_code == 404, "no new control on an unknown kind"
+    assert _post(operator, f"{KINDS}gone.kind/cap", {"max_running": 2}).status_code == 404
+    api.resume("gone.kind")  # the Python API lifts it too, once a row exists
+    with pytest.raises(exceptions.UnknownJobKind):
+        api.resume("never.registered")
 
 
 def test_api_needs_staff_with_the_kindcontrol_permission(django_user_model):
