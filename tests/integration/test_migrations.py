@@ -18,6 +18,14 @@ def _migrate(target: tuple[str, str]) -> MigrationExecutor:
     return MigrationExecutor(connection)  # a fresh graph: the state the next step starts from
 
 
+@pytest.fixture(autouse=True)
+def back_to_the_latest_schema():
+    """Whatever a test migrates to, the database ends at the latest migration of every app, for the tests after it."""
+    yield
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+
 def test_0008_disables_suspended_schedules_and_suspends_disabled_ones():
     """One pause switch: a suspended schedule's task is disabled, a disabled task's policy suspended, others kept."""
     executor = _migrate(BEFORE)
