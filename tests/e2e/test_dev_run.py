@@ -78,8 +78,44 @@ def database() -> Iterator[str]:
     admin.close()
 
 
-def test_run_shows_no_secret_on_screen_or_in_ps(database: str, tmp_path: Path) -> None:
-    """Neither the URLs' passwords nor the generated admin/Flower password is printed or in any process's argv."""
+def start(environ: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``python3 dev.py run`` in its own session, logging to ``log_path``, once it says it is up."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            ["python3", "dev.py", "run"], cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        harness.wait_for(
+            lambda: "Ctrl-C stops everything" in log_path.read_text() or process.poll() is not None,
+            timeout=240, message="dev.py run did not come up",
+        )  # fmt: skip
+    except AssertionError:
+        stop(process)
+        raise
+    assert process.poll() is None, log_path.read_text()
+    return process
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGTERM)
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+
+
+def demo_jobs(database_url: str) -> list[tuple[int, str]]:
+    """(id, key) of the demo's keyed jobs in the dev.py run database."""
+    with contextlib.closing(psycopg2.connect(database_url)) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT id, key FROM scheduling_scheduledjob WHERE key IS NOT NULL ORDER BY id")
+        return [(int(row[0]), str(row[1])) for row in cursor.fetchall()]
+
+
+def test_run_shows_no_secret_on_screen_or_in_ps_and_seeds_the_demo_once(database: str, tmp_path: Path) -> None:
+    """No password printed or in any argv; a second start of ``dev.py run`` adds no demo job."""
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     host, port, db = (broker.connection_pool.connection_kwargs[key] for key in ("host", "port", "db"))
     prefix = f"tk-devrun-{RUN_ID}:"
@@ -94,45 +130,37 @@ def test_run_shows_no_secret_on_screen_or_in_ps(database: str, tmp_path: Path) -
         WEB_PORT=str(web_port),
         FLOWER_PORT=str(flower_port),
     )
-    log_path = tmp_path / "dev-run.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            ["python3", "dev.py", "run"], cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    log_path, again = tmp_path / "dev-run.log", tmp_path / "dev-run-again.log"
     try:
-        harness.wait_for(
-            lambda: "Ctrl-C stops everything" in log_path.read_text() or process.poll() is not None,
-            timeout=240, message="dev.py run did not come up",
-        )
-        assert process.poll() is None, log_path.read_text()
-        harness.wait_for(lambda: status_of(f"http://127.0.0.1:{flower_port}/") != 0, timeout=90, message="Flower")
-        dev_password = (ROOT / "var" / "dev-password").read_text().strip()
-
-        members = session_members(process.pid)
-        commands = " | ".join(members.values())
-        for role in ("manage.py runserver", "celery -A project worker", "celery -A project beat", "flower"):
-            assert role in commands, role
-        for pid, cmdline in members.items():
-            assert SECRET not in cmdline, pid
-            assert dev_password not in cmdline, pid
-        assert status_of(f"http://127.0.0.1:{flower_port}/") == 401
-        assert status_of(f"http://127.0.0.1:{flower_port}/", f"admin:{dev_password}") == 200
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGTERM)
+        process = start(environ, log_path)
         try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
+            harness.wait_for(lambda: status_of(f"http://127.0.0.1:{flower_port}/") != 0, timeout=90, message="Flower")
+            dev_password = (ROOT / "var" / "dev-password").read_text().strip()
+
+            members = session_members(process.pid)
+            commands = " | ".join(members.values())
+            for role in ("manage.py runserver", "celery -A project worker", "celery -A project beat", "flower"):
+                assert role in commands, role
+            for pid, cmdline in members.items():
+                assert SECRET not in cmdline, pid
+                assert dev_password not in cmdline, pid
+            assert status_of(f"http://127.0.0.1:{flower_port}/") == 401
+            assert status_of(f"http://127.0.0.1:{flower_port}/", f"admin:{dev_password}") == 200
+        finally:
+            stop(process)
+        assert "4 demo job(s) added" in log_path.read_text(), "the first start seeds the demo"
+        seeded = demo_jobs(database)
+        stop(start(environ, again))  # a second start finds the demo loaded (some of it run meanwhile)
+    finally:
         keys = list(broker.scan_iter(match=f"{prefix}*", count=1000))
         if keys:
             broker.delete(*keys)
         broker.close()
 
-    output = log_path.read_text()
-    assert SECRET not in output
-    assert dev_password not in output
-    assert "redis://:***@" in output  # the URLs are shown, masked
-    assert "Traceback" not in output
+    assert "0 demo job(s) added, 4 already loaded" in again.read_text()
+    assert demo_jobs(database) == seeded, "no demo job added by the second start"
+    for output in (log_path.read_text(), again.read_text()):
+        assert SECRET not in output
+        assert dev_password not in output
+        assert "redis://:***@" in output  # the URLs are shown, masked
+        assert "Traceback" not in output
