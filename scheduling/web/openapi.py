@@ -1,4 +1,4 @@
-"""The OpenAPI 3 document of the jobs API, served (without authentication) at ``/api/jobs/openapi.json``.
+"""The OpenAPI 3 document of the jobs and kinds APIs, served (without authentication) at ``/api/jobs/openapi.json``.
 
 Built in Python from the same constants the views check (fields, states, page sizes, id pattern),
 so the document and ``jobs_api`` cannot drift apart on them. It describes shapes only: no kind
@@ -10,6 +10,7 @@ public: tools fetch it before they hold a token.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
@@ -17,8 +18,8 @@ from django.views.decorators.http import require_GET
 
 from scheduling.core import exceptions, registry, validation
 from scheduling.jobs import api as jobs_api_functions
-from scheduling.models import AttemptOutcome, JobState
-from scheduling.web import jobs_api
+from scheduling.models import MAX_PRIORITY, MIN_PRIORITY, AttemptOutcome, JobState
+from scheduling.web import jobs_api, kinds_api
 
 JSON = "application/json"
 
@@ -224,6 +225,41 @@ def _schemas() -> dict[str, Any]:
             "properties": {"due_at": _DUE_AT, "delay": _DELAY},
         },
         "Empty": {"type": "object", "additionalProperties": False, "maxProperties": 0},
+        "Kind": {
+            "type": "object",
+            "description": "A kind as an operator sees it: its controls and what it has due, in flight and dead.",
+            "required": [f.name for f in dataclasses.fields(jobs_api_functions.KindOverview)],
+            "properties": {
+                "kind": {"type": "string"},
+                "description": {"type": "string"},
+                "paused": {"type": "boolean"},
+                "max_running": {"type": "integer", "nullable": True, "minimum": 1},
+                "priority": {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY},
+                "due": {"type": "integer", "description": "Pending and due (held back while paused)."},
+                "claimed": {"type": "integer", "description": "Claimed, waiting for a worker."},
+                "running": {"type": "integer"},
+                "dead_24h": {"type": "integer"},
+            },
+        },
+        "KindList": {
+            "type": "object",
+            "required": ["results"],
+            "properties": {"results": {"type": "array", "items": _ref("Kind")}},
+        },
+        "Cap": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["max_running"],
+            "properties": {
+                "max_running": {
+                    "type": "integer",
+                    "nullable": True,
+                    "minimum": 1,
+                    "maximum": 1_000_000,
+                    "description": "At most this many of the kind's jobs claimed or running at once; null: no cap.",
+                }
+            },
+        },
     }
 
 
@@ -238,6 +274,61 @@ def _open_kind() -> str | None:
             continue
         return name
     return None
+
+
+_KIND = {"name": "kind", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+_KIND_ERRORS = {
+    "403": _error(f"Not staff, or no {kinds_api.PERMISSION} permission (or a session write without CSRF)."),
+    "404": _error("No registered kind of that name (lifting a control: no kind with a control either)."),
+}
+
+
+def _kind_responses(ok: dict[str, Any], *codes: str) -> dict[str, Any]:
+    return {**ok, **{code: _KIND_ERRORS.get(code) or _ERRORS[code] for code in codes}}
+
+
+def _kind_paths() -> dict[str, Any]:
+    """The kinds API (``/api/kinds/``): staff with the kind-control permission pause, resume and cap kinds."""
+    one = {"200": {"description": "The kind after the change.", "content": {JSON: {"schema": _ref("Kind")}}}}
+    empty_body = {"required": False, "content": {JSON: {"schema": _ref("Empty")}}}
+    every = {"description": "Every kind with its controls and counts.", "content": {JSON: {"schema": _ref("KindList")}}}
+    listed = _kind_responses({"200": every}, "401", "403")
+    return {
+        "/api/kinds/": {
+            "get": {"operationId": "listKinds", "summary": "Every kind, its controls and counts.", "responses": listed},
+            "head": {
+                "operationId": "headKinds",
+                "responses": {code: {"description": r["description"]} for code, r in listed.items()},
+            },
+        },
+        "/api/kinds/{kind}/pause": {
+            "parameters": [_KIND],
+            "post": {
+                "operationId": "pauseKind",
+                "summary": "Pause a kind: its due jobs stay pending (counted as paused) until resumed.",
+                "requestBody": empty_body,
+                "responses": _kind_responses(one, "400", "401", "403", "404", "413", "415"),
+            },
+        },
+        "/api/kinds/{kind}/resume": {
+            "parameters": [_KIND],
+            "post": {
+                "operationId": "resumeKind",
+                "summary": "Resume a kind: its due jobs are claimed again.",
+                "requestBody": empty_body,
+                "responses": _kind_responses(one, "400", "401", "403", "404", "413", "415"),
+            },
+        },
+        "/api/kinds/{kind}/cap": {
+            "parameters": [_KIND],
+            "post": {
+                "operationId": "capKind",
+                "summary": "Cap how many of a kind's jobs are claimed or running at once, cluster-wide.",
+                "requestBody": {"required": True, "content": {JSON: {"schema": _ref("Cap")}}},
+                "responses": _kind_responses(one, "400", "401", "403", "404", "413", "415"),
+            },
+        },
+    }
 
 
 def document() -> dict[str, Any]:
@@ -277,12 +368,13 @@ def document() -> dict[str, Any]:
     return {
         "openapi": "3.0.3",
         "info": {
-            "title": "Timekeeper jobs API",
+            "title": "Timekeeper jobs API (and kinds API)",
             "version": "1",
             "description": (
                 "Schedule, list, cancel and reschedule due_at jobs. Callers see and change only their own "
                 "jobs; staff need the admin's job permissions. A session caller sends the CSRF token on writes. "
-                "A method an operation does not list is answered 405 with an `Allow` header."
+                "A method an operation does not list is answered 405 with an `Allow` header. Under /api/kinds/, "
+                "staff with the kind-control permission pause, resume and cap kinds."
             ),
         },
         "servers": [{"url": "/"}],
@@ -369,6 +461,7 @@ def document() -> dict[str, Any]:
                     ),
                 },
             },
+            **_kind_paths(),
         },
         "components": {
             "securitySchemes": {

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 from django.urls import get_resolver
+from openapi_schema_validator import OAS30Validator
 from openapi_spec_validator import validate
 
-from scheduling.web import jobs_api, openapi
+from scheduling.web import jobs_api, kinds_api, openapi
 
 pytestmark = [
     pytest.mark.django_db,
@@ -30,16 +31,16 @@ def test_document_is_served_without_credentials(client: Any):
 
 
 def test_every_jobs_api_route_is_documented():
-    """Each route under api/jobs/ appears in the document's paths, and nothing else does."""
+    """Each route under api/jobs/ and api/kinds/ appears in the document's paths, and nothing else does."""
     resolver = get_resolver()
     documented = set(openapi.document()["paths"])
     routes = set()
     for pattern in resolver.url_patterns:
-        if str(pattern.pattern) != "api/jobs/":
+        if str(pattern.pattern) not in {"api/jobs/", "api/kinds/"}:
             continue
         for inner in pattern.url_patterns:
-            route = str(inner.pattern).replace("<jobid:job_id>", "{job_id}")
-            routes.add(f"/api/jobs/{route}")
+            route = str(inner.pattern).replace("<jobid:job_id>", "{job_id}").replace("<str:kind>", "{kind}")
+            routes.add(f"/{pattern.pattern}{route}")
     assert routes == documented
 
 
@@ -48,3 +49,21 @@ def test_create_fields_match_the_view():
     schemas = openapi.document()["components"]["schemas"]
     assert set(schemas["CreateJob"]["properties"]) == jobs_api.CREATE_FIELDS
     assert set(schemas["Reschedule"]["properties"]) == jobs_api.RESCHEDULE_FIELDS
+    assert set(schemas["Cap"]["properties"]) == kinds_api.CAP_FIELDS
+
+
+def test_kind_answers_match_the_document(admin_client: Any):
+    """The kinds API's list and a pause answer validate against the Kind schemas of the document."""
+    document = openapi.document()
+
+    def check(value: Any, name: str) -> None:
+        schema = {**document["components"]["schemas"][name], "components": document["components"]}
+        OAS30Validator(schema).validate(value)  # raises on the first difference
+
+    listed = admin_client.get("/api/kinds/")
+    assert listed.status_code == 200
+    check(listed.json(), "KindList")
+    paused = admin_client.post("/api/kinds/demo.noop/pause", "", content_type="application/json")
+    assert paused.status_code == 200
+    check(paused.json(), "Kind")
+    assert paused.json()["paused"] is True
