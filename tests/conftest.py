@@ -7,6 +7,8 @@ from typing import Any
 
 import psycopg2
 import pytest
+import redis
+from django.conf import settings
 from django.db import connection
 
 
@@ -43,3 +45,21 @@ def run_sql() -> Callable[..., list[tuple[Any, ...]]]:
             return cursor.fetchall() if cursor.description else []
 
     return run
+
+
+@pytest.fixture
+def broker() -> Iterator[redis.Redis]:
+    """The broker's Redis, with this test run's keys (its per-run key prefix) removed before and after."""
+    prefix = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")
+    assert prefix, "tests run with a per-run Redis key prefix (tests/settings.py)"
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+
+    def clean() -> None:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+
+    clean()
+    yield client
+    clean()
+    client.close()

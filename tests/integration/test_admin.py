@@ -5,11 +5,9 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from django.conf import settings
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db import connection
@@ -300,20 +298,6 @@ def schedule() -> PeriodicTask:
 
 
 PREFIX = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")  # this test run's keys on the shared Redis
-
-
-@pytest.fixture
-def broker() -> Iterator[redis.Redis]:
-    """The broker's Redis, with this run's keys removed before and after."""
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-
-    def clear() -> None:
-        for key in client.scan_iter(f"{PREFIX}*"):
-            client.delete(key)
-
-    clear()
-    yield client
-    clear()
 
 
 def test_periodic_task_page_shows_timing_next_runs_and_history(admin, schedule):

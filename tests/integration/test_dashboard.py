@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from scheduling import api
 from scheduling import tasks as celery_tasks
-from scheduling.core import broker as core_broker
 from scheduling.core import store
 from scheduling.deferrals import countdowns
 from scheduling.jobs import claim
@@ -48,24 +46,7 @@ def test_backlog_counts_claimed_jobs_no_worker_started(admin_client, run_sql):
     assert _kind_row(page, "demo.noop")[:3] == ["demo.noop", "1", "2"]
 
 
-@pytest.fixture
-def broker_keys() -> Iterator[None]:
-    """This run's broker keys deleted before and after (tests run with a per-run key prefix)."""
-    client = core_broker.client()
-    prefix = core_broker.key_prefix()
-    assert prefix, "tests run with a per-run Redis key prefix (tests/settings.py)"
-
-    def clean() -> None:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
-
-    clean()
-    yield
-    clean()
-
-
-def test_backlog_counts_a_claimed_job_once_though_its_batch_waits_on_the_broker(admin_client, run_sql, broker_keys):
+def test_backlog_counts_a_claimed_job_once_though_its_batch_waits_on_the_broker(admin_client, run_sql, broker):
     """Claimed jobs whose batch message waits in the queue count once; another visible message adds one."""
     api.schedule_many("demo.noop", [{}, {}, {}], delay=0)
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms'")

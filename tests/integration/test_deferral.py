@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +36,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PREFIX = settings.CELERY_BROKER_KEYPREFIX
 DEFERRED = f"{PREFIX}{countdowns.QUEUE}"
 DEFAULT = f"{PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
-
-
-@pytest.fixture
-def broker() -> Iterator[redis.Redis]:
-    """The test Redis database with this run's keys deleted before and after the test."""
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    assert PREFIX, "tests run with a per-run Redis key prefix (tests/settings.py)"
-
-    def clean() -> None:
-        keys = list(client.scan_iter(match=f"{PREFIX}*", count=1000))
-        if keys:
-            client.delete(*keys)
-
-    clean()
-    yield client
-    clean()
 
 
 def queued(client: redis.Redis, key: str = DEFERRED) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,20 +17,6 @@ from scheduling.jobs import claim
 pytestmark = pytest.mark.django_db
 
 PREFIX = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")  # this test run's keys on the shared Redis
-
-
-@pytest.fixture
-def broker() -> Iterator[redis.Redis]:
-    """The broker's Redis, with this run's keys removed before and after."""
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-
-    def clear() -> None:
-        for key in client.scan_iter(f"{PREFIX}*"):
-            client.delete(key)
-
-    clear()
-    yield client
-    clear()
 
 
 def queued(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
