@@ -209,8 +209,8 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         (None, {"fields": ("kind", "key", "state", "priority", "due_at", "due_relative", "owner")}),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Attempts", {"fields": ("attempts", "max_attempts", "lease_seconds", "last_error")}),
-        ("Current claim", {"fields": ("claimed_at", "heartbeat_at", "claimed_by"), "classes": ("collapse",)}),
-        ("History", {"fields": ("created_at", "updated_at", "finished_at")}),
+        ("Current claim", {"fields": ("claimed_time", "heartbeat_time", "claimed_by"), "classes": ("collapse",)}),
+        ("History", {"fields": ("created_time", "updated_time", "finished_time")}),
     )
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
@@ -271,6 +271,27 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     @admin.display(description="due")
     def due_relative(self, job: ScheduledJob) -> str:
         return f"{timezone.localtime(job.due_at):%Y-%m-%d %H:%M:%S %Z} ({relative(job.due_at)})"
+
+    # Read-only times to the second (Django's own display stops at the minute).
+    @admin.display(description="claimed at")
+    def claimed_time(self, job: ScheduledJob) -> str:
+        return seconds_text(job.claimed_at)
+
+    @admin.display(description="heartbeat at")
+    def heartbeat_time(self, job: ScheduledJob) -> str:
+        return seconds_text(job.heartbeat_at)
+
+    @admin.display(description="created at")
+    def created_time(self, job: ScheduledJob) -> str:
+        return seconds_text(job.created_at)
+
+    @admin.display(description="updated at")
+    def updated_time(self, job: ScheduledJob) -> str:
+        return seconds_text(job.updated_at)
+
+    @admin.display(description="finished at")
+    def finished_time(self, job: ScheduledJob) -> str:
+        return seconds_text(job.finished_at)
 
     @admin.display(description="payload")
     def payload_pretty(self, job: ScheduledJob) -> str:
@@ -354,6 +375,15 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
             raise PermissionDenied
         handlers[action](request, ScheduledJob.objects.filter(pk=job.pk))
         return HttpResponseRedirect(reverse("admin:scheduling_scheduledjob_change", args=[job.pk]))
+
+    def get_fieldsets(self, request: HttpRequest, obj: ScheduledJob | None = None) -> Any:
+        """A job that cannot be moved shows its due time once, to the second ("due"), not the editable field too."""
+        if obj is not None and obj.state == JobState.PENDING:
+            return self.fieldsets
+        return [
+            (name, {**options, "fields": tuple(f for f in options["fields"] if f != "due_at")})
+            for name, options in self.fieldsets
+        ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: ScheduledJob | None = None) -> list[str]:
         shown = [str(f) for _name, options in self.fieldsets for f in options["fields"]]

@@ -13,7 +13,7 @@ from scheduling import api, registry
 from scheduling.core import store
 from scheduling.jobs import runner
 from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulePolicy
-from scheduling.web import admin_forms
+from scheduling.web import admin, admin_forms
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -76,6 +76,9 @@ def test_a_dead_jobs_page_has_retry_and_no_save(admin_client, run_sql):
     assert 'value="cancel"' not in page
     assert "Traceback (most recent call last)" in page
     assert "DemoFailure" in page
+    job = ScheduledJob.objects.get(pk=job_id)
+    for moment in (job.created_at, job.finished_at, job.due_at):  # to the second, not Django's minute
+        assert admin.seconds_text(moment) in page
     response = admin_client.post(f"{CHANGELIST}{job_id}/act/retry/", follow=True)
     assert [str(m) for m in response.context["messages"]] == [
         "1 dead job is pending again, due now, with a fresh attempts budget."
