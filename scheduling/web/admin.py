@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django import forms
@@ -113,6 +113,16 @@ def seconds_text(value: Any) -> str:
     if value is None:
         return "—"
     return f"{timezone.localtime(value):%Y-%m-%d %H:%M:%S %Z}"
+
+
+def _to_the_second(field: str, description: str) -> Callable[[Any, Any], str]:
+    """An admin display method showing the time ``field`` of a row with seconds (``seconds_text``)."""
+
+    @admin.display(description=description)
+    def show(model_admin: Any, obj: Any) -> str:
+        return seconds_text(getattr(obj, field))
+
+    return show
 
 
 class CheckedSelectionMixin:
@@ -273,25 +283,11 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         return f"{timezone.localtime(job.due_at):%Y-%m-%d %H:%M:%S %Z} ({relative(job.due_at)})"
 
     # Read-only times to the second (Django's own display stops at the minute).
-    @admin.display(description="claimed at")
-    def claimed_time(self, job: ScheduledJob) -> str:
-        return seconds_text(job.claimed_at)
-
-    @admin.display(description="heartbeat at")
-    def heartbeat_time(self, job: ScheduledJob) -> str:
-        return seconds_text(job.heartbeat_at)
-
-    @admin.display(description="created at")
-    def created_time(self, job: ScheduledJob) -> str:
-        return seconds_text(job.created_at)
-
-    @admin.display(description="updated at")
-    def updated_time(self, job: ScheduledJob) -> str:
-        return seconds_text(job.updated_at)
-
-    @admin.display(description="finished at")
-    def finished_time(self, job: ScheduledJob) -> str:
-        return seconds_text(job.finished_at)
+    claimed_time = _to_the_second("claimed_at", "claimed at")
+    heartbeat_time = _to_the_second("heartbeat_at", "heartbeat at")
+    created_time = _to_the_second("created_at", "created at")
+    updated_time = _to_the_second("updated_at", "updated at")
+    finished_time = _to_the_second("finished_at", "finished at")
 
     @admin.display(description="payload")
     def payload_pretty(self, job: ScheduledJob) -> str:
