@@ -157,6 +157,14 @@ _loaded = False
 _load_lock = threading.Lock()
 
 
+MIN_PRIORITY, MAX_PRIORITY = 0, 9  # scheduling.models has the same bounds (its check constraint)
+
+
+def is_priority(value: Any) -> bool:
+    """Whether ``value`` is a job priority: a whole number (not a bool) from MIN_PRIORITY to MAX_PRIORITY."""
+    return isinstance(value, int) and not isinstance(value, bool) and MIN_PRIORITY <= value <= MAX_PRIORITY
+
+
 def handler(
     name: str,
     *,
@@ -184,9 +192,10 @@ def handler(
             raise exceptions.SchedulingError(f"Job kind {name!r} is registered twice.")
         if schema is not None:
             jsonschema.Draft202012Validator.check_schema(schema)
-        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        if not is_priority(priority):
             raise exceptions.SchedulingError(
-                f"Job kind {name!r}: priority must be a whole number from 0 to 9 (higher runs first), not {priority!r}."
+                f"Job kind {name!r}: priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} "
+                f"(higher runs first), not {priority!r}."
             )
         _kinds[name] = Kind(
             name=name,

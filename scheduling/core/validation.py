@@ -25,7 +25,6 @@ from scheduling.core import conf, exceptions, registry
 MAX_DELAY_SECONDS = 10 * 366 * 86_400  # ten years: anything further is a unit mistake
 MAX_KEY_LENGTH = 200
 MAX_ATTEMPTS_LIMIT = 1000
-MIN_PRIORITY, MAX_PRIORITY = 0, 9  # scheduling.models has the same bounds (a constraint)
 EARLIEST_DUE_AT = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)  # a due time before this is a mistake, not a plan
 MAX_UTC_OFFSET = dt.timedelta(hours=15, minutes=59)  # PostgreSQL refuses larger offsets in timestamptz input
 
@@ -195,8 +194,9 @@ def check_max_attempts(kind: registry.Kind, max_attempts: int | None) -> int:
 def check_priority(kind: registry.Kind, priority: int | None) -> int:
     """A job's priority: the kind's default, or ``priority`` if it is a whole number from 0 to 9."""
     value = kind.priority if priority is None else priority
-    if isinstance(value, bool) or not isinstance(value, int) or not MIN_PRIORITY <= value <= MAX_PRIORITY:
+    if not registry.is_priority(value):
         raise exceptions.InvalidSchedule(
-            f"priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}."
+            f"priority must be a whole number from {registry.MIN_PRIORITY} to {registry.MAX_PRIORITY}, "
+            f"got {priority!r}."
         )
     return value

@@ -128,10 +128,7 @@ def send(job_kind: registry.Kind, payload: Any, seconds: float) -> Deferral:
 
     def publish() -> None:
         broker.send(
-            tasknames.RUN_DEFERRED,
-            args=[kind, payload, 1, deferral_id],
-            task_id=deferral_id,
-            eta=due_at,
+            tasknames.RUN_DEFERRED, args=[kind, payload, 1, deferral_id], task_id=deferral_id, eta=due_at,
             time_limit=time_limit,
         )
         logger.info(
@@ -237,14 +234,6 @@ def _task_of(message: Any) -> str | None:
     headers = message.get("headers") if isinstance(message, dict) else None
     task = headers.get("task") if isinstance(headers, dict) else None
     return task if isinstance(task, str) else None
-
-
-def _eta(raw: bytes | str) -> float | None:
-    """The ETA of a raw queue entry (JSON text), or None."""
-    try:
-        return _eta_of(json.loads(raw))
-    except ValueError:
-        return None
 
 
 def broker_counts(now: float | None = None) -> dict[str, int | bool] | None:

@@ -35,7 +35,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from scheduling import api
 from scheduling.core import conf, exceptions, executor, registry, validation
-from scheduling.models import MAX_PRIORITY, MIN_PRIORITY, JobState, ScheduledJob
+from scheduling.models import JobState, ScheduledJob
 from scheduling.web import auth
 
 logger = logging.getLogger(__name__)
@@ -344,13 +344,12 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
         raise ApiError(400, "invalid_request", "kind is required: the name of a registered job kind.")
     payload = data.get("payload", {})
     priority = data.get("priority")
-    if priority is not None and (
-        isinstance(priority, bool) or not isinstance(priority, int) or not MIN_PRIORITY <= priority <= MAX_PRIORITY
-    ):
+    if priority is not None and not registry.is_priority(priority):
         raise ApiError(
             400,
             "invalid_priority",
-            f"priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} (higher is claimed first), "
+            f"priority must be a whole number from {registry.MIN_PRIORITY} to {registry.MAX_PRIORITY} "
+            "(higher is claimed first), "
             f"got {json.dumps(priority)[:40]}.",
         )
     try:

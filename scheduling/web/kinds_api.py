@@ -31,13 +31,10 @@ def _operator(user: Any) -> None:
         raise jobs_api.ApiError(403, "forbidden", f"Kind controls need the {PERMISSION} permission.")
 
 
-def _known(kind: str, *, or_controlled: bool = False) -> None:
-    """404 unless ``kind`` is registered (or, to lift a control, still has one)."""
+def _known(kind: str) -> None:
     try:
         registry.get(kind)
     except exceptions.UnknownJobKind:
-        if or_controlled and any(k.kind == kind and (k.paused or k.max_running) for k in api.kind_overview()):
-            return
         raise jobs_api.ApiError(404, "unknown_kind", f"No registered kind {kind!r}.") from None
 
 
@@ -68,9 +65,11 @@ def resume(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
     """Resume a kind: its due jobs are claimed again."""
     _operator(user)
     jobs_api._check_fields(jobs_api.read_json(request, optional=True), frozenset())
-    _known(kind, or_controlled=True)
-    with transaction.atomic():
-        api.resume(kind)
+    try:  # api.resume knows which kinds can be resumed (registered, or still holding a control)
+        with transaction.atomic():
+            api.resume(kind)
+    except exceptions.UnknownJobKind:
+        raise jobs_api.ApiError(404, "unknown_kind", f"No registered kind {kind!r}.") from None
     return jobs_api.ok(_overview(kind))
 
 
@@ -82,10 +81,11 @@ def cap(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
     jobs_api._check_fields(data, CAP_FIELDS)
     if "max_running" not in data:
         raise jobs_api.ApiError(400, "invalid_request", 'Send {"max_running": n} (1 to 1000000) or null for no cap.')
-    _known(kind, or_controlled=data["max_running"] is None)
-    try:
+    try:  # api.set_max_running knows which kinds can be capped or uncapped
         with transaction.atomic():
             api.set_max_running(kind, data["max_running"])
+    except exceptions.UnknownJobKind:
+        raise jobs_api.ApiError(404, "unknown_kind", f"No registered kind {kind!r}.") from None
     except exceptions.InvalidSchedule as exc:
         raise jobs_api.ApiError(400, "invalid_cap", str(exc)) from None
     return jobs_api.ok(_overview(kind))

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET
 
 from scheduling.core import exceptions, registry, validation
 from scheduling.jobs import api as jobs_api_functions
-from scheduling.models import MAX_PRIORITY, MIN_PRIORITY, AttemptOutcome, JobState
+from scheduling.models import AttemptOutcome, JobState
 from scheduling.web import jobs_api, kinds_api
 
 JSON = "application/json"
@@ -202,8 +202,8 @@ def _schemas() -> dict[str, Any]:
                 "priority": {
                     "type": "integer",
                     "nullable": True,
-                    "minimum": validation.MIN_PRIORITY,
-                    "maximum": validation.MAX_PRIORITY,
+                    "minimum": registry.MIN_PRIORITY,
+                    "maximum": registry.MAX_PRIORITY,
                     "description": "Among due jobs, a higher priority is claimed first (default: the kind's).",
                 },
             },
@@ -234,7 +234,7 @@ def _schemas() -> dict[str, Any]:
                 "description": {"type": "string"},
                 "paused": {"type": "boolean"},
                 "max_running": {"type": "integer", "nullable": True, "minimum": 1},
-                "priority": {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY},
+                "priority": {"type": "integer", "minimum": registry.MIN_PRIORITY, "maximum": registry.MAX_PRIORITY},
                 "due": {"type": "integer", "description": "Pending and due (held back while paused)."},
                 "claimed": {"type": "integer", "description": "Claimed, waiting for a worker."},
                 "running": {"type": "integer"},
