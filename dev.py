@@ -43,7 +43,20 @@ PYTEST_NO_TESTS = 5  # pytest's exit status when it collected nothing
 
 def say(message: str) -> None:
     """Print one of dev.py's own lines, set apart from the children's output."""
-    print(f"==> {message}", flush=True)
+    write(f"==> {message}\n")
+
+
+def write(text: str) -> None:
+    """Write to our output; once whoever reads it is gone (``dev.py run | tee``, then Ctrl-C), write nowhere.
+
+    A closed pipe must not stop dev.py halfway through stopping its children: they would be orphaned.
+    """
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # later writes and the exit flush
 
 
 # --- Stage 1: the virtualenv (bare python3) ------------------------------------------------------
@@ -338,8 +351,7 @@ class Child:
         """Copy the child's output to ours, one prefixed line at a time."""
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            sys.stdout.write(prefix + line)
-            sys.stdout.flush()
+            write(prefix + line)
 
 
 def stop_children(children: list[Child]) -> None:
@@ -376,7 +388,7 @@ def supervise(children: list[Child]) -> int:
                     return status if status > 0 else 128 - status if status < 0 else 1  # -N: killed by signal N
             time.sleep(0.2)
     except KeyboardInterrupt:
-        print(flush=True)
+        write("\n")
         return 0
 
 
@@ -434,8 +446,10 @@ def command_run() -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        stop_children(children)
-        services.stop()
+        try:
+            stop_children(children)
+        finally:
+            services.stop()
 
 
 # --- entry point ---------------------------------------------------------------------------------

@@ -164,3 +164,40 @@ def test_run_shows_no_secret_on_screen_or_in_ps_and_seeds_the_demo_once(database
         assert dev_password not in output
         assert "redis://:***@" in output  # the URLs are shown, masked
         assert "Traceback" not in output
+
+
+def test_ctrl_c_stops_everything_even_when_the_output_pipe_has_closed(database: str) -> None:
+    """``dev.py run | tee log`` then Ctrl-C: tee dies first; dev.py must still stop every process it started."""
+    environ = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "TIMEKEEPER_VERBOSE"}}
+    environ.update(
+        DEBUG="1",
+        DATABASE_URL=database,
+        CELERY_BROKER_KEYPREFIX=f"tk-devrun-pipe-{RUN_ID}:",
+        WEB_PORT=str(free_port()),
+        FLOWER_PORT=str(free_port()),
+    )
+    process = subprocess.Popen(
+        ["python3", "dev.py", "run"], cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        seen = []
+        for raw in process.stdout:  # until it is up (bounded by the test's own timeout)
+            seen.append(raw.decode(errors="replace"))
+            if "Ctrl-C stops everything" in seen[-1]:
+                break
+        assert "Ctrl-C stops everything" in seen[-1], "".join(seen[-30:])
+        started = set(session_members(process.pid))
+        assert len(started) > 4, "dev.py, web, worker (and its pool), beat, Flower"
+        process.stdout.close()  # the reader (tee, a pager) is gone
+        os.killpg(process.pid, signal.SIGINT)  # what the terminal sends to its foreground group on Ctrl-C
+        process.wait(60)
+        harness.wait_for(lambda: not set(session_members(process.pid)) & started, timeout=30, message="orphans")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        for pid in session_members(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
