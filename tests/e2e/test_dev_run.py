@@ -166,6 +166,12 @@ def test_run_shows_no_secret_on_screen_or_in_ps_and_seeds_the_demo_once(database
         assert "Traceback" not in output
 
 
+def as_in_a_terminal() -> None:
+    """SIGINT back to its default, as for a command a terminal runs: a test run started in the background
+    (``.ci/run &`` from a script) inherits SIGINT ignored, and Python then never turns Ctrl-C into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_everything_even_when_the_output_pipe_has_closed(database: str) -> None:
     """``dev.py run | tee log`` then Ctrl-C: tee dies first; dev.py must still stop every process it started."""
     environ = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "TIMEKEEPER_VERBOSE"}}
@@ -178,7 +184,7 @@ def test_ctrl_c_stops_everything_even_when_the_output_pipe_has_closed(database: 
     )
     process = subprocess.Popen(
         ["python3", "dev.py", "run"], cwd=ROOT, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=as_in_a_terminal,
     )  # fmt: skip
     try:
         assert process.stdout is not None
