@@ -17,9 +17,10 @@ Deliberate differences
        after a single value) are cronsim extensions Timekeeper refuses (Vixie cron refuses
        ``5/10`` too); descending ranges (``fri-mon``, ``50-10``, Celery's wrap-around) and
        nicknames are Timekeeper's and cronsim refuses them (nicknames are compared expanded).
-    2. Not generated: ``a-a/n`` (a one-value range with a step). cronsim expands it like ``a/n``,
-       from a to the end of the field (``21-21/1`` is hours 21, 22, 23); Timekeeper, Vixie cron
-       and Celery take it as the single value a.
+    2. Gone since cronsim 2.9 (the version required): cronsim expanded ``a-a/n`` (a one-value
+       range with a step) like ``a/n``, to the end of the field (``21-21/1`` was hours 21, 22, 23);
+       it now takes it as the single value a, like Timekeeper, Vixie cron and Celery. Still not
+       generated; the test below pins the agreement.
     3. ``second-pass-start``: a fixed-time schedule asked for its next tick from an instant in the
        second pass of a repeated hour. cronsim drops the fold of the start and can return the first
        occurrence of a later wall time of that hour, an instant before the start; Timekeeper's next
@@ -328,10 +329,10 @@ def test_each_listed_difference_happens_where_described(
     assert compare(expression, zone_name, start) == outcome
 
 
-def test_cronsim_reads_a_one_value_range_with_a_step_to_the_end_of_the_field() -> None:
-    """Difference 2: cronsim expands 21-21/1 like 21/1 (hours 21-23); Timekeeper fires at 21:00 only."""
+def test_cronsim_and_timekeeper_read_a_one_value_range_with_a_step_as_that_value() -> None:
+    """Former difference 2: 21-21/1 is 21:00 only, for Timekeeper and for cronsim >= 2.9 alike."""
     start = datetime(2026, 6, 1, 20, tzinfo=UTC)
-    theirs = _cronsim_ticks("0 21-21/1 * * *", "UTC", start, 3)
-    assert [t.hour for t in theirs] == [21, 22, 23]
     ours = cron.CronSchedule.parse("0 21-21/1 * * *", "UTC").next_n(start, 3)
     assert [t.hour for t in ours] == [21, 21, 21]
+    assert [t.day for t in ours] == [1, 2, 3]
+    assert _cronsim_ticks("0 21-21/1 * * *", "UTC", start, 3) == ours
