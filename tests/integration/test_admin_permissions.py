@@ -57,7 +57,7 @@ def bob(django_user_model: Any) -> Any:
 
 def test_staff_with_add_apitoken_issues_tokens_only_for_themselves(django_user_model, root):
     """add_apitoken alone: no user choice on the form; a forged user (the superuser) is ignored: the token is theirs."""
-    clerk = staff(django_user_model, "clerk", "add_apitoken", "view_apitoken")
+    clerk = staff(django_user_model, "clerk", "add_apitoken")  # exactly the one permission
     page = clerk.get(TOKEN_ADD).content.decode()
     assert 'name="name"' in page
     assert 'name="user"' not in page
@@ -301,3 +301,22 @@ def test_a_superuser_may_still_save_any_periodic_task(client, root, crontab):
     response = client.post(TASK_ADD, data)
     assert response.status_code == 302, response.content.decode()[:3000]
     assert PeriodicTask.objects.get(name="cleanup").task == "celery.backend_cleanup"
+
+
+def test_a_policy_payload_is_judged_by_the_kinds_access_too(django_user_model, crontab, bob):
+    """With tasks.schedule_payment, a policy retrying Bob's payment is refused; retrying one's own saves."""
+    from tasks.models import Payment
+
+    clerk = staff(django_user_model, "clerk", *BEAT_PERMISSIONS, "schedule_payment")
+    Payment.objects.create(reference="pay-bob", amount_cents=100, owner=bob)
+    Payment.objects.create(reference="pay-clerk", amount_cents=100, owner=clerk.user)
+    assert 'value="payments.retry"' in clerk.get(TASK_ADD).content.decode()
+    bobs = {"policy-0-kind": "payments.retry", "policy-0-payload": '{"reference": "pay-bob"}'}
+    response = clerk.post(TASK_ADD, _task_post("retry-bob", crontab, **bobs))
+    assert response.status_code == 200
+    assert "You may not schedule jobs of kind" in response.content.decode()
+    assert not PeriodicTask.objects.filter(name="retry-bob").exists()
+    own = {"policy-0-kind": "payments.retry", "policy-0-payload": '{"reference": "pay-clerk"}'}
+    response = clerk.post(TASK_ADD, _task_post("retry-own", crontab, **own))
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert PeriodicTask.objects.get(name="retry-own").policy.payload == {"reference": "pay-clerk"}
