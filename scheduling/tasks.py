@@ -62,12 +62,21 @@ def sweep() -> dict[str, Any]:
     reject_on_worker_lost=True,
     max_retries=None,  # attempts are counted in the args against the kind's max_attempts
 )
-def run_deferred(self: Task, kind: str, payload: dict[str, Any], attempt: int, deferral_id: str) -> dict[str, Any]:
-    """Run a broker deferral; on failure retry it with a countdown, or record it dead when attempts are spent."""
+def run_deferred(
+    self: Task, kind: str, payload: dict[str, Any], attempt: int, deferral_id: str, signature: str = ""
+) -> dict[str, Any]:
+    """Run a broker deferral signed by ``defer()``; retry a failure with a countdown, or record it dead when spent.
+
+    A message whose signature does not check (sent by hand, through Flower or a periodic task) runs nothing.
+    """
+    if not countdowns.authentic(kind, payload, attempt, deferral_id, signature):
+        result = countdowns.refuse(kind, attempt, deferral_id)
+        return {"outcome": result.outcome, "attempt": result.attempt}
     attempt = int(attempt)
     result = countdowns.run(kind, payload, attempt, str(deferral_id), countdowns.parse_eta(self.request.eta))
     if result.outcome == "retry":
-        raise self.retry(args=[kind, payload, attempt + 1, deferral_id], countdown=result.retry_in_seconds)
+        again = countdowns.message_args(kind, payload, attempt + 1, str(deferral_id))
+        raise self.retry(args=again, countdown=result.retry_in_seconds)
     return {"outcome": result.outcome, "attempt": attempt}
 
 

@@ -20,6 +20,17 @@ channel's prefetch count; kombu's Redis QoS then stops fetching). Deferrals ther
 their own queue, so that production can give them their own workers (``-Q timekeeper.deferred``)
 and keep the claim and run_batch workers (``-X timekeeper.deferred``) from ever stalling.
 
+Signed messages: a ``run_deferred`` message runs a kind as the system, with no owner, so anyone who
+can put a message on the broker (Flower's task-apply API, a periodic task, a Redis client) could
+otherwise run any kind with any payload. ``defer()`` therefore signs each message (an HMAC with
+``SECRET_KEY``, salted, over kind, payload, attempt and deferral id: ``sign``) and the worker runs
+only a message whose signature checks (``authentic``; ``SECRET_KEY_FALLBACKS`` are accepted, so a
+key rotation keeps messages in flight). Its retries are signed again with the next attempt. A
+message without a good signature is refused: logged (``refused_unsigned``, no payload), acknowledged,
+nothing run or stored. A signed payload that no longer passes its kind's schema (the schema changed
+while it waited) is recorded dead at once. Messages sent by a version before signing are refused
+too: drain the deferral queue before upgrading (docs/security.md, "Broker deferrals").
+
 Runs: the handler gets a ``registry.Job`` with ``mechanism="broker"`` and ``ref`` the deferral id
 (the Celery task id, the same across retries), so ``job.idempotency_key`` is stable across
 redeliveries and retries. A failure is retried with the kind's backoff up to its max_attempts; the
@@ -39,10 +50,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
+from django.core import signing
 from django.db import transaction
 from django.utils import timezone
 
-from scheduling.core import broker, conf, exceptions, executor, registry, store, tasknames
+from scheduling.core import broker, conf, exceptions, executor, registry, store, tasknames, validation
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +63,7 @@ HARD_LIMIT_MARGIN_SECONDS = 30  # Celery kills a run this long after the kind's 
 DEAD_KEY_PREFIX = "broker:"  # key of the dead row recording a spent deferral: broker:<deferral id>
 COUNT_CHUNK = 1000  # messages read per Redis round trip when counting
 COUNT_LIMIT_PER_KEY = 200_000  # messages read at most per list or hash when counting; more are estimated
+SIGNING_SALT = "timekeeper.deferral"  # keeps a deferral signature from being valid for any other signed value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +141,10 @@ def send(job_kind: registry.Kind, payload: Any, seconds: float) -> Deferral:
 
     def publish() -> None:
         broker.send(
-            tasknames.RUN_DEFERRED, args=[kind, payload, 1, deferral_id], task_id=deferral_id, eta=due_at,
+            tasknames.RUN_DEFERRED,
+            args=message_args(kind, payload, 1, deferral_id),
+            task_id=deferral_id,
+            eta=due_at,
             time_limit=time_limit,
         )
         logger.info(
@@ -138,6 +154,51 @@ def send(job_kind: registry.Kind, payload: Any, seconds: float) -> Deferral:
 
     transaction.on_commit(publish)
     return Deferral(mechanism="broker", id=deferral_id, due_at=due_at)
+
+
+# --- Signing --------------------------------------------------------------------------------------
+
+
+def _signed_value(kind: str, payload: Any, attempt: int, deferral_id: str) -> str:
+    """The text a deferral's signature covers: kind, payload, attempt and id as canonical JSON."""
+    return json.dumps([kind, payload, int(attempt), str(deferral_id)], sort_keys=True, separators=(",", ":"))
+
+
+def _signer() -> signing.Signer:
+    return signing.Signer(salt=SIGNING_SALT, algorithm="sha256")
+
+
+def sign(kind: str, payload: Any, attempt: int, deferral_id: str) -> str:
+    """The signature of one attempt of a deferral (HMAC-SHA256 with SECRET_KEY, salted)."""
+    signer = _signer()
+    return signer.sign(_signed_value(kind, payload, attempt, deferral_id)).rsplit(signer.sep, 1)[1]
+
+
+def message_args(kind: str, payload: Any, attempt: int, deferral_id: str) -> list[Any]:
+    """The args of a ``run_deferred`` message: ``[kind, payload, attempt, deferral_id, signature]``."""
+    return [kind, payload, attempt, deferral_id, sign(kind, payload, attempt, deferral_id)]
+
+
+def authentic(kind: Any, payload: Any, attempt: Any, deferral_id: Any, signature: Any) -> bool:
+    """Whether a received message was signed by ``sign`` (SECRET_KEY or one of SECRET_KEY_FALLBACKS)."""
+    if not isinstance(signature, str) or not signature or not isinstance(kind, str):
+        return False
+    try:
+        value = _signed_value(kind, payload, int(attempt), str(deferral_id))
+        signer = _signer()
+        signer.unsign(f"{value}{signer.sep}{signature}")
+    except (signing.BadSignature, TypeError, ValueError):
+        return False
+    return True
+
+
+def refuse(kind: Any, attempt: Any, deferral_id: Any) -> RunResult:
+    """A message no ``defer()`` produced (or sent before signing): logged without its payload, nothing run."""
+    logger.error(
+        "deferral message refused: its signature does not check (not sent by defer(), or before signing)",
+        extra={"deferral_id": str(deferral_id)[:100], "kind": str(kind)[:200], "action": "refused_unsigned"},
+    )
+    return RunResult("refused", attempt if isinstance(attempt, int) else 0, error="bad signature")
 
 
 # --- Running ------------------------------------------------------------------------------------
@@ -172,6 +233,11 @@ def run(kind_name: str, payload: Any, attempt: int, deferral_id: str, due_at: dt
         error = str(exc)
     else:
         max_attempts, backoff, lease_seconds = kind.max_attempts, kind.backoff, kind.lease_seconds
+        try:
+            validation.encode_payload(kind, payload)
+        except exceptions.InvalidPayload as exc:
+            # The schema changed while it waited: retrying cannot help, so it is recorded dead at once.
+            return _dead(kind_name, payload, attempt, deferral_id, due_at, str(exc), lease_seconds, log_context)
         job = registry.Job(
             kind=kind_name,
             payload=payload if isinstance(payload, dict) else {},
@@ -191,6 +257,20 @@ def run(kind_name: str, payload: Any, attempt: int, deferral_id: str, due_at: dt
         countdown = retry_countdown(backoff, attempt)
         logger.info("deferral will be retried", extra={**log_context, "action": "retry", "countdown": countdown})
         return RunResult("retry", attempt, retry_in_seconds=countdown, error=error)
+    return _dead(kind_name, payload, attempt, deferral_id, due_at, error, lease_seconds, log_context)
+
+
+def _dead(
+    kind_name: str,
+    payload: Any,
+    attempt: int,
+    deferral_id: str,
+    due_at: dt.datetime | None,
+    error: str,
+    lease_seconds: int,
+    log_context: dict[str, Any],
+) -> RunResult:
+    """Record a spent deferral as a dead row (key ``broker:<deferral id>``) a person can see and retry."""
     dead_id = store.record_dead_deferral(
         kind=kind_name,
         payload=payload,

@@ -21,7 +21,9 @@ def timekeeper_dashboard(context: dict[str, Any]) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.has_perm("scheduling.view_scheduledjob"):
         return {"show": False}
-    return {"show": True, **dashboard.gather(request.GET.get("range") if request is not None else None)}
+    gathered = dashboard.gather(request.GET.get("range") if request is not None else None)
+    # The inline style and refresh script carry the request's Content-Security-Policy nonce (django-csp).
+    return {"show": True, "csp_nonce": getattr(request, "csp_nonce", ""), **gathered}
 
 
 @register.filter

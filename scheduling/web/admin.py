@@ -200,6 +200,16 @@ class ChangeJobForm(forms.ModelForm):
         return data
 
 
+class ReplaceNotAllowed(Exception):
+    """Raised inside the add form's transaction when ``replace`` met a live job the person may not change."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(
+            f"The key already has a pending job ({job_id}); replacing it needs the permission to change scheduled "
+            "jobs (scheduling.change_scheduledjob). Nothing was changed: use on_conflict=error or keep, or another key."
+        )
+
+
 @admin.register(ScheduledJob)
 class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     list_display = ("id", "kind", "key", "owner", "due", "state_badge", "priority", "attempts_of")
@@ -405,9 +415,13 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         if request.method == "POST" and form.is_valid():
             try:
                 with transaction.atomic():
-                    job = api.schedule(
+                    job, outcome = api.schedule_with_outcome(
                         form.cleaned_data["kind"], form.cleaned_data["payload"], **form.schedule_arguments()
                     )
+                    if outcome == "replaced" and not self.has_change_permission(request, job):
+                        raise ReplaceNotAllowed(job.pk)  # rolls the replace back: the job is as it was
+            except ReplaceNotAllowed as exc:
+                form.add_error("on_conflict", str(exc))
             except exceptions.SchedulingError as exc:
                 form.add_scheduling_error(exc)
             else:
@@ -415,7 +429,7 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
                 self.log_addition(request, stored, [{"added": {}}])
                 return self.response_add(request, stored)
         fieldsets = [
-            (None, {"fields": ["kind", "payload", "owner"]}),
+            (None, {"fields": ["kind", "payload", *(["owner"] if "owner" in form.fields else [])]}),
             ("When", {"fields": ["due_at", "delay_seconds"]}),
             ("Key, priority and retries", {"fields": ["key", "on_conflict", "priority", "max_attempts"]}),
         ]
@@ -713,6 +727,11 @@ class SchedulePolicyInline(admin.StackedInline):
         ("History", {"fields": ("successful_history_limit", "failed_history_limit", "anchor_at", "last_tick")}),
     )
 
+    def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+        """The policy form offers the kinds the person may use (every kind to a superuser)."""
+        formset = super().get_formset(request, obj, **kwargs)
+        return type(formset.__name__, (formset,), {"user": request.user})
+
 
 admin.site.unregister(PeriodicTask)
 
@@ -734,6 +753,13 @@ class PeriodicTaskAdmin(CheckedSelectionMixin, beat_admin.PeriodicTaskAdmin):
 
     # With a policy, its expression (or interval) is the schedule's one timing: these are written from it.
     BEAT_TIMING_FIELDS = frozenset({"interval", "crontab", "crontab_translation", "solar", "clocked"})
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """Everyone but a superuser may save only ``scheduling.run_fixed`` naming itself (``admin_forms``)."""
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if getattr(request.user, "is_superuser", False):
+            return form
+        return admin_forms.restrict_periodic_task_form(form, request.user)
 
     def get_fieldsets(self, request: HttpRequest, obj: PeriodicTask | None = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
@@ -1009,19 +1035,33 @@ class ApiTokenAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     actions = ("revoke_selected",)
 
     def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> tuple[str, ...]:
+        """Adding: a superuser picks the token's user; anyone else gets a token for themselves (no user field)."""
         if obj is None:
-            return ("user", "name")
+            return ("user", "name") if self._may_issue_for_others(request) else ("name",)
         return ("user", "name", "created_at", "last_used_at", "revoked")
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> tuple[str, ...]:
-        return () if obj is None else ("user", "created_at", "last_used_at")
+        if obj is None:
+            return ()
+        # A revoked token stays revoked: its box is shown, not offered (the "revoke" action is the way there).
+        return ("user", "created_at", "last_used_at", *(("revoked",) if obj.revoked else ()))
+
+    @staticmethod
+    def _may_issue_for_others(request: HttpRequest) -> bool:
+        """Only a superuser issues tokens for other users: a token carries its user's every permission."""
+        return bool(getattr(request.user, "is_superuser", False))
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
         if change:
-            ApiToken.objects.filter(pk=obj.pk).update(name=obj.name, revoked=obj.revoked)
+            # Name, and revoked only one way: an unticked box (or a forged POST) never un-revokes.
+            ApiToken.objects.filter(pk=obj.pk).update(name=obj.name)
+            if obj.revoked:
+                ApiToken.objects.filter(pk=obj.pk).update(revoked=True)
+            obj.revoked = ApiToken.objects.filter(pk=obj.pk).values_list("revoked", flat=True).first() or False
             return
-        token, raw = auth.issue_token(obj.user, obj.name)
-        obj.pk, obj.key_hash, obj.created_at = token.pk, token.key_hash, token.created_at
+        user = obj.user if self._may_issue_for_others(request) else request.user
+        token, raw = auth.issue_token(user, obj.name)
+        obj.pk, obj.key_hash, obj.created_at, obj.user = token.pk, token.key_hash, token.created_at, token.user
         request._timekeeper_new_token = raw  # type: ignore[attr-defined] # shown by response_add, never stored
 
     def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None) -> HttpResponse:

@@ -129,7 +129,10 @@ class NewJobForm(forms.Form):
     def __init__(self, *args: Any, user: Any = None, admin_site: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.user = user
-        if admin_site is not None:
+        if self.schedules_as_self:
+            # Not a superuser: the job is theirs, in their own key namespace (a posted owner is ignored).
+            del self.fields["owner"]
+        elif admin_site is not None:
             # A raw id with a lookup, not a select of every user (which grows with the user table).
             from django.contrib.admin.widgets import ForeignKeyRawIdWidget
 
@@ -140,6 +143,11 @@ class NewJobForm(forms.Form):
         cast(forms.ChoiceField, self.fields["kind"]).choices = [("", "---------"), *kind_choices(user)]
         zone = timezone.get_current_timezone_name()
         self.fields["due_at"].help_text = f"In {zone}. Give a due time or a delay, not both."
+
+    @property
+    def schedules_as_self(self) -> bool:
+        """Whether the job's owner is the person filling the form (everyone but superusers)."""
+        return self.user is not None and not getattr(self.user, "is_superuser", False)
 
     def clean(self) -> dict[str, Any]:
         super().clean()
@@ -165,7 +173,7 @@ class NewJobForm(forms.Form):
             "key": data.get("key") or None,
             "on_conflict": data["on_conflict"],
             "max_attempts": data.get("max_attempts"),
-            "owner": data.get("owner"),
+            "owner": self.user if self.schedules_as_self else data.get("owner"),
             "priority": data.get("priority"),
         }
         if data.get("due_at") is not None:
@@ -246,10 +254,12 @@ class SchedulePolicyForm(forms.ModelForm):
             "dst_gap",
         ]
 
-    def __init__(self, *args: Any, periodic_task: Any = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, periodic_task: Any = None, user: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.periodic_task = periodic_task
-        cast(forms.ChoiceField, self.fields["kind"]).choices = [("", "---------"), *kind_choices()]
+        self.user = user  # None: every kind (code, superusers); else only the kinds their Access offers them
+        offered = kind_choices(None if user is None or getattr(user, "is_superuser", False) else user)
+        cast(forms.ChoiceField, self.fields["kind"]).choices = [("", "---------"), *offered]
         if periodic_task is not None and periodic_task.pk is not None:
             from scheduling.fixed import policies
 
@@ -265,6 +275,14 @@ class SchedulePolicyForm(forms.ModelForm):
         data = self.cleaned_data
         if data.get("payload") is None and "payload" not in self.errors:
             data["payload"] = {}
+        if self.user is not None and not self.user.is_superuser and data.get("kind") and not self.errors:
+            # A fixed-time run has no owner: a person may set up only what they could schedule themselves.
+            try:
+                kind = registry.get(data["kind"])
+                validation.encode_payload(kind, data["payload"])
+                validation.check_access(kind, self.user, data["payload"])
+            except exceptions.SchedulingError as exc:
+                self.add_error("payload" if isinstance(exc, exceptions.InvalidPayload) else "kind", str(exc))
         if self.errors or self.periodic_task is None:
             return data
         from scheduling.fixed import policies
@@ -300,10 +318,59 @@ class SchedulePolicyForm(forms.ModelForm):
 
 
 class PolicyFormSet(forms.BaseInlineFormSet):
-    """Hands the periodic task being saved (with its new crontab or interval) to the policy form."""
+    """Hands the periodic task being saved (with its new crontab or interval) and the person to the policy form."""
+
+    user: Any = None  # set per request by the inline (SchedulePolicyInline.get_formset)
 
     def get_form_kwargs(self, index: int | None) -> dict[str, Any]:
-        return {**super().get_form_kwargs(index), "periodic_task": self.instance}
+        return {**super().get_form_kwargs(index), "periodic_task": self.instance, "user": self.user}
+
+
+def restrict_periodic_task_form(form_class: type[forms.ModelForm], user: Any) -> type[forms.ModelForm]:
+    """django-celery-beat's periodic task form for a person who is not a superuser: ``scheduling.run_fixed`` only.
+
+    A periodic task sends its task with its args, kwargs and headers as the system, with no schema
+    or access check; a Celery message header even overrides the task's name. So everyone but a
+    superuser may only save ``scheduling.run_fixed`` naming the task itself (its policy says what
+    runs, checked by ``SchedulePolicyForm``), with no args and no headers. A forged POST of another
+    task, other kwargs or headers is a form error; nothing is saved.
+    """
+    from scheduling.core import tasknames
+
+    allowed = tasknames.RUN_FIXED
+
+    class RestrictedPeriodicTaskForm(form_class):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.fields["regtask"] = forms.ChoiceField(
+                label="Task (registered)", choices=[("", ""), (allowed, allowed)], required=False
+            )
+            self.fields["task"].help_text = f"Only {allowed} (a fixed-time schedule with a policy below)."
+
+        def clean(self) -> dict[str, Any]:
+            data: dict[str, Any] = super().clean()
+            if data.get("task") and data["task"] != allowed:
+                self.add_error("task", f"Only a superuser may save a periodic task for {data['task']}; use {allowed}.")
+            for field, empty in (("args", []), ("headers", {})):
+                try:
+                    value = json.loads(data.get(field) or "null")
+                except ValueError:
+                    continue  # beat's own check reports it
+                if value not in (None, empty):
+                    self.add_error(field, f"Only a superuser may set {field} on a periodic task.")
+            name = data.get("name") or ""
+            try:
+                kwargs = json.loads(data.get("kwargs") or "{}")
+            except ValueError:
+                kwargs = None
+            if kwargs not in ({}, {"schedule": name}, None):
+                self.add_error("kwargs", f'{allowed} takes only {{"schedule": "<this task\'s name>"}}.')
+            data["args"], data["headers"] = "[]", "{}"
+            data["kwargs"] = json.dumps({"schedule": name})
+            return data
+
+    RestrictedPeriodicTaskForm.__name__ = f"Restricted{form_class.__name__}"
+    return RestrictedPeriodicTaskForm
 
 
 def pretty_json(value: Any) -> str:

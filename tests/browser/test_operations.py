@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from scheduling import api
 from scheduling.models import JobState, KindControl, ScheduledJob
@@ -73,9 +74,8 @@ def test_dashboard_shows_a_job_scheduled_after_the_page_loaded(page, django_user
     assert page.locator('[data-metric="pending"] .tk-value').inner_text().strip() == "0"
     page.evaluate("window.__notReloaded = true")
     api.schedule("demo.record", {"label": "after load"}, delay=600)
-    page.wait_for_function(
-        "document.querySelector('[data-metric=\"pending\"] .tk-value').textContent.trim() === '1'", timeout=30_000
-    )
+    # A locator wait, not wait_for_function: a string predicate is eval'd in the page, which the CSP forbids.
+    expect(page.locator('[data-metric="pending"] .tk-value')).to_have_text("1", timeout=30_000)
     assert page.evaluate("window.__notReloaded") is True
     page.shot("refreshed")
 

@@ -26,6 +26,7 @@ from django.db import connection
 from scheduling import api, exceptions
 from scheduling import tasks as celery_tasks
 from scheduling.core import locks
+from scheduling.deferrals import countdowns
 from scheduling.jobs import control, runner
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution, Notification
@@ -476,7 +477,9 @@ def test_a_countdown_longer_than_the_visibility_timeout_runs_once_only_through_t
     # Without the guard: a 12 s countdown sent straight to the deferral task.
     raw_id = str(uuid.uuid4())
     sent_at = measure.db_now()
-    celery_tasks.run_deferred.apply_async(args=["faults.effect", QUICK, 1, raw_id], task_id=raw_id, countdown=12)
+    celery_tasks.run_deferred.apply_async(
+        args=countdowns.message_args("faults.effect", QUICK, 1, raw_id), task_id=raw_id, countdown=12
+    )
     # Through the guard, with this process configured like the worker.
     settings.SCHEDULING_BROKER_DELAY_MAX_SECONDS = 1
     settings.SCHEDULING_VISIBILITY_MARGIN_SECONDS = 2

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -113,3 +114,65 @@ def test_flower_metrics_need_the_basic_auth_credentials(cluster):
     assert status == 200
     assert b"flower_events_total" in body or b"# HELP" in body
     assert get(f"{base}/healthcheck") == (200, b"OK")
+
+
+def post(url: str, body: dict[str, Any], credentials: tuple[str, str]) -> tuple[int, bytes]:
+    """(status, body) of a JSON POST with basic auth; HTTP errors are answers too."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")  # noqa: S310
+    token = base64.b64encode(f"{credentials[0]}:{credentials[1]}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_flower_as_compose_runs_it_holds_no_app_secret_and_cannot_run_a_kind(cluster):
+    """Compose's Flower (project.flower_app, only the broker URL and its login) serves; its task API runs no kind."""
+    import yaml
+    from django.conf import settings
+
+    from scheduling.models import ScheduledJob
+
+    compose = yaml.safe_load((harness.ROOT / "docker-compose.yml").read_text())["services"]["flower"]
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        *[arg for arg in compose["command"] if not arg.startswith(("--port", "--address", "--conf"))],
+        f"--conf={harness.ROOT / 'flowerconfig.py'}",
+        "--address=127.0.0.1",
+        f"--port={port}",
+    ]
+    assert argv[2:6] == ["celery", "-A", "project.flower_app", "flower"], argv
+    env = {  # what compose gives it, and nothing of the application's (no SECRET_KEY, DATABASE_URL, DEBUG)
+        "PATH": os.environ["PATH"],
+        "HOME": str(cluster.log_dir),
+        "PYTHONPATH": str(harness.ROOT),
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "CELERY_BROKER_KEYPREFIX": settings.CELERY_BROKER_KEYPREFIX,  # this test run's keys on the shared Redis
+        "FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}",
+    }
+    flower = harness.Proc("flower-compose", argv, env, cluster.log_dir)
+    cluster.procs.append(flower)
+    base = f"http://127.0.0.1:{port}"
+    harness.wait_for(lambda: get(f"{base}/")[0] != 0 or flower.popen.poll() is not None, 90, message="Flower")
+    assert flower.popen.poll() is None, flower.log()
+    assert get(f"{base}/")[0] == 401
+    assert get(f"{base}/", (USER, PASSWORD))[0] == 200
+
+    worker = cluster.worker(concurrency=1, pool="solo")
+    harness.wait_for(lambda: "ready" in worker.log(), timeout=90, message="the worker did not start")
+    forged = {"args": ["demo.record", {"label": "via-flower"}, 1, "flower-forged"]}
+    assert post(f"{base}/api/task/apply/scheduling.run_deferred", forged, (USER, PASSWORD))[0] == 404
+    status, _ = post(f"{base}/api/task/send-task/scheduling.run_deferred", forged, (USER, PASSWORD))
+    assert status == 200  # Flower sends it; the worker refuses it
+    harness.wait_for(lambda: "deferral message refused" in worker.log(), 60, message="the worker to refuse it")
+    real = api.defer("demo.record", {"label": "real"}, 0.2)
+    harness.wait_for(
+        lambda: Execution.objects.filter(idempotency_key=f"broker:{real.id}").exists(), 60, message="defer() to run"
+    )
+    assert not Execution.objects.filter(idempotency_key="broker:flower-forged").exists()
+    assert not ScheduledJob.objects.filter(key="broker:flower-forged").exists()

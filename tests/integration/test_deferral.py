@@ -58,7 +58,8 @@ def test_short_delay_is_a_countdown_message_and_no_row(broker):
     assert message["headers"]["task"] == "scheduling.run_deferred"
     assert message["headers"]["id"] == handle.id
     assert countdowns.parse_eta(message["headers"]["eta"]) == handle.due_at
-    assert message["args"] == ["demo.record", {"label": "soon"}, 1, handle.id]
+    assert message["args"][:4] == ["demo.record", {"label": "soon"}, 1, handle.id]
+    assert countdowns.authentic(*message["args"]), "the fifth arg is defer()'s signature"
     assert ScheduledJob.objects.count() == 0
     assert broker.llen(DEFAULT) == 0, "deferrals never share the claim workers' queue"
 
@@ -405,3 +406,64 @@ def test_defer_without_a_celery_app_raises_instead_of_sending_to_amqp(broker):
     finally:
         project_app.set_current()
     assert queued(broker) == []
+
+
+# --- Signed messages: only what defer() produced runs -------------------------------------------
+
+
+def test_a_deferral_message_is_signed_over_kind_payload_attempt_and_id(broker):
+    """defer()'s message carries a fifth arg, the signature; it checks, and changing any signed part breaks it."""
+    handle = api.defer("demo.record", {"label": "signed"}, 30)
+    [message] = queued(broker)
+    kind, payload, attempt, deferral_id, signature = message["args"]
+    assert (kind, payload, attempt, deferral_id) == ("demo.record", {"label": "signed"}, 1, handle.id)
+    assert countdowns.authentic(kind, payload, attempt, deferral_id, signature)
+    for changed in (
+        ("payments.retry", payload, attempt, deferral_id),
+        (kind, {"label": "other"}, attempt, deferral_id),
+        (kind, payload, attempt + 1, deferral_id),
+        (kind, payload, attempt, "another-id"),
+    ):
+        assert not countdowns.authentic(*changed, signature), changed
+    assert not countdowns.authentic(kind, payload, attempt, deferral_id, "")
+
+
+def test_a_run_deferred_message_not_made_by_defer_runs_nothing(broker):
+    """The task refuses hand-made messages (unsigned, made-up or another payload's signature): no run, no row."""
+    real = countdowns.sign("demo.record", {"label": "a"}, 1, "d-forged-3")
+    forged = [
+        ["demo.record", {"label": "by-hand"}, 1, "d-forged-1"],  # as Flower's task-apply would send it
+        ["payments.retry", {"reference": "pay-x"}, 1, "d-forged-2", "A" * 43],
+        ["demo.record", {"label": "b"}, 1, "d-forged-3", real],
+    ]
+    for args in forged:
+        result = celery_tasks.run_deferred.apply(args=args).get()
+        assert result["outcome"] == "refused", args
+    assert Execution.objects.count() == 0
+    assert ScheduledJob.objects.count() == 0
+    handle = api.defer("demo.record", {"label": "real"}, 30)
+    [message] = queued(broker)
+    assert celery_tasks.run_deferred.apply(args=message["args"]).get()["outcome"] == "succeeded"
+    assert list(Execution.objects.values_list("idempotency_key", flat=True)) == [f"broker:{handle.id}"]
+
+
+def test_retries_are_signed_again_with_the_next_attempt():
+    """A failing attempt's retry message carries attempt + 1 and a signature that checks for it."""
+    from celery.exceptions import Retry
+
+    args = countdowns.message_args("demo.fail", {}, 1, "d-retry")
+    with pytest.raises(Retry) as raised:
+        celery_tasks.run_deferred.apply(args=args, throw=True)
+    retried = list(raised.value.sig.args)
+    assert retried[:4] == ["demo.fail", {}, 2, "d-retry"]
+    assert countdowns.authentic(*retried)
+
+
+def test_a_signed_payload_that_no_longer_fits_the_schema_is_recorded_dead_without_running():
+    """The kind's schema is checked at run time too: a payload failing it runs nothing and is dead at once."""
+    result = countdowns.run("demo.record", {"label": 5}, 1, "d-schema", None)  # label must be a string
+    assert result.outcome == "dead"
+    assert "fails its schema" in result.error
+    assert Execution.objects.count() == 0
+    dead = ScheduledJob.objects.get(key="broker:d-schema")
+    assert (dead.state, dead.attempts) == (JobState.DEAD, 1)

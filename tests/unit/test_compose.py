@@ -3,6 +3,7 @@
 Every command a container runs must name something this project has: a Celery subcommand on the
 ``project`` app, ``project.wsgi:application`` for gunicorn, a ``manage.py`` command Django knows.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,6 +22,7 @@ yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_SERVICES = ["web", "worker", "beat", "flower"]
+DJANGO_SERVICES = ["web", "worker", "worker-deferred", "beat"]  # those that load Django's settings (not Flower)
 ALL_SERVICES = ["postgres", "redis", "migrate", *APP_SERVICES]
 
 FACTS_SCRIPT = """
@@ -75,6 +77,8 @@ def problems_with(argv: list[str], facts: dict[str, Any]) -> list[str]:
         if facts["celery_app"] != "timekeeper":
             return ["`-A project` does not find the Timekeeper Celery app"]
         return [] if argv[3] in facts["celery"] else [f"celery has no subcommand {argv[3]!r}"]
+    if argv[:4] == ["celery", "-A", "project.flower_app", "flower"]:
+        return [] if importlib.util.find_spec("project.flower_app") else ["project/flower_app.py is missing"]
     if argv[0] == "gunicorn":
         if "project.wsgi:application" not in argv or not facts["wsgi_application"]:
             return [f"gunicorn must serve project.wsgi:application: {argv}"]
@@ -151,7 +155,7 @@ def test_secrets_reach_redis_and_flower_by_environment(services: dict[str, Any])
     assert "redis-cli ping" in " ".join(services["redis"]["healthcheck"]["test"])
     flower_env = services["flower"]["environment"]
     assert flower_env["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
-    assert flower_env["DATABASE_URL"] == services["web"]["environment"]["DATABASE_URL"]  # the shared block merged in
+    assert flower_env["CELERY_BROKER_URL"] == services["web"]["environment"]["CELERY_BROKER_URL"]
     assert "FLOWER_BASIC_AUTH" not in services["web"]["environment"]
 
 
@@ -159,14 +163,15 @@ def test_required_secrets_fail_loudly(services: dict[str, Any]) -> None:
     """Secrets use ${VAR:?message} so compose refuses to start without them."""
     environment = services["web"]["environment"]
     assert environment["SECRET_KEY"].startswith("${SECRET_KEY:?")
-    assert "${POSTGRES_PASSWORD:?" in environment["DATABASE_URL"]
+    assert "${TIMEKEEPER_DB_PASSWORD:?" in environment["DATABASE_URL"]
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    assert services["postgres"]["environment"]["TIMEKEEPER_DB_PASSWORD"].startswith("${TIMEKEEPER_DB_PASSWORD:?")
     assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
 
 
 def test_app_environment(services: dict[str, Any]) -> None:
-    """Every application container runs in production mode with database, broker, key and hosts set."""
-    for name in ["migrate", *APP_SERVICES]:
+    """Every Django container (not Flower: see below) runs in production mode with database, broker, key, hosts."""
+    for name in ["migrate", *DJANGO_SERVICES]:
         environment = services[name]["environment"]
         assert environment["DEBUG"] == "0", name
         assert environment["DATABASE_URL"].startswith("postgresql://"), name
@@ -186,7 +191,8 @@ def test_depends_on_conditions(services: dict[str, Any]) -> None:
     """Apps wait for healthy PostgreSQL and Redis and a finished migrate; migrate waits for PostgreSQL."""
     assert services["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
     assert services["migrate"]["restart"] == "no"
-    for name in APP_SERVICES:
+    assert services["flower"]["depends_on"] == {"redis": {"condition": "service_healthy"}}  # the broker only
+    for name in DJANGO_SERVICES:
         assert services[name]["depends_on"] == {
             "postgres": {"condition": "service_healthy"},
             "redis": {"condition": "service_healthy"},
@@ -206,8 +212,9 @@ def test_service_commands(services: dict[str, Any]) -> None:
     assert argv_of(services["migrate"]["command"])[:3] == ["python", "manage.py", "migrate"]
     web = argv_of(services["web"]["command"])
     assert web[:3] == ["gunicorn", "--config=python:project.gunicorn_conf", "project.wsgi:application"], web
-    for name in ["worker", "beat", "flower"]:
+    for name in ["worker", "beat"]:
         assert argv_of(services[name]["command"])[:4] == ["celery", "-A", "project", name], name
+    assert argv_of(services["flower"]["command"])[:4] == ["celery", "-A", "project.flower_app", "flower"]
 
 
 def test_every_command_names_something_the_project_has(services: dict[str, Any], facts: dict[str, Any]) -> None:
@@ -269,8 +276,11 @@ def test_production_image_installs_no_embedded_servers() -> None:
 
 def test_dockerfile_command_names_something_the_project_has(facts: dict[str, Any]) -> None:
     """The image's default CMD (and ENTRYPOINT, if any) names something the project has."""
-    commands = [json.loads(arguments) for instruction, arguments in dockerfile_instructions()
-                if instruction in {"CMD", "ENTRYPOINT"}]
+    commands = [
+        json.loads(arguments)
+        for instruction, arguments in dockerfile_instructions()
+        if instruction in {"CMD", "ENTRYPOINT"}
+    ]
     assert commands
     for command in commands:
         assert problems_with(command, facts) == []
@@ -301,3 +311,60 @@ def test_workers_stop_softly(services: dict[str, Any]) -> None:
         soft = int(str(env["CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT_SECONDS"]).split(":-")[-1].rstrip("}"))
         grace = int(str(services[name]["stop_grace_period"]).rstrip("s"))
         assert soft < grace, name
+
+
+# --- Least privilege (docs/security.md, "TLS and the published ports", "Compose") ----------------------------
+
+
+def published(service: dict[str, Any]) -> list[str]:
+    """A service's published ports as written (``host_ip:host_port:container_port``)."""
+    return [str(port) for port in service.get("ports", [])]
+
+
+def test_web_and_flower_are_published_on_localhost_only(services: dict[str, Any]) -> None:
+    """Web and Flower listen on 127.0.0.1 of the host (a TLS proxy in front), nothing else is published."""
+    for name in ("web", "flower"):
+        ports = published(services[name])
+        assert ports, name
+        assert all(port.startswith("127.0.0.1:") for port in ports), (name, ports)
+    for name in set(services) - {"web", "flower"}:
+        assert published(services[name]) == [], name
+
+
+def test_flower_gets_only_the_broker_and_its_own_login(services: dict[str, Any]) -> None:
+    """Flower's environment: the broker URL, its login and the log level; no SECRET_KEY, no database password."""
+    environment = services["flower"]["environment"]
+    assert set(environment) == {"CELERY_BROKER_URL", "FLOWER_BASIC_AUTH", "LOG_LEVEL"}
+    text = json.dumps(environment)
+    for secret in ("SECRET_KEY", "POSTGRES_PASSWORD", "TIMEKEEPER_DB_PASSWORD", "DATABASE_URL", "METRICS_TOKEN"):
+        assert secret not in text, secret
+    assert "<<" not in services["flower"]  # nothing merged in from the application's block
+
+
+def test_flower_app_loads_no_django_settings() -> None:
+    """project.flower_app builds its app from CELERY_BROKER_URL with no Django fix-up: no settings, no key needed."""
+    script = (
+        "import os, sys; import project.flower_app as f; from django.conf import settings;"
+        "print(f.app.conf.broker_url, settings.configured, sorted(f.app.fixups))"
+    )
+    environ = {"PATH": os.environ["PATH"], "CELERY_BROKER_URL": "redis://:pw@redis:6379/0", "DEBUG": "0"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["redis://:pw@redis:6379/0", "False", "[]"]
+
+
+def test_the_application_role_is_not_the_images_superuser(services: dict[str, Any]) -> None:
+    """PostgreSQL's superuser is the image's own; the app connects as timekeeper, made by the mounted init script."""
+    postgres = services["postgres"]
+    assert postgres["environment"]["POSTGRES_USER"] == "postgres"
+    assert "./deploy/postgres-init:/docker-entrypoint-initdb.d:ro" in postgres["volumes"]
+    script = (ROOT / "deploy" / "postgres-init" / "10-timekeeper-role.sh").read_text()
+    assert "NOSUPERUSER NOCREATEDB NOCREATEROLE" in script
+    assert "\\getenv app_password TIMEKEEPER_DB_PASSWORD" in script  # the password never on psql's argv
+    for name in ["migrate", *DJANGO_SERVICES]:
+        url = services[name]["environment"]["DATABASE_URL"]
+        assert url.startswith("postgresql://timekeeper:${TIMEKEEPER_DB_PASSWORD:?"), name
+    others = {name: service.get("environment") for name, service in services.items() if name != "postgres"}
+    assert "POSTGRES_PASSWORD" not in json.dumps(others)
