@@ -859,8 +859,9 @@ class OwnerPending:
     next_due_in_seconds: float
 
 
-def owner_pending_jobs(owner_id: int, limit: int) -> OwnerPending:
-    row = _records("owner_pending_jobs", {"owner_id": owner_id, "limit": limit})[0]
+def owner_pending_jobs(owner_id: int, limit: int, new_id: int) -> OwnerPending:
+    """``owner_id``'s pending jobs up to ``limit`` + 1, and when the first but ``new_id`` is due."""
+    row = _records("owner_pending_jobs", {"owner_id": owner_id, "limit": limit, "new_id": new_id})[0]
     return OwnerPending(pending=row["pending"], next_due_in_seconds=row["next_due_in_seconds"])
 
 

@@ -410,12 +410,12 @@ def _lock_creations(user: Any) -> None:
         store.lock_owner_creations(locks.lock_key("api-creations", str(user.pk)))
 
 
-def _check_quota(user: Any) -> None:
+def _check_quota(user: Any, new_id: int) -> None:
     """429 with ``Retry-After`` when ``user`` holds more pending jobs than the quota (the new one included)."""
     quota = conf.get().api_max_pending_jobs
     if quota <= 0 or user.is_superuser:
         return
-    held = store.owner_pending_jobs(user.pk, quota)
+    held = store.owner_pending_jobs(user.pk, quota, new_id)
     if held.pending > quota:
         retry_after = min(MAX_QUOTA_RETRY_AFTER_SECONDS, max(1, math.ceil(held.next_due_in_seconds)))
         raise ApiError(
@@ -468,7 +468,7 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
                 **times,
             )
             if outcome == "created":
-                _check_quota(user)  # raising here rolls the new job back
+                _check_quota(user, job.pk)  # raising here rolls the new job back
     except exceptions.SchedulingError as exc:
         raise from_scheduling_error(exc) from None
     stored = ScheduledJob.objects.get(pk=job.pk)
