@@ -124,8 +124,6 @@ def test_a_due_at_in_the_past_is_refused_on_create_and_reschedule(alice):
 @pytest.mark.django_db
 def test_the_default_rate_limit_answers_429_with_retry_after_past_the_burst(alice, django_user_model):
     """With the default settings, 60 creates at once: 50 are 201, then 429 rate_limited with Retry-After; root is exempt."""
-    settings = conf.get()
-    assert (settings.api_create_burst, settings.api_create_rate_per_second) == (50, 10.0)
     client = token_client(alice)
     statuses = [post(client, {"kind": "demo.noop", "delay": 60}).status_code for _ in range(60)]
     assert statuses == [201] * 50 + [429] * 10  # now() is the test transaction's: no refill in between
@@ -136,6 +134,8 @@ def test_the_default_rate_limit_answers_429_with_retry_after_past_the_burst(alic
     assert ScheduledJob.objects.filter(owner=alice).count() == 50
     root = token_client(django_user_model.objects.create_superuser("root", password="pw-root"))
     assert {post(root, {"kind": "demo.noop", "delay": 60}).status_code for _ in range(60)} == {201}
+    settings = conf.get()
+    assert (settings.api_create_burst, settings.api_create_rate_per_second) == (50, 10.0), "the defaults ran here"
 
 
 @pytest.mark.django_db
