@@ -322,6 +322,8 @@ def _kind_responses(ok: dict[str, Any], *codes: str) -> dict[str, Any]:
 
 def _kind_paths() -> dict[str, Any]:
     """The kinds API (``/api/kinds/``): staff with the kind-control permission pause, resume and cap kinds."""
+    open_kind = _open_kind()
+    kind_parameter = {**_KIND, "example": open_kind} if open_kind is not None else _KIND  # the create example's kind
     one = {"200": {"description": "The kind after the change.", "content": {JSON: {"schema": _ref("Kind")}}}}
     empty_body = {"required": False, "content": {JSON: {"schema": _ref("Empty")}}}
     every = {"description": "Every kind with its controls and counts.", "content": {JSON: {"schema": _ref("KindList")}}}
@@ -335,7 +337,7 @@ def _kind_paths() -> dict[str, Any]:
             },
         },
         "/api/kinds/{kind}/pause": {
-            "parameters": [_KIND],
+            "parameters": [kind_parameter],
             "post": {
                 "operationId": "pauseKind",
                 "summary": "Pause a kind: its due jobs stay pending (counted as paused) until resumed.",
@@ -344,7 +346,7 @@ def _kind_paths() -> dict[str, Any]:
             },
         },
         "/api/kinds/{kind}/resume": {
-            "parameters": [_KIND],
+            "parameters": [kind_parameter],
             "post": {
                 "operationId": "resumeKind",
                 "summary": "Resume a kind: its due jobs are claimed again.",
@@ -353,7 +355,7 @@ def _kind_paths() -> dict[str, Any]:
             },
         },
         "/api/kinds/{kind}/cap": {
-            "parameters": [_KIND],
+            "parameters": [kind_parameter],
             "post": {
                 "operationId": "capKind",
                 "summary": "Cap how many of a kind's jobs are claimed or running at once, cluster-wide.",
