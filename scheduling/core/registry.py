@@ -344,11 +344,11 @@ def all_kinds() -> dict[str, Kind]:
 
 
 __all__ = [
+    "PRIORITIZE_PERMISSION",
     "Access",
     "Backoff",
     "Job",
     "Kind",
-    "PRIORITIZE_PERMISSION",
     "all_kinds",
     "autodiscover",
     "get",

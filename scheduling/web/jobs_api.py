@@ -7,15 +7,24 @@ everyone's jobs takes the admin's ``scheduling.view_scheduledjob`` permission, c
 ``scheduling.change_scheduledjob`` (the staff flag alone grants nothing here either).
 
 A kind is schedulable here only if it declares ``api=registry.Access(...)`` and that access lets the
-caller schedule it with that payload (403 otherwise). Keys are per owner: a key only ever meets the
-caller's own job, and another owner's use of the same key is neither revealed nor touched.
+caller schedule it with that payload (403 otherwise). Access is judged before the payload: an
+unknown kind and a kind the caller may not use get one answer (403 ``kind_not_allowed``), whatever
+the payload, so neither tells which kinds exist or what their schemas say. Keys are per owner: a
+key only ever meets the caller's own job, and another owner's use of the same key is neither
+revealed nor touched.
+
+Limits a caller cannot lift (docs/security.md lists them with their settings): the kind's bounds
+on attempts and priority (``Access``; ``scheduling.prioritize_job`` lifts the priority one), no
+due time in the past (beyond a clock-skew tolerance), and per owner a create rate and a pending
+quota (429 with ``Retry-After``; superusers are exempt from these two).
 
 Status codes: 400 the request is wrong (with the reason), 401 no or bad credentials, 403 failed
 CSRF check (session callers) or a kind (or change) the caller may not ask for, 404 no such job for
 this caller, 405 wrong method, 409 the job's state forbids the change (or on_conflict="error" met
-the caller's own live job for the key), 413 body or payload over the limit, 415 not JSON, 500 a
-bug: answered with a generic body and logged with the traceback's frames and exception types
-only, never an exception's message (it may quote payload text, as a ``ValueError`` repr does).
+the caller's own live job for the key), 413 body or payload over the limit, 415 not JSON, 429 over
+the create rate or the pending quota, 500 a bug: answered with a generic body and logged with the
+traceback's frames and exception types only, never an exception's message (it may quote payload
+text, as a ``ValueError`` repr does).
 The OpenAPI document is served at ``/api/jobs/openapi.json``.
 """
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  #
 def test_one_owners_overdue_jobs_leave_healthz_up_while_a_critical_kinds_backlog_flips_it(
     django_user_model: Any, admin_client: Client
 ):
-    """200 overdue jobs posted by one ordinary owner: /healthz stays 200; 101 overdue critical-kind jobs: 503 backlog."""
+    """200 overdue jobs posted by one ordinary owner: /healthz stays 200; 101 overdue critical-kind jobs: 503."""
     alice = django_user_model.objects.create_user("alice", password="pw-alice")
     _, raw = auth.issue_token(alice, "flood")
     caller = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")

@@ -63,7 +63,8 @@ def test_the_four_request_worker_hog_is_refused_with_400s_naming_each_bound(alic
         assert response.status_code == 400, response.content
     sleep_only = post(client, {**HOG, "priority": None, "max_attempts": None})
     assert (sleep_only.status_code, error_of(sleep_only)["code"]) == (400, "invalid_payload")
-    assert "sleep" in error_of(sleep_only)["message"] and "maximum" in error_of(sleep_only)["message"]
+    assert "sleep" in error_of(sleep_only)["message"]
+    assert "maximum" in error_of(sleep_only)["message"]
     priority_only = post(client, {**HOG, "payload": {}, "max_attempts": None})
     assert (priority_only.status_code, error_of(priority_only)["code"]) == (400, "over_limit")
     assert (error_of(priority_only)["field"], error_of(priority_only)["limit"]) == ("priority", 0)
@@ -123,7 +124,7 @@ def test_a_due_at_in_the_past_is_refused_on_create_and_reschedule(alice):
 
 @pytest.mark.django_db
 def test_the_default_rate_limit_answers_429_with_retry_after_past_the_burst(alice, django_user_model):
-    """With the default settings, 60 creates at once: 50 are 201, then 429 rate_limited with Retry-After; root is exempt."""
+    """Default settings, 60 creates at once: 50 are 201, then 429 rate_limited with Retry-After; root is exempt."""
     client = token_client(alice)
     statuses = [post(client, {"kind": "demo.noop", "delay": 60}).status_code for _ in range(60)]
     assert statuses == [201] * 50 + [429] * 10  # now() is the test transaction's: no refill in between
@@ -206,7 +207,7 @@ CLOSED_KINDS = ["no.such.kind", "demo.fail", "payments.retry", "reports.settleme
 @pytest.mark.django_db
 @override_settings(SCHEDULING_API_CREATE_RATE_PER_SECOND=0)
 def test_unknown_and_closed_kinds_get_one_answer_whatever_the_payload(alice):
-    """Unknown, API-less and permission-gated kinds: the same status, code and message (name aside) for every payload."""
+    """Unknown, API-less and permission-gated kinds: one status, code and message (name aside) for every payload."""
     Payment.objects.create(reference="pay-alice", amount_cents=100, owner=alice)
     client = token_client(alice)
     limit = conf.get().max_payload_bytes

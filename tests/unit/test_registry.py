@@ -67,7 +67,7 @@ def test_handlers_are_found_in_each_installed_apps_jobs_module():
 
 
 def test_an_api_kind_whose_callers_could_hold_a_worker_too_long_is_refused_at_registration():
-    """Access() with 5 attempts x 300 s (1,500 s) is over SCHEDULING_API_MAX_JOB_SECONDS (600 s): refused, unregistered."""
+    """Access() with 5 attempts x 300 s (1,500 s) is over SCHEDULING_API_MAX_JOB_SECONDS (600 s): not registered."""
     with pytest.raises(exceptions.SchedulingError, match=r"5 attempts x 300 s = 1500 s, over SCHEDULING_API_MAX_JOB"):
         registry.handler("test.hog", timeout=300, max_attempts=5, api=registry.Access())(lambda job: None)
     with pytest.raises(exceptions.SchedulingError, match=r"20 attempts x 60 s"):
