@@ -10,7 +10,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import sys
 import threading
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pytest
@@ -22,6 +25,8 @@ from scheduling.core import conf, store
 from scheduling.models import ScheduledJob
 from scheduling.web import auth
 from tasks.models import Payment
+from tests.e2e import harness
+from tests.integration import test_api_fuzz
 
 pytestmark = pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  # whitenoise: no collectstatic here
 
@@ -232,3 +237,53 @@ def test_unknown_and_closed_kinds_get_one_answer_whatever_the_payload(alice):
     grant(alice, "schedule_payment")  # the same payloads now reach payments.retry's checks, and say so
     opened = post(token_client(alice), bodies["schema-invalid"].replace("{KIND}", "payments.retry"))
     assert (opened.status_code, error_of(opened)["code"]) == (400, "invalid_payload")
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(SCHEDULING_API_CREATE_BURST=3, SCHEDULING_API_CREATE_RATE_PER_SECOND=0.001)
+def test_the_rate_limit_is_shared_by_every_web_process(alice, django_user_model):
+    """Burst 3 in this process and in a runserver process alike: three creates here, the 4th there is 429, and back."""
+    env = {
+        **harness.base_env(),
+        "SCHEDULING_API_CREATE_BURST": "3",
+        "SCHEDULING_API_CREATE_RATE_PER_SECOND": "0.001",  # one creation back every 1,000 s
+    }
+    port = test_api_fuzz.free_port()
+    argv = [sys.executable, "manage.py", "runserver", "--noreload", "--nothreading", f"127.0.0.1:{port}"]
+    proc = harness.Proc("runserver", argv, env, harness.ARTIFACTS / "api-rate")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        harness.wait_for(
+            lambda: test_api_fuzz.answers(f"{base}/api/jobs/openapi.json") or proc.popen.poll() is not None,
+            60,
+            message="runserver",
+        )
+        assert proc.popen.poll() is None, proc.log()[-4000:]
+        _, raw = auth.issue_token(alice, "two-processes")
+        here = Client(HTTP_AUTHORIZATION=f"Bearer {raw}")
+        assert [post(here, {"kind": "demo.noop", "delay": 60}).status_code for _ in range(3)] == [201] * 3
+        status, headers = _post_to(base, raw, {"kind": "demo.noop", "delay": 60})
+        assert status == 429
+        assert int(headers["Retry-After"]) > 900
+        bob = django_user_model.objects.create_user("bob", password="pw-bob")
+        _, bobs = auth.issue_token(bob, "two-processes")
+        assert [_post_to(base, bobs, {"kind": "demo.noop", "delay": 60})[0] for _ in range(3)] == [201] * 3
+        assert post(Client(HTTP_AUTHORIZATION=f"Bearer {bobs}"), {"kind": "demo.noop", "delay": 60}).status_code == 429
+    finally:
+        proc.stop()
+    assert ScheduledJob.objects.count() == 6
+
+
+def _post_to(base: str, token: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """POST ``body`` to the server at ``base`` with ``token``: (status, headers), errors included."""
+    request = urllib.request.Request(  # noqa: S310 - our own server on 127.0.0.1
+        f"{base}{URL}",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - our own server
+            return response.status, response.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers
