@@ -191,8 +191,8 @@ def _refuse_past(due_at: dt.datetime) -> None:
         raise ApiError(
             400,
             "due_at_in_past",
-            f"due_at {due_at.isoformat()} is in the past (the server's clock says {earliest.isoformat()} "
-            f"less {tolerance:g} s of tolerance); send a time from now on, or delay 0 to run it now.",
+            f"due_at {due_at.isoformat()} is in the past: the earliest accepted now is {earliest.isoformat()} "
+            f"(the database clock less {tolerance:g} s for clock skew). Send a later time, or delay 0 for now.",
             field="due_at",
         )
 
