@@ -250,6 +250,11 @@ SCHEDULING_METRICS_TOKEN = os.environ.get("SCHEDULING_METRICS_TOKEN", "")  # set
 # With DEBUG off and no token, /metrics is refused unless opened on purpose here.
 SCHEDULING_METRICS_PUBLIC = env.get_bool("SCHEDULING_METRICS_PUBLIC", False)
 SCHEDULING_METRICS_CACHE_SECONDS = env.get_int("SCHEDULING_METRICS_CACHE_SECONDS", 5, minimum=0)
+# The JSON API's limits (docs/security.md): per-owner create rate and burst, pending quota, a job's worst case.
+SCHEDULING_API_CREATE_RATE_PER_SECOND = env.get_float("SCHEDULING_API_CREATE_RATE_PER_SECOND", 10.0, minimum=0)
+SCHEDULING_API_CREATE_BURST = env.get_int("SCHEDULING_API_CREATE_BURST", 50, minimum=1)
+SCHEDULING_API_MAX_PENDING_JOBS = env.get_int("SCHEDULING_API_MAX_PENDING_JOBS", 1000, minimum=0)
+SCHEDULING_API_MAX_JOB_SECONDS = env.get_int("SCHEDULING_API_MAX_JOB_SECONDS", 600, minimum=0)
 # OpenTelemetry spans (scheduling.core.tracing): on when asked, or when an OTLP endpoint is configured.
 SCHEDULING_TRACING = env.get_bool("SCHEDULING_TRACING", bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")))
 

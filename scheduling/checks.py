@@ -12,6 +12,9 @@
 - scheduling.W001: no job kind is registered (no installed app has a ``jobs.py`` with a handler).
 - scheduling.W002: fixed-time schedules are declared but Celery beat's scheduler is not
   ``scheduling.fixed.beat:LeaderDatabaseScheduler`` (they would never fire).
+- scheduling.W005: a kind registered ``critical=True`` is open to the JSON API while one owner's
+  pending quota (``SCHEDULING_API_MAX_PENDING_JOBS``, 0 = none) is not below
+  ``SCHEDULING_HEALTH_MAX_BACKLOG``: a single caller could then flip ``/healthz`` to 503.
 
 Celery's settings are read from Celery's own configuration (``current_app.conf``), however the
 project fills it.
@@ -172,5 +175,26 @@ def check_beat_scheduler(app_configs: Any = None, **kwargs: Any) -> list[checks.
             "needs no -S option). If beat is started with that -S option instead, silence this warning "
             "(SILENCED_SYSTEM_CHECKS); beat checks its own scheduler when it starts.",
             id="scheduling.W002",
+        )
+    ]
+
+
+@checks.register()
+def check_critical_kinds_quota(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """No single API caller can hold enough overdue jobs of a critical kind to fail the health check."""
+    settings = conf.get()
+    quota, threshold = settings.api_max_pending_jobs, settings.health_max_backlog
+    if 0 < quota <= threshold:
+        return []
+    open_critical = sorted(name for name, kind in registry.all_kinds().items() if kind.critical and kind.api)
+    if not open_critical:
+        return []
+    held = "no pending quota" if quota <= 0 else f"a pending quota of {quota}"
+    return [
+        checks.Warning(
+            f"Critical kinds {', '.join(open_critical)} are open to the JSON API with {held} per owner, not "
+            f"below SCHEDULING_HEALTH_MAX_BACKLOG ({threshold}): one caller's overdue jobs could fail /healthz.",
+            hint="Set SCHEDULING_API_MAX_PENDING_JOBS below SCHEDULING_HEALTH_MAX_BACKLOG (and above 0).",
+            id="scheduling.W005",
         )
     ]

@@ -125,6 +125,8 @@ class ScheduledJob(models.Model):
         db_table = "scheduling_scheduledjob"
         verbose_name = "scheduled job"
         ordering = ["due_at", "id"]
+        # The JSON API lets a caller holding it ask any priority, past the kind's bound for callers.
+        permissions = [("prioritize_job", "Can schedule jobs through the API above a kind's caller priority")]
         indexes = [
             # The claim's only access path: small, because finished rows are not in it.
             models.Index(fields=["due_at"], name="scheduledjob_pending_due_idx", condition=models.Q(state="pending")),
@@ -491,3 +493,31 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.user_id})"
+
+
+class ApiRateBucket(models.Model):
+    """One owner's allowance of job creations through the JSON API (a GCRA bucket, on the database clock).
+
+    ``full_at`` is when the owner's burst is whole again: each creation moves it ``1/rate`` seconds
+    on (from now, if it had passed), and a creation that would move it further than ``burst/rate``
+    ahead of now is refused (``store.take_create_allowance``). One row per owner, shared by every web
+    process; deleting rows only forgives.
+    """
+
+    owner = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        verbose_name="owner",
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="+",
+        help_text="The user whose creations are counted.",
+    )
+    full_at = models.DateTimeField(
+        "full at", help_text="When the owner's burst allowance is whole again (database clock)."
+    )
+
+    class Meta:
+        verbose_name = "API rate bucket"
+
+    def __str__(self) -> str:
+        return f"rate bucket of {self.owner_id}"

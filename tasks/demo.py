@@ -2,8 +2,10 @@
 
 They make the platform's behaviour visible in the demo data and measurable in tests and
 benchmarks: ``demo.record`` writes one ``Execution`` row per run, so "ran twice" is countable.
-``demo.noop`` and ``demo.record`` may be scheduled through the JSON API by any user (``Access()``);
-``demo.fail`` and ``demo.sleep`` only from code or by a superuser in the admin.
+``demo.noop`` and ``demo.record`` may be scheduled through the JSON API by any user (``Access()``),
+with the kind's own attempts and priority at most (one job holds a worker 10 s x 5 and 60 s x 3 at
+worst; ``demo.record`` sleeps at most its timeout); ``demo.fail`` and ``demo.sleep`` only from code
+or by a superuser in the admin.
 """
 
 from __future__ import annotations
@@ -14,9 +16,14 @@ import time
 from scheduling import registry
 from tasks.models import Execution
 
+RECORD_TIMEOUT_SECONDS = 60
 RECORD_SCHEMA = {
     "type": "object",
-    "properties": {"label": {"type": "string", "maxLength": 200}, "sleep": {"type": "number", "minimum": 0}},
+    "properties": {
+        "label": {"type": "string", "maxLength": 200},
+        # Bounded by the timeout: a longer sleep would only be cut off, holding a worker until then.
+        "sleep": {"type": "number", "minimum": 0, "maximum": RECORD_TIMEOUT_SECONDS},
+    },
     "additionalProperties": True,
 }
 
@@ -29,7 +36,7 @@ def noop(job: registry.Job) -> None:
 @registry.handler(
     "demo.record",
     schema=RECORD_SCHEMA,
-    timeout=60,
+    timeout=RECORD_TIMEOUT_SECONDS,
     max_attempts=3,
     backoff=registry.Backoff(1, 5),
     api=registry.Access(),
@@ -46,7 +53,7 @@ def record(job: registry.Job) -> None:
 registry.handler(
     "demo.record_committing",
     schema=RECORD_SCHEMA,
-    timeout=60,
+    timeout=RECORD_TIMEOUT_SECONDS,
     max_attempts=3,
     backoff=registry.Backoff(1, 5),
     atomic=False,

@@ -112,6 +112,7 @@ def owns_payment(user: Any, payload: dict[str, Any]) -> bool:
     backoff=BACKOFF,
     batch_size=1,
     api=registry.Access(permission="tasks.schedule_payment", predicate=owns_payment),
+    critical=True,  # customers wait on it: /healthz counts its overdue jobs
 )
 def retry(job: registry.Job) -> None:
     """Charge a failed payment again, unless it already succeeded; a decline raises so the deferral retries."""

@@ -42,6 +42,7 @@ def owns_trial(user: Any, payload: dict[str, Any]) -> bool:
     max_attempts=5,
     backoff=registry.Backoff(base_seconds=30, cap_seconds=3600),
     api=registry.Access(predicate=owns_trial),
+    critical=True,  # customers wait on it: /healthz counts its overdue jobs
 )
 def trial_ending(job: registry.Job) -> None:
     """Email the user that their trial ends soon; records a notification unique per job."""

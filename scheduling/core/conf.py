@@ -62,11 +62,17 @@ class Settings:
     fixed_clock_sync_seconds: float = 30.0  # beat re-measures its offset to the database clock this often
     # --- web doors ------------------------------------------------------------------------------------
     health_beat_max_age_seconds: float = 30.0  # /healthz: a beat heartbeat older than this is a 503
-    health_max_backlog: int = 10_000  # /healthz: a backlog above this is a 503
+    health_max_backlog: int = 10_000  # /healthz: more overdue jobs than this (critical kinds', the system's) is a 503
     metrics_window_seconds: float = 300.0  # /metrics and the dashboard: the recent window counted
     metrics_token: str = ""  # when set, /metrics needs "Authorization: Bearer <token>"; /healthz shows details with it
     metrics_public: bool = False  # True: /metrics answers anyone when no token is set (DEBUG off refuses otherwise)
     metrics_cache_seconds: float = 5.0  # a scrape within this long of the last one gets the same text
+    # --- JSON API limits (superusers are exempt from the rate and the quota; docs/security.md) ------------
+    api_max_job_seconds: float = 600.0  # API jobs' worst case: attempts x the kind's timeout at most this; 0: no bound
+    api_create_rate_per_second: float = 10.0  # API creations per owner per second, sustained (all web processes); 0 off
+    api_create_burst: int = 50  # API job creations one owner may make at once, before the rate
+    api_max_pending_jobs: int = 1000  # pending jobs one API owner may hold; a create over it is a 429; 0: no quota
+    api_past_due_tolerance_seconds: float = 60.0  # API: a due_at this far past is accepted (clock skew); older: 400
     # --- traces --------------------------------------------------------------------------------------
     tracing: bool = False  # OpenTelemetry spans of schedule, claim and run (OTLP to OTEL_EXPORTER_OTLP_ENDPOINT)
 

@@ -6,6 +6,7 @@ SchedulingError
  ├── InvalidPayload                 the payload fails the kind's schema or is not JSON
  │    └── PayloadTooLarge           the encoded payload is over the size limit
  ├── InvalidSchedule                bad due_at / delay (naive, both, neither, negative, out of range)
+ │    └── OverCallerLimit           an outside caller asks for more than the kind allows them
  ├── DelayTooLong                   a broker countdown would outlive the visibility timeout guard
  ├── BrokerNotConfigured            no Celery app / Redis broker to send to (scheduling.E004)
  ├── JobNotFound                    no job with that id or live key (or not the caller's)
@@ -58,6 +59,19 @@ class PayloadTooLarge(InvalidPayload):
 
 class InvalidSchedule(SchedulingError):
     """Raised for a bad due time: naive datetime, both or neither of due_at/delay, out of range."""
+
+
+class OverCallerLimit(InvalidSchedule):
+    """Raised at a door (the JSON API) when a caller asks more of a kind than its bounds allow them.
+
+    ``field`` is what they asked for too much of (``max_attempts``, ``priority``, ``due_at``) and
+    ``limit`` the most (or, for ``due_at``, the earliest) they may ask.
+    """
+
+    def __init__(self, message: str, *, field: str, limit: object) -> None:
+        super().__init__(message)
+        self.field = field
+        self.limit = limit
 
 
 class DelayTooLong(SchedulingError):

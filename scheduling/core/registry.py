@@ -87,16 +87,27 @@ class Access:
     ``Access()`` lets any authenticated, active user schedule the kind. The predicate receives the
     user and the payload (already valid for the kind's schema) and says whether that user may ask
     for that work, e.g. "the trial in the payload is theirs".
+
+    It also bounds what a caller may ask for: ``max_attempts`` (default: the kind's own), so that
+    attempts x the kind's timeout stays within ``SCHEDULING_API_MAX_JOB_SECONDS`` (checked when the
+    kind registers), and ``max_priority`` (default: the kind's own priority) for callers without
+    ``scheduling.prioritize_job``, who may go up to 9.
     """
 
     permission: str | None = None  # "app_label.codename", checked with user.has_perm
     predicate: Callable[[Any, dict[str, Any]], bool] | None = None
+    max_attempts: int | None = None  # the most attempts a caller may ask for (None: the kind's max_attempts)
+    max_priority: int | None = None  # the highest priority without PRIORITIZE_PERMISSION (None: the kind's)
+
+    def may_use(self, user: Any) -> bool:
+        """Whether ``user`` may schedule the kind at all, before any payload is read (the permission)."""
+        if user is None or not getattr(user, "is_active", False) or not getattr(user, "is_authenticated", False):
+            return False
+        return self.permission is None or bool(user.has_perm(self.permission))
 
     def allows(self, user: Any, payload: dict[str, Any]) -> bool:
         """Whether ``user`` may schedule this kind with ``payload``."""
-        if user is None or not getattr(user, "is_active", False) or not getattr(user, "is_authenticated", False):
-            return False
-        if self.permission is not None and not user.has_perm(self.permission):
+        if not self.may_use(user):
             return False
         return self.predicate is None or bool(self.predicate(user, payload))
 
@@ -117,10 +128,28 @@ class Kind:
     atomic: bool = True  # the handler's database writes and the job's outcome commit in one transaction
     priority: int = 0  # 0-9, the default priority of its jobs: among due jobs, higher is claimed first
     api: Access | None = None  # None: not schedulable through the API (the admin: superusers only)
+    critical: bool = False  # /healthz counts its overdue jobs, whoever owns them (and the system's jobs of any kind)
 
     def allows(self, user: Any, payload: dict[str, Any]) -> bool:
         """Whether ``user`` may schedule this kind from outside with ``payload`` (the kind's ``Access``)."""
         return self.api is not None and self.api.allows(user, payload)
+
+    def usable_by(self, user: Any) -> bool:
+        """Whether ``user`` may schedule this kind from outside at all (its permission; the predicate comes later)."""
+        return self.api is not None and self.api.may_use(user)
+
+    @property
+    def caller_max_attempts(self) -> int:
+        """The most attempts an outside caller may ask for: the ``Access`` bound, else the kind's own."""
+        bound = self.api.max_attempts if self.api is not None else None
+        return self.max_attempts if bound is None else bound
+
+    def caller_max_priority(self, user: Any) -> int:
+        """The highest priority ``user`` may ask for: 9 with ``scheduling.prioritize_job``, else the kind's bound."""
+        if user is not None and getattr(user, "is_active", False) and user.has_perm(PRIORITIZE_PERMISSION):
+            return MAX_PRIORITY
+        bound = self.api.max_priority if self.api is not None else None
+        return self.priority if bound is None else bound
 
     def offered_to(self, user: Any) -> bool:
         """Whether a form should list the kind for ``user`` (its permission holds; a predicate is judged later)."""
@@ -158,6 +187,8 @@ _load_lock = threading.Lock()
 
 
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # scheduling.models has the same bounds (its check constraint)
+PRIORITIZE_PERMISSION = "scheduling.prioritize_job"  # lets an API caller ask for any priority, up to MAX_PRIORITY
+MAX_JOB_SECONDS_SETTING = "SCHEDULING_API_MAX_JOB_SECONDS"
 
 
 def is_priority(value: Any) -> bool:
@@ -177,8 +208,14 @@ def handler(
     atomic: bool = True,
     priority: int = 0,
     api: Access | None = None,
+    critical: bool = False,
 ) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
     """Register the decorated function as the handler of job kind ``name``.
+
+    ``api``: who may schedule it from outside and the bounds of what they may ask (``Access``); a
+    kind whose callers could hold workers longer than ``SCHEDULING_API_MAX_JOB_SECONDS`` (their
+    most attempts x ``timeout``) is refused here. ``critical``: ``/healthz`` counts its overdue
+    jobs in the backlog (besides the system's own jobs); other owners' jobs never flip it.
 
     ``atomic`` (the default): on the due_at path the handler runs inside the transaction that
     records its outcome, so its database writes and the job's ``done`` commit together or not at
@@ -197,7 +234,7 @@ def handler(
                 f"Job kind {name!r}: priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} "
                 f"(higher runs first), not {priority!r}."
             )
-        _kinds[name] = Kind(
+        kind = Kind(
             name=name,
             func=func,
             schema=schema,
@@ -210,10 +247,43 @@ def handler(
             atomic=atomic,
             priority=priority,
             api=api,
+            critical=critical,
         )
+        check_caller_bounds(kind)
+        _kinds[name] = kind
         return func
 
     return register
+
+
+def check_caller_bounds(kind: Kind) -> None:
+    """Raise ``SchedulingError`` unless the bounds ``kind.api`` sets on outside callers are sound.
+
+    Its attempts are a whole number from the kind's own ``max_attempts`` (what a caller who asks
+    nothing gets) up; times the timeout they stay within ``SCHEDULING_API_MAX_JOB_SECONDS``; its
+    priority bound is a priority from the kind's own up.
+    """
+    if kind.api is None:
+        return
+    attempts, bound = kind.caller_max_attempts, kind.api.max_attempts
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < kind.max_attempts):
+        raise exceptions.SchedulingError(
+            f"Job kind {kind.name!r}: Access(max_attempts=...) must be a whole number of at least the kind's "
+            f"max_attempts ({kind.max_attempts}), not {bound!r}."
+        )
+    limit = conf.get().api_max_job_seconds
+    if limit and attempts * kind.timeout_seconds > limit:
+        raise exceptions.SchedulingError(
+            f"Job kind {kind.name!r}: an API caller's job could hold a worker for {attempts} attempts x "
+            f"{kind.timeout_seconds:g} s = {attempts * kind.timeout_seconds:g} s, over {MAX_JOB_SECONDS_SETTING} "
+            f"({limit:g} s). Lower its timeout or max_attempts (or Access(max_attempts=...))."
+        )
+    top = kind.api.max_priority
+    if top is not None and (not is_priority(top) or top < kind.priority):
+        raise exceptions.SchedulingError(
+            f"Job kind {kind.name!r}: Access(max_priority=...) must be a priority from the kind's own "
+            f"({kind.priority}) to {MAX_PRIORITY}, not {top!r}."
+        )
 
 
 JOBS_MODULE = "jobs"  # the module of an installed app that holds its handlers (billing/jobs.py)
@@ -274,6 +344,7 @@ def all_kinds() -> dict[str, Kind]:
 
 
 __all__ = [
+    "PRIORITIZE_PERMISSION",
     "Access",
     "Backoff",
     "Job",

@@ -823,3 +823,56 @@ def schedule_run_states(window_seconds: float) -> list[RunStateCount]:
         )
         for row in _records("schedule_run_states", {"window": window_seconds})
     ]
+
+
+# --- Web doors: the JSON API's limits and the health backlog -----------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Allowance:
+    """Whether an owner may create a job now, and if not, in how many seconds they may."""
+
+    allowed: bool
+    retry_after_seconds: float
+
+
+def take_create_allowance(owner_id: int, rate_per_second: float, burst: int) -> Allowance:
+    """Take one creation from ``owner_id``'s bucket (``rate_per_second`` sustained, ``burst`` at once)."""
+    emission = 1.0 / rate_per_second
+    row = _records(
+        "take_create_allowance",
+        {"owner_id": owner_id, "emission": emission, "window": max(1, burst) * emission},
+    )[0]
+    return Allowance(allowed=row["allowed"], retry_after_seconds=row["retry_after_seconds"])
+
+
+def lock_owner_creations(key: int) -> None:
+    """Hold the transaction-level advisory lock ``key`` (one owner's creations) until the transaction ends."""
+    _fetchall("lock_owner_creations", {"key": key})
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnerPending:
+    """An owner's pending jobs (exact up to the limit asked, then limit + 1) and when the first is due."""
+
+    pending: int
+    next_due_in_seconds: float
+
+
+def owner_pending_jobs(owner_id: int, limit: int, new_id: int) -> OwnerPending:
+    """``owner_id``'s pending jobs up to ``limit`` + 1, and when the first but ``new_id`` is due."""
+    row = _records("owner_pending_jobs", {"owner_id": owner_id, "limit": limit, "new_id": new_id})[0]
+    return OwnerPending(pending=row["pending"], next_due_in_seconds=row["next_due_in_seconds"])
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthBacklog:
+    """The overdue jobs /healthz judges (the system's and critical kinds'), exact up to the limit asked."""
+
+    backlog: int
+    oldest_overdue_seconds: float
+
+
+def health_backlog(critical_kinds: Collection[str], limit: int) -> HealthBacklog:
+    row = _records("health_backlog", {"critical": sorted(critical_kinds), "limit": limit})[0]
+    return HealthBacklog(backlog=row["backlog"], oldest_overdue_seconds=row["oldest_overdue_seconds"])

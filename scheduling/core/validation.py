@@ -191,6 +191,39 @@ def check_max_attempts(kind: registry.Kind, max_attempts: int | None) -> int:
     return attempts
 
 
+def check_caller_limits(kind: registry.Kind, user: Any, *, max_attempts: int | None, priority: int | None) -> None:
+    """Raise ``OverCallerLimit`` when an outside caller asks more of ``kind`` than its ``Access`` allows them.
+
+    Attempts: at most the kind's caller bound, and never so many that attempts x the kind's timeout
+    passes ``SCHEDULING_API_MAX_JOB_SECONDS`` (as the settings stand now). Priority: at most the
+    kind's caller bound, or 9 with ``scheduling.prioritize_job``. Call it after the plain checks
+    (``check_max_attempts``, ``check_priority``): it judges whole numbers in range only.
+    """
+    if isinstance(max_attempts, int) and not isinstance(max_attempts, bool):
+        bound = kind.caller_max_attempts
+        limit = conf.get().api_max_job_seconds
+        if limit:
+            bound = min(bound, int(limit // kind.timeout_seconds))
+        if max_attempts > bound:
+            why = f"each attempt may hold a worker for {kind.timeout_seconds:g} s"
+            if limit:
+                why += f", and one job for {registry.MAX_JOB_SECONDS_SETTING} ({limit:g} s) at most"
+            raise exceptions.OverCallerLimit(
+                f"max_attempts {max_attempts} is over the limit for {kind.name}, {bound}: {why}.",
+                field="max_attempts",
+                limit=bound,
+            )
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        top = kind.caller_max_priority(user)
+        if priority > top:
+            raise exceptions.OverCallerLimit(
+                f"priority {priority} is over the limit for {kind.name}, {top}; a higher one needs the "
+                f"{registry.PRIORITIZE_PERMISSION} permission.",
+                field="priority",
+                limit=top,
+            )
+
+
 def check_priority(kind: registry.Kind, priority: int | None) -> int:
     """A job's priority: the kind's default, or ``priority`` if it is a whole number from 0 to 9."""
     value = kind.priority if priority is None else priority

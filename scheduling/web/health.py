@@ -7,7 +7,10 @@ Parts checked, each with a bounded wait:
 - ``beat``: the leading beat's heartbeat is younger than ``SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS``
   (the leader writes it every 5 s, so 30 s means several missed beats, not one slow one), or no
   periodic task is enabled (then no beat is needed: ``ok`` with ``"needed": false``).
-- ``backlog``: pending jobs past their due time are at most ``SCHEDULING_HEALTH_MAX_BACKLOG``.
+- ``backlog``: pending jobs past their due time are at most ``SCHEDULING_HEALTH_MAX_BACKLOG``,
+  counting only what the operator asked for: the system's own jobs (no owner: scheduled by code)
+  and every job of a kind registered with ``critical=True``. Other owners' jobs of other kinds are
+  not counted, so no API caller can flip ``/healthz`` (``status()`` and ``/metrics`` count all).
 
 Database failures are caught as ``django.db.Error``: a connection closed under the process raises
 ``InterfaceError``, which is not a ``DatabaseError``. ``beat`` and ``backlog`` read the database;
@@ -33,8 +36,7 @@ from django.views.decorators.http import require_safe
 from django_celery_beat.models import PeriodicTask
 from kombu import exceptions as kombu_exceptions
 
-from scheduling import api
-from scheduling.core import broker, conf, store
+from scheduling.core import broker, conf, registry, store
 
 logger = logging.getLogger(__name__)
 
@@ -117,16 +119,25 @@ def check_beat() -> Part:
     return Part(FAILING, {**detail, "error": f"the beat leader's heartbeat is {beat.age_seconds:.0f}s old"})
 
 
+def critical_kinds() -> list[str]:
+    """The kinds registered with ``critical=True``: their overdue jobs count whoever owns them."""
+    return sorted(name for name, kind in registry.all_kinds().items() if kind.critical)
+
+
 def check_backlog() -> Part:
     limit = max_backlog()
-    status = api.status(include_broker=False)  # the broker part checks Redis itself
+    critical = critical_kinds()
+    counted = store.health_backlog(critical, limit)  # exact up to limit + 1: enough to judge
+    shown = f"more than {limit}" if counted.backlog > limit else str(counted.backlog)
     detail = {
-        "backlog": status["backlog"],
+        "backlog": counted.backlog,
         "threshold": limit,
-        "oldest_overdue_seconds": round(float(status["oldest_overdue_seconds"]), 1),
+        "oldest_overdue_seconds": round(float(counted.oldest_overdue_seconds), 1),
+        "counts": "the system's jobs and these critical kinds' jobs",
+        "critical_kinds": critical,
     }
-    if status["backlog"] > limit:
-        return Part(FAILING, {**detail, "error": f"{status['backlog']} jobs are overdue (threshold {limit})"})
+    if counted.backlog > limit:
+        return Part(FAILING, {**detail, "error": f"{shown} jobs are overdue (threshold {limit})"})
     return Part(OK, detail)
 
 

@@ -7,15 +7,24 @@ everyone's jobs takes the admin's ``scheduling.view_scheduledjob`` permission, c
 ``scheduling.change_scheduledjob`` (the staff flag alone grants nothing here either).
 
 A kind is schedulable here only if it declares ``api=registry.Access(...)`` and that access lets the
-caller schedule it with that payload (403 otherwise). Keys are per owner: a key only ever meets the
-caller's own job, and another owner's use of the same key is neither revealed nor touched.
+caller schedule it with that payload (403 otherwise). Access is judged before the payload: an
+unknown kind and a kind the caller may not use get one answer (403 ``kind_not_allowed``), whatever
+the payload, so neither tells which kinds exist or what their schemas say. Keys are per owner: a
+key only ever meets the caller's own job, and another owner's use of the same key is neither
+revealed nor touched.
+
+Limits a caller cannot lift (docs/security.md lists them with their settings): the kind's bounds
+on attempts and priority (``Access``; ``scheduling.prioritize_job`` lifts the priority one), no
+due time in the past (beyond a clock-skew tolerance), and per owner a create rate and a pending
+quota (429 with ``Retry-After``; superusers are exempt from these two).
 
 Status codes: 400 the request is wrong (with the reason), 401 no or bad credentials, 403 failed
 CSRF check (session callers) or a kind (or change) the caller may not ask for, 404 no such job for
 this caller, 405 wrong method, 409 the job's state forbids the change (or on_conflict="error" met
-the caller's own live job for the key), 413 body or payload over the limit, 415 not JSON, 500 a
-bug: answered with a generic body and logged with the traceback's frames and exception types
-only, never an exception's message (it may quote payload text, as a ``ValueError`` repr does).
+the caller's own live job for the key), 413 body or payload over the limit, 415 not JSON, 429 over
+the create rate or the pending quota, 500 a bug: answered with a generic body and logged with the
+traceback's frames and exception types only, never an exception's message (it may quote payload
+text, as a ``ValueError`` repr does).
 The OpenAPI document is served at ``/api/jobs/openapi.json``.
 """
 
@@ -24,6 +33,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 from typing import Any
 
 from django.core.paginator import EmptyPage, Paginator
@@ -34,7 +44,7 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
 from scheduling import api
-from scheduling.core import conf, exceptions, executor, registry, validation
+from scheduling.core import conf, exceptions, executor, locks, registry, store, validation
 from scheduling.models import JobState, ScheduledJob
 from scheduling.web import auth
 
@@ -45,19 +55,21 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 MAX_JOB_ID = 2**63 - 1  # bigint: a larger id cannot exist (and would be a database error, not a 404)
 MAX_DATETIME_TEXT = 64  # characters: no ISO-8601 date-time is longer
+MAX_QUOTA_RETRY_AFTER_SECONDS = 3600  # a quota's Retry-After: when the owner's next job is due, at most this
 CREATE_FIELDS = frozenset({"kind", "payload", "due_at", "delay", "key", "on_conflict", "max_attempts", "priority"})
 RESCHEDULE_FIELDS = frozenset({"due_at", "delay"})
 
 
 class ApiError(Exception):
-    """An error answer: HTTP status, a stable code, a message for people, and extra fields."""
+    """An error answer: HTTP status, a stable code, a message for people, extra fields, and headers."""
 
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+    def __init__(self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None, **extra: Any):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.extra = extra
+        self.headers = headers or {}
 
 
 def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> JsonResponse:
@@ -78,6 +90,8 @@ def from_scheduling_error(exc: exceptions.SchedulingError) -> ApiError:
         return ApiError(403, "kind_not_allowed", str(exc), kind=exc.kind)
     if isinstance(exc, exceptions.InvalidPayload):
         return ApiError(400, "invalid_payload", str(exc))
+    if isinstance(exc, exceptions.OverCallerLimit):
+        return ApiError(400, "over_limit", str(exc), field=exc.field, limit=exc.limit)
     if isinstance(exc, exceptions.InvalidSchedule):
         return ApiError(400, "invalid_schedule", str(exc))
     if isinstance(exc, exceptions.JobNotFound):
@@ -155,13 +169,32 @@ def parse_due_at(value: Any) -> dt.datetime:
 
 
 def _time_arguments(data: dict[str, Any]) -> dict[str, Any]:
-    """``due_at`` (parsed) and/or ``delay`` as given; ``scheduling.api`` decides which combinations are valid."""
+    """``due_at`` (parsed, not in the past) and/or ``delay`` as given; ``scheduling.api`` judges the combination."""
     out: dict[str, Any] = {}
     if data.get("due_at") is not None:
         out["due_at"] = parse_due_at(data["due_at"])
+        _refuse_past(out["due_at"])
     if data.get("delay") is not None:
         out["delay"] = data["delay"]
     return out
+
+
+def _refuse_past(due_at: dt.datetime) -> None:
+    """400 for a due time further in the past than the clock-skew tolerance, by the database clock.
+
+    A caller's job arrives due, never overdue: an old due time would jump the queue (the claim
+    takes the oldest first) and count as backlog at once. ``delay: 0`` asks for "now".
+    """
+    tolerance = conf.get().api_past_due_tolerance_seconds
+    earliest = store.database_now() - dt.timedelta(seconds=tolerance)
+    if due_at < earliest:
+        raise ApiError(
+            400,
+            "due_at_in_past",
+            f"due_at {due_at.isoformat()} is in the past: the earliest accepted now is {earliest.isoformat()} "
+            f"(the database clock less {tolerance:g} s for clock skew). Send a later time, or delay 0 for now.",
+            field="due_at",
+        )
 
 
 # --- Output -----------------------------------------------------------------------------------------
@@ -236,7 +269,7 @@ def _endpoint(allowed: tuple[str, ...]) -> Any:
             try:
                 return view(request, caller.user, *args, **kwargs)
             except ApiError as exc:
-                return error_response(exc)
+                return error_response(exc, exc.headers)
             except Exception as exc:
                 # A bug. Django would log the exception with its message, which may quote the body.
                 _log_failure(view.__name__, request, kwargs.get("job_id"), exc)
@@ -337,11 +370,85 @@ def _positive_int(text: str, name: str, maximum: int) -> int:
     return int(text)
 
 
+def _usable_kind(user: Any, name: str) -> registry.Kind:
+    """The kind ``name`` if ``user`` may schedule it at all; else one 403 for unknown and closed kinds alike.
+
+    Judged before the payload is read, so neither the answer nor the schema's messages tell a
+    caller which kinds exist beyond those open to them.
+    """
+    try:
+        kind = registry.get(name)
+    except exceptions.UnknownJobKind:
+        kind = None
+    if kind is None or not kind.usable_by(user):
+        raise ApiError(
+            403,
+            "kind_not_allowed",
+            f"You may not schedule jobs of kind {name[:200]!r}: no kind of that name is open to you.",
+            kind=name[:200],
+        )
+    return kind
+
+
+def _take_create_allowance(user: Any) -> None:
+    """429 with ``Retry-After`` when ``user`` is creating faster than the rate (superusers are exempt).
+
+    Every create request counts, whatever its answer: the bucket (``store.take_create_allowance``)
+    is a row per owner in PostgreSQL, shared by every web process and timed by the database clock.
+    """
+    settings = conf.get()
+    if settings.api_create_rate_per_second <= 0 or user.is_superuser:
+        return
+    allowance = store.take_create_allowance(user.pk, settings.api_create_rate_per_second, settings.api_create_burst)
+    if not allowance.allowed:
+        retry_after = max(1, math.ceil(allowance.retry_after_seconds))
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"Too many jobs created: at most {settings.api_create_burst} at once and "
+            f"{settings.api_create_rate_per_second:g} a second after that (SCHEDULING_API_CREATE_BURST, "
+            f"SCHEDULING_API_CREATE_RATE_PER_SECOND). Retry in {retry_after} s.",
+            headers={"Retry-After": str(retry_after)},
+            retry_after=retry_after,
+        )
+
+
+def _lock_creations(user: Any) -> None:
+    """Serialise ``user``'s creations until the transaction ends, when a quota applies to them."""
+    if conf.get().api_max_pending_jobs > 0 and not user.is_superuser:
+        store.lock_owner_creations(locks.lock_key("api-creations", str(user.pk)))
+
+
+def _check_quota(user: Any, new_id: int) -> None:
+    """429 with ``Retry-After`` when ``user`` holds more pending jobs than the quota (the new one included)."""
+    quota = conf.get().api_max_pending_jobs
+    if quota <= 0 or user.is_superuser:
+        return
+    held = store.owner_pending_jobs(user.pk, quota, new_id)
+    if held.pending > quota:
+        retry_after = min(MAX_QUOTA_RETRY_AFTER_SECONDS, max(1, math.ceil(held.next_due_in_seconds)))
+        raise ApiError(
+            429,
+            "quota_exceeded",
+            f"You hold {quota} pending jobs, the most SCHEDULING_API_MAX_PENDING_JOBS allows: wait until some "
+            f"have run (your next is due in {math.ceil(held.next_due_in_seconds)} s) or cancel some.",
+            headers={"Retry-After": str(retry_after)},
+            limit=quota,
+            retry_after=retry_after,
+        )
+
+
 def _create(request: HttpRequest, user: Any) -> JsonResponse:
+    _take_create_allowance(user)
     data = read_json(request)
     _check_fields(data, CREATE_FIELDS)
     if "kind" not in data or not isinstance(data["kind"], str):
         raise ApiError(400, "invalid_request", "kind is required: the name of a registered job kind.")
+    try:  # a name PostgreSQL could not store is no kind's: saying so tells nothing about which exist
+        validation.check_text(data["kind"], "kind")
+    except exceptions.InvalidSchedule as exc:
+        raise from_scheduling_error(exc) from None
+    kind = _usable_kind(user, data["kind"])
     payload = data.get("payload", {})
     priority = data.get("priority")
     if priority is not None and not registry.is_priority(priority):
@@ -353,11 +460,12 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
             f"got {json.dumps(priority)[:40]}.",
         )
     try:
-        validation.check_text(data["kind"], "kind")
-        kind = registry.get(data["kind"])
         validation.encode_payload(kind, payload)
         validation.check_access(kind, user, payload)
+        validation.check_caller_limits(kind, user, max_attempts=data.get("max_attempts"), priority=priority)
+        times = _time_arguments(data)
         with transaction.atomic():
+            _lock_creations(user)
             job, outcome = api.schedule_with_outcome(
                 data["kind"],
                 payload,
@@ -366,8 +474,10 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
                 max_attempts=data.get("max_attempts"),
                 owner=user,
                 priority=priority,
-                **_time_arguments(data),
+                **times,
             )
+            if outcome == "created":
+                _check_quota(user, job.pk)  # raising here rolls the new job back
     except exceptions.SchedulingError as exc:
         raise from_scheduling_error(exc) from None
     stored = ScheduledJob.objects.get(pk=job.pk)

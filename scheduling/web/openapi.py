@@ -39,11 +39,25 @@ _ERRORS = {
         "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
         "content": {JSON: {"schema": _ref("Error")}},
     },
-    "403": _error("CSRF check failed (session callers), or the caller may not schedule this kind or change this job."),
+    "403": _error(
+        "CSRF check failed (session callers), or the caller may not change this job, or may not schedule this kind "
+        "(`kind_not_allowed`: an unknown kind gets the same answer, judged before the payload is read)."
+    ),
     "404": _error("No such job for this caller (another owner's job is a 404 too)."),
     "409": _error("The job's state forbids the change, or `on_conflict: error` met the caller's live job for the key."),
     "413": _error("The body, or the payload, is over the limit."),
     "415": _error("The body is not `application/json`."),
+    "429": {
+        "description": (
+            "Too many: `rate_limited` (the owner's creations are over SCHEDULING_API_CREATE_BURST at once or "
+            "SCHEDULING_API_CREATE_RATE_PER_SECOND) or `quota_exceeded` (over SCHEDULING_API_MAX_PENDING_JOBS "
+            "pending jobs). Superusers are exempt. `Retry-After` (and `error.retry_after`) says when to try again."
+        ),
+        "headers": {
+            "Retry-After": {"description": "Whole seconds to wait.", "schema": {"type": "integer", "minimum": 1}}
+        },
+        "content": {JSON: {"schema": _ref("Error")}},
+    },
 }
 
 
@@ -67,7 +81,10 @@ _DUE_AT = {
     "type": "string",
     "format": "date-time",
     "maxLength": jobs_api.MAX_DATETIME_TEXT,
-    "description": "ISO-8601 with a UTC offset (whole minutes within ±15:59), from 2000-01-01 to ten years ahead.",
+    "description": (
+        "ISO-8601 with a UTC offset (whole minutes within ±15:59), up to ten years ahead; not in the past "
+        "(SCHEDULING_API_PAST_DUE_TOLERANCE_SECONDS of clock skew aside: older is a 400 `due_at_in_past`)."
+    ),
 }
 _DELAY = {
     "type": "number",
@@ -96,8 +113,17 @@ def _schemas() -> dict[str, Any]:
                     "required": ["status", "code", "message"],
                     "properties": {
                         "status": {"type": "integer"},
-                        "code": {"type": "string", "description": "Stable: unknown_kind, invalid_payload, ..."},
+                        "code": {
+                            "type": "string",
+                            "description": (
+                                "Stable: kind_not_allowed, invalid_payload, invalid_schedule, over_limit, "
+                                "due_at_in_past, rate_limited, quota_exceeded, ..."
+                            ),
+                        },
                         "message": {"type": "string"},
+                        "field": {"type": "string", "description": "over_limit, due_at_in_past: the field at fault."},
+                        "limit": {"description": "over_limit, quota_exceeded: the most the caller may ask."},
+                        "retry_after": {"type": "integer", "description": "429: seconds, as in Retry-After."},
                     },
                     "additionalProperties": True,
                 }
@@ -198,13 +224,20 @@ def _schemas() -> dict[str, Any]:
                     "nullable": True,
                     "minimum": 1,
                     "maximum": validation.MAX_ATTEMPTS_LIMIT,
+                    "description": (
+                        "Default: the kind's. At most the kind's bound for callers, such that attempts x the "
+                        "kind's timeout stays within SCHEDULING_API_MAX_JOB_SECONDS (400 `over_limit` otherwise)."
+                    ),
                 },
                 "priority": {
                     "type": "integer",
                     "nullable": True,
                     "minimum": registry.MIN_PRIORITY,
                     "maximum": registry.MAX_PRIORITY,
-                    "description": "Among due jobs, a higher priority is claimed first (default: the kind's).",
+                    "description": (
+                        "Among due jobs, a higher priority is claimed first (default: the kind's). Above the "
+                        f"kind's bound for callers it needs {registry.PRIORITIZE_PERMISSION} (400 `over_limit`)."
+                    ),
                 },
             },
         },
@@ -289,6 +322,8 @@ def _kind_responses(ok: dict[str, Any], *codes: str) -> dict[str, Any]:
 
 def _kind_paths() -> dict[str, Any]:
     """The kinds API (``/api/kinds/``): staff with the kind-control permission pause, resume and cap kinds."""
+    open_kind = _open_kind()
+    kind_parameter = {**_KIND, "example": open_kind} if open_kind is not None else _KIND  # the create example's kind
     one = {"200": {"description": "The kind after the change.", "content": {JSON: {"schema": _ref("Kind")}}}}
     empty_body = {"required": False, "content": {JSON: {"schema": _ref("Empty")}}}
     every = {"description": "Every kind with its controls and counts.", "content": {JSON: {"schema": _ref("KindList")}}}
@@ -302,7 +337,7 @@ def _kind_paths() -> dict[str, Any]:
             },
         },
         "/api/kinds/{kind}/pause": {
-            "parameters": [_KIND],
+            "parameters": [kind_parameter],
             "post": {
                 "operationId": "pauseKind",
                 "summary": "Pause a kind: its due jobs stay pending (counted as paused) until resumed.",
@@ -311,7 +346,7 @@ def _kind_paths() -> dict[str, Any]:
             },
         },
         "/api/kinds/{kind}/resume": {
-            "parameters": [_KIND],
+            "parameters": [kind_parameter],
             "post": {
                 "operationId": "resumeKind",
                 "summary": "Resume a kind: its due jobs are claimed again.",
@@ -320,7 +355,7 @@ def _kind_paths() -> dict[str, Any]:
             },
         },
         "/api/kinds/{kind}/cap": {
-            "parameters": [_KIND],
+            "parameters": [kind_parameter],
             "post": {
                 "operationId": "capKind",
                 "summary": "Cap how many of a kind's jobs are claimed or running at once, cluster-wide.",
@@ -424,6 +459,7 @@ def document() -> dict[str, Any]:
                         "409",
                         "413",
                         "415",
+                        "429",
                     ),
                 },
             },

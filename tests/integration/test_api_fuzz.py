@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission
 
+from scheduling.models import KindControl
 from scheduling.web import auth
 from tests.e2e import harness
 
@@ -39,7 +41,10 @@ def server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
     """``manage.py runserver`` on a free port against the test database; yields its base URL."""
     port = free_port()
     argv = [sys.executable, "manage.py", "runserver", "--noreload", "--nothreading", f"127.0.0.1:{port}"]
-    proc = harness.Proc("runserver", argv, harness.base_env(), harness.ARTIFACTS / "api-fuzz")
+    # The create rate limit would answer most fuzzed creates 429 before their bodies are read; the
+    # 429 itself is tested in test_jobs_api_limits.py and test_openapi.py.
+    env = {**harness.base_env(), "SCHEDULING_API_CREATE_BURST": "100000"}
+    proc = harness.Proc("runserver", argv, env, harness.ARTIFACTS / "api-fuzz")
     base = f"http://127.0.0.1:{port}"
     try:
         harness.wait_for(
@@ -51,13 +56,10 @@ def server(transactional_db: None, tmp_path: Path) -> Iterator[str]:
         proc.stop()
 
 
-def test_fuzzed_requests_never_get_a_server_error(server: str, django_user_model: Any, tmp_path: Path):
-    """Examples, coverage (negative data), fuzzing and stateful (links) phases: zero 5xx responses."""
-    # The seed is random on purpose (more of the input space over many runs); a failure prints it,
-    # and `st run ... --seed <it>` replays the run.
-    user = django_user_model.objects.create_user("fuzzer", password="pw-fuzz")
-    _, token = auth.issue_token(user, "schemathesis")
-    result = subprocess.run(
+def run_schemathesis(server: str, token: str, report_dir: Path, *selection: str) -> subprocess.CompletedProcess[str]:
+    """One schemathesis run against ``server``'s document with ``token``: every phase, only the 5xx check."""
+    report_dir.mkdir(exist_ok=True)
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -68,6 +70,7 @@ def test_fuzzed_requests_never_get_a_server_error(server: str, django_user_model
             server,
             "--header",
             f"Authorization: Bearer {token}",
+            *selection,
             "--checks",
             "not_a_server_error",
             "--mode",
@@ -84,12 +87,32 @@ def test_fuzzed_requests_never_get_a_server_error(server: str, django_user_model
             "--report",
             "junit",
             "--report-dir",
-            str(tmp_path),
+            str(report_dir),
         ],
         capture_output=True,
         text=True,
-        cwd=tmp_path,  # schemathesis keeps a .schemathesis/ folder in its working directory
+        cwd=report_dir,  # schemathesis keeps a .schemathesis/ folder in its working directory
         env=harness.base_env(),
         check=False,
     )
+
+
+def test_fuzzed_requests_never_get_a_server_error(server: str, django_user_model: Any, tmp_path: Path):
+    """Examples, coverage (negative data), fuzzing and stateful (links) phases: zero 5xx responses.
+
+    Twice: every operation with an ordinary user's token, then the kinds API (``/api/kinds/``) with
+    an operator's (staff with ``scheduling.change_kindcontrol``), so its bodies are judged past the
+    permission check instead of all being 403.
+    """
+    # The seed is random on purpose (more of the input space over many runs); a failure prints it,
+    # and `st run ... --seed <it>` replays the run.
+    user = django_user_model.objects.create_user("fuzzer", password="pw-fuzz")
+    _, token = auth.issue_token(user, "schemathesis")
+    result = run_schemathesis(server, token, tmp_path / "jobs")
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-4000:]
+    operator = django_user_model.objects.create_user("fuzz-operator", password="pw-fuzz", is_staff=True)
+    operator.user_permissions.add(Permission.objects.get(codename="change_kindcontrol"))
+    _, operator_token = auth.issue_token(operator, "schemathesis-kinds")
+    result = run_schemathesis(server, operator_token, tmp_path / "kinds", "--include-path-regex", "^/api/kinds/")
+    assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-4000:]
+    assert KindControl.objects.exists(), "the operator's requests got past the permission check and changed a kind"

@@ -287,7 +287,7 @@ LIMIT = 64 * 1024  # SCHEDULING_MAX_PAYLOAD_BYTES's default, which these cases a
 
 DOOR_CASES: list[tuple[str, dict[str, Any], int]] = [
     # (case, the job as JSON-able fields, the API's status)
-    ("unknown kind", {"kind": "no.such.kind", "payload": {}, "delay": 5}, 400),
+    ("unknown kind", {"kind": "no.such.kind", "payload": {}, "delay": 5}, 403),  # the API: as a closed kind
     (
         "payload failing its schema",
         {"kind": "reminders.trial_ending", "payload": {"user_id": "x", "trial_id": 2}, "delay": 5},

@@ -114,8 +114,10 @@ def test_api_needs_staff_with_the_kindcontrol_permission(django_user_model):
 
 def test_api_create_takes_a_priority_and_refuses_one_outside_0_to_9(django_user_model):
     """POST /api/jobs/ stores the priority given; 10, -1, "3" or true are a 400 naming the range."""
+    alice = django_user_model.objects.create_user("alice", password="pw")
+    alice.user_permissions.add(Permission.objects.get(codename="prioritize_job"))  # priority 8 is above demo.noop's 0
     client = Client()
-    client.force_login(django_user_model.objects.create_user("alice", password="pw"))
+    client.force_login(alice)
     made = _post(client, "/api/jobs/", {"kind": "demo.noop", "delay": 60, "priority": 8})
     assert made.status_code == 201
     assert made.json()["job"]["priority"] == 8

@@ -67,3 +67,21 @@ def test_kind_answers_match_the_document(admin_client: Any):
     assert paused.status_code == 200
     check(paused.json(), "Kind")
     assert paused.json()["paused"] is True
+
+
+def test_the_limits_answers_are_documented_and_match_it(django_user_model: Any, client: Any, settings: Any):
+    """createJob lists 429 with Retry-After; a real 429 and a real over_limit 400 validate against Error."""
+    document = openapi.document()
+    create = document["paths"]["/api/jobs/"]["post"]["responses"]
+    assert "Retry-After" in create["429"]["headers"]
+    error_schema = {**document["components"]["schemas"]["Error"], "components": document["components"]}
+    client.force_login(django_user_model.objects.create_user("limited", password="pw"))
+    settings.SCHEDULING_API_CREATE_BURST = 1
+    body = '{"kind": "demo.noop", "delay": 5, "priority": 9}'
+    over = client.post("/api/jobs/", body, content_type="application/json")
+    assert (over.status_code, over.json()["error"]["code"]) == (400, "over_limit")
+    OAS30Validator(error_schema).validate(over.json())
+    limited = client.post("/api/jobs/", body, content_type="application/json")
+    assert (limited.status_code, limited.json()["error"]["code"]) == (429, "rate_limited")
+    assert int(limited["Retry-After"]) >= 1
+    OAS30Validator(error_schema).validate(limited.json())

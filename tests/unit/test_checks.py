@@ -108,3 +108,22 @@ def test_other_beat_scheduler_with_declared_schedules_is_w002():
     """Declared fixed-time schedules under Celery's default beat scheduler warn with scheduling.W002."""
     with override_celery(beat_scheduler="celery.beat:PersistentScheduler"):
         assert _ids(checks.check_beat_scheduler()) == ["scheduling.W002"]
+
+
+def test_a_pending_quota_below_the_health_threshold_passes():
+    """The defaults (quota 1000, threshold 10,000) keep one owner from failing /healthz: W005 is silent."""
+    assert checks.check_critical_kinds_quota() == []
+
+
+@override_settings(SCHEDULING_API_MAX_PENDING_JOBS=0)
+def test_no_quota_with_an_open_critical_kind_warns():
+    """With no quota, reminders.trial_ending (critical, open to the API) warns with scheduling.W005."""
+    messages = checks.check_critical_kinds_quota()
+    assert _ids(messages) == ["scheduling.W005"]
+    assert "reminders.trial_ending" in messages[0].msg
+
+
+@override_settings(SCHEDULING_API_MAX_PENDING_JOBS=500, SCHEDULING_HEALTH_MAX_BACKLOG=100)
+def test_a_quota_over_the_health_threshold_warns():
+    """A per-owner quota above the backlog threshold warns with scheduling.W005 too."""
+    assert _ids(checks.check_critical_kinds_quota()) == ["scheduling.W005"]

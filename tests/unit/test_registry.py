@@ -64,3 +64,43 @@ def test_handlers_are_found_in_each_installed_apps_jobs_module():
     modules = registry.handler_modules()
     assert "tasks.jobs" in modules
     assert "scheduling.jobs" not in modules
+
+
+def test_an_api_kind_whose_callers_could_hold_a_worker_too_long_is_refused_at_registration():
+    """Access() with 5 attempts x 300 s (1,500 s) is over SCHEDULING_API_MAX_JOB_SECONDS (600 s): not registered."""
+    with pytest.raises(exceptions.SchedulingError, match=r"5 attempts x 300 s = 1500 s, over SCHEDULING_API_MAX_JOB"):
+        registry.handler("test.hog", timeout=300, max_attempts=5, api=registry.Access())(lambda job: None)
+    with pytest.raises(exceptions.SchedulingError, match=r"20 attempts x 60 s"):
+        registry.handler("test.hog", timeout=60, max_attempts=3, api=registry.Access(max_attempts=20))(lambda job: None)
+    with pytest.raises(exceptions.UnknownJobKind):
+        registry.get("test.hog")
+
+
+@pytest.mark.parametrize(
+    ("access", "says"),
+    [
+        (registry.Access(max_attempts=2), "at least the kind's max_attempts"),
+        (registry.Access(max_attempts=True), "at least the kind's max_attempts"),
+        (registry.Access(max_priority=10), "a priority from the kind's own"),
+        (registry.Access(max_priority=-1), "a priority from the kind's own"),
+    ],
+)
+def test_caller_bounds_below_the_kinds_own_or_out_of_range_are_refused(access, says):
+    """A caller bound under what a caller who asks nothing gets, or not a priority, is a registration error."""
+    with pytest.raises(exceptions.SchedulingError, match=says):
+        registry.handler("test.bounds", timeout=10, max_attempts=3, api=access)(lambda job: None)
+    with pytest.raises(exceptions.UnknownJobKind):
+        registry.get("test.bounds")
+
+
+def test_every_registered_api_kind_keeps_a_callers_worst_case_within_ten_minutes():
+    """Each kind open to the API: its callers' most attempts x its timeout is at most 600 s; demo.record's sleep too."""
+    open_kinds = {name: kind for name, kind in registry.all_kinds().items() if kind.api is not None}
+    assert {"demo.noop", "demo.record", "reminders.trial_ending", "payments.retry"} <= set(open_kinds)
+    for name, kind in open_kinds.items():
+        assert kind.caller_max_attempts * kind.timeout_seconds <= 600, name
+    record = registry.get("demo.record")
+    assert record.schema is not None
+    assert record.schema["properties"]["sleep"]["maximum"] <= record.timeout_seconds
+    with pytest.raises(exceptions.InvalidPayload, match="sleep"):
+        record.validate({"sleep": 3600})

@@ -820,3 +820,61 @@ FROM bounds AS b
 CROSS JOIN generate_series(0, b.n) AS g(i)
 LEFT JOIN deltas ON deltas.i = g.i
 ORDER BY g.i;
+
+-- --- Web doors: the JSON API's limits and the health backlog ---------------------------------------
+
+-- name: take_create_allowance
+-- One job creation by an owner through the JSON API, against their bucket (GCRA) on the database
+-- clock. full_at is when the owner's burst is whole again: a creation moves it one emission
+-- interval (1/rate seconds) on from max(full_at, now()), and is allowed while that stays within
+-- the window (burst/rate seconds) of now(). The upsert locks the owner's row, so concurrent
+-- requests of one owner, in any web process, are judged one after the other; a refused creation
+-- changes nothing. retry_after_seconds: how long until one would be allowed (read from the row as
+-- the statement's snapshot saw it; the caller rounds up to at least one second).
+WITH taken AS (
+    INSERT INTO scheduling_apiratebucket AS b (owner_id, full_at)
+    VALUES (%(owner_id)s, now() + make_interval(secs => %(emission)s))
+    ON CONFLICT (owner_id) DO UPDATE
+    SET full_at = greatest(b.full_at, now()) + make_interval(secs => %(emission)s)
+    WHERE greatest(b.full_at, now()) + make_interval(secs => %(emission)s)
+          <= now() + make_interval(secs => %(window)s)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM taken) AS allowed,
+       coalesce((SELECT extract(epoch FROM greatest(full_at, now()) + make_interval(secs => %(emission)s)
+                                         - now() - make_interval(secs => %(window)s))::float8
+                 FROM scheduling_apiratebucket WHERE owner_id = %(owner_id)s), 0)::float8 AS retry_after_seconds;
+
+-- name: lock_owner_creations
+-- Serialises one owner's JSON API creations until the transaction ends, so that the pending-jobs
+-- quota counted after an insert cannot be raced past by the owner's other requests.
+SELECT pg_advisory_xact_lock(%(key)s);
+
+-- name: owner_pending_jobs
+-- An owner's pending jobs, counted up to limit + 1 (the quota needs no more; the owner_state
+-- index), and how soon the earliest of them but new_id (the job just inserted, which a refusal
+-- rolls back) is due, in seconds by the database clock (0: overdue).
+SELECT
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
+                           WHERE owner_id = %(owner_id)s AND state = 'pending'
+                           LIMIT %(limit)s + 1) AS capped) AS pending,
+    (SELECT coalesce(greatest(extract(epoch FROM min(due_at) - now()), 0), 0)::float8
+       FROM scheduling_scheduledjob
+      WHERE owner_id = %(owner_id)s AND state = 'pending' AND id <> %(new_id)s) AS next_due_in_seconds;
+
+-- name: health_backlog
+-- The backlog /healthz judges: pending, overdue jobs that are the system's own (no owner: scheduled
+-- by code) or of a kind flagged critical, outside paused kinds, counted up to limit + 1 like
+-- backlog_status. Other owners' jobs of other kinds are not counted, so no caller of the API can
+-- flip the health check (status() and /metrics still count every job).
+SELECT
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
+                           WHERE state = 'pending' AND due_at <= now()
+                             AND (owner_id IS NULL OR kind = ANY(%(critical)s::text[]))
+                             AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)
+                           LIMIT %(limit)s + 1) AS capped) AS backlog,
+    (SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0)::float8
+       FROM scheduling_scheduledjob
+      WHERE state = 'pending' AND due_at <= now()
+        AND (owner_id IS NULL OR kind = ANY(%(critical)s::text[]))
+        AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)) AS oldest_overdue_seconds;
