@@ -268,9 +268,16 @@ FOR UPDATE OF j;
 -- An atomic chunk's limits (runner.STALL_MARGIN_SECONDS): idle in transaction or one statement for
 -- longer than its kinds' longest timeout plus a margin, and PostgreSQL ends the session and its row
 -- locks, so a stopped worker cannot hold its claims for ever (the sweeper then takes them back).
--- set_config(..., true) is SET LOCAL: the limits end with the transaction.
-SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true),
-       set_config('statement_timeout', %(ms)s, true);
+-- set_config(..., true) is SET LOCAL: the limits end with the transaction. A stricter limit already
+-- in force (the connection's statement_timeout, a server-wide idle limit) is kept, never raised.
+SELECT set_config('idle_in_transaction_session_timeout',
+                  CASE WHEN t.idle_ms = 0 OR t.idle_ms > %(ms)s::int THEN %(ms)s ELSE t.idle_ms::text END, true),
+       set_config('statement_timeout',
+                  CASE WHEN t.statement_ms = 0 OR t.statement_ms > %(ms)s::int THEN %(ms)s ELSE t.statement_ms::text END,
+                  true)
+FROM (SELECT (extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::int
+             AS idle_ms,
+             (extract(epoch FROM current_setting('statement_timeout')::interval) * 1000)::int AS statement_ms) AS t;
 
 -- name: record_callback_failure
 -- An on_commit callback of a committed job failed: say so on that attempt (found by its claim
