@@ -5,16 +5,27 @@ before are returned; the lease clock starts here), then the handlers run one aft
 their timeouts (``executor.invoke``) while the heartbeat keeps the claims alive.
 
 Atomic kinds (the default, ``@registry.handler(atomic=True)``) run inside one transaction per
-chunk. The chunk first locks its claims (so no sweeper can take them) and writes the outcomes in
-the same transaction: a job's effect and its ``done`` commit together, with one WAL flush per
-chunk. A failing job rolls the chunk back (its writes with the others') and the chunk runs again
-with that failure recorded and the job not re-run (``_run_atomic``). A chunk closes after
-``ATOMIC_CHUNK_SECONDS`` (or at the batch's end), so its locks are short. A handler's
-``transaction.on_commit`` callbacks run after that commit.
+chunk, with a savepoint per job. The chunk first locks its claims (so no sweeper can take them) and
+writes the outcomes in the same transaction: a job's effect and its ``done`` commit together, with
+one WAL flush per chunk. A job that fails, times out or leaves its transaction broken (a database
+error caught and ignored) is rolled back to its savepoint: its writes and its ``on_commit``
+callbacks go, its siblings' stay, and every handler runs exactly once per attempt whatever the
+others do. A chunk closes after ``ATOMIC_CHUNK_SECONDS`` or ``ATOMIC_CHUNK_JOBS`` jobs (or at the
+batch's end), so its locks are short. Each job's ``transaction.on_commit`` callbacks run after
+that commit, each guarded: one raising stops no other, and its failure is logged with the job id
+and kept on the job's attempt. The chunk's transaction may wait on this process for its longest
+timeout plus ``STALL_MARGIN_SECONDS`` (``store.bound_transaction``): a stopped or hung process
+loses its locks, the sweeper takes the claims back after their lease, and what the late process
+then tries to write is refused by the claim token.
+
+What holds: a job's database effects commit exactly once; external effects sent from
+``on_commit`` happen at least once, repeated only after a crash or a stall (the job then runs
+again elsewhere, its callbacks with it).
 
 Other kinds commit as they go; their outcomes are written in one statement per kind of outcome,
-flushed at least every ``FLUSH_EVERY_SECONDS``. Times recorded here are the database clock read
-at the start, advanced by a monotonic clock.
+flushed at least every ``FLUSH_EVERY_SECONDS``. A job leaves the heartbeat as its outcome is
+written (``lease.release``), so only a claim really taken back is reported lost. Times recorded
+here are the database clock read at the start, advanced by a monotonic clock.
 """
 
 from __future__ import annotations
