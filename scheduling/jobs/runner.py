@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
-from scheduling.core import conf, exceptions, executor, leadership, registry, store, tracing
+from scheduling.core import exceptions, executor, leadership, registry, store, tracing
 from scheduling.jobs import lease
 from scheduling.models import AttemptOutcome, JobState
 
@@ -249,7 +249,9 @@ def _run_chunk(
     after their lease). Statements are bounded the same way.
     """
     with transaction.atomic():
-        store.bound_transaction(_stall_limit_seconds(pending, kinds))
+        limit = _stall_limit_seconds(pending, kinds)
+        if limit is not None:
+            store.bound_transaction(limit)
         held = set(store.lock_claims([(j.id, j.token) for j in pending]))
         for job in pending:
             if job.id not in held:  # taken back before it ran: the sweeper recorded the attempt
@@ -278,10 +280,15 @@ def _run_chunk(
     return pending
 
 
-def _stall_limit_seconds(jobs: Sequence[store.StartedJob], kinds: Kinds) -> float:
-    """How long a chunk's transaction may wait on this process: its longest timeout plus the margin."""
-    timeouts = [k.timeout_seconds for k in (kinds[j.kind] for j in jobs) if k is not None and k.timeout_seconds]
-    return (max(timeouts) if timeouts else conf.get().default_timeout_seconds) + STALL_MARGIN_SECONDS
+def _stall_limit_seconds(jobs: Sequence[store.StartedJob], kinds: Kinds) -> float | None:
+    """How long a chunk's transaction may wait on this process: its longest timeout plus the margin.
+
+    None when a kind has no timeout of its own (0): its handler may run for ever, so may the chunk.
+    """
+    timeouts = [k.timeout_seconds for k in (kinds[j.kind] for j in jobs) if k is not None]
+    if not timeouts or not all(timeouts):
+        return None
+    return max(timeouts) + STALL_MARGIN_SECONDS
 
 
 def _run_isolated(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock) -> store.Outcome:

@@ -281,3 +281,26 @@ def test_a_claim_really_taken_back_still_logs_claim_lost(run_sql, caplog, monkey
     lost = [r for r in caplog.records if "claim lost while running" in r.getMessage()]
     assert [r.job_id for r in lost] == [ids[1]]
     assert (report.succeeded, report.stale) == (2, 1)
+
+
+def test_a_chunks_limits_never_raise_a_stricter_one_in_force(run_sql):
+    """bound_transaction lowers statement_timeout and the idle limit to its bound, never raises a stricter one."""
+    with transaction.atomic():
+        run_sql("SET LOCAL statement_timeout = '2s'")
+        store.bound_transaction(10)
+        assert run_sql("SHOW statement_timeout") == [("2s",)]
+        assert run_sql("SHOW idle_in_transaction_session_timeout") == [("10s",)]
+    with transaction.atomic():
+        run_sql("SET LOCAL statement_timeout = '30s'")
+        store.bound_transaction(4.5)
+        assert run_sql("SHOW statement_timeout") == [("4500ms",)]
+    assert run_sql("SHOW idle_in_transaction_session_timeout") == [("0",)], "the limits end with the transaction"
+
+
+def test_a_kind_without_a_timeout_leaves_its_chunk_unbounded():
+    """A chunk with a kind whose timeout is 0 (no limit of its own) gets no idle limit: its handler may run long."""
+    job = store.StartedJob(1, "t", "iso.untimed", {}, 1, 1, None, None)  # type: ignore[arg-type]
+    untimed = registry.Kind("iso.untimed", _count, None, 0.0, 1, registry.Backoff(), 30, 1, "")
+    timed = registry.get("iso.write")
+    assert runner._stall_limit_seconds([job], {"iso.untimed": untimed}) is None
+    assert runner._stall_limit_seconds([job], {"iso.untimed": timed}) == 1 + runner.STALL_MARGIN_SECONDS
