@@ -271,6 +271,10 @@ def _run_chunk(
             outcome = _run_isolated(job, kinds[job.kind], clock)
             (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
             pending = pending[1:]
+        if pending:
+            # The heartbeat cannot renew rows this transaction locks: renew the batch's jobs still to
+            # run here, visible at the commit, so a batch of long chunks keeps their leases.
+            store.heartbeat_jobs([(j.id, j.token) for j in pending])
         # The rows are locked by this transaction, so no outcome written here can be stale. They
         # leave the heartbeat now: once this commits, their claims are over, not lost.
         lease.release([(j.id, j.token) for j in chunk])

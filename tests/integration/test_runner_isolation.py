@@ -304,3 +304,30 @@ def test_a_kind_without_a_timeout_leaves_its_chunk_unbounded():
     timed = registry.get("iso.write")
     assert runner._stall_limit_seconds([job], {"iso.untimed": untimed}) is None
     assert runner._stall_limit_seconds([job], {"iso.untimed": timed}) == 1 + runner.STALL_MARGIN_SECONDS
+
+
+SEEN_HEARTBEATS: list[float] = []  # iso.long_chunk: its committed heartbeat age when each job ran
+WATCHER: list = []  # an autocommit psycopg2 connection that reads what is committed
+
+
+def _long_chunk(job: registry.Job) -> None:
+    _count(job)
+    with WATCHER[0].cursor() as cursor:
+        cursor.execute(
+            "SELECT extract(epoch FROM clock_timestamp() - heartbeat_at) FROM scheduling_scheduledjob WHERE id = %s",
+            [job.id],
+        )
+        SEEN_HEARTBEATS.append(float(cursor.fetchone()[0]))
+    time.sleep(0.7)  # longer than a chunk: one job per chunk
+
+
+registry.handler("iso.long_chunk", schema={"type": "object"}, timeout=10, lease_seconds=2, batch_size=10)(_long_chunk)
+
+
+def test_a_batch_of_long_chunks_keeps_the_lease_of_its_jobs_still_to_run(run_sql, raw_connect):
+    """Jobs waiting behind long chunks (rows the heartbeat cannot renew) get their lease renewed at each commit."""
+    WATCHER[:] = [raw_connect(autocommit=True)]
+    SEEN_HEARTBEATS.clear()
+    _, report = _run(run_sql, "iso.long_chunk", [{}] * 5)
+    assert (report.succeeded, report.chunks) == (5, 5)
+    assert max(SEEN_HEARTBEATS) < 1.5, f"a job waited with a stale lease (2 s): {SEEN_HEARTBEATS}"
