@@ -39,6 +39,7 @@ def _idle_in_chunk() -> int | None:
         cursor.execute(
             "SELECT pid FROM pg_stat_activity WHERE state = 'idle in transaction'"
             " AND query LIKE 'INSERT INTO \"tasks_execution\"%%' AND pid <> pg_backend_pid()"
+            " AND datname = current_database()"
         )
         row = cursor.fetchone()
         return row[0] if row else None
