@@ -83,6 +83,23 @@ def _rows() -> list[Row]:
         ],
     )
     add(
+        "failures",
+        lambda d: [
+            (
+                "failures",
+                f"{_fmt(d['jobs'])} realistic jobs: 2% raising, 1% past a 1 s timeout, 1% on_commit raising; "
+                f"{d['worker_processes']} worker processes",
+                f"{d['calls_per_attempt']:.2f} handler calls per attempt; {d['duplicate_direct_effects']} duplicate "
+                f"direct, {d['duplicate_db_effects']} duplicate database effects; {_fmt(d['callbacks_run'])} of "
+                f"{_fmt(d['callbacks_expected'])} callbacks run; {_fmt(d['mixed_jobs_per_s'])} jobs/s = "
+                f"{d['ratio_vs_clean']}x the clean run ({_fmt(d['clean_jobs_per_s'])}/s), "
+                f"{d['ratio_vs_clean_net_of_timeouts']}x net of the {_fmt(d['timeout_floor_s'])} s the timeouts cost",
+                "1.00 calls per attempt, 0 duplicates, all callbacks but the raising ones, >= 0.8x clean (net)",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
+    add(
         "burst",
         lambda d: [
             (
@@ -197,7 +214,7 @@ def markdown() -> str:
     lines += ["| " + " | ".join(row) + " |" for row in _rows()]
     loads = {
         name: (_load(name) or {}).get("load_average_1_5_15")
-        for name in ("throughput", "realistic", "burst", "rescue", "lag", "scale", "beat")
+        for name in ("throughput", "realistic", "failures", "burst", "rescue", "lag", "scale", "beat")
     }
     lines.append("")
     lines.append(

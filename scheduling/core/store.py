@@ -29,6 +29,7 @@ from django.db import connection, transaction
 from scheduling.core import conf
 from scheduling.models import AttemptOutcome, JobState, RunState
 
+TRANSACTION_STATUS_INERROR = 3  # libpq's PQTRANS_INERROR: the (sub)transaction failed, statements are refused
 SQL_FILE = Path(__file__).with_name("sql") / "queries.sql"
 _NAME = re.compile(r"^--\s*name:\s*(?P<name>\w+)\s*$")
 
@@ -334,6 +335,33 @@ def lock_claims(claims: Sequence[tuple[int, str]]) -> list[int]:
     return [row[0] for row in _fetchall("lock_claims", params)]
 
 
+def bound_transaction(seconds: float) -> None:
+    """Limit the current transaction: idle (waiting on this process) or one statement, ``seconds`` at most.
+
+    PostgreSQL ends the session past either limit, and with it the transaction's row locks: a stopped
+    or hung process cannot keep its claims locked for ever. ``SET LOCAL``: the limits end with it.
+    """
+    _fetchall("bound_transaction", {"ms": str(max(1, round(seconds * 1000)))})
+
+
+def transaction_broken() -> bool:
+    """Whether the current transaction can take no more statements (a database error was caught and ignored).
+
+    Django's own flag (set when an ORM call failed inside ``atomic``), or the driver's transaction
+    status (a raw statement failed): neither costs a round trip.
+    """
+    if connection.needs_rollback:
+        return True
+    raw = connection.connection
+    info = getattr(raw, "info", None)
+    return info is not None and info.transaction_status == TRANSACTION_STATUS_INERROR
+
+
+def record_callback_failure(job_id: int, token: str, error: str) -> bool:
+    """Note on a job's attempt (under ``token``) that one of its on_commit callbacks failed; False if none matched."""
+    return bool(_fetchall("record_callback_failure", {"id": job_id, "token": token, "error": error}))
+
+
 def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
     """Give back claims that were never sent: pending again, their attempt uncounted; returns their ids."""
     if not claims:
@@ -494,9 +522,7 @@ class KindCounts:
 def kind_breakdown() -> list[KindCounts]:
     """Per kind with anything due, in flight or recently dead: the counts (kinds with nothing are absent)."""
     return [
-        KindCounts(
-            kind=r["kind"], due=r["due"], claimed=r["claimed"], running=r["running"], dead_24h=r["dead_24h"]
-        )
+        KindCounts(kind=r["kind"], due=r["due"], claimed=r["claimed"], running=r["running"], dead_24h=r["dead_24h"])
         for r in _records("kind_breakdown", {})
     ]
 

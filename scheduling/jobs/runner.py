@@ -5,26 +5,38 @@ before are returned; the lease clock starts here), then the handlers run one aft
 their timeouts (``executor.invoke``) while the heartbeat keeps the claims alive.
 
 Atomic kinds (the default, ``@registry.handler(atomic=True)``) run inside one transaction per
-chunk. The chunk first locks its claims (so no sweeper can take them) and writes the outcomes in
-the same transaction: a job's effect and its ``done`` commit together, with one WAL flush per
-chunk. A failing job rolls the chunk back (its writes with the others') and the chunk runs again
-with that failure recorded and the job not re-run (``_run_atomic``). A chunk closes after
-``ATOMIC_CHUNK_SECONDS`` (or at the batch's end), so its locks are short. A handler's
-``transaction.on_commit`` callbacks run after that commit.
+chunk, with a savepoint per job. The chunk first locks its claims (so no sweeper can take them) and
+writes the outcomes in the same transaction: a job's effect and its ``done`` commit together, with
+one WAL flush per chunk. A job that fails, times out or leaves its transaction broken (a database
+error caught and ignored) is rolled back to its savepoint: its writes and its ``on_commit``
+callbacks go, its siblings' stay, and every handler runs exactly once per attempt whatever the
+others do. A chunk closes after ``ATOMIC_CHUNK_SECONDS`` or ``ATOMIC_CHUNK_JOBS`` jobs (or at the
+batch's end), so its locks are short. Each job's ``transaction.on_commit`` callbacks run after
+that commit, each guarded: one raising stops no other, and its failure is logged with the job id
+and kept on the job's attempt. The chunk's transaction may wait on this process for its longest
+timeout plus ``STALL_MARGIN_SECONDS`` (``store.bound_transaction``): a stopped or hung process
+loses its locks, the sweeper takes the claims back after their lease, and what the late process
+then tries to write is refused by the claim token.
+
+What holds: a job's database effects commit exactly once; external effects sent from
+``on_commit`` happen at least once, repeated only after a crash or a stall (the job then runs
+again elsewhere, its callbacks with it).
 
 Other kinds commit as they go; their outcomes are written in one statement per kind of outcome,
-flushed at least every ``FLUSH_EVERY_SECONDS``. Times recorded here are the database clock read
-at the start, advanced by a monotonic clock.
+flushed at least every ``FLUSH_EVERY_SECONDS``. A job leaves the heartbeat as its outcome is
+written (``lease.release``), so only a claim really taken back is reported lost. Times recorded
+here are the database clock read at the start, advanced by a monotonic clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
@@ -36,9 +48,16 @@ logger = logging.getLogger(__name__)
 
 FLUSH_EVERY_SECONDS = 1.0  # non-atomic kinds: finished jobs are written back at least this often
 ATOMIC_CHUNK_SECONDS = 0.5  # atomic kinds: a chunk's transaction (and its row locks) ends after this long
+ATOMIC_CHUNK_JOBS = 50  # atomic kinds: jobs (savepoints) per chunk, below PostgreSQL's 64 cached subtransactions
+STALL_MARGIN_SECONDS = 5.0  # a chunk's transaction idle longer than its longest timeout plus this is ended
 RECORD_RETRY_SECONDS = 60.0  # a finished job's outcome is retried this long while the database is unreachable
 UNKNOWN_KIND_RETRY_SECONDS = 60.0  # a job of a kind this worker does not know is retried this much later
 RELEASE_REASON = "released: the worker stopped before the job finished"
+LOST_REASON = "released: the database ended the batch's transaction before the job's outcome committed"
+BROKEN_TRANSACTION_ERROR = (
+    "TransactionManagementError: the handler caught a database error and went on, leaving its transaction "
+    "broken; its writes were rolled back (wrap the statement that may fail in transaction.atomic())"
+)
 
 T = TypeVar("T")
 Kinds = dict[str, registry.Kind | None]
@@ -52,7 +71,6 @@ class BatchReport:
     stale: int = 0  # outcomes refused (or jobs not run) because the claim had been taken back
     skipped: int = 0  # claims no longer ours (or already started) when the batch began
     chunks: int = 0  # transactions that committed atomic jobs together with their outcomes
-    reruns: int = 0  # chunks rolled back by a failing job and run again without it
 
 
 class _DbClock:
@@ -64,14 +82,6 @@ class _DbClock:
 
     def now(self) -> dt.datetime:
         return self.base + dt.timedelta(seconds=time.monotonic() - self.mono)
-
-
-class _RolledBack(Exception):
-    """A job of an atomic chunk failed: the chunk's transaction rolls back; carries the job's outcome."""
-
-    def __init__(self, outcome: store.Outcome) -> None:
-        super().__init__(outcome.error)
-        self.outcome = outcome
 
 
 def _recording(write: Callable[[], T]) -> T:
@@ -201,63 +211,158 @@ def _record(report: BatchReport, successes: list[store.Outcome], failures: list[
 def _run_atomic(
     jobs: list[store.StartedJob], kinds: Kinds, clock: _DbClock, report: BatchReport, settled: set[int]
 ) -> None:
-    """Run atomic jobs in chunks: one transaction each, the outcomes written inside it.
-
-    A chunk runs without a savepoint per job (two round trips a job saved). When a job fails, the
-    chunk's transaction is rolled back, undoing that job's writes with the others', and the chunk
-    runs again with the failure recorded, not re-run: the jobs that succeeded run again and commit.
-    A handler's database work is undone with the rollback and its on_commit callbacks dropped, so the
-    committed effect is still exactly one; external effects belong in ``transaction.on_commit``.
-    """
+    """Run atomic jobs in chunks: one transaction each, a savepoint per job, the outcomes written inside it."""
     pending = list(jobs)
-    known_failures: dict[int, store.Outcome] = {}  # failed in a rolled-back pass: recorded, not re-run
     while pending:
-        committed = False
-
-        def mark_committed() -> None:
-            nonlocal committed
-            committed = True
-
         chunk: list[store.StartedJob] = []
         try:
-            with transaction.atomic():
-                transaction.on_commit(mark_committed)  # the first of this chunk's callbacks, after COMMIT
-                held = set(store.lock_claims([(j.id, j.token) for j in pending]))
-                for job in pending:
-                    if job.id not in held:  # taken back before it ran: the sweeper recorded the attempt
-                        logger.warning("claim lost before the job ran", extra={"job_id": job.id, "action": "lost"})
-                        settled.add(job.id)
-                        report.stale += 1
-                pending = [j for j in pending if j.id in held]
-                successes: list[store.Outcome] = []
-                failures: list[store.Outcome] = []
-                opened = time.monotonic()
-                while pending and (not chunk or time.monotonic() - opened < ATOMIC_CHUNK_SECONDS):
-                    job = pending.pop(0)
-                    chunk.append(job)
-                    if job.id in known_failures:
-                        failures.append(known_failures.pop(job.id))
-                        continue
-                    outcome = _outcome(job, kinds[job.kind], clock)
-                    if outcome.outcome != AttemptOutcome.SUCCEEDED:
-                        raise _RolledBack(outcome)
-                    successes.append(outcome)
-                # The rows are locked by this transaction, so no outcome written here can be stale.
-                _record(report, successes, failures)
-            report.chunks += 1
-        except _RolledBack as rolled_back:
-            known_failures[rolled_back.outcome.id] = rolled_back.outcome
-            pending = chunk + pending
-            report.reruns += 1
-            continue
-        except Exception:
-            if not committed:
-                raise
-            # The chunk is committed; one of its handlers' on_commit callbacks raised afterwards.
-            logger.exception(
-                "an on_commit callback failed after its job committed", extra={"action": "on_commit_failed"}
+            pending = _run_chunk(pending, chunk, kinds, clock, report, settled)
+        except (OperationalError, InterfaceError):
+            # The database ended the chunk's transaction: a lost connection, or this process stalled
+            # past the chunk's idle limit and its locks were dropped. Nothing of the chunk committed.
+            logger.warning(
+                "atomic chunk lost with its transaction: its jobs' writes were rolled back",
+                extra={"job_ids": [j.id for j in chunk], "action": "chunk_lost"},
+                exc_info=True,
             )
-        settled.update(j.id for j in chunk)
+            connection.close()
+            lost = [(j.id, j.token) for j in chunk]
+            lease.release(lost)
+            _recording(functools.partial(_give_back_lost, lost, report))
+            settled.update(j.id for j in chunk)
+            pending = pending[len(chunk) :]
+
+
+def _run_chunk(
+    pending: list[store.StartedJob],
+    chunk: list[store.StartedJob],
+    kinds: Kinds,
+    clock: _DbClock,
+    report: BatchReport,
+    settled: set[int],
+) -> list[store.StartedJob]:
+    """Run the next chunk of ``pending`` in one transaction (filling ``chunk``); returns what is left.
+
+    The chunk's transaction may sit idle (between statements, while a handler works) for at most the
+    longest timeout of its kinds plus ``STALL_MARGIN_SECONDS``: past that PostgreSQL ends it and its
+    row locks, so a stopped process cannot hold its claims for ever (the sweeper then takes them back
+    after their lease). Statements are bounded the same way.
+    """
+    with transaction.atomic():
+        limit = _stall_limit_seconds(pending, kinds)
+        if limit is not None:
+            store.bound_transaction(limit)
+        held = set(store.lock_claims([(j.id, j.token) for j in pending]))
+        for job in pending:
+            if job.id not in held:  # taken back before it ran: the sweeper recorded the attempt
+                logger.warning("claim lost before the job ran", extra={"job_id": job.id, "action": "lost"})
+                lease.release([(job.id, job.token)])
+                settled.add(job.id)
+                report.stale += 1
+        pending = [j for j in pending if j.id in held]
+        successes: list[store.Outcome] = []
+        failures: list[store.Outcome] = []
+        opened = time.monotonic()
+        while pending and len(chunk) < ATOMIC_CHUNK_JOBS:
+            if chunk and time.monotonic() - opened >= ATOMIC_CHUNK_SECONDS:
+                break
+            job = pending[0]
+            chunk.append(job)
+            outcome = _run_isolated(job, kinds[job.kind], clock)
+            (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
+            pending = pending[1:]
+        if pending:
+            # The heartbeat cannot renew rows this transaction locks: renew the batch's jobs still to
+            # run here, visible at the commit, so a batch of long chunks keeps their leases.
+            store.heartbeat_jobs([(j.id, j.token) for j in pending])
+        # The rows are locked by this transaction, so no outcome written here can be stale. They
+        # leave the heartbeat now: once this commits, their claims are over, not lost.
+        lease.release([(j.id, j.token) for j in chunk])
+        _record(report, successes, failures)
+    report.chunks += 1
+    settled.update(j.id for j in chunk)
+    return pending
+
+
+def _stall_limit_seconds(jobs: Sequence[store.StartedJob], kinds: Kinds) -> float | None:
+    """How long a chunk's transaction may wait on this process: its longest timeout plus the margin.
+
+    None when a kind has no timeout of its own (0): its handler may run for ever, so may the chunk.
+    """
+    timeouts = [k.timeout_seconds for k in (kinds[j.kind] for j in jobs) if k is not None]
+    if not timeouts or not all(timeouts):
+        return None
+    return max(timeouts) + STALL_MARGIN_SECONDS
+
+
+def _run_isolated(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock) -> store.Outcome:
+    """Run one job of a chunk behind its own savepoint: a failure rolls back this job's writes only.
+
+    The savepoint is never released (a release is a round trip, and the commit releases them all);
+    a chunk holds at most ``ATOMIC_CHUNK_JOBS`` of them. The job's ``on_commit`` callbacks stay
+    queued for the chunk's commit, each guarded so that one raising stops no other; a failed job's
+    callbacks are dropped with its writes.
+    """
+    callbacks_before = len(_commit_hooks())
+    savepoint = transaction.savepoint()
+    outcome = _outcome(job, kind, clock)
+    if outcome.outcome == AttemptOutcome.SUCCEEDED and store.transaction_broken():
+        # The handler caught a database error and went on: its transaction cannot be used, so its
+        # writes are lost. A failure (retried), never a success with half its writes missing.
+        outcome = dataclasses.replace(
+            outcome,
+            outcome=AttemptOutcome.FAILED,
+            error=BROKEN_TRANSACTION_ERROR,
+            retry_delay_seconds=_retry(job, kind),
+        )
+    if outcome.outcome != AttemptOutcome.SUCCEEDED:
+        transaction.set_rollback(False)  # Django refuses statements while it marks the block broken
+        transaction.savepoint_rollback(savepoint)
+        del _commit_hooks()[callbacks_before:]  # (the rollback replaced the list: it is read again)
+        return outcome
+    hooks = _commit_hooks()
+    hooks[callbacks_before:] = [(sids, _guarded(func, job), robust) for sids, func, robust in hooks[callbacks_before:]]
+    return outcome
+
+
+def _commit_hooks() -> list[Any]:
+    """Django's queue of on_commit callbacks for this connection: (savepoint ids, callback, robust)."""
+    return connection.run_on_commit
+
+
+def _retry(job: store.StartedJob, kind: registry.Kind | None) -> float:
+    return kind.backoff.delay(job.attempts) if kind is not None else UNKNOWN_KIND_RETRY_SECONDS
+
+
+def _guarded(func: Callable[[], Any], job: store.StartedJob) -> Callable[[], None]:
+    """``func`` as an on_commit callback that cannot stop the others: a failure is logged and kept on the attempt."""
+
+    def callback() -> None:
+        try:
+            func()
+        except Exception as exc:
+            logger.exception(
+                "an on_commit callback failed after its job committed",
+                extra={"job_id": job.id, "action": "on_commit_failed"},
+            )
+            try:
+                store.record_callback_failure(job.id, job.token, "on_commit failed: " + executor.error_text(exc))
+            except DatabaseError:
+                logger.warning("could not record the on_commit failure", extra={"job_id": job.id}, exc_info=True)
+
+    return callback
+
+
+def _give_back_lost(claims: list[tuple[int, str]], report: BatchReport) -> None:
+    """After a lost chunk: give back the claims still ours (pending now); the others were taken back, refused."""
+    released = {job.id for job in store.release_jobs(claims, LOST_REASON)}
+    for job_id, _ in claims:
+        if job_id not in released:
+            logger.warning(
+                "outcome refused: the claim token no longer matches (the job was taken back)",
+                extra={"job_id": job_id, "action": "stale_completion"},
+            )
+            report.stale += 1
 
 
 def _run_committing(
@@ -271,6 +376,7 @@ def _run_committing(
     def flush() -> None:
         nonlocal successes, failures, last_flush
         finished_ok, finished_failed = successes, failures
+        lease.release([(o.id, o.token) for o in finished_ok + finished_failed])  # their claims end now, not lost
         _recording(lambda: _record(report, finished_ok, finished_failed))
         settled.update(o.id for o in finished_ok + finished_failed)
         successes, failures = [], []

@@ -50,6 +50,7 @@ def test_cli_lists_every_scenario():
     assert set(bench_main.SCENARIOS) == {
         "throughput",
         "realistic",
+        "failures",
         "burst",
         "lag",
         "rescue",
@@ -106,9 +107,9 @@ def test_report_write_replaces_only_the_table_between_the_markers(tmp_path):
         report.write(readme)
 
 
-@pytest.mark.parametrize("name", ["realistic", "burst", "rescue", "lag"])
+@pytest.mark.parametrize("name", ["realistic", "failures", "burst", "rescue", "lag"])
 def test_issue_12_scenarios_import_and_take_quick(name):
-    """Each issue #12 scenario imports without services and its main takes ``quick`` (what ``run`` passes)."""
+    """Each scenario of issues #12 and #20 imports without services; its main takes ``quick`` (what run passes)."""
     import importlib
     import inspect
 
@@ -151,3 +152,12 @@ def test_report_knows_the_issue_12_scenarios(tmp_path, monkeypatch):
     assert "| realistic | not measured |" in text
     assert "| burst | not measured |" in text
     assert "started again 33.1 s after the kill" in text
+
+
+def test_failures_mix_and_targets():
+    """The failures mix: 2% raising, 1% past the timeout, 1% on_commit raising; its targets are the issue's."""
+    from bench import failures
+
+    fates = [failures._fate(i) for i in range(10_000)]
+    assert (fates.count("raise"), fates.count("timeout"), fates.count("callback")) == (200, 100, 100)
+    assert (failures.TARGET_CALLS_PER_ATTEMPT, failures.TARGET_RATIO_VS_CLEAN) == (1.0, 0.8)

@@ -264,6 +264,29 @@ WHERE j.state = 'claimed'
 ORDER BY j.id
 FOR UPDATE OF j;
 
+-- name: bound_transaction
+-- An atomic chunk's limits (runner.STALL_MARGIN_SECONDS): idle in transaction or one statement for
+-- longer than its kinds' longest timeout plus a margin, and PostgreSQL ends the session and its row
+-- locks, so a stopped worker cannot hold its claims for ever (the sweeper then takes them back).
+-- set_config(..., true) is SET LOCAL: the limits end with the transaction. A stricter limit already
+-- in force (the connection's statement_timeout, a server-wide idle limit) is kept, never raised.
+SELECT set_config('idle_in_transaction_session_timeout',
+                  CASE WHEN t.idle_ms = 0 OR t.idle_ms > %(ms)s::int THEN %(ms)s ELSE t.idle_ms::text END, true),
+       set_config('statement_timeout',
+                  CASE WHEN t.statement_ms = 0 OR t.statement_ms > %(ms)s::int THEN %(ms)s ELSE t.statement_ms::text END,
+                  true)
+FROM (SELECT (extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::int
+             AS idle_ms,
+             (extract(epoch FROM current_setting('statement_timeout')::interval) * 1000)::int AS statement_ms) AS t;
+
+-- name: record_callback_failure
+-- An on_commit callback of a committed job failed: say so on that attempt (found by its claim
+-- token), so the job page shows it beside the succeeded outcome. Bounded like the error text.
+UPDATE scheduling_jobattempt
+SET error = left(CASE WHEN error = '' THEN %(error)s ELSE error || E'\n' || %(error)s END, 4000)
+WHERE job_id = %(id)s AND token = %(token)s::uuid
+RETURNING id;
+
 -- name: unclaim_jobs
 -- Claims the claim could not send (no room left in the queue, or the broker did not answer) go
 -- back to pending at once, as if never claimed: the attempt the claim counted is given back.
@@ -423,10 +446,15 @@ SELECT
                            WHERE state = 'pending' AND due_at > now() AND due_at <= now() + interval '24 hours'
                            LIMIT %(exact_limit)s + 1) AS capped) AS due_next_24h,
     (SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'claimed') AS claimed,
-    (SELECT count(*) FROM scheduling_scheduledjob
+    -- stuck: a claim past its lease (or the stuck limit) that no live transaction holds. A running
+    -- atomic chunk locks its rows, so its heartbeat cannot renew them: SKIP LOCKED (FOR KEY SHARE,
+    -- the weakest lock, taken for this statement only) leaves those out. Once a stalled chunk's
+    -- session is ended (bound_transaction) its rows are free, counted and swept.
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
        WHERE state = 'claimed'
          AND (coalesce(heartbeat_at, claimed_at) < now() - make_interval(secs => lease_seconds)
-              OR claimed_at < now() - make_interval(secs => %(stuck_after)s))) AS stuck,
+              OR claimed_at < now() - make_interval(secs => %(stuck_after)s))
+       FOR KEY SHARE SKIP LOCKED) AS unheld) AS stuck,
     (SELECT count(*) FROM scheduling_scheduledjob
        WHERE state = 'dead' AND finished_at > now() - interval '24 hours') AS dead_last_24h;
 

@@ -115,3 +115,27 @@ def session(job: registry.Job) -> None:
         cursor.execute("SELECT pg_backend_pid()")
         (backend,) = cursor.fetchone()
     Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=backend)
+
+
+STALL_TIMEOUT_SECONDS = 3
+STALL_LEASE_SECONDS = 3
+
+
+def atomic_stall(job: registry.Job) -> None:
+    """Record the execution in the chunk's transaction, then work ``hold`` s in Python (idle in transaction)."""
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
+    if job.attempt in job.payload.get("hold_on", [1]):
+        time.sleep(float(job.payload.get("hold", 0)))
+
+
+# Atomic, with a short timeout: a stalled chunk's transaction is ended timeout + runner.STALL_MARGIN_SECONDS
+# after its last statement, so the SIGSTOP test sees the rescue within seconds.
+registry.handler(
+    "faults.atomic_stall",
+    schema=EFFECT_SCHEMA,
+    timeout=STALL_TIMEOUT_SECONDS,
+    max_attempts=3,
+    backoff=registry.Backoff(1, 2),
+    lease_seconds=STALL_LEASE_SECONDS,
+    batch_size=5,
+)(atomic_stall)
