@@ -72,6 +72,9 @@ DATABASES["default"]["OPTIONS"].setdefault(
 )
 DATABASES["default"]["CONN_MAX_AGE"] = env.get_int("DATABASE_CONN_MAX_AGE", 60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Behind a transaction pooler (PgBouncer pool_mode=transaction) a named cursor outlives the
+# transaction that made it: turn server-side cursors off there (docs/operations.md, "PgBouncer").
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.get_bool("DATABASE_DISABLE_SERVER_SIDE_CURSORS", False)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Login throttling (django-axes): after LOGIN_FAILURE_LIMIT failed logins for one username from one
@@ -133,8 +136,8 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = True
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    # /healthz and /metrics are scraped over plain HTTP inside the network.
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+    # /healthz, /metrics and the probes (/livez, /readyz) are scraped over plain HTTP inside the network.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$", r"^livez$", r"^readyz$"]
 X_FRAME_OPTIONS = "DENY"
 # The debug error page and error e-mails hide passwords inside URLs too (DATABASE_URL and friends).
 DEFAULT_EXCEPTION_REPORTER_FILTER = "project.error_reports.ExceptionReporterFilter"
@@ -232,6 +235,12 @@ SCHEDULING_METRICS_PUBLIC = env.get_bool("SCHEDULING_METRICS_PUBLIC", False)
 SCHEDULING_METRICS_CACHE_SECONDS = env.get_int("SCHEDULING_METRICS_CACHE_SECONDS", 5, minimum=0)
 # OpenTelemetry spans (scheduling.core.tracing): on when asked, or when an OTLP endpoint is configured.
 SCHEDULING_TRACING = env.get_bool("SCHEDULING_TRACING", bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")))
+
+# Advisory locks, leadership and LISTEN need a session of their own: when DATABASE_URL goes through a
+# transaction pooler, point this at PostgreSQL itself (empty: the default database). Liveness files
+# for `manage.py timekeeper probe worker|beat` go to SCHEDULING_LIVENESS_DIR (empty: the temp dir).
+SCHEDULING_DIRECT_DATABASE_URL = os.environ.get("SCHEDULING_DIRECT_DATABASE_URL", "")
+SCHEDULING_LIVENESS_DIR = os.environ.get("SCHEDULING_LIVENESS_DIR", "")
 
 # Claiming and sweeping need no beat entries: every worker runs the control loop (one leads).
 SCHEDULING_CLAIM_INTERVAL_SECONDS = env.get_float("SCHEDULING_CLAIM_INTERVAL_SECONDS", 1.0, minimum=0.05)

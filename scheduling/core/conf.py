@@ -67,6 +67,10 @@ class Settings:
     metrics_token: str = ""  # when set, /metrics needs "Authorization: Bearer <token>"; /healthz shows details with it
     metrics_public: bool = False  # True: /metrics answers anyone when no token is set (DEBUG off refuses otherwise)
     metrics_cache_seconds: float = 5.0  # a scrape within this long of the last one gets the same text
+    # --- deployment: connections and probes ----------------------------------------------------------
+    direct_database_url: str = ""  # locks, leadership and LISTEN connect here (not via a pooler); empty: the default DB
+    liveness_dir: str = ""  # where worker and beat write their liveness files; empty: the system's temporary directory
+    liveness_max_age_seconds: float = 60.0  # `timekeeper probe worker|beat` fails when its loop's file is older
     # --- traces --------------------------------------------------------------------------------------
     tracing: bool = False  # OpenTelemetry spans of schedule, claim and run (OTLP to OTEL_EXPORTER_OTLP_ENDPOINT)
 
