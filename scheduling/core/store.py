@@ -494,9 +494,7 @@ class KindCounts:
 def kind_breakdown() -> list[KindCounts]:
     """Per kind with anything due, in flight or recently dead: the counts (kinds with nothing are absent)."""
     return [
-        KindCounts(
-            kind=r["kind"], due=r["due"], claimed=r["claimed"], running=r["running"], dead_24h=r["dead_24h"]
-        )
+        KindCounts(kind=r["kind"], due=r["due"], claimed=r["claimed"], running=r["running"], dead_24h=r["dead_24h"])
         for r in _records("kind_breakdown", {})
     ]
 
@@ -823,3 +821,16 @@ def schedule_run_states(window_seconds: float) -> list[RunStateCount]:
         )
         for row in _records("schedule_run_states", {"window": window_seconds})
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterValue:
+    metric: str  # job_attempts, jobs_finished, job_retries, jobs_reclaimed, fixed_runs
+    label: str  # the kind, or the fixed-time schedule's name
+    outcome: str
+    value: int
+
+
+def outcome_counters() -> list[CounterValue]:
+    """Every monotonic outcome counter (kept by database triggers; never lowered by pruning)."""
+    return [CounterValue(**row) for row in _records("outcome_counters", {})]

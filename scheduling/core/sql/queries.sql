@@ -820,3 +820,10 @@ FROM bounds AS b
 CROSS JOIN generate_series(0, b.n) AS g(i)
 LEFT JOIN deltas ON deltas.i = g.i
 ORDER BY g.i;
+
+-- name: outcome_counters
+-- The monotonic outcome counters (/metrics' *_total), kept by the triggers of migration 0015 in
+-- the transactions that record the outcomes; the pruner's deletes never lower them.
+SELECT metric, label, outcome, value
+FROM scheduling_outcomecounter
+ORDER BY metric, label, outcome;
