@@ -241,6 +241,7 @@ SCHEDULING_TRACING = env.get_bool("SCHEDULING_TRACING", bool(os.environ.get("OTE
 # for `manage.py timekeeper probe worker|beat` go to SCHEDULING_LIVENESS_DIR (empty: the temp dir).
 SCHEDULING_DIRECT_DATABASE_URL = os.environ.get("SCHEDULING_DIRECT_DATABASE_URL", "")
 SCHEDULING_LIVENESS_DIR = os.environ.get("SCHEDULING_LIVENESS_DIR", "")
+SCHEDULING_LIVENESS_MAX_AGE_SECONDS = env.get_int("SCHEDULING_LIVENESS_MAX_AGE_SECONDS", 60, minimum=1)
 
 # Claiming and sweeping need no beat entries: every worker runs the control loop (one leads).
 SCHEDULING_CLAIM_INTERVAL_SECONDS = env.get_float("SCHEDULING_CLAIM_INTERVAL_SECONDS", 1.0, minimum=0.05)

@@ -70,7 +70,7 @@ class Settings:
     # --- deployment: connections and probes ----------------------------------------------------------
     direct_database_url: str = ""  # locks, leadership and LISTEN connect here (not via a pooler); empty: the default DB
     liveness_dir: str = ""  # where worker and beat write their liveness files; empty: the system's temporary directory
-    liveness_max_age_seconds: float = 60.0  # `timekeeper probe worker|beat` fails when its loop's file is older
+    liveness_max_age_seconds: float = 60.0  # `timekeeper probe worker` (or beat) fails when its loop's file is older
     # --- traces --------------------------------------------------------------------------------------
     tracing: bool = False  # OpenTelemetry spans of schedule, claim and run (OTLP to OTEL_EXPORTER_OTLP_ENDPOINT)
 
