@@ -225,6 +225,8 @@ SCHEDULING_VISIBILITY_MARGIN_SECONDS = env.get_int("SCHEDULING_VISIBILITY_MARGIN
 SCHEDULING_HEARTBEAT_SECONDS = env.get_int("SCHEDULING_HEARTBEAT_SECONDS", 5, minimum=0)
 SCHEDULING_LEASE_SECONDS = env.get_int("SCHEDULING_LEASE_SECONDS", 30, minimum=1)
 SCHEDULING_SWEEP_INTERVAL_SECONDS = env.get_int("SCHEDULING_SWEEP_INTERVAL_SECONDS", 5, minimum=1)
+# Finished jobs are pruned after this many days (0: at the next prune, about a minute; bench soak).
+SCHEDULING_RETENTION_DAYS = env.get_int("SCHEDULING_RETENTION_DAYS", 14, minimum=0)
 # /healthz and /metrics (scheduling.web.health, scheduling.web.metrics): a stale beat or a large backlog is a 503.
 SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS = env.get_int("SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS", 30, minimum=1)
 SCHEDULING_HEALTH_MAX_BACKLOG = env.get_int("SCHEDULING_HEALTH_MAX_BACKLOG", 10_000, minimum=0)
