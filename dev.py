@@ -6,7 +6,8 @@
                                      (embedded PostgreSQL/Redis when none is configured or answering)
     python3 dev.py test [ARGS]       check the settings and servers, then ruff check, makemigrations --check,
                                      mypy, the import-linter contracts, apt-get install Debian's chromium,
-                                     faketime, pgbouncer, prometheus when missing (as root), and pytest ARGS; stops at the first failure
+                                     faketime, pgbouncer, prometheus when missing (as root), and pytest
+                                     ARGS; stops at the first failure
     A wrong setting or an unreachable server is one line and exit status 78; --verbose (run) or
     TIMEKEEPER_VERBOSE=1 (both) shows the traceback instead.
 
