@@ -89,6 +89,7 @@ def appears_pooled(connect: Any) -> bool:
     """
     first, second = connect(), connect()
     try:
+        first.autocommit = second.autocommit = True  # each statement its own transaction
         pids = []
         for conn in (first, second, first):
             with conn.cursor() as cur:

@@ -10,6 +10,8 @@ statistics show that the work really went through it.
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -121,3 +123,28 @@ def test_fixed_time_leader_handover_through_pgbouncer_runs_each_tick_once(pooled
     assert report.ticks_checked >= 8
     assert report.duplicates_refused >= report.injected >= 3
     assert bouncer.stats()["total_xact_count"] > before
+
+
+def _check(env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check", "--database", "default"],
+        cwd=harness.ROOT, env=harness.base_env(env), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return done.stdout + done.stderr
+
+
+def test_manage_check_warns_w007_and_w008_behind_the_pooler_until_configured(bouncer):
+    """`check --database default` all on the pooler: W007 and W008; direct lock URL and cursors off: neither."""
+    pooled = _check({"DATABASE_URL": bouncer.url()})
+    assert "scheduling.W007" in pooled
+    assert "scheduling.W008" in pooled
+    configured = _check(
+        {
+            "DATABASE_URL": bouncer.url(),
+            "SCHEDULING_DIRECT_DATABASE_URL": harness.database_url(),
+            "DATABASE_DISABLE_SERVER_SIDE_CURSORS": "1",
+        }
+    )
+    assert "scheduling.W007" not in configured
+    assert "scheduling.W008" not in configured
+    assert "System check identified no issues" in configured
