@@ -8,8 +8,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-RUN groupadd --system timekeeper \
-    && useradd --system --gid timekeeper --home-dir /app --no-create-home timekeeper
+# A fixed numeric uid/gid (10001): Kubernetes' runAsNonRoot can verify only a numeric user.
+RUN groupadd --system --gid 10001 timekeeper \
+    && useradd --system --uid 10001 --gid timekeeper --home-dir /app --no-create-home timekeeper
 
 COPY requirements.txt ./
 RUN pip install -r requirements.txt

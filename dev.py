@@ -5,8 +5,9 @@
                                      demo data once, then run web, worker, beat and Flower until Ctrl-C
                                      (embedded PostgreSQL/Redis when none is configured or answering)
     python3 dev.py test [ARGS]       check the settings and servers, then ruff check, makemigrations --check,
-                                     mypy, the import-linter contracts, apt-get install Debian's chromium and
-                                     faketime when missing (as root), and pytest ARGS; stops at the first failure
+                                     mypy, the import-linter contracts, apt-get install Debian's chromium,
+                                     faketime, pgbouncer, prometheus when missing (as root), and pytest
+                                     ARGS; stops at the first failure
     A wrong setting or an unreachable server is one line and exit status 78; --verbose (run) or
     TIMEKEEPER_VERBOSE=1 (both) shows the traceback instead.
 
@@ -218,10 +219,14 @@ def raise_on_sigterm() -> None:
 
 
 # Debian packages the test suite drives: (package, a file it installs). Chromium for the browser
-# tests; libfaketime for the clock-skew fault test (a worker whose clock is ten minutes ahead).
+# tests; libfaketime for the clock-skew fault test (a worker whose clock is ten minutes ahead);
+# PgBouncer for the transaction-pooler e2e test; prometheus for promtool (the alert rules' tests).
+# (Those two tests' fixtures install them too, via tests/system_packages.py, when run alone.)
 SYSTEM_PACKAGES = [
     ("chromium", Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))),
     ("faketime", Path("/usr/bin/faketime")),
+    ("pgbouncer", Path("/usr/sbin/pgbouncer")),
+    ("prometheus", Path("/usr/bin/promtool")),
 ]
 
 

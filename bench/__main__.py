@@ -1,4 +1,8 @@
-"""``python -m bench <scenario> [--quick]`` and ``python -m bench all [--quick]``."""
+"""``python -m bench <scenario> [--quick]`` and ``python -m bench all [--quick]``.
+
+``soak`` (an hour; ``--quick`` 10 minutes; ``--minutes N``) is not part of ``all``; options after
+the scenario that this parser does not know go to the scenario (``python -m bench soak --minutes 2``).
+"""
 
 from __future__ import annotations
 
@@ -13,16 +17,17 @@ from typing import Any
 from bench import common
 
 SCENARIOS = ("throughput", "realistic", "failures", "burst", "lag", "rescue", "scale", "sweep", "memory", "beat")
+LONG_SCENARIOS = ("soak",)  # run on their own, never by `all`
 
 
-def run(name: str, quick: bool) -> dict[str, Any]:
+def run(name: str, quick: bool, extra: list[str] | None = None) -> dict[str, Any]:
     """Run one scenario module's ``main`` and emit its JSON (unless the module emitted it itself)."""
     module = importlib.import_module(f"bench.{name}")
     params = inspect.signature(module.main).parameters
     if "quick" in params:
         figures = module.main(quick=quick)
     elif params:  # an argv-style main
-        figures = module.main(["--quick"] if quick else [])
+        figures = module.main((["--quick"] if quick else []) + (extra or []))
     else:
         figures = module.main()
     if isinstance(figures, dict) and figures.get("scenario") == name and "measured_at" in figures:
@@ -32,9 +37,11 @@ def run(name: str, quick: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenario", choices=[*SCENARIOS, "all"], help="what to measure")
+    parser.add_argument("scenario", choices=[*SCENARIOS, *LONG_SCENARIOS, "all"], help="what to measure")
     parser.add_argument("--quick", action="store_true", help="smaller inputs: the whole run in under 5 minutes")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.scenario not in LONG_SCENARIOS:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     names = SCENARIOS if args.scenario == "all" else (args.scenario,)
     failed = []
     summary: dict[str, Any] = {}
@@ -42,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         common.say(f"== {name} (load average {common.load_average()})")
         try:
-            summary[name] = run(name, args.quick)
+            summary[name] = run(name, args.quick, extra)
         except Exception:
             traceback.print_exc()
             failed.append(name)

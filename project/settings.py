@@ -74,6 +74,9 @@ DATABASES["default"]["OPTIONS"].setdefault(
 )
 DATABASES["default"]["CONN_MAX_AGE"] = env.get_int("DATABASE_CONN_MAX_AGE", 60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Behind a transaction pooler (PgBouncer pool_mode=transaction) a named cursor outlives the
+# transaction that made it: turn server-side cursors off there (docs/operations.md, "PgBouncer").
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.get_bool("DATABASE_DISABLE_SERVER_SIDE_CURSORS", False)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Login throttling (django-axes): after LOGIN_FAILURE_LIMIT failed logins for one username from one
@@ -135,8 +138,8 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = True
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    # /healthz and /metrics are scraped over plain HTTP inside the network.
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+    # /healthz, /metrics and the probes (/livez, /readyz) are scraped over plain HTTP inside the network.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$", r"^livez$", r"^readyz$"]
 X_FRAME_OPTIONS = "DENY"
 # Content-Security-Policy (django-csp 4, one code path for Django 5.2 and 6.0), on every page in
 # every mode: scripts, styles, images, fonts and connections from this site only; the few inline
@@ -242,6 +245,8 @@ SCHEDULING_VISIBILITY_MARGIN_SECONDS = env.get_int("SCHEDULING_VISIBILITY_MARGIN
 SCHEDULING_HEARTBEAT_SECONDS = env.get_int("SCHEDULING_HEARTBEAT_SECONDS", 5, minimum=0)
 SCHEDULING_LEASE_SECONDS = env.get_int("SCHEDULING_LEASE_SECONDS", 30, minimum=1)
 SCHEDULING_SWEEP_INTERVAL_SECONDS = env.get_int("SCHEDULING_SWEEP_INTERVAL_SECONDS", 5, minimum=1)
+# Finished jobs are pruned after this many days (0: at the next prune, about a minute; bench soak).
+SCHEDULING_RETENTION_DAYS = env.get_int("SCHEDULING_RETENTION_DAYS", 14, minimum=0)
 # /healthz and /metrics (scheduling.web.health, scheduling.web.metrics): a stale beat or a large backlog is a 503.
 SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS = env.get_int("SCHEDULING_HEALTH_BEAT_MAX_AGE_SECONDS", 30, minimum=1)
 SCHEDULING_HEALTH_MAX_BACKLOG = env.get_int("SCHEDULING_HEALTH_MAX_BACKLOG", 10_000, minimum=0)
@@ -257,6 +262,13 @@ SCHEDULING_API_MAX_PENDING_JOBS = env.get_int("SCHEDULING_API_MAX_PENDING_JOBS",
 SCHEDULING_API_MAX_JOB_SECONDS = env.get_int("SCHEDULING_API_MAX_JOB_SECONDS", 600, minimum=0)
 # OpenTelemetry spans (scheduling.core.tracing): on when asked, or when an OTLP endpoint is configured.
 SCHEDULING_TRACING = env.get_bool("SCHEDULING_TRACING", bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")))
+
+# Advisory locks, leadership and LISTEN need a session of their own: when DATABASE_URL goes through a
+# transaction pooler, point this at PostgreSQL itself (empty: the default database). Liveness files
+# for `manage.py timekeeper probe worker|beat` go to SCHEDULING_LIVENESS_DIR (empty: the temp dir).
+SCHEDULING_DIRECT_DATABASE_URL = os.environ.get("SCHEDULING_DIRECT_DATABASE_URL", "")
+SCHEDULING_LIVENESS_DIR = os.environ.get("SCHEDULING_LIVENESS_DIR", "")
+SCHEDULING_LIVENESS_MAX_AGE_SECONDS = env.get_int("SCHEDULING_LIVENESS_MAX_AGE_SECONDS", 60, minimum=1)
 
 # Claiming and sweeping need no beat entries: every worker runs the control loop (one leads).
 SCHEDULING_CLAIM_INTERVAL_SECONDS = env.get_float("SCHEDULING_CLAIM_INTERVAL_SECONDS", 1.0, minimum=0.05)

@@ -1,4 +1,4 @@
-"""Timekeeper's URLs: the admin, the jobs API, the demo product pages, /metrics and /healthz."""
+"""Timekeeper's URLs: the admin, the jobs API, the demo product pages, /metrics, /healthz, /livez and /readyz."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from scheduling.web import health, metrics
+from scheduling.web import health, metrics, probes
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -19,5 +19,7 @@ urlpatterns = [
     # No trailing slash: SECURE_REDIRECT_EXEMPT matches these exact paths (scraped over plain HTTP).
     path("metrics", metrics.metrics, name="metrics"),
     path("healthz", health.healthz, name="healthz"),
+    path("livez", probes.livez, name="livez"),
+    path("readyz", probes.readyz, name="readyz"),
     path("", RedirectView.as_view(pattern_name="tasks:trial-list", permanent=False)),
 ]

@@ -15,6 +15,11 @@
 - scheduling.W005: a kind registered ``critical=True`` is open to the JSON API while one owner's
   pending quota (``SCHEDULING_API_MAX_PENDING_JOBS``, 0 = none) is not below
   ``SCHEDULING_HEALTH_MAX_BACKLOG``: a single caller could then flip ``/healthz`` to 503.
+- scheduling.W007: the lock connection (``SCHEDULING_DIRECT_DATABASE_URL``, else the default
+  database) appears to go through a transaction pooler: advisory locks, leadership and LISTEN need
+  a session of their own. A database check: ``manage.py check --database default`` and ``migrate``.
+- scheduling.W008: the default database appears to go through a transaction pooler while Django's
+  server-side cursors are on (``DISABLE_SERVER_SIDE_CURSORS``). A database check too.
 
 Celery's settings are read from Celery's own configuration (``current_app.conf``), however the
 project fills it.
@@ -196,5 +201,68 @@ def check_critical_kinds_quota(app_configs: Any = None, **kwargs: Any) -> list[c
             f"below SCHEDULING_HEALTH_MAX_BACKLOG ({threshold}): one caller's overdue jobs could fail /healthz.",
             hint="Set SCHEDULING_API_MAX_PENDING_JOBS below SCHEDULING_HEALTH_MAX_BACKLOG (and above 0).",
             id="scheduling.W005",
+        )
+    ]
+
+
+def _pooled(connect: Any) -> bool | None:
+    """``locks.appears_pooled(connect)``, or None when the database cannot be reached (other checks say so)."""
+    import psycopg2
+
+    from scheduling.core import locks
+
+    try:
+        return locks.appears_pooled(connect)
+    except psycopg2.Error:
+        return None
+
+
+@checks.register(checks.Tags.database, deploy=False)
+def check_lock_connection_not_pooled(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Advisory locks, leadership and LISTEN must hold one server session for their whole life."""
+    from scheduling.core import locks
+
+    if not databases or "default" not in databases or connections["default"].vendor != "postgresql":
+        return []
+    if not _pooled(locks.dedicated_connection):
+        return []
+    source = "SCHEDULING_DIRECT_DATABASE_URL" if conf.get().direct_database_url else "DATABASES['default']"
+    return [
+        checks.Warning(
+            f"The lock connection ({source}) appears to go through a transaction pooler: its backend pid "
+            "changes between transactions. Advisory locks, leadership and LISTEN would be taken on one "
+            "server session and released, or not, on another.",
+            hint="Set SCHEDULING_DIRECT_DATABASE_URL to PostgreSQL itself (or a pooler in session mode) and keep "
+            "DATABASE_URL on the pooler for the ORM (docs/operations.md, 'Behind PgBouncer').",
+            id="scheduling.W007",
+        )
+    ]
+
+
+@checks.register(checks.Tags.database, deploy=False)
+def check_orm_behind_transaction_pooler(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Django's named (server-side) cursors do not survive a transaction pooler's hand-over."""
+    import psycopg2
+
+    from scheduling.core import locks
+
+    if not databases or "default" not in databases or connections["default"].vendor != "postgresql":
+        return []
+    if connections["default"].settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        return []
+    if not _pooled(lambda: psycopg2.connect(**locks.default_database_parameters(), connect_timeout=5)):
+        return []
+    return [
+        checks.Warning(
+            "The default database appears to go through a transaction pooler (its backend pid changes between "
+            "transactions) while server-side cursors are on: QuerySet.iterator() would fail with 'cursor does "
+            "not exist'.",
+            hint="Set DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'] = True "
+            "(DATABASE_DISABLE_SERVER_SIDE_CURSORS=1 in this project).",
+            id="scheduling.W008",
         )
     ]

@@ -521,3 +521,28 @@ class ApiRateBucket(models.Model):
 
     def __str__(self) -> str:
         return f"rate bucket of {self.owner_id}"
+
+
+class OutcomeCounter(models.Model):
+    """A monotonic count of outcomes (``/metrics``' ``*_total`` counters), kept apart from the rows the pruner deletes.
+
+    Written only by database triggers (migration 0015) in the transaction that records the
+    outcome, one row per (metric, label, outcome), so a count survives pruning and restarts and
+    never goes down. Never written by application code.
+    """
+
+    metric = models.CharField(
+        "metric", max_length=32, help_text="job_attempts, jobs_finished, job_retries, jobs_reclaimed or fixed_runs."
+    )
+    label = models.CharField("label", max_length=200, help_text="The job's kind, or the fixed-time schedule's name.")
+    outcome = models.CharField("outcome", max_length=16, blank=True, default="", help_text="How it ended ('' if n/a).")
+    value = models.BigIntegerField("value", default=0, help_text="How many so far.")
+
+    class Meta:
+        verbose_name = "outcome counter"
+        constraints = [
+            models.UniqueConstraint(fields=["metric", "label", "outcome"], name="outcomecounter_key_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.metric}{{{self.label},{self.outcome}}} = {self.value}"

@@ -26,7 +26,7 @@ from scheduling.core import tracing
 from scheduling.deferrals import countdowns
 from scheduling.fixed import gate
 from scheduling.jobs import claim as claim_module
-from scheduling.jobs import control, runner
+from scheduling.jobs import control, liveness, runner
 from scheduling.jobs import sweep as sweep_module
 from scheduling.models import RunTrigger
 
@@ -168,3 +168,15 @@ def warn_shared_deferral_queue(sender: Any = None, instance: Any = None, **kwarg
     warning = countdowns.worker_queue_warning((consumed or {}).keys())
     if warning:
         logger.warning(warning, extra={"action": "shared_deferral_queue"})
+
+
+@signals.worker_ready.connect
+def start_liveness_watcher(sender: Any = None, **kwargs: Any) -> None:
+    """The worker's liveness file (``timekeeper probe worker``), written while its control loop turns."""
+    liveness.start()
+
+
+@signals.worker_shutting_down.connect
+def stop_liveness_watcher(sender: Any = None, **kwargs: Any) -> None:
+    """A stopping worker stops writing its liveness file."""
+    liveness.stop()

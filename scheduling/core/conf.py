@@ -73,6 +73,10 @@ class Settings:
     api_create_burst: int = 50  # API job creations one owner may make at once, before the rate
     api_max_pending_jobs: int = 1000  # pending jobs one API owner may hold; a create over it is a 429; 0: no quota
     api_past_due_tolerance_seconds: float = 60.0  # API: a due_at this far past is accepted (clock skew); older: 400
+    # --- deployment: connections and probes ----------------------------------------------------------
+    direct_database_url: str = ""  # locks, leadership and LISTEN connect here (not via a pooler); empty: the default DB
+    liveness_dir: str = ""  # where worker and beat write their liveness files; empty: the system's temporary directory
+    liveness_max_age_seconds: float = 60.0  # `timekeeper probe worker` (or beat) fails when its loop's file is older
     # --- traces --------------------------------------------------------------------------------------
     tracing: bool = False  # OpenTelemetry spans of schedule, claim and run (OTLP to OTEL_EXPORTER_OTLP_ENDPOINT)
 

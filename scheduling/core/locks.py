@@ -7,6 +7,14 @@ lock gets its own psycopg2 connection, opened here, outside Django's connection 
 pool, and held open for as long as the lock is held. If the process dies, the server closes the
 connection and releases the lock: nothing is left in ``pg_locks``. TCP keepalives bound how long a
 silently vanished holder (a cut network) keeps it.
+
+These sessions (advisory locks, leadership and the control loop's LISTEN, the fixed-time gate's
+overlap lock) go to ``SCHEDULING_DIRECT_DATABASE_URL`` when it is set, and to the default database
+otherwise. The ORM may go through a transaction pooler (PgBouncer ``pool_mode=transaction``), which
+hands each transaction to any server connection: a lock taken there would be held by whichever
+server session ran the statement, and released, or not, on another. So the direct URL must point
+at PostgreSQL itself (or a pooler in session mode); ``appears_pooled`` is how system check
+scheduling.W007 tells.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from typing import Any
 import psycopg2
 from django.conf import settings
 
-from scheduling.core import exceptions, store
+from scheduling.core import conf, exceptions, store
 
 logger = logging.getLogger(__name__)
 
@@ -37,26 +45,62 @@ def lock_key(namespace: str, name: str) -> int:
 
 
 def dedicated_connection(application_name: str = "timekeeper-lock") -> Any:
-    """A new autocommit psycopg2 connection to the default database, not shared with anyone."""
-    db = settings.DATABASES["default"]
-    options: dict[str, Any] = dict(db.get("OPTIONS") or {})
-    options.pop("options", None)  # the statement timeout is for request work, not for holding a lock
-    conn = psycopg2.connect(
-        dbname=db["NAME"],
-        user=db.get("USER") or None,
-        password=db.get("PASSWORD") or None,
-        host=db.get("HOST") or None,
-        port=db.get("PORT") or None,
-        connect_timeout=CONNECT_TIMEOUT_SECONDS,
-        keepalives=1,
-        keepalives_idle=KEEPALIVE_IDLE_SECONDS,
-        keepalives_interval=KEEPALIVE_INTERVAL_SECONDS,
-        keepalives_count=KEEPALIVE_COUNT,
-        application_name=application_name,
-        **{k: v for k, v in options.items() if k not in {"connect_timeout"}},
-    )
+    """A new autocommit psycopg2 session, not shared with anyone: the direct URL, else the default database."""
+    session: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+        "keepalives": 1,
+        "keepalives_idle": KEEPALIVE_IDLE_SECONDS,
+        "keepalives_interval": KEEPALIVE_INTERVAL_SECONDS,
+        "keepalives_count": KEEPALIVE_COUNT,
+        "application_name": application_name,
+    }
+    direct_url = conf.get().direct_database_url
+    if direct_url:
+        conn = psycopg2.connect(direct_url, **session)
+    else:
+        conn = psycopg2.connect(**default_database_parameters(), **session)
     conn.autocommit = True
     return conn
+
+
+def default_database_parameters(alias: str = "default") -> dict[str, Any]:
+    """psycopg2 keyword arguments for Django's database ``alias`` (without its statement timeout)."""
+    db = settings.DATABASES[alias]
+    options: dict[str, Any] = dict(db.get("OPTIONS") or {})
+    options.pop("options", None)  # the statement timeout is for request work, not for holding a lock
+    options.pop("connect_timeout", None)
+    return {
+        "dbname": db["NAME"],
+        "user": db.get("USER") or None,
+        "password": db.get("PASSWORD") or None,
+        "host": db.get("HOST") or None,
+        "port": db.get("PORT") or None,
+        **options,
+    }
+
+
+def appears_pooled(connect: Any) -> bool:
+    """Whether sessions opened by ``connect()`` look like a transaction pooler's (not PostgreSQL's own).
+
+    Two clients, A and B, each run ``pg_backend_pid()`` in their own transaction, then A again. On
+    PostgreSQL itself (or a session pooler) A keeps its server process and B has another one. A
+    transaction pooler gives the server back after each transaction: B gets A's server (PgBouncer
+    reuses the last one released), or A comes back on another one.
+    """
+    first, second = connect(), connect()
+    try:
+        first.autocommit = second.autocommit = True  # each statement its own transaction
+        pids = []
+        for conn in (first, second, first):
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                pids.append(cur.fetchone()[0])
+    finally:
+        for conn in (first, second):
+            with contextlib.suppress(psycopg2.Error):
+                conn.close()
+    a1, b, a2 = pids
+    return a1 == b or a1 != a2
 
 
 class AdvisoryLock:

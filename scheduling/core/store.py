@@ -902,3 +902,16 @@ class HealthBacklog:
 def health_backlog(critical_kinds: Collection[str], limit: int) -> HealthBacklog:
     row = _records("health_backlog", {"critical": sorted(critical_kinds), "limit": limit})[0]
     return HealthBacklog(backlog=row["backlog"], oldest_overdue_seconds=row["oldest_overdue_seconds"])
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterValue:
+    metric: str  # job_attempts, jobs_finished, job_retries, jobs_reclaimed, fixed_runs
+    label: str  # the kind, or the fixed-time schedule's name
+    outcome: str
+    value: int
+
+
+def outcome_counters() -> list[CounterValue]:
+    """Every monotonic outcome counter (kept by database triggers; never lowered by pruning)."""
+    return [CounterValue(**row) for row in _records("outcome_counters", {})]

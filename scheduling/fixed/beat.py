@@ -30,7 +30,7 @@ from celery.schedules import schedstate
 from django.db import DatabaseError, close_old_connections
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
-from scheduling.core import conf, exceptions, leadership, store, tasknames
+from scheduling.core import conf, exceptions, leadership, liveness, store, tasknames
 from scheduling.fixed import policies, ticks
 from scheduling.models import MissedPolicy, SchedulePolicy
 
@@ -155,7 +155,6 @@ class FixedEntry(ModelEntry):
         return schedstate(plan.due, ticks.seconds_until(plan.next_tick, now, recheck))
 
 
-
 class LeaderDatabaseScheduler(DatabaseScheduler):
     """django-celery-beat's DatabaseScheduler that only sends while it holds the leader lock."""
 
@@ -164,6 +163,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         self._last_heartbeat = 0.0
         self._lead_recorded = False  # whether this leadership's first heartbeat is written
         self._send_failed = False
+        self._alive = liveness.Throttled("beat")
         self.clock: Clock = clock or default_clock()
         super().__init__(*args, **kwargs)
 
@@ -198,6 +198,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
             logger.warning("could not record the beat heartbeat", exc_info=True)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        self._alive(leading=self._leadership.leading)  # leader or standby: this loop turns (the pod's liveness)
         if not self._ensure_leader():
             return STANDBY_RETRY_SECONDS
         self._write_heartbeat()

@@ -16,6 +16,12 @@ nothing. The database is the record; these are views of it:
   count of rows would go down, and ``rate()`` would read that as a reset. Divide by the window for
   a rate; ``histogram_quantile()`` applies to the histogram as it is (no ``rate()``).
 - ``timekeeper_fixed_last_success_timestamp_seconds{schedule}`` for "the nightly job did not run" alerts.
+- Counters that survive pruning and restarts (``*_total``; ``rate()`` and ``increase()`` apply):
+  ``timekeeper_job_attempts_total{kind,outcome}``, ``timekeeper_jobs_finished_total{kind,outcome}``
+  (done, dead), ``timekeeper_job_retries_total{kind}``, ``timekeeper_jobs_reclaimed_total{kind}`` and
+  ``timekeeper_fixed_runs_total{schedule,outcome}``, read from ``scheduling_outcomecounter``, which
+  database triggers update in the transaction that records each outcome (migration 0015).
+- ``timekeeper_control_heartbeat_age_seconds``: since the leading control loop was last seen turning.
 - ``timekeeper_up{part}``: 1 when the part (database, broker) answered this scrape; its metrics are
   missing when it did not.
 
@@ -42,7 +48,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from scheduling import api
@@ -175,6 +181,50 @@ class TimekeeperCollector(Collector):
             last_success.add_metric([name], at)
         yield runs
         yield last_success
+        control = store.beat_heartbeat("control")
+        if control is not None:
+            yield _gauge(
+                "timekeeper_control_heartbeat_age_seconds",
+                "Seconds since the leading control loop (claim and sweep) was last seen turning (database clock).",
+                control.age_seconds,
+            )
+        yield from outcome_counters()
+
+
+# metric in scheduling_outcomecounter -> (Prometheus name without _total, help, label names)
+COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "job_attempts": ("timekeeper_job_attempts", "Job attempts ended, by kind and outcome.", ("kind", "outcome")),
+    "jobs_finished": (
+        "timekeeper_jobs_finished",
+        "Jobs that reached a final outcome (done or dead), by kind.",
+        ("kind", "outcome"),
+    ),
+    "job_retries": ("timekeeper_job_retries", "Failed or timed-out attempts followed by a retry, by kind.", ("kind",)),
+    "jobs_reclaimed": (
+        "timekeeper_jobs_reclaimed",
+        "Claims taken back (expired lease, worker shutdown), by kind.",
+        ("kind",),
+    ),
+    "fixed_runs": (
+        "timekeeper_fixed_runs",
+        "Fixed-time runs that ended, by schedule and outcome (succeeded, failed, skipped, missed, ...).",
+        ("schedule", "outcome"),
+    ),
+}
+
+
+def outcome_counters() -> Iterator[Metric]:
+    """The ``*_total`` counters, from the table the outcome triggers keep (they survive pruning and restarts)."""
+    families = {
+        metric: CounterMetricFamily(name, doc, labels=list(labels)) for metric, (name, doc, labels) in COUNTERS.items()
+    }
+    for row in store.outcome_counters():
+        family = families.get(row.metric)
+        if family is None:
+            continue
+        values = [row.label, row.outcome] if len(COUNTERS[row.metric][2]) == 2 else [row.label]
+        family.add_metric(values, row.value)
+    yield from families.values()
 
 
 registry = CollectorRegistry(auto_describe=False)

@@ -382,3 +382,93 @@ def record_result(name: str, result: Mapping[str, Any]) -> None:
     data[name] = {**result, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     ARTIFACT_FILE.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     print(f"\n[{name}] " + json.dumps(result, sort_keys=True, default=str), flush=True)
+
+
+class PgBouncer:
+    """Debian's PgBouncer in ``pool_mode`` (transaction by default) on a free port, in front of one database.
+
+    Runs as the PostgreSQL user when we are root (PgBouncer refuses to run as root). Clients log in
+    as any user listed in its auth file with no password (``auth_type = trust``); ``options`` (the
+    project's statement timeout) is ignored as a startup parameter, as a hosted pooler does.
+    ``stats()`` reads its admin console (``SHOW STATS``).
+    """
+
+    def __init__(
+        self, base: Path, *, host: str, port: int, database: str, user: str, pool_mode: str = "transaction"
+    ) -> None:
+        from tests import system_packages
+
+        self.binary = system_packages.ensure("pgbouncer", "/usr/sbin/pgbouncer")
+        self.base = base
+        self.port = free_port()
+        self.database = database
+        self.user = user
+        self.log_path = base / "pgbouncer.log"
+        self.prefix, self.uid, self.gid = _run_as()
+        self.popen: subprocess.Popen[bytes] | None = None
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "userlist.txt").write_text(f'"{user}" ""\n')
+        (base / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"{database} = host={host} port={port} dbname={database}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {base / 'userlist.txt'}\nadmin_users = {user}\n"
+            f"pool_mode = {pool_mode}\ndefault_pool_size = 20\nmax_client_conn = 500\n"
+            "ignore_startup_parameters = extra_float_digits,options\n"
+            f"logfile = {self.log_path}\npidfile = {base / 'pgbouncer.pid'}\n"
+        )
+        _chown_tree(base, self.uid, self.gid)
+
+    def start(self) -> None:
+        argv = [*self.prefix, str(self.binary), str(self.base / "pgbouncer.ini")]
+        quiet = subprocess.DEVNULL
+        self.popen = subprocess.Popen(argv, start_new_session=True, stdout=quiet, stderr=quiet)
+        harness.wait_for(self._answers, 30, 0.1, message=f"pgbouncer on port {self.port}")
+
+    def _answers(self) -> bool:
+        if self.popen is not None and self.popen.poll() is not None:
+            log = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+            raise AssertionError(f"pgbouncer exited with {self.popen.returncode}:\n{log[-3000:]}")
+        try:
+            psycopg2.connect(self.url(), connect_timeout=2).close()
+        except psycopg2.OperationalError:
+            return False
+        return True
+
+    def url(self) -> str:
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.database}"
+
+    def show(self, what: str) -> list[dict[str, Any]]:
+        """``SHOW <what>`` on the admin console (STATS, CLIENTS, SERVERS, ...), one dict per line."""
+        conn = psycopg2.connect(f"postgresql://{self.user}@127.0.0.1:{self.port}/pgbouncer", connect_timeout=5)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"SHOW {what}")
+                names = [column[0] for column in cur.description]
+                return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        finally:
+            conn.close()
+
+    def stats(self) -> dict[str, int]:
+        """This database's line of ``SHOW STATS`` (total_xact_count, total_query_count, ...)."""
+        for line in self.show("STATS"):
+            if line["database"] == self.database:
+                return {k: int(v) for k, v in line.items() if k != "database"}
+        return {}
+
+    def clients(self) -> int:
+        """Client connections to this database now (``SHOW CLIENTS``)."""
+        return sum(1 for line in self.show("CLIENTS") if line["database"] == self.database)
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(5)
+        self.popen = None

@@ -906,3 +906,12 @@ SELECT
       WHERE state = 'pending' AND due_at <= now()
         AND (owner_id IS NULL OR kind = ANY(%(critical)s::text[]))
         AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)) AS oldest_overdue_seconds;
+
+-- --- Outcome counters (migration 0015's triggers keep them) -----------------------------------------
+
+-- name: outcome_counters
+-- The monotonic outcome counters (/metrics' *_total), kept by the triggers of migration 0015 in
+-- the transactions that record the outcomes; the pruner's deletes never lower them.
+SELECT metric, label, outcome, value
+FROM scheduling_outcomecounter
+ORDER BY metric, label, outcome;

@@ -1,7 +1,8 @@
 """``manage.py timekeeper``: look at and change jobs from a shell, through ``scheduling.api``.
 
 Subcommands: ``jobs`` (list, with filters), ``cancel ID...`` (pending jobs), ``retry ID...`` (dead
-jobs), ``reschedule ID... --at ISO | --in SECONDS`` (pending jobs) and ``status``. Changes go
+jobs), ``reschedule ID... --at ISO | --in SECONDS`` (pending jobs), ``status`` and ``probe worker|beat``
+(a liveness probe: exit 0 while the pod's loop turns, 1 when it does not; no database needed). Changes go
 through the same bulk calls as the admin's actions (one statement each): only jobs in the state the
 change is for are touched; the others are listed with the state that kept them out. A change that
 touches no job at all is an error (exit status 1), so a script notices.
@@ -20,6 +21,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from scheduling import api, exceptions
+from scheduling.core import liveness
 from scheduling.management.commands import scheduling_status
 from scheduling.models import JobState, ScheduledJob
 
@@ -84,13 +86,14 @@ def parse_seconds(text: str) -> float:
 class Command(BaseCommand):
     help = (
         "Operate Timekeeper's jobs from a shell: list them (jobs), cancel pending ones (cancel), retry dead ones "
-        "(retry), move pending ones (reschedule), or show the backlog and broker counts (status). "
+        "(retry), move pending ones (reschedule), show the backlog and broker counts (status), or probe a "
+        "worker's or beat's liveness (probe). "
         "Run `manage.py timekeeper <subcommand> --help` for each one's options."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         commands = parser.add_subparsers(
-            dest="subcommand", required=True, metavar="{jobs,cancel,retry,reschedule,status}"
+            dest="subcommand", required=True, metavar="{jobs,cancel,retry,reschedule,status,probe}"
         )
 
         jobs = commands.add_parser("jobs", help="List jobs, most urgent first (by due time, then id).")
@@ -135,8 +138,25 @@ class Command(BaseCommand):
         status = commands.add_parser("status", help="The due_at backlog, claimed and stuck jobs, and broker counts.")
         status.add_argument("--json", action="store_true", help="Print one JSON object (scheduling.api.status()).")
 
+        probe = commands.add_parser(
+            "probe",
+            help="Liveness of this pod's worker or beat (exit 0: its loop turns; 1: it does not). Reads no database.",
+        )
+        probe.add_argument(
+            "role", choices=liveness.ROLES, help="worker: the control loop's watcher file; beat: the scheduler's."
+        )
+        probe.add_argument(
+            "--max-age",
+            type=parse_seconds,
+            default=None,
+            help="Seconds the loop's file may be old (default SCHEDULING_LIVENESS_MAX_AGE_SECONDS).",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         subcommand = options["subcommand"]
+        if subcommand == "probe":
+            self.probe(options)
+            return
         try:
             if subcommand == "jobs":
                 self.list_jobs(options)
@@ -148,6 +168,15 @@ class Command(BaseCommand):
             raise CommandError(f"Cannot read the job table: {exc}. Is PostgreSQL up and DATABASES right?") from exc
         except exceptions.SchedulingError as exc:
             raise CommandError(str(exc)) from exc
+
+    # --- probe ------------------------------------------------------------------------------------
+
+    def probe(self, options: dict[str, Any]) -> None:
+        """Exit 0 when the role's loop turned recently (a line on stdout), else CommandError (exit 1)."""
+        verdict = liveness.check(options["role"], options["max_age"])
+        if not verdict.alive:
+            raise CommandError(f"not alive: {verdict.reason}")
+        self.stdout.write(f"alive: {verdict.reason}")
 
     # --- jobs -------------------------------------------------------------------------------------
 
