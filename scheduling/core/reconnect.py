@@ -128,6 +128,7 @@ class Reconnect(bootsteps.StartStopStep):
     def adopt(self, channel: Any, connection_errors: tuple[type[BaseException], ...]) -> None:
         """Route this channel's acknowledgements to the live channel once it is lost; keep its tags on close."""
         step = self
+        lost: tuple[type[BaseException], ...] = (*connection_errors, AttributeError)  # AttributeError: detached
         basic_ack, basic_reject = channel.basic_ack, channel.basic_reject
         qos = channel.qos
         restore_unacked_once = qos.restore_unacked_once
@@ -142,7 +143,7 @@ class Reconnect(bootsteps.StartStopStep):
                 return live.basic_ack(delivery_tag, multiple)
             try:
                 basic_ack(delivery_tag, multiple)
-            except (*connection_errors, AttributeError):
+            except lost:
                 step.keep(delivery_tag, None)
             else:
                 step.orphans.discard(delivery_tag)
@@ -157,7 +158,7 @@ class Reconnect(bootsteps.StartStopStep):
                 return live.basic_reject(delivery_tag, requeue)
             try:
                 basic_reject(delivery_tag, requeue)
-            except (*connection_errors, AttributeError):
+            except lost:
                 step.keep(delivery_tag, bool(requeue))
             else:
                 step.orphans.discard(delivery_tag)

@@ -190,7 +190,9 @@ class PrivateRedis:
 
     def start(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
-        persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if self.appendonly else ["--appendonly", "no"]
+        persistence = ["--appendonly", "no"]
+        if self.appendonly:
+            persistence = ["--appendonly", "yes", "--appendfsync", "everysec"]
         argv = [
             shutil.which("redis-server") or "redis-server",
             "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence,

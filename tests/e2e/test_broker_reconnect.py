@@ -80,10 +80,12 @@ def test_worker_survives_redis_restarts_while_batches_complete(private_stack: St
         wait_for(lambda wave=wave: _running_batch(stack, wave), 60, 0.05, message="a batch to be mid-run")
         stack.redis.restart(DOWN_SECONDS, graceful=True)
         wait_for(
-            lambda wave=wave: stack.value(
-                "SELECT count(*) FROM scheduling_scheduledjob WHERE id = ANY(%s) AND state = 'done'", [wave]
-            )
-            == len(wave),
+            lambda wave=wave: (
+                stack.value(
+                    "SELECT count(*) FROM scheduling_scheduledjob WHERE id = ANY(%s) AND state = 'done'", [wave]
+                )
+                == len(wave)
+            ),
             120,
             message=f"wave {restart} done",
         )
@@ -92,16 +94,17 @@ def test_worker_survives_redis_restarts_while_batches_complete(private_stack: St
     last = [stack.schedule("demo.record", {"label": "after"}, lease_seconds=30) for _ in range(10)]
     ids += last
     wait_for(
-        lambda: stack.value(
-            "SELECT count(*) FROM scheduling_scheduledjob WHERE id = ANY(%s) AND state = 'done'", [last]
-        )
-        == len(last),
+        lambda: (
+            stack.value("SELECT count(*) FROM scheduling_scheduledjob WHERE id = ANY(%s) AND state = 'done'", [last])
+            == len(last)
+        ),
         60,
         message="the jobs scheduled after the restarts",
     )
 
     log = worker.log()
-    assert worker.popen.poll() is None and worker.pid == pid, "the same worker process carried on"
+    assert worker.popen.poll() is None, "the worker process carried on"
+    assert worker.pid == pid
     assert "Unrecoverable error" not in log
     assert "worker_cancel_long_running_tasks_on_connection_loss" not in log, "the setting is decided, not warned about"
     assert _leader_sessions(stack) == 1, "the worker's control loop leads"
