@@ -13,16 +13,20 @@ from typing import Any
 from bench import common
 
 SCENARIOS = ("throughput", "realistic", "burst", "lag", "rescue", "scale", "sweep", "memory", "beat")
+ALONE = ("chaos",)  # run only by name (a 10-minute soak with its own servers), not by "all"
 
 
-def run(name: str, quick: bool) -> dict[str, Any]:
-    """Run one scenario module's ``main`` and emit its JSON (unless the module emitted it itself)."""
+def run(name: str, quick: bool, extra: list[str] | None = None) -> dict[str, Any]:
+    """Run one scenario module's ``main`` and emit its JSON (unless the module emitted it itself).
+
+    ``extra`` (arguments this command does not know, e.g. ``--seed 7``) goes to an argv-style ``main``.
+    """
     module = importlib.import_module(f"bench.{name}")
     params = inspect.signature(module.main).parameters
     if "quick" in params:
         figures = module.main(quick=quick)
     elif params:  # an argv-style main
-        figures = module.main(["--quick"] if quick else [])
+        figures = module.main([*(["--quick"] if quick else []), *(extra or [])])
     else:
         figures = module.main()
     if isinstance(figures, dict) and figures.get("scenario") == name and "measured_at" in figures:
@@ -32,9 +36,11 @@ def run(name: str, quick: bool) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenario", choices=[*SCENARIOS, "all"], help="what to measure")
+    parser.add_argument("scenario", choices=[*SCENARIOS, *ALONE, "all"], help="what to measure")
     parser.add_argument("--quick", action="store_true", help="smaller inputs: the whole run in under 5 minutes")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.scenario not in ALONE:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     names = SCENARIOS if args.scenario == "all" else (args.scenario,)
     failed = []
     summary: dict[str, Any] = {}
@@ -42,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         common.say(f"== {name} (load average {common.load_average()})")
         try:
-            summary[name] = run(name, args.quick)
+            summary[name] = run(name, args.quick, extra)
         except Exception:
             traceback.print_exc()
             failed.append(name)
