@@ -8,7 +8,7 @@ not the default 30 s lease; the rescue bound scales with the lease: ``docs/fault
 
 Load, every half second: atomic jobs (``demo.record``), non-atomic ones (``demo.record_committing``),
 atomic jobs with an external effect sent from ``on_commit`` (``chaos.external``, a line in a file),
-failing jobs (``demo.fail``: dead after 3 attempts), jobs cancelled at once, jobs rescheduled
+slower atomic ones (1 s), failing jobs (``demo.fail``: dead after 3 attempts), jobs cancelled at once, jobs rescheduled
 sooner, short broker deferrals (3-15 s), and a fixed-time schedule every 2 s.
 
 Faults, one at a time, chosen by a seeded generator (the seed is printed; ``--seed`` replays the
@@ -179,6 +179,8 @@ class Soak:
                 ("demo.record_committing", "done", rng.uniform(0, 3), ""),
                 ("chaos.external", "done", rng.uniform(0, 3), ""),
             ]
+            if turn % 2 == 0:  # a slower one (1 s), so that a fault usually finds a job running to rescue
+                plan.append(("demo.record", "done", rng.uniform(0, 3), "slow"))
             if turn % 5 == 0:
                 plan.append(("demo.fail", "dead", 0.5, ""))
             if turn % 3 == 0:
@@ -187,7 +189,8 @@ class Soak:
             for kind, final, delay, then in plan:
                 job_id = None
                 try:
-                    job_id = api.schedule(kind, {"label": "chaos"}, delay=delay).id
+                    payload = {"label": "chaos", "sleep": 1.0} if then == "slow" else {"label": "chaos"}
+                    job_id = api.schedule(kind, payload, delay=delay).id
                     if then == "cancel":
                         api.cancel(job_id)
                     elif then == "reschedule":

@@ -12,6 +12,9 @@
 - scheduling.W001: no job kind is registered (no installed app has a ``jobs.py`` with a handler).
 - scheduling.W002: fixed-time schedules are declared but Celery beat's scheduler is not
   ``scheduling.fixed.beat:LeaderDatabaseScheduler`` (they would never fire).
+- scheduling.W003: Celery cancels running late-acknowledged tasks when the broker connection is
+  lost (``worker_cancel_long_running_tasks_on_connection_loss``, Celery 6's default): every Redis
+  blip would throw away the running batches (``scheduling.core.reconnect`` lets them finish).
 
 Celery's settings are read from Celery's own configuration (``current_app.conf``), however the
 project fills it.
@@ -172,5 +175,22 @@ def check_beat_scheduler(app_configs: Any = None, **kwargs: Any) -> list[checks.
             "needs no -S option). If beat is started with that -S option instead, silence this warning "
             "(SILENCED_SYSTEM_CHECKS); beat checks its own scheduler when it starts.",
             id="scheduling.W002",
+        )
+    ]
+
+
+@checks.register()
+def check_cancel_on_connection_loss(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Running batches survive a broker blip only if Celery does not cancel them on the connection loss."""
+    if not broker.app().conf.get("worker_cancel_long_running_tasks_on_connection_loss"):
+        return []
+    return [
+        checks.Warning(
+            "Celery cancels running late-acknowledged tasks when the broker connection is lost: every Redis "
+            "restart or failover would stop the running batches (their jobs wait for the lease, non-atomic "
+            "ones run again).",
+            hint="Set CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False: Timekeeper's workers "
+            "acknowledge what finishes after a reconnect on the new connection (scheduling.core.reconnect).",
+            id="scheduling.W003",
         )
     ]

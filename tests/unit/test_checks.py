@@ -108,3 +108,14 @@ def test_other_beat_scheduler_with_declared_schedules_is_w002():
     """Declared fixed-time schedules under Celery's default beat scheduler warn with scheduling.W002."""
     with override_celery(beat_scheduler="celery.beat:PersistentScheduler"):
         assert _ids(checks.check_beat_scheduler()) == ["scheduling.W002"]
+
+
+def test_cancel_on_connection_loss_off_passes():
+    """The project's settings let running tasks finish across a broker connection loss, so W003 is silent."""
+    assert checks.check_cancel_on_connection_loss() == []
+
+
+def test_cancel_on_connection_loss_on_is_w003():
+    """Cancelling late-acked tasks on a connection loss (Celery 6's default) warns with scheduling.W003."""
+    with override_celery(worker_cancel_long_running_tasks_on_connection_loss=True):
+        assert _ids(checks.check_cancel_on_connection_loss()) == ["scheduling.W003"]
