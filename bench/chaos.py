@@ -23,7 +23,9 @@ apart, as a start refusal, and it is started again a second later.
 Then the faults stop, the load stops, and the drain waits for every job to end. Printed: lost jobs
 (accepted, not ended as expected), duplicate atomic effects, duplicate external effects, re-runs of
 non-atomic jobs (allowed: at least once), cancels and reschedules not honoured, lost and late
-deferrals (late: more than 30 s after their due time), duplicate and missed ticks, processes that
+deferrals (late: more than 30 s after their due time; parked: held by a worker killed with
+``kill -9``, still in Redis's unacked hash, given out again after the visibility timeout, as
+documented), duplicate and missed ticks, processes that
 exited by themselves, rescue times (fault -> the victim's jobs started again), drain time.
 Targets: 0 lost, 0 duplicate atomic effects, 0 self-exits, 0 duplicate ticks.
 """
@@ -69,7 +71,8 @@ def _free_port() -> int:
 class Soak:
     """The private servers, the supervised processes, the load and the faults of one run."""
 
-    def __init__(self, seed: int, seconds: float) -> None:
+    def __init__(self, seed: int, seconds: float, faults: tuple[str, ...] = FAULTS) -> None:
+        self.fault_kinds = faults
         self.rng = random.Random(seed)
         self.load_rng = random.Random(seed + 1)
         self.seed = seed
@@ -86,6 +89,7 @@ class Soak:
         self.expected: dict[int, str] = {}  # job id -> the state it must end in
         self.kind_of: dict[int, str] = {}
         self.deferrals: dict[str, float] = {}  # deferral id -> due (epoch)
+        self.sent_at: dict[str, float] = {}  # deferral id -> when defer() returned (epoch)
         self.submit_errors = 0
         self.ambiguous = 0
 
@@ -206,6 +210,7 @@ class Soak:
             try:
                 deferral = api.defer("demo.record", {"label": "deferral"}, rng.uniform(3, 15))
                 self.deferrals[str(deferral.id)] = deferral.due_at.timestamp()
+                self.sent_at[str(deferral.id)] = time.time()
             except Exception:  # Redis is away: defer() raised, the caller knows
                 self.submit_errors += 1
 
@@ -311,7 +316,7 @@ class Soak:
         end = time.monotonic() + self.seconds
         time.sleep(min(10.0, self.seconds / 10))  # some load before the first fault
         while time.monotonic() < end - 20:
-            self.inject(self.rng.choice(FAULTS))
+            self.inject(self.rng.choice(self.fault_kinds))
             time.sleep(self.rng.uniform(4, 12))
         while time.monotonic() < end:
             time.sleep(0.5)
@@ -381,7 +386,21 @@ class Soak:
             )
         )
         late = {d: started[f"broker:{d}"] - due for d, due in self.deferrals.items() if f"broker:{d}" in started}
-        lost_deferrals = len(self.deferrals) - len(late)
+        # A deferral that never ran is either parked (its message still in Redis's unacked hash: a worker
+        # killed with kill -9 held it; Redis gives it out again after the visibility timeout, 3600 s) or lost.
+        parked = self.unacked_task_ids() & (set(self.deferrals) - {k.split(":", 1)[1] for k in started})
+        lost_deferrals = len(self.deferrals) - len(late) - len(parked)
+        # Where each lost deferral sat relative to the faults: seconds from the nearest fault before its
+        # send to the send, and to its due time (a countdown held across a restart vs one sent into it).
+        lost_near = []
+        for d in sorted(set(self.deferrals) - {k.split(":", 1)[1] for k in started} - parked):
+            before = [f for f in self.faults if f["at"] <= self.deferrals[d]]
+            nearest = before[-1] if before else None
+            lost_near.append({
+                "fault": nearest["fault"] if nearest else None,
+                "sent_after_fault_s": round(self.sent_at[d] - nearest["at"], 1) if nearest else None,
+                "due_after_fault_s": round(self.deferrals[d] - nearest["at"], 1) if nearest else None,
+            })  # fmt: skip
         dup_deferrals = sum(max(0, executions[f"broker:{d}"] - 1) for d in self.deferrals)
         tick = cron.interval_next_after(ticks_from + dt.timedelta(seconds=TICK_EVERY_S), TICK_EVERY_S)
         checked = dup_ticks = missed_ticks = 0
@@ -425,6 +444,8 @@ class Soak:
             "cancels_not_honoured": cancels_broken,
             "deferrals": len(self.deferrals),
             "lost_deferrals": lost_deferrals,
+            "lost_deferrals_near_faults": lost_near,
+            "parked_deferrals": len(parked),
             "late_deferrals": sum(1 for v in late.values() if v > DEFERRAL_LATE_BOUND_S),
             "deferral_late_bound_s": DEFERRAL_LATE_BOUND_S,
             "deferral_max_late_s": round(max(late.values(), default=0.0), 1),
@@ -438,6 +459,21 @@ class Soak:
             "rescue_s": rescues,
             "rescue_s_max": max(rescues) if rescues else None,
         }
+
+    def unacked_task_ids(self) -> set[str]:
+        """Task ids of the messages in Redis's unacked hash (taken by a worker, never acknowledged)."""
+        import json
+
+        key = os.environ.get("CELERY_BROKER_KEYPREFIX", "") + "unacked"
+        ids = set()
+        client = self.redis.client()
+        try:
+            for raw in client.hvals(key):
+                with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+                    ids.add(str(json.loads(raw)[0]["headers"]["id"]))
+        finally:
+            client.close()
+        return ids
 
     def close(self) -> None:
         if not hasattr(self, "base"):
@@ -463,12 +499,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true", help="3 minutes instead of 10")
     parser.add_argument("--seed", type=int, default=None, help="replay the faults of a printed seed")
     parser.add_argument("--minutes", type=float, default=None, help="run this long instead")
+    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {', '.join(FAULTS)}")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
     minutes = args.minutes or (3.0 if args.quick else 10.0)
     common.say(f"   chaos soak: seed {seed}, {minutes:g} minutes (replay with --seed {seed})")
     Path(common.LOGS / SCENARIO).mkdir(parents=True, exist_ok=True)
-    soak = Soak(seed, minutes * 60)
+    chosen = tuple(f for f in args.faults.split(",") if f)
+    unknown = sorted(set(chosen) - set(FAULTS))
+    if unknown or not chosen:
+        parser.error(f"unknown faults: {', '.join(unknown) or 'none given'} (choose from {', '.join(FAULTS)})")
+    soak = Soak(seed, minutes * 60, chosen)
     try:
         soak.start_servers()
         figures = soak.run()
@@ -484,7 +525,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         [name, figures[name]]
         for name in (
             "jobs", "lost_jobs", "duplicate_atomic_effects", "duplicate_external_effects", "nonatomic_reruns",
-            "cancels_not_honoured", "deferrals", "lost_deferrals", "late_deferrals", "deferral_max_late_s",
+            "cancels_not_honoured", "deferrals", "lost_deferrals", "parked_deferrals", "late_deferrals",
+            "deferral_max_late_s",
             "duplicate_deferrals", "ticks_checked", "duplicate_ticks", "missed_ticks", "self_exits", "start_refusals",
             "rescue_s_max", "drain_s",
         )

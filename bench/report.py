@@ -196,7 +196,8 @@ def _rows() -> list[Row]:
                 + f" (lease {d['settings']['lease_s']} s)",
                 f"{d['lost_jobs']} lost of {_fmt(d['jobs'])} jobs, {d['duplicate_atomic_effects']} duplicate atomic / "
                 f"{d['duplicate_external_effects']} external effects, {d['nonatomic_reruns']} non-atomic re-runs; "
-                f"deferrals {d['lost_deferrals']} lost, {d['late_deferrals']} late of {_fmt(d['deferrals'])} "
+                f"deferrals {d['lost_deferrals']} lost, {d.get('parked_deferrals', 0)} parked by kill -9, "
+                f"{d['late_deferrals']} late of {_fmt(d['deferrals'])} "
                 f"(max {_fmt(d['deferral_max_late_s'])} s); ticks {d['duplicate_ticks']} duplicate, "
                 f"{d['missed_ticks']} missed of {d['ticks_checked']}; {d['self_exits']} self-exits; rescue max "
                 f"{_fmt(d['rescue_s_max'])} s; drain {_fmt(d['drain_s'])} s",
