@@ -25,7 +25,7 @@ Then the faults stop, the load stops, and the drain waits for every job to end. 
 non-atomic jobs (allowed: at least once), cancels and reschedules not honoured, lost and late
 deferrals (late: more than 30 s after their due time; parked: held by a worker killed with
 ``kill -9``, still in Redis's unacked hash, given out again after the visibility timeout, as
-documented), duplicate and missed ticks, processes that
+documented; dead: every attempt failed, recorded as a dead job), duplicate and missed ticks, processes that
 exited by themselves, rescue times (fault -> the victim's jobs started again), drain time.
 Targets: 0 lost, 0 duplicate atomic effects, 0 self-exits, 0 duplicate ticks.
 """
@@ -388,12 +388,22 @@ class Soak:
         late = {d: started[f"broker:{d}"] - due for d, due in self.deferrals.items() if f"broker:{d}" in started}
         # A deferral that never ran is either parked (its message still in Redis's unacked hash: a worker
         # killed with kill -9 held it; Redis gives it out again after the visibility timeout, 3600 s) or lost.
-        parked = self.unacked_task_ids() & (set(self.deferrals) - {k.split(":", 1)[1] for k in started})
-        lost_deferrals = len(self.deferrals) - len(late) - len(parked)
+        never_ran = set(self.deferrals) - {k.split(":", 1)[1] for k in started}
+        parked = self.unacked_task_ids() & never_ran
+        # Or dead: every attempt failed (a database restart outlasting the kind's retries) and it was
+        # recorded as a dead job (key broker:<id>), retryable in the admin: not lost either.
+        dead = {
+            str(key).split(":", 1)[1]
+            for (key,) in self._sql(
+                "SELECT key FROM scheduling_scheduledjob WHERE state = 'dead' AND key = ANY(%s)",
+                [[f"broker:{d}" for d in never_ran]],
+            )
+        }
+        lost_deferrals = len(never_ran - parked - dead)
         # Where each lost deferral sat relative to the faults: seconds from the nearest fault before its
         # send to the send, and to its due time (a countdown held across a restart vs one sent into it).
         lost_near = []
-        for d in sorted(set(self.deferrals) - {k.split(":", 1)[1] for k in started} - parked):
+        for d in sorted(never_ran - parked - dead):
             before = [f for f in self.faults if f["at"] <= self.deferrals[d]]
             nearest = before[-1] if before else None
             lost_near.append({
@@ -446,6 +456,7 @@ class Soak:
             "lost_deferrals": lost_deferrals,
             "lost_deferrals_near_faults": lost_near,
             "parked_deferrals": len(parked),
+            "dead_deferrals": len(dead),
             "late_deferrals": sum(1 for v in late.values() if v > DEFERRAL_LATE_BOUND_S),
             "deferral_late_bound_s": DEFERRAL_LATE_BOUND_S,
             "deferral_max_late_s": round(max(late.values(), default=0.0), 1),
@@ -525,7 +536,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         [name, figures[name]]
         for name in (
             "jobs", "lost_jobs", "duplicate_atomic_effects", "duplicate_external_effects", "nonatomic_reruns",
-            "cancels_not_honoured", "deferrals", "lost_deferrals", "parked_deferrals", "late_deferrals",
+            "cancels_not_honoured", "deferrals", "lost_deferrals", "parked_deferrals", "dead_deferrals",
+            "late_deferrals",
             "deferral_max_late_s",
             "duplicate_deferrals", "ticks_checked", "duplicate_ticks", "missed_ticks", "self_exits", "start_refusals",
             "rescue_s_max", "drain_s",

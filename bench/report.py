@@ -197,6 +197,7 @@ def _rows() -> list[Row]:
                 f"{d['lost_jobs']} lost of {_fmt(d['jobs'])} jobs, {d['duplicate_atomic_effects']} duplicate atomic / "
                 f"{d['duplicate_external_effects']} external effects, {d['nonatomic_reruns']} non-atomic re-runs; "
                 f"deferrals {d['lost_deferrals']} lost, {d.get('parked_deferrals', 0)} parked by kill -9, "
+                f"{d.get('dead_deferrals', 0)} dead, "
                 f"{d['late_deferrals']} late of {_fmt(d['deferrals'])} "
                 f"(max {_fmt(d['deferral_max_late_s'])} s); ticks {d['duplicate_ticks']} duplicate, "
                 f"{d['missed_ticks']} missed of {d['ticks_checked']}; {d['self_exits']} self-exits; rescue max "
