@@ -17,17 +17,20 @@ from typing import Any
 from bench import common
 
 SCENARIOS = ("throughput", "realistic", "failures", "burst", "lag", "rescue", "scale", "sweep", "memory", "beat")
-LONG_SCENARIOS = ("soak",)  # run on their own, never by `all`
+ALONE = ("chaos", "soak")  # run only by name (soaks of 10 and 60 minutes), never by "all"
 
 
 def run(name: str, quick: bool, extra: list[str] | None = None) -> dict[str, Any]:
-    """Run one scenario module's ``main`` and emit its JSON (unless the module emitted it itself)."""
+    """Run one scenario module's ``main`` and emit its JSON (unless the module emitted it itself).
+
+    ``extra`` (arguments this command does not know, e.g. ``--seed 7``) goes to an argv-style ``main``.
+    """
     module = importlib.import_module(f"bench.{name}")
     params = inspect.signature(module.main).parameters
     if "quick" in params:
         figures = module.main(quick=quick)
     elif params:  # an argv-style main
-        figures = module.main((["--quick"] if quick else []) + (extra or []))
+        figures = module.main([*(["--quick"] if quick else []), *(extra or [])])
     else:
         figures = module.main()
     if isinstance(figures, dict) and figures.get("scenario") == name and "measured_at" in figures:
@@ -37,10 +40,10 @@ def run(name: str, quick: bool, extra: list[str] | None = None) -> dict[str, Any
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenario", choices=[*SCENARIOS, *LONG_SCENARIOS, "all"], help="what to measure")
+    parser.add_argument("scenario", choices=[*SCENARIOS, *ALONE, "all"], help="what to measure")
     parser.add_argument("--quick", action="store_true", help="smaller inputs: the whole run in under 5 minutes")
     args, extra = parser.parse_known_args(argv)
-    if extra and args.scenario not in LONG_SCENARIOS:
+    if extra and args.scenario not in ALONE:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     names = SCENARIOS if args.scenario == "all" else (args.scenario,)
     failed = []

@@ -203,6 +203,27 @@ def _rows() -> list[Row]:
             )
         ],
     )
+    add(
+        "chaos",
+        lambda d: [
+            (
+                "chaos",
+                f"{d['seconds'] / 60:g} min mixed load (seed {d['seed']}), {sum(d['faults'].values())} faults: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(d["faults"].items()))
+                + f" (lease {d['settings']['lease_s']} s)",
+                f"{d['lost_jobs']} lost of {_fmt(d['jobs'])} jobs, {d['duplicate_atomic_effects']} duplicate atomic / "
+                f"{d['duplicate_external_effects']} external effects, {d['nonatomic_reruns']} non-atomic re-runs; "
+                f"deferrals {d['lost_deferrals']} lost, {d.get('parked_deferrals', 0)} parked by kill -9, "
+                f"{d.get('dead_deferrals', 0)} dead, "
+                f"{d['late_deferrals']} late of {_fmt(d['deferrals'])} "
+                f"(max {_fmt(d['deferral_max_late_s'])} s); ticks {d['duplicate_ticks']} duplicate, "
+                f"{d['missed_ticks']} missed of {d['ticks_checked']}; {d['self_exits']} self-exits; rescue max "
+                f"{_fmt(d['rescue_s_max'])} s; drain {_fmt(d['drain_s'])} s",
+                "0 lost, 0 duplicate atomic effects, 0 self-exits, 0 duplicate ticks",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
     return rows
 
 
@@ -214,7 +235,7 @@ def markdown() -> str:
     lines += ["| " + " | ".join(row) + " |" for row in _rows()]
     loads = {
         name: (_load(name) or {}).get("load_average_1_5_15")
-        for name in ("throughput", "realistic", "failures", "burst", "rescue", "lag", "scale", "beat")
+        for name in ("throughput", "realistic", "failures", "burst", "rescue", "lag", "scale", "beat", "chaos")
     }
     lines.append("")
     lines.append(

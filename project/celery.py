@@ -27,7 +27,8 @@ def _close_channel_of_detached_connection(self: Connection, channel: Any) -> Non
     transport, raises AttributeError ('NoneType' object has no attribute 'hostname'), and the worker
     exits with "Unrecoverable error" instead of reconnecting (a Redis restart stops every worker
     holding a countdown or a late-acked task). Celery 5.6 stopped at ``collect()``; so do we. The
-    messages stay in Redis's unacked hash, restored after the visibility timeout as usual.
+    messages stay in Redis's unacked hash; once the worker is connected again its reconnect step
+    (``scheduling.core.reconnect``) acknowledges those that finished and puts the others back.
     """
     try:
         _maybe_close_channel(self, channel)

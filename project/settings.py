@@ -196,6 +196,10 @@ CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_TASK_TRACK_STARTED = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A broker connection lost under running late-acked tasks: let them finish (their acknowledgement
+# goes out on the new connection, scheduling.core.reconnect) rather than kill them (Celery 6's
+# default): killing them would throw away every running batch on each Redis blip.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 # Redis hides a taken message for this long before another worker may take it. Every countdown
 # must end well before it (the ceiling check, scheduling.E003), or the message is delivered twice.
 CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS = env.get_int("CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS", 3_600, minimum=1)

@@ -12,6 +12,9 @@
 - scheduling.W001: no job kind is registered (no installed app has a ``jobs.py`` with a handler).
 - scheduling.W002: fixed-time schedules are declared but Celery beat's scheduler is not
   ``scheduling.fixed.beat:LeaderDatabaseScheduler`` (they would never fire).
+- scheduling.W003: Celery cancels running late-acknowledged tasks when the broker connection is
+  lost (``worker_cancel_long_running_tasks_on_connection_loss``, Celery 6's default): every Redis
+  blip would throw away the running batches (``scheduling.core.reconnect`` lets them finish).
 - scheduling.W005: a kind registered ``critical=True`` is open to the JSON API while one owner's
   pending quota (``SCHEDULING_API_MAX_PENDING_JOBS``, 0 = none) is not below
   ``SCHEDULING_HEALTH_MAX_BACKLOG``: a single caller could then flip ``/healthz`` to 503.
@@ -264,5 +267,22 @@ def check_orm_behind_transaction_pooler(
             hint="Set DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'] = True "
             "(DATABASE_DISABLE_SERVER_SIDE_CURSORS=1 in this project).",
             id="scheduling.W008",
+        )
+    ]
+
+
+@checks.register()
+def check_cancel_on_connection_loss(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Running batches survive a broker blip only if Celery does not cancel them on the connection loss."""
+    if not broker.app().conf.get("worker_cancel_long_running_tasks_on_connection_loss"):
+        return []
+    return [
+        checks.Warning(
+            "Celery cancels running late-acknowledged tasks when the broker connection is lost: every Redis "
+            "restart or failover would stop the running batches (their jobs wait for the lease, non-atomic "
+            "ones run again).",
+            hint="Set CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False: Timekeeper's workers "
+            "acknowledge what finishes after a reconnect on the new connection (scheduling.core.reconnect).",
+            id="scheduling.W003",
         )
     ]

@@ -22,7 +22,7 @@ from typing import Any
 from celery import Task, shared_task, signals
 from django import db
 
-from scheduling.core import tracing
+from scheduling.core import reconnect, tracing
 from scheduling.deferrals import countdowns
 from scheduling.fixed import gate
 from scheduling.jobs import claim as claim_module
@@ -128,6 +128,12 @@ def refuse_non_json(sender: Any = None, **kwargs: Any) -> None:
     if errors:
         logger.critical("worker refuses to start: %s", errors[0].msg, extra={"action": "refused_start"})
         raise SystemExit(f"scheduling.E002: {errors[0].msg}")  # Celery logs and swallows Exception subclasses
+
+
+@signals.worker_init.connect
+def carry_messages_across_reconnects(sender: Any = None, **kwargs: Any) -> None:
+    """A worker acknowledges on its new broker connection, or puts back at once, what it held when the old one reset."""
+    reconnect.install(sender.app)
 
 
 @signals.worker_process_init.connect

@@ -2,7 +2,8 @@
 
 The machine's shared servers are never touched: each test gets its own PostgreSQL (the machine's
 binaries, or pgserver's, on a temporary data directory and a free port) and its own
-``redis-server`` (no persistence) on a free port, and the worker and beat processes it starts are
+``redis-server`` (no persistence, or append-only: ``REDIS_APPENDONLY = True`` in the test module) on a
+free port, and the worker and beat processes it starts are
 pointed at them through ``DATABASE_URL`` / ``CELERY_BROKER_URL``.
 
 The slow part, ``initdb`` plus ``manage.py migrate``, happens once per session into a template
@@ -172,19 +173,29 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    """A ``redis-server`` of our own with no persistence: a restart loses everything in it."""
+    """A ``redis-server`` of our own: no persistence (a restart loses everything), or append-only.
 
-    def __init__(self, base: Path, port: int | None = None) -> None:
+    With ``appendonly=True`` it writes every change to an append-only file (fsync every second,
+    Redis's default) and reloads it when it starts again, as a production Redis does: a graceful
+    restart (``restart(graceful=True)``, SIGTERM) keeps everything, a crash (SIGKILL) up to the
+    last second.
+    """
+
+    def __init__(self, base: Path, port: int | None = None, *, appendonly: bool = False) -> None:
         self.base = base
         self.port = port or free_port()
+        self.appendonly = appendonly
         self.log_path = base / "redis.log"
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
+        persistence = ["--appendonly", "no"]
+        if self.appendonly:
+            persistence = ["--appendonly", "yes", "--appendfsync", "everysec"]
         argv = [
             shutil.which("redis-server") or "redis-server",
-            "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence,
             "--dir", str(self.base), "--logfile", str(self.log_path), "--daemonize", "no",
         ]  # fmt: skip
         self.popen = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL)
@@ -203,9 +214,19 @@ class PrivateRedis:
             self.popen.wait(10)
         self.popen = None
 
-    def restart(self, down_seconds: float = 0.0) -> None:
-        """Kill, optionally stay down, and start an empty server on the same port."""
-        self.kill()
+    def stop(self) -> None:
+        """SIGTERM the server and wait: a graceful shutdown (an append-only server writes its file first)."""
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.terminate()
+            self.popen.wait(30)
+        self.popen = None
+
+    def restart(self, down_seconds: float = 0.0, *, graceful: bool = False) -> None:
+        """Kill (or, ``graceful``, stop), optionally stay down, and start again on the same port."""
+        if graceful:
+            self.stop()
+        else:
+            self.kill()
         time.sleep(down_seconds)
         self.start()
 
@@ -353,7 +374,8 @@ def private_stack(request: pytest.FixtureRequest, pg_template: Path) -> Iterator
         if old.is_file():
             old.unlink()
     pg = PrivatePostgres(base / "pg")
-    broker = PrivateRedis(base / "redis")
+    # A test module sets REDIS_APPENDONLY = True for a Redis that keeps its data across restarts.
+    broker = PrivateRedis(base / "redis", appendonly=bool(getattr(request.module, "REDIS_APPENDONLY", False)))
     cluster = harness.Cluster(log_dir, env=stack_env(pg, broker))
     stack = Stack(pg, broker, cluster)
     try:

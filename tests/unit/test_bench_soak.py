@@ -28,6 +28,6 @@ def test_verdict_compares_the_last_window_with_the_first_and_the_settled_size():
 def test_soak_is_its_own_scenario_and_takes_minutes_but_others_refuse_unknown_options():
     """`bench lag --minutes 2` is a usage error (only soak takes it); `all` leaves soak out."""
     assert "soak" not in bench_main.SCENARIOS
-    assert "soak" in bench_main.LONG_SCENARIOS
+    assert "soak" in bench_main.ALONE
     with pytest.raises(SystemExit):
         bench_main.main(["lag", "--minutes", "2"])

@@ -127,3 +127,14 @@ def test_no_quota_with_an_open_critical_kind_warns():
 def test_a_quota_over_the_health_threshold_warns():
     """A per-owner quota above the backlog threshold warns with scheduling.W005 too."""
     assert _ids(checks.check_critical_kinds_quota()) == ["scheduling.W005"]
+
+
+def test_cancel_on_connection_loss_off_passes():
+    """The project's settings let running tasks finish across a broker connection loss, so W003 is silent."""
+    assert checks.check_cancel_on_connection_loss() == []
+
+
+def test_cancel_on_connection_loss_on_is_w003():
+    """Cancelling late-acked tasks on a connection loss (Celery 6's default) warns with scheduling.W003."""
+    with override_celery(worker_cancel_long_running_tasks_on_connection_loss=True):
+        assert _ids(checks.check_cancel_on_connection_loss()) == ["scheduling.W003"]

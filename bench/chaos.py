@@ -1,0 +1,548 @@
+"""Chaos soak: a steady mixed load under random faults, then a drain and a count of what went wrong.
+
+``python -m bench chaos [--quick] [--seed N] [--minutes M]`` (10 minutes; ``--quick`` 3) starts its
+own PostgreSQL and append-only Redis (``tests/e2e/private_services.py``: temporary data
+directories, free ports; the machine's servers are never touched), two workers (2 pool processes
+each) and two beats, with lease 10 s, heartbeat 2 s and sweep every 2 s (so a fault costs seconds,
+not the default 30 s lease; the rescue bound scales with the lease: ``docs/fault-tolerance.md``).
+
+Load, every half second: atomic jobs (``demo.record``), non-atomic ones (``demo.record_committing``),
+atomic jobs with an external effect sent from ``on_commit`` (``chaos.external``, a line in a file),
+slower atomic ones (1 s), failing jobs (``demo.fail``: dead after 3 attempts), jobs cancelled at once, jobs rescheduled
+sooner, short broker deferrals (3-15 s), and a fixed-time schedule every 2 s.
+
+Faults, one at a time, chosen by a seeded generator (the seed is printed; ``--seed`` replays the
+choice): ``kill -9`` of a pool process, of a worker's main process (and its pool, as a container
+dies), of the leading beat; ``SIGSTOP`` of a worker past its lease (15 s); PostgreSQL ``fast`` and
+``immediate`` restarts; Redis restarts (graceful, or ``SIGKILL`` losing up to the last second of
+its append-only file) with 2 s down. A supervisor restarts what the soak killed; a process that
+exits by itself is counted (target 0) and restarted. A process the supervisor starts while a
+server is down refuses to start (exit status 78, one line saying which server): that is counted
+apart, as a start refusal, and it is started again a second later.
+
+Then the faults stop, the load stops, and the drain waits for every job to end. Printed: lost jobs
+(accepted, not ended as expected), duplicate atomic effects, duplicate external effects, re-runs of
+non-atomic jobs (allowed: at least once), cancels and reschedules not honoured, lost and late
+deferrals (late: more than 30 s after their due time; parked: held by a worker killed with
+``kill -9``, still in Redis's unacked hash, given out again after the visibility timeout, as
+documented; dead: every attempt failed, recorded as a dead job), duplicate and missed ticks, processes that
+exited by themselves, rescue times (fault -> the victim's jobs started again), drain time.
+Targets: 0 lost, 0 duplicate atomic effects, 0 self-exits, 0 duplicate ticks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench import common, procs
+
+SCENARIO = "chaos"
+LEASE_S, HEARTBEAT_S, SWEEP_S = 10, 2, 2
+STOP_S = LEASE_S + 5  # SIGSTOP past the lease
+REDIS_DOWN_S = 2.0
+DEFERRAL_LATE_BOUND_S = 30.0  # docs/fault-tolerance.md: a countdown after a 2 s Redis restart
+TICK_EVERY_S = 2
+TICK_NAME = "chaos-tick"
+DRAIN_TIMEOUT_S = 300.0
+PREFLIGHT_EXIT_STATUS = 78  # a process started while PostgreSQL or Redis is unreachable refuses to start
+FAULTS = ("kill_pool", "kill_worker", "kill_leading_beat", "sigstop_worker", "pg_fast", "pg_immediate",
+          "redis_restart", "redis_kill")  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Soak:
+    """The private servers, the supervised processes, the load and the faults of one run."""
+
+    def __init__(self, seed: int, seconds: float, faults: tuple[str, ...] = FAULTS) -> None:
+        self.fault_kinds = faults
+        self.rng = random.Random(seed)
+        self.load_rng = random.Random(seed + 1)
+        self.seed = seed
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.stop_load = threading.Event()
+        self.stop_supervisor = threading.Event()
+        self.procs: dict[str, Any] = {}
+        self.generation: Counter[str] = Counter()
+        self.killed: set[int] = set()
+        self.self_exits: list[dict[str, Any]] = []
+        self.start_refusals = 0
+        self.faults: list[dict[str, Any]] = []
+        self.expected: dict[int, str] = {}  # job id -> the state it must end in
+        self.kind_of: dict[int, str] = {}
+        self.deferrals: dict[str, float] = {}  # deferral id -> due (epoch)
+        self.sent_at: dict[str, float] = {}  # deferral id -> when defer() returned (epoch)
+        self.submit_errors = 0
+        self.ambiguous = 0
+
+    # --- servers and processes -------------------------------------------------------------------
+
+    def start_servers(self) -> None:
+        import tempfile
+
+        import django
+
+        scratch = os.environ.get("TIMEKEEPER_PRIVATE_TMP") or tempfile.gettempdir()
+        self.base = Path(tempfile.mkdtemp(prefix="tk-chaos-", dir=scratch))
+        self.base.chmod(0o755)  # the PostgreSQL user must reach its data directory
+        pg_port, redis_port = _free_port(), _free_port()
+        self.effects = self.base / "effects.log"
+        self.env = {
+            "DJANGO_SETTINGS_MODULE": "bench.chaos_settings",
+            "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{pg_port}/timekeeper",
+            "CELERY_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0",
+            "SCHEDULING_LEASE_SECONDS": str(LEASE_S),
+            "SCHEDULING_HEARTBEAT_SECONDS": str(HEARTBEAT_S),
+            "SCHEDULING_SWEEP_INTERVAL_SECONDS": str(SWEEP_S),
+            "CHAOS_EFFECTS_FILE": str(self.effects),
+            "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
+        }
+        for key, value in common.bench_env(self.env).items():
+            if key in self.env or key in ("DEBUG", "SECRET_KEY"):
+                os.environ[key] = value
+        django.setup()  # before private_services: it imports the models
+        from tests.e2e import private_services as ps
+
+        self.pg = ps.PrivatePostgres(self.base / "pg", pg_port)
+        self.redis = ps.PrivateRedis(self.base / "redis", redis_port, appendonly=True)
+        self.pg.initdb()
+        self.pg.start()
+        conn = self.pg.connect("postgres")
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE {ps.DATABASE}")
+        conn.close()
+        self.redis.start()
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+            cwd=common.ROOT, env=common.bench_env(self.env), check=True, timeout=600,
+        )  # fmt: skip
+
+    def spawn(self, name: str) -> Any:
+        self.generation[name] += 1
+        label = f"{name}-{self.generation[name]}"
+        if name.startswith("w"):
+            proc = self.group.worker(label, concurrency=2, env=self.env)
+        else:
+            proc = self.group.beat(label, env=self.env)
+        self.procs[name] = proc
+        return proc
+
+    def supervise(self) -> None:
+        """Restart what exited, as a supervisor would; count what exited without being killed."""
+        while not self.stop_supervisor.wait(0.3):
+            for name, proc in list(self.procs.items()):
+                if proc.alive():
+                    continue
+                with self.lock:
+                    ours = proc.pid in self.killed
+                status = proc.popen.returncode
+                if not ours and status == PREFLIGHT_EXIT_STATUS:
+                    # Started (by us) while a server was down: it said so in one line and exited, as
+                    # designed (project/preflight.py); a supervisor starts it again a moment later.
+                    self.start_refusals += 1
+                    time.sleep(1)
+                elif not ours:
+                    tail = proc.log()[-1500:]
+                    self.self_exits.append({"process": proc.name, "status": status, "log_tail": tail})
+                    common.say(f"!! {proc.name} exited by itself with status {status}")
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # leftovers of its group (orphaned pool processes)
+                self.spawn(name)
+
+    # --- load ------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        from django import db
+
+        from scheduling import api
+
+        rng, turn = self.load_rng, 0
+        while not self.stop_load.wait(0.5):
+            turn += 1
+            plan: list[tuple[str, str, float, str]] = [
+                ("demo.record", "done", rng.uniform(0, 3), ""),
+                ("demo.record", "done", rng.uniform(0, 3), ""),
+                ("demo.record_committing", "done", rng.uniform(0, 3), ""),
+                ("chaos.external", "done", rng.uniform(0, 3), ""),
+            ]
+            if turn % 2 == 0:  # a slower one (1 s), so that a fault usually finds a job running to rescue
+                plan.append(("demo.record", "done", rng.uniform(0, 3), "slow"))
+            if turn % 5 == 0:
+                plan.append(("demo.fail", "dead", 0.5, ""))
+            if turn % 3 == 0:
+                plan.append(("demo.record", "cancelled", 60, "cancel"))
+                plan.append(("demo.record", "done", 120, "reschedule"))
+            for kind, final, delay, then in plan:
+                job_id = None
+                try:
+                    payload = {"label": "chaos", "sleep": 1.0} if then == "slow" else {"label": "chaos"}
+                    job_id = api.schedule(kind, payload, delay=delay).id
+                    if then == "cancel":
+                        api.cancel(job_id)
+                    elif then == "reschedule":
+                        api.reschedule(job_id, delay=1)
+                except Exception:  # a fault is under way: the caller got an error, nothing was promised
+                    self.submit_errors += 1
+                    if job_id is not None:
+                        self.ambiguous += 1  # scheduled, then cancel/reschedule failed: its outcome is open
+                    db.connection.close()
+                    continue
+                self.expected[job_id] = final
+                self.kind_of[job_id] = kind
+            try:
+                deferral = api.defer("demo.record", {"label": "deferral"}, rng.uniform(3, 15))
+                self.deferrals[str(deferral.id)] = deferral.due_at.timestamp()
+                self.sent_at[str(deferral.id)] = time.time()
+            except Exception:  # Redis is away: defer() raised, the caller knows
+                self.submit_errors += 1
+
+    # --- faults ----------------------------------------------------------------------------------
+
+    def db_now(self) -> float:
+        return float(self._sql("SELECT extract(epoch FROM now())")[0][0])
+
+    def _sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+        for attempt in range(30):
+            try:
+                conn = self.pg.connect()
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute(statement, params)
+                        return cur.fetchall() if cur.description else []
+                finally:
+                    conn.close()
+            except Exception:
+                if attempt == 29:
+                    raise
+                time.sleep(1)
+        return []
+
+    def running_on(self, pids: list[int]) -> list[int]:
+        names = [f"{socket.gethostname()}:{pid}" for pid in pids]
+        rows = self._sql(
+            "SELECT id FROM scheduling_scheduledjob WHERE state = 'claimed' AND claimed_by = ANY(%s)", [names]
+        )
+        return [int(r[0]) for r in rows]
+
+    def kill(self, pid: int, *, group: bool = False) -> None:
+        with self.lock:
+            self.killed.add(pid)
+        with contextlib.suppress(ProcessLookupError):
+            (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+
+    def leading_beat(self) -> Any:
+        rows = self._sql("SELECT holder FROM scheduling_schedulerheartbeat WHERE role = 'beat'")
+        pid = int(rows[0][0].rsplit(":", 1)[1]) if rows else None
+        return next((p for n, p in self.procs.items() if n.startswith("beat") and p.pid == pid), None)
+
+    def inject(self, fault: str) -> None:
+        at = self.db_now()
+        record: dict[str, Any] = {"fault": fault, "at": at, "jobs": []}
+        # The victim: a worker (or pool process) running jobs if one is, so that a rescue is measured.
+        workers = [self.procs["w1"], self.procs["w2"]]
+        busy = [w for w in workers if self.running_on(w.children())]
+        worker = self.rng.choice(busy or workers)
+        if fault == "kill_pool":
+            children = worker.children()
+            busy_children = [c for c in children if self.running_on([c])]
+            if children:
+                victim = self.rng.choice(busy_children or children)
+                record["jobs"] = self.running_on([victim])
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)  # Celery replaces it: not a process the supervisor sees
+        elif fault == "kill_worker":
+            record["jobs"] = self.running_on(worker.children())
+            self.kill(worker.pid, group=True)
+        elif fault == "kill_leading_beat":
+            beat = self.leading_beat()
+            if beat is not None:
+                self.kill(beat.pid, group=True)
+        elif fault == "sigstop_worker":
+            record["jobs"] = self.running_on(worker.children())
+            os.killpg(worker.pid, signal.SIGSTOP)
+            time.sleep(STOP_S)
+            os.killpg(worker.pid, signal.SIGCONT)
+        elif fault in ("pg_fast", "pg_immediate"):
+            self.pg.restart(mode=fault.split("_")[1])
+        elif fault == "redis_restart":
+            self.redis.restart(REDIS_DOWN_S, graceful=True)
+        elif fault == "redis_kill":
+            self.redis.restart(REDIS_DOWN_S, graceful=False)
+        self.faults.append(record)
+        common.say(f"   fault {len(self.faults)}: {fault} ({len(record['jobs'])} jobs running on the victim)")
+
+    # --- the run ---------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        from scheduling import schedules
+        from scheduling.fixed import cron
+
+        self.group = procs.Group(SCENARIO)
+        for name in ("w1", "w2", "beat1", "beat2"):
+            self.spawn(name)
+        self.group.wait_ready(self.procs["w1"], self.procs["w2"], timeout=120)
+        schedules.sync(
+            declarations=[
+                schedules.make(
+                    name=TICK_NAME, kind="demo.record", every=TICK_EVERY_S, concurrency_policy="allow",
+                    missed_policy="run_all", missed_window_seconds=120,
+                    successful_history_limit=10_000, failed_history_limit=10_000,
+                )
+            ]
+        )  # fmt: skip
+        ticks_from = dt.datetime.fromtimestamp(self.db_now(), dt.UTC)
+        supervisor = threading.Thread(target=self.supervise, name="chaos-supervisor", daemon=True)
+        loader = threading.Thread(target=self.load, name="chaos-load", daemon=True)
+        supervisor.start()
+        loader.start()
+        end = time.monotonic() + self.seconds
+        time.sleep(min(10.0, self.seconds / 10))  # some load before the first fault
+        while time.monotonic() < end - 20:
+            self.inject(self.rng.choice(self.fault_kinds))
+            time.sleep(self.rng.uniform(4, 12))
+        while time.monotonic() < end:
+            time.sleep(0.5)
+        ticks_to = dt.datetime.fromtimestamp(self.db_now(), dt.UTC) - dt.timedelta(seconds=3 * TICK_EVERY_S)
+        self.stop_load.set()
+        loader.join(30)
+        drain_started = time.monotonic()
+        common.say("   faults and load stopped; draining")
+        drain_s = self.drain()
+        self.stop_supervisor.set()
+        supervisor.join(5)
+        figures = self.count(ticks_from, ticks_to, cron)
+        figures["drain_s"] = round(drain_s, 1) if drain_s is not None else None
+        figures["drain_wait_s"] = round(time.monotonic() - drain_started, 1)
+        return figures
+
+    def drain(self) -> float | None:
+        started = time.monotonic()
+        ids = list(self.expected)
+        last_due = max(self.deferrals.values(), default=time.time())
+        drained: float | None = None
+        while time.monotonic() - started < DRAIN_TIMEOUT_S:
+            open_jobs = self._sql(
+                "SELECT count(*) FROM scheduling_scheduledjob WHERE id = ANY(%s) AND state IN ('pending', 'claimed')",
+                [ids],
+            )[0][0]
+            if open_jobs == 0 and drained is None:
+                drained = time.monotonic() - started
+            ran = self._sql(
+                "SELECT count(DISTINCT idempotency_key) FROM tasks_execution WHERE idempotency_key = ANY(%s)",
+                [[f"broker:{d}" for d in self.deferrals]],
+            )[0][0]
+            deferrals_done = ran == len(self.deferrals) or time.time() > last_due + DEFERRAL_LATE_BOUND_S + 30
+            if drained is not None and deferrals_done:
+                break
+            time.sleep(1)
+        time.sleep(3)  # a late duplicate would show here
+        return drained
+
+    def count(self, ticks_from: dt.datetime, ticks_to: dt.datetime, cron: Any) -> dict[str, Any]:
+        ids = list(self.expected)
+        states = dict(
+            (int(i), s) for i, s in self._sql("SELECT id, state FROM scheduling_scheduledjob WHERE id = ANY(%s)", [ids])
+        )
+        executions = Counter(
+            {k: int(n) for k, n in self._sql("SELECT idempotency_key, count(*) FROM tasks_execution GROUP BY 1")}
+        )
+        lines = self.effects.read_text().split() if self.effects.exists() else []
+        effects = Counter(lines)
+        lost = sorted(i for i, final in self.expected.items() if states.get(i) != final)
+        atomic = [i for i, k in self.kind_of.items() if k in ("demo.record", "chaos.external")]
+        dup_atomic = sum(max(0, executions[f"job:{i}"] - 1) for i in atomic)
+        external = [i for i, k in self.kind_of.items() if k == "chaos.external"]
+        dup_external = sum(max(0, effects[f"job:{i}"] - 1) for i in external)
+        missing_external = sum(1 for i in external if states.get(i) == "done" and effects[f"job:{i}"] == 0)
+        nonatomic_reruns = sum(
+            max(0, executions[f"job:{i}"] - 1) for i, k in self.kind_of.items() if k == "demo.record_committing"
+        )
+        cancels_broken = sum(
+            1 for i, final in self.expected.items() if final == "cancelled" and executions[f"job:{i}"] > 0
+        )
+        started = dict(
+            (k, float(v))
+            for k, v in self._sql(
+                "SELECT idempotency_key, extract(epoch FROM min(started_at)) FROM tasks_execution"
+                " WHERE idempotency_key LIKE 'broker:%%' GROUP BY 1"
+            )
+        )
+        late = {d: started[f"broker:{d}"] - due for d, due in self.deferrals.items() if f"broker:{d}" in started}
+        # A deferral that never ran is either parked (its message still in Redis's unacked hash: a worker
+        # killed with kill -9 held it; Redis gives it out again after the visibility timeout, 3600 s) or lost.
+        never_ran = set(self.deferrals) - {k.split(":", 1)[1] for k in started}
+        parked = self.unacked_task_ids() & never_ran
+        # Or dead: every attempt failed (a database restart outlasting the kind's retries) and it was
+        # recorded as a dead job (key broker:<id>), retryable in the admin: not lost either.
+        dead = {
+            str(key).split(":", 1)[1]
+            for (key,) in self._sql(
+                "SELECT key FROM scheduling_scheduledjob WHERE state = 'dead' AND key = ANY(%s)",
+                [[f"broker:{d}" for d in never_ran]],
+            )
+        }
+        lost_deferrals = len(never_ran - parked - dead)
+        # Where each lost deferral sat relative to the faults: seconds from the nearest fault before its
+        # send to the send, and to its due time (a countdown held across a restart vs one sent into it).
+        lost_near = []
+        for d in sorted(never_ran - parked - dead):
+            before = [f for f in self.faults if f["at"] <= self.deferrals[d]]
+            nearest = before[-1] if before else None
+            lost_near.append({
+                "fault": nearest["fault"] if nearest else None,
+                "sent_after_fault_s": round(self.sent_at[d] - nearest["at"], 1) if nearest else None,
+                "due_after_fault_s": round(self.deferrals[d] - nearest["at"], 1) if nearest else None,
+            })  # fmt: skip
+        dup_deferrals = sum(max(0, executions[f"broker:{d}"] - 1) for d in self.deferrals)
+        tick = cron.interval_next_after(ticks_from + dt.timedelta(seconds=TICK_EVERY_S), TICK_EVERY_S)
+        checked = dup_ticks = missed_ticks = 0
+        while tick <= ticks_to:
+            checked += 1
+            n = executions[f"fixed:{TICK_NAME}@{tick.isoformat()}"]
+            dup_ticks += n > 1
+            missed_ticks += n == 0
+            tick += dt.timedelta(seconds=TICK_EVERY_S)
+        rescues = []
+        for fault in self.faults:
+            if not fault["jobs"]:
+                continue
+            rows = self._sql(
+                "SELECT job_id, extract(epoch FROM min(started_at)) FROM scheduling_jobattempt"
+                " WHERE job_id = ANY(%s) AND started_at > to_timestamp(%s) GROUP BY job_id",
+                [fault["jobs"], fault["at"]],
+            )
+            if rows:
+                rescues.append(round(max(float(r[1]) for r in rows) - fault["at"], 1))
+                fault["rescue_s"] = rescues[-1]
+        kinds = Counter(self.kind_of.values())
+        return {
+            "seed": self.seed,
+            "seconds": self.seconds,
+            "settings": {"lease_s": LEASE_S, "heartbeat_s": HEARTBEAT_S, "sweep_s": SWEEP_S},
+            "faults": dict(Counter(f["fault"] for f in self.faults)),
+            "fault_log": [
+                {k: v for k, v in f.items() if k != "jobs"} | {"victim_jobs": len(f["jobs"])} for f in self.faults
+            ],
+            "jobs": len(ids),
+            "jobs_by_kind": dict(kinds),
+            "submit_errors": self.submit_errors,
+            "ambiguous_submissions": self.ambiguous,
+            "lost_jobs": len(lost),
+            "lost_job_states": dict(Counter(states.get(i, "missing") for i in lost)),
+            "duplicate_atomic_effects": dup_atomic,
+            "duplicate_external_effects": dup_external,
+            "missing_external_effects": missing_external,
+            "nonatomic_reruns": nonatomic_reruns,
+            "cancels_not_honoured": cancels_broken,
+            "deferrals": len(self.deferrals),
+            "lost_deferrals": lost_deferrals,
+            "lost_deferrals_near_faults": lost_near,
+            "parked_deferrals": len(parked),
+            "dead_deferrals": len(dead),
+            "late_deferrals": sum(1 for v in late.values() if v > DEFERRAL_LATE_BOUND_S),
+            "deferral_late_bound_s": DEFERRAL_LATE_BOUND_S,
+            "deferral_max_late_s": round(max(late.values(), default=0.0), 1),
+            "duplicate_deferrals": dup_deferrals,
+            "ticks_checked": checked,
+            "duplicate_ticks": dup_ticks,
+            "missed_ticks": missed_ticks,
+            "self_exits": len(self.self_exits),
+            "start_refusals": self.start_refusals,
+            "self_exit_detail": self.self_exits,
+            "rescue_s": rescues,
+            "rescue_s_max": max(rescues) if rescues else None,
+        }
+
+    def unacked_task_ids(self) -> set[str]:
+        """Task ids of the messages in Redis's unacked hash (taken by a worker, never acknowledged)."""
+        import json
+
+        key = os.environ.get("CELERY_BROKER_KEYPREFIX", "") + "unacked"
+        ids = set()
+        client = self.redis.client()
+        try:
+            for raw in client.hvals(key):
+                with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+                    ids.add(str(json.loads(raw)[0]["headers"]["id"]))
+        finally:
+            client.close()
+        return ids
+
+    def close(self) -> None:
+        if not hasattr(self, "base"):
+            return
+        self.stop_supervisor.set()
+        self.stop_load.set()
+        with contextlib.suppress(Exception):
+            self.group.stop()
+        for server in ("redis", "pg"):
+            with contextlib.suppress(Exception):
+                getattr(self, server).kill() if server == "redis" else self.pg.shutdown()
+        for name in ("postgres.log", "redis.log"):
+            with contextlib.suppress(OSError):
+                path = (self.base / ("pg" if name.startswith("postgres") else "redis")) / name
+                (common.LOGS / SCENARIO / name).write_bytes(path.read_bytes())
+        import shutil
+
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 minutes instead of 10")
+    parser.add_argument("--seed", type=int, default=None, help="replay the faults of a printed seed")
+    parser.add_argument("--minutes", type=float, default=None, help="run this long instead")
+    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {', '.join(FAULTS)}")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
+    minutes = args.minutes or (3.0 if args.quick else 10.0)
+    common.say(f"   chaos soak: seed {seed}, {minutes:g} minutes (replay with --seed {seed})")
+    Path(common.LOGS / SCENARIO).mkdir(parents=True, exist_ok=True)
+    chosen = tuple(f for f in args.faults.split(",") if f)
+    unknown = sorted(set(chosen) - set(FAULTS))
+    if unknown or not chosen:
+        parser.error(f"unknown faults: {', '.join(unknown) or 'none given'} (choose from {', '.join(FAULTS)})")
+    soak = Soak(seed, minutes * 60, chosen)
+    try:
+        soak.start_servers()
+        figures = soak.run()
+    finally:
+        soak.close()
+    figures["target_met"] = (
+        figures["lost_jobs"] == 0
+        and figures["duplicate_atomic_effects"] == 0
+        and figures["self_exits"] == 0
+        and figures["duplicate_ticks"] == 0
+    )
+    rows = [
+        [name, figures[name]]
+        for name in (
+            "jobs", "lost_jobs", "duplicate_atomic_effects", "duplicate_external_effects", "nonatomic_reruns",
+            "cancels_not_honoured", "deferrals", "lost_deferrals", "parked_deferrals", "dead_deferrals",
+            "late_deferrals",
+            "deferral_max_late_s",
+            "duplicate_deferrals", "ticks_checked", "duplicate_ticks", "missed_ticks", "self_exits", "start_refusals",
+            "rescue_s_max", "drain_s",
+        )
+    ]  # fmt: skip
+    rows.insert(0, ["faults", ", ".join(f"{k} {v}" for k, v in sorted(figures["faults"].items()))])
+    print(common.table(f"Chaos soak, seed {seed}", ["measure", "value"], rows))
+    return common.emit(SCENARIO, figures, quick=args.quick)
