@@ -186,6 +186,12 @@ def job_owner_id(job_id: int) -> int | None:
     return rows[0][0] if rows else None
 
 
+def job_key(job_id: int) -> str | None:
+    """The business key of job ``job_id`` (None: it has none, or no such job)."""
+    rows = _fetchall("job_key", {"id": job_id})
+    return rows[0][0] if rows else None
+
+
 def insert_jobs(
     kind: str,
     payloads: Sequence[str],

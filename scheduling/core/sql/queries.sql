@@ -137,6 +137,9 @@ SELECT clock_timestamp() AS now;
 -- name: job_owner_id
 SELECT owner_id FROM scheduling_scheduledjob WHERE id = %(id)s;
 
+-- name: job_key
+SELECT key FROM scheduling_scheduledjob WHERE id = %(id)s;
+
 -- name: job_state
 SELECT state FROM scheduling_scheduledjob WHERE id = %(id)s;
 
