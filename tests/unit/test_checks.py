@@ -6,7 +6,7 @@ from celery import Celery
 from django.test import override_settings
 
 from scheduling import checks
-from scheduling.core import broker
+from scheduling.core import broker, conf, registry
 from tests.celeryconf import override_celery
 
 
@@ -108,3 +108,41 @@ def test_other_beat_scheduler_with_declared_schedules_is_w002():
     """Declared fixed-time schedules under Celery's default beat scheduler warn with scheduling.W002."""
     with override_celery(beat_scheduler="celery.beat:PersistentScheduler"):
         assert _ids(checks.check_beat_scheduler()) == ["scheduling.W002"]
+
+
+def _kind(name: str, lease_seconds: int) -> registry.Kind:
+    return registry.Kind(
+        name=name,
+        func=lambda job: None,
+        schema=None,
+        timeout_seconds=10.0,
+        max_attempts=1,
+        backoff=registry.Backoff(),
+        lease_seconds=lease_seconds,
+        batch_size=1,
+        description="",
+    )
+
+
+def test_registered_kinds_and_project_settings_pass_e007():
+    """The project's lease (30 s) and every registered kind's outlive the 5 s heartbeat: E007 is silent."""
+    assert checks.check_lease_outlives_heartbeat() == []
+
+
+@override_settings(SCHEDULING_LEASE_SECONDS=5, SCHEDULING_HEARTBEAT_SECONDS=5)
+def test_default_lease_not_longer_than_the_heartbeat_is_e007():
+    """A default lease equal to the heartbeat interval fails scheduling.E007, naming the setting."""
+    (error,) = checks.check_lease_outlives_heartbeat()
+    assert error.id == "scheduling.E007"
+    assert "SCHEDULING_LEASE_SECONDS = 5" in error.msg
+
+
+def test_a_kinds_lease_not_longer_than_the_heartbeat_is_named():
+    """A kind whose own lease_seconds is at or below the heartbeat is named; longer ones and heartbeats off pass."""
+    kinds = {"ok.long": _kind("ok.long", 6), "bad.short": _kind("bad.short", 5), "bad.shorter": _kind("bad.shorter", 1)}
+    settings = conf.Settings(heartbeat_seconds=5.0, lease_seconds=30)
+    assert checks.lease_problems(settings, kinds) == [
+        "kind 'bad.short' lease_seconds = 5",
+        "kind 'bad.shorter' lease_seconds = 1",
+    ]
+    assert checks.lease_problems(conf.Settings(heartbeat_seconds=0.0, lease_seconds=1), kinds) == []
