@@ -45,7 +45,8 @@ def schedule(
     """Schedule ``kind`` with ``payload`` at ``due_at`` (aware) or after ``delay`` (by the database clock).
 
     ``delay`` counts from this call (``clock_timestamp()``), even inside a transaction opened long
-    before. Keys belong to their owner (``owner=None``: the system's namespace): a key never
+    before; ``delay=0`` is due at once (the transaction's ``now()``, so a claim in the same
+    transaction sees it due). Keys belong to their owner (``owner=None``: the system's namespace): a key never
     reaches another owner's job. A key names at most one *waiting* job: pending, or claimed and not
     yet started by a worker. A second schedule for the key either moves that job (``replace``;
     a claim not yet started is taken back), leaves it (``keep``: the waiting job is returned) or
@@ -186,6 +187,13 @@ def schedule_many(
         return [row.id for row in rows]
 
 
+def _from_now(delay: float) -> dt.datetime:
+    """The due time ``delay`` seconds from this call by the database clock (0: due at once, as in schedule())."""
+    if delay > 0:
+        return store.database_clock() + dt.timedelta(seconds=delay)
+    return store.database_now()
+
+
 def _find(job_id: int | None, key: str | None, owner: Any = None) -> int:
     if (job_id is None) == (key is None):
         raise exceptions.InvalidSchedule("Give exactly one of job_id and key.")
@@ -230,7 +238,7 @@ def reschedule(
     target = _find(job_id, key, owner)
     if resolved_due_at is None:
         assert resolved_delay is not None
-        resolved_due_at = store.database_clock() + dt.timedelta(seconds=resolved_delay)
+        resolved_due_at = _from_now(resolved_delay)
     asked_at = time.monotonic()
     row = store.reschedule_job(target, resolved_due_at)
     if row is not None:
@@ -407,7 +415,7 @@ def reschedule_many(
         return _bulk_result(selected, [], "rescheduled")
     if resolved_due_at is None:
         assert resolved_delay is not None
-        resolved_due_at = store.database_clock() + dt.timedelta(seconds=resolved_delay)
+        resolved_due_at = _from_now(resolved_delay)
     asked_at = time.monotonic()
     moved = store.reschedule_jobs(selected, resolved_due_at)
     if moved:

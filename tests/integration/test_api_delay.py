@@ -9,6 +9,7 @@ import pytest
 from django.db import connection, transaction
 
 from scheduling import api
+from scheduling.core import store
 from scheduling.models import ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,3 +51,13 @@ def test_delay_counts_from_the_call_not_the_transactions_start(call):
     assert ids
     for due_at in ScheduledJob.objects.filter(pk__in=ids).values_list("due_at", flat=True):
         assert before + dt.timedelta(seconds=DELAY) <= due_at <= after + dt.timedelta(seconds=DELAY), call
+
+
+def test_delay_zero_is_due_for_a_claim_in_the_same_transaction():
+    """delay=0 means due at once: a claim inside the same (long) transaction, as in a TestCase, takes the job."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(%s)", [OPEN_FOR])
+        job = api.schedule("demo.noop", {}, delay=0)
+        keyed = api.schedule("demo.noop", {}, delay=0, key="delay:zero")
+        assert sorted(c.id for c in store.claim_due_jobs(10)) == sorted([job.id, keyed.id])

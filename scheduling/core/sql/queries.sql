@@ -4,11 +4,12 @@
 
 -- name: insert_job
 -- A plain insert; the caller's transaction decides whether it survives. A delay counts from the
--- call (clock_timestamp()), not from the start of the caller's transaction (now()).
+-- call (clock_timestamp()), not from the start of the caller's transaction (now()). A delay of 0
+-- is "due at once": now(), so that a claim in the same transaction (a TestCase) sees it due too.
 INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
      claimed_by, created_at, updated_at, priority)
-VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, clock_timestamp() + make_interval(secs => %(delay)s)),
+VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
         'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s)
 RETURNING id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds;
 
@@ -20,7 +21,8 @@ INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
      claimed_by, created_at, updated_at, priority)
 SELECT %(kind)s, t.payload::jsonb,
-       coalesce(%(due_at)s, (SELECT clock_timestamp()) + make_interval(secs => %(delay)s)), 'pending',
+       coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN (SELECT clock_timestamp()) + make_interval(secs => %(delay)s)
+                                 ELSE now() END), 'pending',
        %(lease_seconds)s, 0, %(max_attempts)s, '', NULL, %(owner_id)s, '', now(), now(), %(priority)s
 FROM unnest(%(payloads)s::text[]) WITH ORDINALITY AS t(payload, n)
 ORDER BY t.n
@@ -56,7 +58,7 @@ WITH retry AS (
 ), moved AS (
     UPDATE scheduling_scheduledjob AS j
     SET kind = %(kind)s, payload = %(payload)s::jsonb,
-        due_at = coalesce(%(due_at)s, clock_timestamp() + make_interval(secs => %(delay)s)),
+        due_at = coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
         max_attempts = greatest(%(max_attempts)s, j.attempts + 1), lease_seconds = %(lease_seconds)s,
         priority = %(priority)s, updated_at = now()
     FROM retry
@@ -66,7 +68,7 @@ WITH retry AS (
     INSERT INTO scheduling_scheduledjob
         (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
          claimed_by, created_at, updated_at, priority)
-    SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, clock_timestamp() + make_interval(secs => %(delay)s)),
+    SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
            'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s
     WHERE NOT EXISTS (SELECT 1 FROM retry)
     ON CONFLICT ((coalesce(owner_id, 0)), key)
@@ -105,7 +107,7 @@ WITH retry AS (
     INSERT INTO scheduling_scheduledjob
         (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
          claimed_by, created_at, updated_at, priority)
-    SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, clock_timestamp() + make_interval(secs => %(delay)s)),
+    SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
            'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s
     WHERE NOT EXISTS (SELECT 1 FROM retry)
     ON CONFLICT ((coalesce(owner_id, 0)), key)
