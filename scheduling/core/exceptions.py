@@ -133,6 +133,7 @@ class ScheduleNotFound(SchedulingError):
         super().__init__(f"No fixed-time schedule is named {name!r}.")
         self.name = name
 
+
 __all__ = [
     "BrokerNotConfigured",
     "DelayTooLong",

@@ -154,7 +154,7 @@ class KeyedUpsert:
 
 
 def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
-    """Insert a keyed job, or meet the owner's waiting job for the key, in one statement that never waits on a running job.
+    """Insert a keyed job, or meet the owner's waiting job for the key: one statement, never waiting on a running job.
 
     The key's waiting job is pending (or claimed and not yet started); a running job (started) is
     left alone and a new row becomes its successor. ``replace`` moves the waiting job (a claim not
@@ -502,9 +502,7 @@ class KindCounts:
 def kind_breakdown() -> list[KindCounts]:
     """Per kind with anything due, in flight or recently dead: the counts (kinds with nothing are absent)."""
     return [
-        KindCounts(
-            kind=r["kind"], due=r["due"], claimed=r["claimed"], running=r["running"], dead_24h=r["dead_24h"]
-        )
+        KindCounts(kind=r["kind"], due=r["due"], claimed=r["claimed"], running=r["running"], dead_24h=r["dead_24h"])
         for r in _records("kind_breakdown", {})
     ]
 

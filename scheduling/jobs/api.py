@@ -119,7 +119,7 @@ def schedule_with_outcome(
             if not upserted.inserted and on_conflict == "error":
                 raise exceptions.KeyConflict(key, upserted.id)
             if not upserted.inserted and on_conflict == "keep":
-                logger.info("schedule kept the waiting job for the key", extra={"job_id": upserted.id, "action": "kept"})
+                logger.info("schedule kept the key's waiting job", extra={"job_id": upserted.id, "action": "kept"})
                 span.set("job_id", upserted.id)
                 span.set("outcome", "kept")
                 return ScheduledJob.objects.get(pk=upserted.id), "kept"
@@ -259,7 +259,6 @@ def status() -> dict[str, Any]:
     settings = conf.get()
     numbers = store.backlog_status(settings.stuck_after_seconds, settings.status_exact_limit)
     return {**dataclasses.asdict(numbers), "estimated": list(numbers.estimated)}
-
 
 
 # --- Kind controls: pause, resume, cap ------------------------------------------------------------

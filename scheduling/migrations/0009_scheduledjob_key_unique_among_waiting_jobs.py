@@ -18,19 +18,19 @@ import django.db.models.functions.comparison
 from django.conf import settings
 from django.db import migrations, models
 
-WAITING = (
-    "key IS NOT NULL AND ((state = 'pending' AND attempts = 0) OR "
-    "(state = 'claimed' AND claimed_by = '' AND attempts = 1))"
+# The new index's predicate, spelled out in CLASHES as in the index.
+CLASHES = (
+    "SELECT coalesce(owner_id, 0), key, count(*) FROM scheduling_scheduledjob "
+    "WHERE key IS NOT NULL AND ((state = 'pending' AND attempts = 0) OR "
+    "(state = 'claimed' AND claimed_by = '' AND attempts = 1)) "
+    "GROUP BY 1, 2 HAVING count(*) > 1 ORDER BY 1, 2 LIMIT 20"
 )
 
 
 def check_rows_fit(apps, schema_editor):
     """Refuse to build the index over rows it would reject: name the (owner, key) pairs."""
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT coalesce(owner_id, 0), key, count(*) FROM scheduling_scheduledjob "
-            f"WHERE {WAITING} GROUP BY 1, 2 HAVING count(*) > 1 ORDER BY 1, 2 LIMIT 20"
-        )
+        cursor.execute(CLASHES)
         clashes = cursor.fetchall()
     if clashes:
         listed = ", ".join(f"owner {owner} key {key!r} ({n} jobs)" for owner, key, n in clashes)

@@ -40,7 +40,7 @@ CALLS: dict[str, Callable[[int], list[int]]] = {
 
 @pytest.mark.parametrize("call", sorted(CALLS))
 def test_delay_counts_from_the_call_not_the_transactions_start(call):
-    """After the transaction has been open a while, due_at lies between the clock before and after the call, plus the delay."""
+    """In a transaction open for a while, due_at is the delay after the clock at the call (between before and after)."""
     job_id = _existing(key="delay:old")
     with transaction.atomic():
         with connection.cursor() as cursor:

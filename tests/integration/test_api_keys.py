@@ -105,7 +105,7 @@ def _no_waiting(call: Callable[[], Any]) -> Any:
 @pytest.mark.parametrize("then", ["locked", "done", "failed"])
 @pytest.mark.parametrize("on_conflict", ["replace", "keep", "error"])
 def test_schedule_by_key_never_waits_on_the_running_jobs_chunk(run_sql, raw_connect, on_conflict, then):
-    """While a chunk holds K's running row (locked, or its outcome written, uncommitted), schedule(key=K) returns at once with a successor."""
+    """While a chunk holds K's running row (locked, or its outcome uncommitted), schedule(key=K) returns a successor."""
     started = _running(run_sql, "acct:1")
     chunk = _chunk_holding(raw_connect, started, then)
     job, outcome = _no_waiting(
@@ -141,7 +141,7 @@ def test_replace_keep_and_error_act_on_the_waiting_successor(run_sql, raw_connec
 
 
 def test_replace_takes_back_a_claim_not_yet_started(run_sql):
-    """A claimed job whose batch has not started is still waiting: replace takes it back, its queued message runs nothing."""
+    """A claim not yet started is still waiting: replace takes it back, and its queued message runs nothing."""
     job = api.schedule("demo.noop", {"v": 1}, delay=HOUR, key="acct:3")
     _due(run_sql, job.id)
     (claim,) = store.claim_due_jobs(10)
@@ -154,7 +154,7 @@ def test_replace_takes_back_a_claim_not_yet_started(run_sql):
 
 
 def test_a_failed_running_job_and_its_waiting_successor_coexist(run_sql):
-    """The running job fails back to pending while a successor waits: no unique violation, and the successor stays the key's job."""
+    """The running job fails back to pending beside a waiting successor: no unique violation; the successor leads."""
     started = _running(run_sql, "acct:4")
     successor = api.schedule("demo.noop", {"v": 1}, delay=HOUR, key="acct:4")
     now = dt.datetime.now(dt.UTC)
@@ -187,7 +187,7 @@ def test_retrying_two_dead_jobs_of_one_key_retries_the_newest_only(run_sql):
 
 @pytest.mark.parametrize("kind", ["test.chain_replace", "test.chain_keep"])
 def test_a_handler_schedules_its_own_keys_next_run(run_sql, kind):
-    """The chain recipe through the real runner: the job ends done and leaves exactly one successor, due a delay later."""
+    """The chain recipe through the real runner: the job ends done, leaving exactly one successor due a delay later."""
     owner_key = f"chain:{kind}"
     first = api.schedule(kind, {"n": 0}, delay=HOUR, key=owner_key)
     _due(run_sql, first.id)
@@ -206,7 +206,7 @@ def test_a_handler_schedules_its_own_keys_next_run(run_sql, kind):
 
 @pytest.mark.parametrize("kind", ["test.chain_replace", "test.chain_committing"])
 def test_a_chain_whose_first_attempt_fails_still_leaves_one_successor(run_sql, kind):
-    """Atomic: the failed attempt's successor rolls back; committing: it stays and the retry moves it. One successor either way."""
+    """Atomic: a failed attempt's successor rolls back; committing: it stays, the retry moves it. One successor."""
     owner_key = f"chain-fail:{kind}"
     first = api.schedule(kind, {"n": 0, "fail_first": True}, delay=HOUR, key=owner_key)
     for _ in range(2):
