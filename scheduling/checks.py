@@ -9,6 +9,9 @@
   ``ImproperlyConfigured`` while the apps load (``SchedulingConfig.import_models``): Timekeeper's
   models cannot load without it, so no check could run.
 - scheduling.E006: a package named in ``SCHEDULING_HANDLER_PACKAGES`` cannot be imported.
+- scheduling.E007: a lease (``SCHEDULING_LEASE_SECONDS``, or a kind's ``lease_seconds``) is not
+  longer than the heartbeat interval (``SCHEDULING_HEARTBEAT_SECONDS``): healthy running jobs would
+  be swept between two heartbeats and run again.
 - scheduling.W001: no job kind is registered (no installed app has a ``jobs.py`` with a handler).
 - scheduling.W002: fixed-time schedules are declared but Celery beat's scheduler is not
   ``scheduling.fixed.beat:LeaderDatabaseScheduler`` (they would never fire).
@@ -31,6 +34,7 @@ project fills it.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 from celery.utils.imports import symbol_by_name
@@ -137,6 +141,39 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         ]
     return []
+
+
+def lease_problems(settings: conf.Settings, kinds: Mapping[str, registry.Kind]) -> list[str]:
+    """The leases (the default, then each kind's) not longer than the heartbeat interval; none with heartbeats off."""
+    beat = settings.heartbeat_seconds
+    if beat <= 0:  # heartbeats off: the sweeper goes by claimed_at and sweep_after_seconds instead
+        return []
+    problems = []
+    if settings.lease_seconds <= beat:
+        problems.append(f"SCHEDULING_LEASE_SECONDS = {settings.lease_seconds}")
+    problems += [
+        f"kind {name!r} lease_seconds = {kind.lease_seconds}"
+        for name, kind in sorted(kinds.items())
+        if kind.lease_seconds <= beat
+    ]
+    return problems
+
+
+@checks.register()
+def check_lease_outlives_heartbeat(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A lease at or below the heartbeat interval expires between two renewals: the sweeper takes back live jobs."""
+    settings = conf.get()
+    problems = lease_problems(settings, registry.all_kinds())
+    if not problems:
+        return []
+    return [
+        checks.Error(
+            f"A lease is not longer than the heartbeat interval (SCHEDULING_HEARTBEAT_SECONDS = "
+            f"{settings.heartbeat_seconds:g}): {'; '.join(problems)}. Running jobs would be swept and run again.",
+            hint="Make every lease several heartbeats long (the default: 30 s against 5 s), or heartbeat more often.",
+            id="scheduling.E007",
+        )
+    ]
 
 
 def is_timekeeper_scheduler(scheduler: Any) -> bool:

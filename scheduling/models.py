@@ -101,8 +101,8 @@ class ScheduledJob(models.Model):
         max_length=200,
         null=True,
         blank=True,
-        help_text="Optional business key: at most one pending or claimed job per owner and key "
-        "(e.g. trial-ending:42); jobs without an owner share the system's namespace.",
+        help_text="Optional business key: at most one job waiting to run per owner and key "
+        "(e.g. trial-ending:42), beside any running one; jobs without an owner share the system's namespace.",
     )
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -146,13 +146,19 @@ class ScheduledJob(models.Model):
             models.Index(fields=["owner", "state"], name="scheduledjob_owner_state_idx"),
         ]
         constraints = [
-            # Keys are per owner: one live job per (owner, key), NULL owner = the system's namespace
-            # (coalesce to 0, no user has that id). The upserts name this index in ON CONFLICT.
+            # Keys are per owner: one waiting job per (owner, key), NULL owner = the system's namespace
+            # (coalesce to 0, no user has that id). Waiting: pending and never run, or claimed on its
+            # first attempt and not yet started by a worker. A started (running) job is outside the
+            # index, so schedule(key=K) never meets its row lock and a successor can wait beside it;
+            # the rows a failed, released or swept attempt returns to pending (attempts >= 1) are
+            # outside it too, so those paths never meet a unique violation. The upserts name this
+            # predicate in ON CONFLICT (queries.sql); pending retries are found there by look-up.
             models.UniqueConstraint(
                 Coalesce("owner", models.Value(0)),
                 "key",
-                name="scheduledjob_live_owner_key_uniq",
-                condition=models.Q(state__in=["pending", "claimed"], key__isnull=False),
+                name="scheduledjob_waiting_owner_key_uniq",
+                condition=models.Q(key__isnull=False)
+                & (models.Q(state="pending", attempts=0) | models.Q(state="claimed", claimed_by="", attempts=1)),
             ),
             models.CheckConstraint(
                 condition=models.Q(state__in=["pending", "claimed", "done", "cancelled", "dead"]),

@@ -13,7 +13,7 @@ SchedulingError
  ├── JobStateConflict               the job is not in a state that allows the change
  │    ├── JobNotCancellable
  │    └── JobNotReschedulable
- ├── KeyConflict                    on_conflict="error" and the key already has a live job
+ ├── KeyConflict                    on_conflict="error" and the key already has a waiting job
  ├── LockNotAcquired                an advisory lock is held by someone else
  ├── InvalidCronExpression          a cron expression or nickname cannot be parsed
  ├── UnknownTimeZone                a zone the tz database does not know
@@ -113,10 +113,13 @@ class JobNotReschedulable(JobStateConflict):
 
 
 class KeyConflict(SchedulingError):
-    """Raised by ``schedule(..., on_conflict="error")`` when the key already has a live job."""
+    """Raised by ``schedule(..., on_conflict="error")`` when the key already has a job waiting to run.
+
+    A running job alone does not raise: its successor is scheduled beside it.
+    """
 
     def __init__(self, key: str, job_id: int) -> None:
-        super().__init__(f"Key {key!r} already has a live job ({job_id}).")
+        super().__init__(f"Key {key!r} already has a live job ({job_id}).")  # live: waiting to run
         self.key = key
         self.job_id = job_id
 
@@ -143,6 +146,7 @@ class ScheduleNotFound(SchedulingError):
     def __init__(self, name: str) -> None:
         super().__init__(f"No fixed-time schedule is named {name!r}.")
         self.name = name
+
 
 __all__ = [
     "BrokerNotConfigured",

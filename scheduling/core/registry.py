@@ -72,6 +72,19 @@ class Job:
 
         return store.job_owner_id(self.id)
 
+    @functools.cached_property
+    def key(self) -> str | None:
+        """The job's business key (None without one, and off the table path), read from its row on first use.
+
+        The chain recipe: a handler schedules its entity's next run under its own key
+        (``api.schedule(job.kind, payload, key=job.key, owner=job.owner_id, delay=...)``).
+        """
+        if self.mechanism != "table" or self.id is None:
+            return None
+        from scheduling.core import store
+
+        return store.job_key(self.id)
+
     @property
     def idempotency_key(self) -> str:
         """Stable across re-runs of the same job (not of the same attempt): key side effects on it."""

@@ -119,7 +119,7 @@ class DueJob:
 
 @dataclasses.dataclass(frozen=True)
 class LiveJob:
-    """The pending or claimed job holding a key."""
+    """A key's job for cancel and reschedule by key: its newest pending one, else its newest claimed one."""
 
     id: int
     state: JobState
@@ -150,15 +150,17 @@ class KeyedUpsert:
     id: int
     due_at: dt.datetime
     in_seconds: float  # until due, by the database clock
-    inserted: bool  # False: the (owner, key)'s live job was replaced or kept
+    inserted: bool  # False: the (owner, key)'s waiting job was moved or kept
     state: str
 
 
 def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
-    """Insert a keyed job, or meet the owner's live job for the key, in one statement.
+    """Insert a keyed job, or meet the owner's waiting job for the key: one statement, never waiting on a running job.
 
-    ``replace`` moves a pending live job (None when the live job is claimed: it is running);
-    ``keep`` and ``error`` return the live job unchanged (``inserted`` False).
+    The key's waiting job is pending (or claimed and not yet started); a running job (started) is
+    left alone and a new row becomes its successor. ``replace`` moves the waiting job (a claim not
+    yet started is taken back); ``keep`` and ``error`` return it unchanged (``inserted`` False).
+    None only if the statement returned nothing (not expected: every branch returns its row).
     """
     assert job.key is not None
     params = {
@@ -182,6 +184,12 @@ def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
 def job_owner_id(job_id: int) -> int | None:
     """The owner of job ``job_id`` (None: the system's, or no such job)."""
     rows = _fetchall("job_owner_id", {"id": job_id})
+    return rows[0][0] if rows else None
+
+
+def job_key(job_id: int) -> str | None:
+    """The business key of job ``job_id`` (None: it has none, or no such job)."""
+    rows = _fetchall("job_key", {"id": job_id})
     return rows[0][0] if rows else None
 
 
@@ -217,7 +225,7 @@ def notify_due(channel: str) -> None:
 
 
 def live_job_by_key(key: str, owner_id: int | None = None) -> LiveJob | None:
-    """The pending or claimed job holding ``key`` for ``owner_id`` (None: the system's), if any."""
+    """``key``'s job for ``owner_id`` (None: the system's): its newest pending job, else its newest claimed one."""
     rows = _records("live_job_by_key", {"key": key, "owner_id": owner_id})
     return LiveJob(id=rows[0]["id"], state=JobState(rows[0]["state"])) if rows else None
 
@@ -558,8 +566,14 @@ def _fetchall_explained(name: str) -> Any:
 
 
 def database_now() -> dt.datetime:
-    """The database clock: what every due-time decision uses."""
+    """The database clock: what every due-time decision uses (inside a transaction: its start)."""
     now: dt.datetime = _fetchall("database_now", {})[0][0]
+    return now
+
+
+def database_clock() -> dt.datetime:
+    """The database clock at this instant, even inside a long transaction: where a delay counts from."""
+    now: dt.datetime = _fetchall("database_clock", {})[0][0]
     return now
 
 

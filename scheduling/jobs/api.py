@@ -44,12 +44,17 @@ def schedule(
 ) -> ScheduledJob:
     """Schedule ``kind`` with ``payload`` at ``due_at`` (aware) or after ``delay`` (by the database clock).
 
-    Keys belong to their owner (``owner=None``: the system's namespace): a key never reaches
-    another owner's job. With a ``key``, a second job for a key whose job is still pending either
-    moves that job (``replace``), leaves it (``keep``: the existing job is returned) or raises
-    ``KeyConflict`` (``error``), decided by one statement (no check-then-insert window). A key
-    whose job is running (claimed) cannot be replaced: ``JobNotReschedulable``. ``priority``
-    (0-9, default the kind's): among due jobs, a higher one is claimed first.
+    ``delay`` counts from this call (``clock_timestamp()``), even inside a transaction opened long
+    before; ``delay=0`` is due at once (the transaction's ``now()``, so a claim in the same
+    transaction sees it due). Keys belong to their owner (``owner=None``: the system's namespace): a key never
+    reaches another owner's job. A key names at most one *waiting* job: pending, or claimed and not
+    yet started by a worker. A second schedule for the key either moves that job (``replace``;
+    a claim not yet started is taken back), leaves it (``keep``: the waiting job is returned) or
+    raises ``KeyConflict`` (``error``), decided by one statement (no check-then-insert window).
+    A *running* job (started) is never touched and never waited for: with no job waiting, every
+    mode inserts the key's next job, which waits beside the running one (the chain recipe: a
+    handler schedules its own key's next run). ``priority`` (0-9, default the kind's): among due
+    jobs, a higher one is claimed first.
     """
     return schedule_with_outcome(
         kind,
@@ -109,17 +114,12 @@ def schedule_with_outcome(
             job_id, stored_due_at, in_seconds = row.id, row.due_at, row.in_seconds
         else:
             upserted = store.upsert_keyed_job(new, on_conflict)
-            if upserted is None:  # replace met a running (claimed) job, or it finished meanwhile
-                live = store.live_job_by_key(key, owner_id)
-                if live is not None:
-                    raise exceptions.JobNotReschedulable(live.id, live.state)
-                upserted = store.upsert_keyed_job(new, on_conflict)
-                if upserted is None:
-                    raise exceptions.KeyConflict(key, -1)
+            if upserted is None:  # every branch of the statement returns its row: not expected
+                raise exceptions.KeyConflict(key, -1)
             if not upserted.inserted and on_conflict == "error":
                 raise exceptions.KeyConflict(key, upserted.id)
             if not upserted.inserted and on_conflict == "keep":
-                logger.info("schedule kept the live job for the key", extra={"job_id": upserted.id, "action": "kept"})
+                logger.info("schedule kept the key's waiting job", extra={"job_id": upserted.id, "action": "kept"})
                 span.set("job_id", upserted.id)
                 span.set("outcome", "kept")
                 return ScheduledJob.objects.get(pk=upserted.id), "kept"
@@ -187,6 +187,13 @@ def schedule_many(
         return [row.id for row in rows]
 
 
+def _from_now(delay: float) -> dt.datetime:
+    """The due time ``delay`` seconds from this call by the database clock (0: due at once, as in schedule())."""
+    if delay > 0:
+        return store.database_clock() + dt.timedelta(seconds=delay)
+    return store.database_now()
+
+
 def _find(job_id: int | None, key: str | None, owner: Any = None) -> int:
     if (job_id is None) == (key is None):
         raise exceptions.InvalidSchedule("Give exactly one of job_id and key.")
@@ -231,7 +238,7 @@ def reschedule(
     target = _find(job_id, key, owner)
     if resolved_due_at is None:
         assert resolved_delay is not None
-        resolved_due_at = store.database_now() + dt.timedelta(seconds=resolved_delay)
+        resolved_due_at = _from_now(resolved_delay)
     asked_at = time.monotonic()
     row = store.reschedule_job(target, resolved_due_at)
     if row is not None:
@@ -252,7 +259,6 @@ def status() -> dict[str, Any]:
     settings = conf.get()
     numbers = store.backlog_status(settings.stuck_after_seconds, settings.status_exact_limit)
     return {**dataclasses.asdict(numbers), "estimated": list(numbers.estimated)}
-
 
 
 # --- Kind controls: pause, resume, cap ------------------------------------------------------------
@@ -408,7 +414,7 @@ def reschedule_many(
         return _bulk_result(selected, [], "rescheduled")
     if resolved_due_at is None:
         assert resolved_delay is not None
-        resolved_due_at = store.database_now() + dt.timedelta(seconds=resolved_delay)
+        resolved_due_at = _from_now(resolved_delay)
     asked_at = time.monotonic()
     moved = store.reschedule_jobs(selected, resolved_due_at)
     if moved:

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0008_schedulepolicy_suspended_disables_task"),
+        ("scheduling", "0009_scheduledjob_key_unique_among_waiting_jobs"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -216,7 +216,7 @@ def _schemas() -> dict[str, Any]:
                     "nullable": True,
                     "minLength": 1,
                     "maxLength": validation.MAX_KEY_LENGTH,
-                    "description": "One live job per (caller, key).",
+                    "description": "One job waiting to run per (caller, key); a running one does not count.",
                 },
                 "on_conflict": {"type": "string", "enum": list(jobs_api_functions.ON_CONFLICT_CHOICES)},
                 "max_attempts": {

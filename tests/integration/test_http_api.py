@@ -98,11 +98,11 @@ def test_create_returns_201_with_location_and_stores_an_owned_job(alice):
 
 
 def test_create_with_delay_uses_the_database_clock(alice):
-    """A delay in seconds is added to the database's now()."""
+    """A delay in seconds is added to the database clock at the call (clock_timestamp())."""
     response = post_json(logged_in(alice), URL, {"kind": "demo.noop", "delay": 120, "max_attempts": 2})
     assert response.status_code == 201
     job = ScheduledJob.objects.get(pk=response.json()["job"]["id"])
-    ahead = (job.due_at - store.database_now()).total_seconds()
+    ahead = (job.due_at - store.database_clock()).total_seconds()
     assert 110 < ahead <= 120
     assert job.max_attempts == 2
 

@@ -50,3 +50,48 @@ def test_0008_disables_suspended_schedules_and_suspends_disabled_ones():
         for name, pk in rows.items()
     }
     assert state == {"suspended": (False, True), "disabled": (False, True), "running": (True, False)}
+
+
+KEYS_BEFORE = ("scheduling", "0008_schedulepolicy_suspended_disables_task")
+KEYS_AFTER = ("scheduling", "0009_scheduledjob_key_unique_among_waiting_jobs")
+
+
+def _keyed_row(state: str, attempts: int, claimed_by: str = "") -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO scheduling_scheduledjob (kind, payload, due_at, state, lease_seconds, attempts, max_attempts,"
+            " last_error, key, claimed_by, token, claimed_at, priority)"
+            " VALUES ('demo.noop', '{}', now(), %(state)s, 30, %(attempts)s, 5, '', 'acct:1', %(by)s,"
+            " CASE WHEN %(state)s = 'claimed' THEN gen_random_uuid() END,"
+            " CASE WHEN %(state)s = 'claimed' THEN now() END, 0)",
+            {"state": state, "attempts": attempts, "by": claimed_by},
+        )
+
+
+def test_0009_keeps_rows_that_fit_and_lets_a_successor_wait_beside_a_running_job():
+    """Rows valid under the old key index migrate; afterwards a running job and a waiting successor share a key."""
+    _migrate(KEYS_BEFORE)
+    _keyed_row("claimed", 1, claimed_by="worker:1")
+    _migrate(KEYS_AFTER)
+    _keyed_row("pending", 0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT state FROM scheduling_scheduledjob WHERE key = 'acct:1' ORDER BY id")
+        assert [r[0] for r in cursor.fetchall()] == ["claimed", "pending"]
+        cursor.execute("DELETE FROM scheduling_scheduledjob")
+
+
+def test_0009_refuses_rows_the_new_index_would_reject_and_names_their_key():
+    """Two waiting jobs of one key (old index dropped by hand): the migration stops, naming the key."""
+    _migrate(KEYS_BEFORE)
+    with connection.cursor() as cursor:
+        cursor.execute("DROP INDEX scheduledjob_live_owner_key_uniq")
+    _keyed_row("pending", 0)
+    _keyed_row("claimed", 1)
+    with pytest.raises(RuntimeError, match="acct:1"):
+        _migrate(KEYS_AFTER)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM scheduling_scheduledjob")
+        cursor.execute(
+            "CREATE UNIQUE INDEX scheduledjob_live_owner_key_uniq ON scheduling_scheduledjob"
+            " ((coalesce(owner_id, 0)), key) WHERE key IS NOT NULL AND state IN ('pending', 'claimed')"
+        )

@@ -1,12 +1,15 @@
 """A hypothesis state machine over a job's life against real PostgreSQL: the store's conditional UPDATEs.
 
-Rules: schedule (with or without a key), cancel, reschedule, claim, start, heartbeat, complete,
-fail and release (each with the current claim token or a stale one), crash (the holder vanishes:
+Rules: schedule (with or without a key), cancel, reschedule, claim, unclaim, start, heartbeat,
+complete, fail and release (each with the current claim token or a stale one), crash (the holder vanishes:
 its heartbeat is moved back past the lease, time travel in the database), sweep, and retry a dead
 job. A plain Python model predicts every answer; after every step the rows must match it and:
 
 - a job is in exactly one state, and done / cancelled / dead never change again (except an
   explicit retry of a dead job);
+- a key has at most one first-attempt waiting job (pending and never run, or claimed and not yet
+  started); a running job is never touched by a keyed schedule, whose successor waits beside it,
+  and no path (fail, release, sweep, unclaim, retry) ever meets the unique index;
 - attempts never exceed max_attempts; a dead job spent exactly max_attempts;
 - never two live claims: a claimed row carries the one token of its latest claim, tokens are
   never reused, and a stale token never starts, heartbeats, completes, fails or releases anything;
@@ -118,10 +121,24 @@ class JobLifeMachine(RuleBasedStateMachine):
             job.state = JobState.DEAD if job.attempts >= job.max_attempts else JobState.PENDING
             job.token = None
 
-    def _live_key_owner(self, key: str) -> int | None:
-        live = [i for i, j in self.model.items() if j.key == key and j.state in (JobState.PENDING, JobState.CLAIMED)]
-        assert len(live) <= 1
-        return live[0] if live else None
+    def _first_waiting(self, key: str) -> int | None:
+        """The key's job in the unique index: pending and never run, or claimed on attempt 1 and not started."""
+        waiting = [
+            i
+            for i, j in self.model.items()
+            if j.key == key
+            and (
+                (j.state == JobState.PENDING and j.attempts == 0)
+                or (j.state == JobState.CLAIMED and not j.started and j.attempts == 1)
+            )
+        ]
+        assert len(waiting) <= 1
+        return waiting[0] if waiting else None
+
+    def _pending_retry(self, key: str) -> int | None:
+        """The key's newest pending retry (a started attempt ended and it waits again)."""
+        retries = [i for i, j in self.model.items() if j.key == key and j.state == JobState.PENDING and j.attempts > 0]
+        return max(retries) if retries else None
 
     def _ever_claimed(self) -> list[int]:
         return sorted(i for i, j in self.model.items() if j.tokens)
@@ -148,7 +165,8 @@ class JobLifeMachine(RuleBasedStateMachine):
         assert [s.id for s in store.start_jobs([(job_id, job.token)], "model:1")] == [job_id]
         job.started = True
         assert store.start_jobs([(job_id, job.token)], "model:2") == [], "a redelivered batch runs nothing"
-        assert self.schedule_keyed(key=KEYS[0], due=False, max_attempts=1) == job_id, "a running job is not replaced"
+        successor = self.schedule_keyed(key=KEYS[0], due=False, max_attempts=1)
+        assert successor != job_id, "a running job is not replaced: its successor waits beside it"
         return job_id
 
     @rule(target=jobs, due=st.booleans(), max_attempts=st.integers(1, 3))
@@ -160,21 +178,23 @@ class JobLifeMachine(RuleBasedStateMachine):
 
     @rule(target=jobs, key=st.sampled_from(KEYS), due=st.booleans(), max_attempts=st.integers(1, 3))
     def schedule_keyed(self, key: str, due: bool, max_attempts: int) -> int:
-        owner = self._live_key_owner(key)
-        if owner is not None and self.model[owner].state == JobState.CLAIMED:
-            refused = _refused(
-                exceptions.JobNotReschedulable,
-                lambda: api.schedule(KIND, {}, due_at=_when(due), key=key, max_attempts=max_attempts),
-            )
-            assert (refused.job_id, refused.state) == (owner, JobState.CLAIMED)
-            return owner
+        waiting, retry = self._first_waiting(key), self._pending_retry(key)
         job = api.schedule(KIND, {}, due_at=_when(due), key=key, max_attempts=max_attempts)
-        if owner is not None:  # replace: the pending job moves, with a budget for at least one more try
-            assert job.id == owner
-            moved = self.model[owner]
+        if waiting is not None:  # replace: the waiting job moves; a claim not yet started is taken back
+            assert job.id == waiting
+            moved = self.model[waiting]
+            if moved.state == JobState.CLAIMED:
+                moved.state, moved.token, moved.attempts, moved.expired = JobState.PENDING, None, 0, False
+            moved.due = due
+            moved.max_attempts = max_attempts
+            return waiting
+        if retry is not None:  # replace: the pending retry moves, with a budget for at least one more try
+            assert job.id == retry
+            moved = self.model[retry]
             moved.due = due
             moved.max_attempts = max(max_attempts, moved.attempts + 1)
-            return owner
+            return retry
+        assert job.id not in self.model, "with nothing waiting (the key free or only running), a new job"
         self.model[job.id] = ModelJob(max_attempts=max_attempts, key=key, due=due)
         return job.id
 
@@ -214,6 +234,20 @@ class JobLifeMachine(RuleBasedStateMachine):
             job.tokens.append(c.token)
             if len(job.tokens) > 1:
                 self._stale_token_changes_nothing(c.id, job.tokens[-2])
+
+    @precondition(lambda self: self._ever_claimed())
+    @rule(data=st.data(), choice=TOKEN_CHOICES)
+    def unclaim(self, data: st.DataObject, choice: str) -> None:
+        """The claim could not send its batch: a claim not yet started goes back, its attempt given back."""
+        job_id = self._pick(data)
+        job = self.model[job_id]
+        token = self._token(job, choice)
+        back = store.unclaim_jobs([(job_id, token)])
+        if self._holds(job, token) and not job.started:
+            assert back == [job_id]
+            job.state, job.token, job.attempts, job.expired = JobState.PENDING, None, job.attempts - 1, False
+        else:
+            assert back == []
 
     def _stale_token_changes_nothing(self, job_id: int, stale: str) -> None:
         """Right after a re-claim, the previous holder's token can do nothing at all."""
@@ -319,7 +353,10 @@ class JobLifeMachine(RuleBasedStateMachine):
     @rule(job_id=jobs)
     def retry_dead(self, job_id: int) -> None:
         job = self.model[job_id]
-        key_taken = job.key is not None and self._live_key_owner(job.key) is not None
+        key_taken = job.key is not None and any(
+            j.key == job.key and (j.state == JobState.PENDING or (j.state == JobState.CLAIMED and not j.started))
+            for j in self.model.values()
+        )
         retried = store.retry_dead_jobs([job_id])
         if job.state == JobState.DEAD and not key_taken:
             assert retried == [job_id]
@@ -346,6 +383,11 @@ class JobLifeMachine(RuleBasedStateMachine):
                 assert token is None
             if state == JobState.DEAD:
                 assert attempts == max_attempts, "dead only when the attempts are spent"
+
+    @invariant()
+    def one_waiting_job_per_key(self) -> None:
+        for key in KEYS:
+            self._first_waiting(key)  # asserts at most one
 
     @invariant()
     def final_states_never_change(self) -> None:

@@ -6,7 +6,7 @@ from celery import Celery
 from django.test import override_settings
 
 from scheduling import checks
-from scheduling.core import broker
+from scheduling.core import broker, conf, registry
 from tests.celeryconf import override_celery
 
 
@@ -138,3 +138,45 @@ def test_cancel_on_connection_loss_on_is_w003():
     """Cancelling late-acked tasks on a connection loss (Celery 6's default) warns with scheduling.W003."""
     with override_celery(worker_cancel_long_running_tasks_on_connection_loss=True):
         assert _ids(checks.check_cancel_on_connection_loss()) == ["scheduling.W003"]
+
+
+def _kind(name: str, lease_seconds: int) -> registry.Kind:
+    return registry.Kind(
+        name=name,
+        func=lambda job: None,
+        schema=None,
+        timeout_seconds=10.0,
+        max_attempts=1,
+        backoff=registry.Backoff(),
+        lease_seconds=lease_seconds,
+        batch_size=1,
+        description="",
+    )
+
+
+def test_registered_kinds_and_project_settings_pass_e007(monkeypatch):
+    """The project's lease (30 s) and every kind of the project's apps outlive the 5 s heartbeat: E007 is silent."""
+    # Kinds that other test modules register with second-long leases (they heartbeat faster) are left out.
+    project_kinds = {n: k for n, k in registry.all_kinds().items() if not k.func.__module__.startswith("tests.")}
+    assert "reminders.trial_ending" in project_kinds
+    monkeypatch.setattr(registry, "_kinds", project_kinds)
+    assert checks.check_lease_outlives_heartbeat() == []
+
+
+@override_settings(SCHEDULING_LEASE_SECONDS=5, SCHEDULING_HEARTBEAT_SECONDS=5)
+def test_default_lease_not_longer_than_the_heartbeat_is_e007():
+    """A default lease equal to the heartbeat interval fails scheduling.E007, naming the setting."""
+    (error,) = checks.check_lease_outlives_heartbeat()
+    assert error.id == "scheduling.E007"
+    assert "SCHEDULING_LEASE_SECONDS = 5" in error.msg
+
+
+def test_a_kinds_lease_not_longer_than_the_heartbeat_is_named():
+    """A kind whose own lease_seconds is at or below the heartbeat is named; longer ones and heartbeats off pass."""
+    kinds = {"ok.long": _kind("ok.long", 6), "bad.short": _kind("bad.short", 5), "bad.shorter": _kind("bad.shorter", 1)}
+    settings = conf.Settings(heartbeat_seconds=5.0, lease_seconds=30)
+    assert checks.lease_problems(settings, kinds) == [
+        "kind 'bad.short' lease_seconds = 5",
+        "kind 'bad.shorter' lease_seconds = 1",
+    ]
+    assert checks.lease_problems(conf.Settings(heartbeat_seconds=0.0, lease_seconds=1), kinds) == []
