@@ -1,19 +1,22 @@
 """Installing the wheel into a fresh ``django-admin startproject``: the standard Celery setup runs jobs.
 
-The wheel is built from this checkout and installed (``--no-deps``) into a new virtualenv whose
-dependencies come from the test environment's site-packages through a ``.pth`` file. Every command
-of the fresh project runs with the temporary directory as its working directory and as its only
-``PYTHONPATH`` entry, so ``scheduling`` is imported from the wheel, never from this checkout.
+The wheel is built from this checkout and installed with its declared dependencies, resolved by
+pip, into a new virtualenv that sees nothing of the test environment: a dependency the wheel
+forgets to declare (``packaging`` for kombu's Redis transport, once) stops its worker at start.
+The versions are pinned to the test environment's (a constraints file), so pip takes them from its
+cache and the fresh project runs what the suite ran. Every command of the fresh project runs with
+the temporary directory as its working directory and as its only ``PYTHONPATH`` entry, so
+``scheduling`` is imported from the wheel, never from this checkout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import signal
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import uuid
 import zipfile
@@ -29,7 +32,6 @@ from tests.e2e import harness
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_SITE_PACKAGES = sysconfig.get_paths()["purelib"]  # the dependencies, as the running interpreter has them
 POSTGRES = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 REDIS_URL = "redis://127.0.0.1:6379/15"
 FIXED_EVERY_SECONDS = 2
@@ -118,19 +120,31 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+def constraints(where: Path) -> Path:
+    """A pip constraints file pinning every distribution of the test environment to its version here."""
+    pins = sorted(
+        {
+            f"{dist.metadata['Name']}=={dist.version}"
+            for dist in importlib.metadata.distributions()
+            if dist.metadata["Name"] and dist.metadata["Name"].lower() != "django-timekeeper"
+        }
+    )
+    path = where / "constraints.txt"
+    path.write_text("\n".join(pins) + "\n")
+    return path
+
+
 @pytest.fixture(scope="module")
 def python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtualenv's interpreter with the wheel installed and the dependencies seen through a .pth file."""
+    """A fresh virtualenv's interpreter with the wheel and its declared dependencies (and nothing else) installed."""
     venv = tmp_path_factory.mktemp("venv")
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], venv, dict(os.environ))
     interpreter = venv / "bin" / "python"
-    site = run([str(interpreter), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], venv, {})
-    (Path(site.stdout.strip()) / "timekeeper_test_dependencies.pth").write_text(SHARED_SITE_PACKAGES + "\n")
-    run(
-        [sys.executable, "-m", "pip", "--python", str(interpreter), "install", "--no-deps", "--no-index", str(wheel)],
-        venv,
-        dict(os.environ),
-    )
+    pip = [sys.executable, "-m", "pip", "--python", str(interpreter)]
+    run([*pip, "install", "--constraint", str(constraints(venv)), str(wheel)], venv, dict(os.environ), timeout=600)
+    run([*pip, "check"], venv, dict(os.environ))  # every installed distribution's own requirements are met
+    isolated = "import importlib.util, sys; sys.exit(importlib.util.find_spec('pytest') is not None)"
+    run([str(interpreter), "-c", isolated], venv, {})  # the test environment's packages are not visible
     return interpreter
 
 
