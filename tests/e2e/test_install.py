@@ -36,7 +36,7 @@ POSTGRES = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 REDIS_URL = "redis://127.0.0.1:6379/15"
 FIXED_EVERY_SECONDS = 2
 
-CELERY_PY = '''\
+CELERY_PY = """\
 import os
 
 from celery import Celery
@@ -46,22 +46,22 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
 app = Celery("shop")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-'''
+"""
 
-INIT_PY = '''\
+INIT_PY = """\
 from .celery import app as celery_app
 
 __all__ = ("celery_app",)
-'''
+"""
 
-SETTINGS_TAIL = '''
+SETTINGS_TAIL = """
 INSTALLED_APPS += ["django_celery_beat", "scheduling", "billing"]
 DATABASES = {{"default": {{"ENGINE": "django.db.backends.postgresql", "NAME": "{database}",
                           "HOST": "127.0.0.1", "PORT": 5432, "USER": "postgres"}}}}
 CELERY_BROKER_URL = "{redis_url}"
 CELERY_BROKER_TRANSPORT_OPTIONS = {{"global_keyprefix": "{prefix}"}}
 CELERY_BEAT_SCHEDULER = "scheduling.fixed.beat:LeaderDatabaseScheduler"
-'''
+"""
 
 JOBS_PY = '''\
 from pathlib import Path
