@@ -1,4 +1,5 @@
 """dev.py without running its commands: requirements stamps, usage text, the children's argv."""
+
 from __future__ import annotations
 
 from pathlib import Path
