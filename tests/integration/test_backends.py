@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 
+import django
 import pytest
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.test import override_settings
@@ -330,3 +332,14 @@ def test_the_backend_check_names_bad_queues_and_options():
     bad = backends.TimekeeperBackend("bad", {"QUEUES": [], "OPTIONS": {"retries": 3}})
     assert [m.id for m in bad.check()] == ["scheduling.E009", "scheduling.E009"]
     assert list(task_backends["default"].check()) == []
+
+
+@pytest.mark.skipif(django.VERSION >= (6, 0), reason="the backport's app matters only before Django 6.0")
+def test_the_backport_missing_from_installed_apps_is_a_warning():
+    """scheduling.W006: on Django 5.2, TASKS with Timekeeper's backend and no 'django_tasks' app."""
+    from scheduling import checks as scheduling_checks
+
+    assert scheduling_checks.check_tasks_backport() == []
+    without = [app for app in settings.INSTALLED_APPS if app != "django_tasks"]
+    with override_settings(INSTALLED_APPS=without):
+        assert [m.id for m in scheduling_checks.check_tasks_backport()] == ["scheduling.W006"]
