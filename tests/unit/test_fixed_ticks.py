@@ -149,7 +149,7 @@ def test_declared_nickname_is_the_same_schedule_as_its_expansion(nickname, expli
         (
             {"cron": "0 3 * * *", "timezone": "Europe/Lisbon", "active_deadline_seconds": 82_800},
             exceptions.InvalidPolicy,
-        ),
+        ),  # noqa: E501
         ({"cron": "0 3 * * *", "dst_gap": "later"}, exceptions.InvalidPolicy),
     ],
 )
