@@ -1,5 +1,4 @@
 """The demo data command the run command calls."""
-
 from __future__ import annotations
 
 import pytest

@@ -3,7 +3,6 @@
 Every command a container runs must name something this project has: a Celery subcommand on the
 ``project`` app, ``project.wsgi:application`` for gunicorn, a ``manage.py`` command Django knows.
 """
-
 from __future__ import annotations
 
 import importlib.util
@@ -270,11 +269,8 @@ def test_production_image_installs_no_embedded_servers() -> None:
 
 def test_dockerfile_command_names_something_the_project_has(facts: dict[str, Any]) -> None:
     """The image's default CMD (and ENTRYPOINT, if any) names something the project has."""
-    commands = [
-        json.loads(arguments)
-        for instruction, arguments in dockerfile_instructions()
-        if instruction in {"CMD", "ENTRYPOINT"}
-    ]
+    commands = [json.loads(arguments) for instruction, arguments in dockerfile_instructions()
+                if instruction in {"CMD", "ENTRYPOINT"}]
     assert commands
     for command in commands:
         assert problems_with(command, facts) == []

@@ -1,5 +1,4 @@
 """Unit tests for scheduling.fixed.cron: parsing, DST-correct cron ticks and interval ticks (no database)."""
-
 from __future__ import annotations
 
 import functools
@@ -80,13 +79,8 @@ def transitions(zone_name: str, year: int) -> list[datetime]:
     return found
 
 
-def matcher(
-    minutes: set[int],
-    hours: set[int] | None = None,
-    days_of_month: set[int] | None = None,
-    months: set[int] | None = None,
-    days_of_week: set[int] | None = None,
-) -> Callable[[datetime], bool]:
+def matcher(minutes: set[int], hours: set[int] | None = None, days_of_month: set[int] | None = None,
+            months: set[int] | None = None, days_of_week: set[int] | None = None) -> Callable[[datetime], bool]:
     """An independent wall-time matcher (None = '*'), with the either-day rule when both days are restricted."""
 
     def matches(at: datetime) -> bool:
@@ -103,14 +97,8 @@ def matcher(
     return matches
 
 
-def oracle(
-    zone_name: str,
-    matches: Callable[[datetime], bool],
-    start: datetime,
-    end: datetime,
-    dst_gap: str,
-    wildcard: bool = False,
-) -> list[datetime]:
+def oracle(zone_name: str, matches: Callable[[datetime], bool], start: datetime, end: datetime,
+           dst_gap: str, wildcard: bool = False) -> list[datetime]:
     """Ticks in (start, end] found by walking every UTC minute.
 
     Fixed-time schedules: first occurrences and gap ends (shift). Wildcard ones (Debian's

@@ -1,5 +1,4 @@
 """project.error_reports: Django's error page shows no password, not even inside a URL."""
-
 from __future__ import annotations
 
 import sys

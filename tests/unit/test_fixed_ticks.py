@@ -146,10 +146,7 @@ def test_declared_nickname_is_the_same_schedule_as_its_expansion(nickname, expli
         ({"every": 0}, exceptions.InvalidSchedule),
         ({"every": 60, "timezone": "Europe/Lisbon"}, exceptions.InvalidSchedule),
         ({"every": 60, "active_deadline_seconds": 60}, exceptions.InvalidPolicy),
-        (
-            {"cron": "0 3 * * *", "timezone": "Europe/Lisbon", "active_deadline_seconds": 82_800},
-            exceptions.InvalidPolicy,
-        ),  # noqa: E501
+        ({"cron": "0 3 * * *", "timezone": "Europe/Lisbon", "active_deadline_seconds": 82_800}, exceptions.InvalidPolicy),  # noqa: E501
         ({"cron": "0 3 * * *", "dst_gap": "later"}, exceptions.InvalidPolicy),
     ],
 )

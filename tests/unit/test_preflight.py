@@ -1,5 +1,4 @@
 """project.preflight without servers: the variables' checks, and how a failure is reported."""
-
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,4 @@
 """project.redaction.redact: the one mask for passwords in printed text."""
-
 from __future__ import annotations
 
 import pytest
@@ -14,10 +13,7 @@ from project import redaction
         ("postgresql://app:secret@db/app", "postgresql://app:***@db/app"),
         ("db+postgresql+psycopg2://app:secret@db:5432/app", "db+postgresql+psycopg2://app:***@db:5432/app"),
         ("postgresql://app:p@ss@db/app", "postgresql://app:***@db/app"),  # an unquoted @ in the password
-        (
-            "postgresql://app@db:5432/app?password=secret&sslmode=require",
-            "postgresql://app@db:5432/app?password=***&sslmode=require",
-        ),
+        ("postgresql://app@db:5432/app?password=secret&sslmode=require", "postgresql://app@db:5432/app?password=***&sslmode=require"),
     ],
 )
 def test_redact_hides_the_password_of_a_url(text: str, expected: str) -> None:

@@ -1,5 +1,4 @@
 """project.services.decide: configured beats reachable beats embedded."""
-
 from __future__ import annotations
 
 import socket
@@ -102,10 +101,7 @@ def test_unknown_purpose_is_refused() -> None:
 def test_describe_hides_the_password() -> None:
     """A configured URL is printed with its password masked (project.redaction)."""
     choice = services.Choice("Redis", services.CONFIGURED, "redis://:secret@cache:6379/2")
-    assert (
-        services.describe(choice, "redis://:secret@cache:6379/2")
-        == "using configured Redis at redis://:***@cache:6379/2"
-    )
+    assert services.describe(choice, "redis://:secret@cache:6379/2") == "using configured Redis at redis://:***@cache:6379/2"
 
 
 def test_describe_says_where_a_service_comes_from() -> None:

@@ -1,5 +1,4 @@
 """project.env parsing and the settings module's production-mode refusal."""
-
 from __future__ import annotations
 
 import os
@@ -203,11 +202,7 @@ def _load_settings(**overrides: str) -> subprocess.CompletedProcess[str]:
     environ.update(overrides)
     return subprocess.run(
         [sys.executable, "-c", "import project.settings as s; print(s.DEBUG, s.SECURE_SSL_REDIRECT)"],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60,
     )
 
 
