@@ -68,6 +68,8 @@ DJANGO60_TESTS = [
     "tests/integration/test_security.py",
     "tests/integration/test_preflight.py",
 ]
+# Pure Python with no Django in it, and pinned to cronsim's behaviour: the 5.2 run covers it.
+DJANGO60_IGNORED = ["--ignore=tests/unit/test_cron_differential.py"]
 
 
 def say(message: str) -> None:
@@ -173,7 +175,7 @@ def django60_steps(python: Path) -> list[tuple[str, list[str]]]:
     return [
         ("Django 6.0: check", [str(python), "manage.py", "check"]),
         ("Django 6.0: makemigrations --check", [str(python), "manage.py", "makemigrations", "--check", "--dry-run"]),
-        ("Django 6.0: pytest", [str(python), "-m", "pytest", *DJANGO60_TESTS]),
+        ("Django 6.0: pytest", [str(python), "-m", "pytest", *DJANGO60_TESTS, *DJANGO60_IGNORED]),
     ]
 
 

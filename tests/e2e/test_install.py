@@ -61,6 +61,22 @@ DATABASES = {{"default": {{"ENGINE": "django.db.backends.postgresql", "NAME": "{
 CELERY_BROKER_URL = "{redis_url}"
 CELERY_BROKER_TRANSPORT_OPTIONS = {{"global_keyprefix": "{prefix}"}}
 CELERY_BEAT_SCHEDULER = "scheduling.fixed.beat:LeaderDatabaseScheduler"
+TASKS = {{"default": {{"BACKEND": "scheduling.backends.TimekeeperBackend"}}}}
+import django  # noqa: E402
+if django.VERSION < (6, 0):
+    INSTALLED_APPS += ["django_tasks"]
+"""
+
+TASKS_PY = """\
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport, from django-timekeeper[tasks]
+    from django_tasks import task
+
+
+@task
+def total(a, b):
+    return a + b
 """
 
 JOBS_PY = '''\
@@ -85,7 +101,12 @@ schedules.declare(name="billing-heartbeat", kind="billing.mark", every={every}, 
 SHELL_SCHEDULE = (
     "from scheduling import api; "
     "print('scheduled', api.schedule('billing.mark', {'name': 'scheduled'}, delay=1).id); "
-    "print('deferred', api.defer('billing.mark', {'name': 'deferred'}, 1).mechanism)"
+    "print('deferred', api.defer('billing.mark', {'name': 'deferred'}, 1).mechanism); "
+    "from billing.tasks import total; print('task', total.enqueue(2, 3).id)"
+)
+SHELL_RESULT = (
+    "from billing.tasks import total; r = total.get_result({id!r}); "
+    "print(r.status, r.attempts, r.return_value if r.is_finished else '')"
 )
 
 SHELL_DASHBOARD = (
@@ -141,7 +162,8 @@ def python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], venv, dict(os.environ))
     interpreter = venv / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", str(interpreter)]
-    run([*pip, "install", "--constraint", str(constraints(venv)), str(wheel)], venv, dict(os.environ), timeout=600)
+    wanted = f"{wheel}[tasks]"  # with the Tasks backport (Django 5.2) that docs/installing.md asks for
+    run([*pip, "install", "--constraint", str(constraints(venv)), wanted], venv, dict(os.environ), timeout=600)
     run([*pip, "check"], venv, dict(os.environ))  # every installed distribution's own requirements are met
     isolated = "import importlib.util, sys; sys.exit(importlib.util.find_spec('pytest') is not None)"
     run([str(interpreter), "-c", isolated], venv, {})  # the test environment's packages are not visible
@@ -209,7 +231,7 @@ def started(argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> Itera
 def test_fresh_project_with_the_standard_celery_setup_runs_all_three_mechanisms(
     python: Path, tmp_path: Path, database: str, key_prefix: str
 ):
-    """pip install, INSTALLED_APPS, celery.py, migrate, billing/jobs.py, a worker and beat: each kind of job runs."""
+    """pip install, INSTALLED_APPS, celery.py, migrate, jobs.py and a @task in tasks.py, a worker and beat: all run."""
     site, env = startproject(python, tmp_path)
     where = run([str(python), "-c", "import scheduling; print(scheduling.__file__)"], site, env).stdout
     assert where.startswith(str(python.parent.parent)), f"scheduling imported from {where}, not the wheel"
@@ -218,6 +240,7 @@ def test_fresh_project_with_the_standard_celery_setup_runs_all_three_mechanisms(
     with (site / "shop" / "settings.py").open("a") as settings:
         settings.write(SETTINGS_TAIL.format(database=database, redis_url=REDIS_URL, prefix=key_prefix))
     (site / "billing" / "jobs.py").write_text(JOBS_PY.format(every=FIXED_EVERY_SECONDS))
+    (site / "billing" / "tasks.py").write_text(TASKS_PY)
 
     check = run([str(python), "manage.py", "check"], site, env)
     assert "System check identified no issues" in check.stdout, check.stdout + check.stderr
@@ -244,6 +267,18 @@ def test_fresh_project_with_the_standard_celery_setup_runs_all_three_mechanisms(
                 120,
                 message=f"the {name} job to run (logs in {tmp_path})",
             )
+        (task_id,) = [line.split()[1] for line in said.splitlines() if line.startswith("task ")]
+        shell_result = [str(python), "manage.py", "shell", "-c", SHELL_RESULT.format(id=task_id)]
+        harness.wait_for(
+            lambda: (
+                run(shell_result, site, env).stdout.splitlines()[-1].startswith("SUCCESSFUL")
+                or worker.poll() is not None
+            ),
+            120,
+            interval=1,
+            message=f"the Django task to run (logs in {tmp_path})",
+        )
+        assert run(shell_result, site, env).stdout.splitlines()[-1].split() == ["SUCCESSFUL", "1", "5"]
         assert worker.poll() is None, worker_log.read_text()[-4000:]
         assert beat.poll() is None, beat_log.read_text()[-4000:]
     assert {name: (ran / name).read_text() for name in ("scheduled", "deferred", "fixed")} == {
