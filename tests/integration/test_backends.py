@@ -343,3 +343,16 @@ def test_the_backport_missing_from_installed_apps_is_a_warning():
     without = [app for app in settings.INSTALLED_APPS if app != "django_tasks"]
     with override_settings(INSTALLED_APPS=without):
         assert [m.id for m in scheduling_checks.check_tasks_backport()] == ["scheduling.W006"]
+
+
+def test_a_cap_on_the_tasks_kind_limits_how_many_are_claimed():
+    """api.set_max_running on a task's kind: of two due tasks one is claimed, the other waits READY."""
+    from scheduling.core import store
+
+    first, second = tasks.add.enqueue(1, 0), tasks.add.enqueue(2, 0)
+    api.set_max_running("tests.taskkit.tasks.add", 1)
+    assert len(store.claim_due_jobs(10)) == 1
+    assert store.claim_due_jobs(10) == []
+    statuses = {tasks.add.get_result(r.id).status for r in (first, second)}
+    assert statuses == {TaskResultStatus.READY}  # claimed but not started is still READY
+    assert ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add", state=JobState.PENDING).count() == 1
