@@ -7,15 +7,20 @@
     python3 dev.py test [ARGS]       check the settings and servers, then ruff check, makemigrations --check,
                                      mypy, the import-linter contracts, apt-get install Debian's chromium,
                                      faketime, pgbouncer, prometheus when missing (as root), and pytest
-                                     ARGS; stops at the first failure
+                                     ARGS (Django 5.2); with no ARGS also the Django 6.0 leg (.venv-django60,
+                                     Python 3.12: check, makemigrations --check and the Django-facing tests);
+                                     stops at the first failure
     A wrong setting or an unreachable server is one line and exit status 78; --verbose (run) or
     TIMEKEEPER_VERBOSE=1 (both) shows the traceback instead.
 
 Both first make sure ``.venv`` exists and holds the requirements (``requirements-embedded.txt`` for
 run, ``requirements-dev.txt`` for test; reinstalled only when a file changed), then re-run
-themselves with the venv's Python. Which PostgreSQL and Redis to use is decided by
-``project.services.decide`` (configured > reachable > embedded); ``project.preflight`` checks them.
+themselves with the venv's Python. The Django 6.0 leg has a venv of its own, ``.venv-django60``
+(``requirements-django60.txt``, made with a Python 3.12 found on the machine), kept the same way.
+Which PostgreSQL and Redis to use is decided by ``project.services.decide`` (configured >
+reachable > embedded); ``project.preflight`` checks them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,6 +45,33 @@ VAR = ROOT / "var"
 REQUIREMENTS = {"run": ROOT / "requirements-embedded.txt", "test": ROOT / "requirements-dev.txt"}
 STOP_GRACE_SECONDS = 10  # how long children get to finish after SIGTERM before SIGKILL
 PYTEST_NO_TESTS = 5  # pytest's exit status when it collected nothing
+# The Django 6.0 leg of `dev.py test` (a whole-suite run): Django 6.0 needs Python 3.12 or newer.
+DJANGO60_VENV = ROOT / ".venv-django60"
+DJANGO60_REQUIREMENTS = ROOT / "requirements-django60.txt"
+DJANGO60_MIN_PYTHON = (3, 12)
+# The parts that touch Django's APIs, run again on 6.0 (the whole suite runs on 5.2): the Tasks
+# backend (conformance and a real worker), the test helpers, the admin and dashboard, the HTTP
+# APIs and their OpenAPI document, migrations, the system checks and settings, and the unit tests.
+DJANGO60_TESTS = [
+    "tests/unit",
+    "tests/integration/test_backends.py",
+    "tests/integration/test_testing.py",
+    "tests/e2e/test_backends_worker.py",
+    "tests/integration/test_admin.py",
+    "tests/integration/test_admin_job_page.py",
+    "tests/integration/test_admin_permissions.py",
+    "tests/integration/test_dashboard.py",
+    "tests/integration/test_http_api.py",
+    "tests/integration/test_kinds_doors.py",
+    "tests/integration/test_authorization.py",
+    "tests/integration/test_openapi.py",
+    "tests/integration/test_api.py",
+    "tests/integration/test_migrations.py",
+    "tests/integration/test_security.py",
+    "tests/integration/test_preflight.py",
+]
+# Pure Python with no Django in it, and pinned to cronsim's behaviour: the 5.2 run covers it.
+DJANGO60_IGNORED = ["--ignore=tests/unit/test_cron_differential.py"]
 
 
 def say(message: str) -> None:
@@ -85,9 +117,9 @@ def requirements_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def stamp_path(requirements: Path) -> Path:
-    """Where the venv records the digest of ``requirements`` it was last installed from."""
-    return VENV / f".installed-{requirements.name}.sha256"
+def stamp_path(requirements: Path, venv: Path | None = None) -> Path:
+    """Where the venv (``.venv`` unless named) records the digest of ``requirements`` it was last installed from."""
+    return (venv or VENV) / f".installed-{requirements.name}.sha256"
 
 
 def ensure_venv(command: str) -> None:
@@ -105,6 +137,48 @@ def ensure_venv(command: str) -> None:
     # requirements.txt): the other command need not install them again.
     for path in [requirements, *included_requirements(requirements)]:
         stamp_path(path).write_text(requirements_digest(path) + "\n")
+
+
+def find_python312() -> str | None:
+    """A Python 3.12+ for the Django 6.0 leg: ``TIMEKEEPER_PYTHON312``, ``python3.12`` on PATH, or pyenv's."""
+    candidates = [os.environ.get("TIMEKEEPER_PYTHON312", ""), shutil.which("python3.12") or ""]
+    candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python3"))
+    candidates += ["/usr/bin/python3.12", "/usr/local/bin/python3.12"]
+    wanted = f"import sys; sys.exit(sys.version_info[:2] < {DJANGO60_MIN_PYTHON!r})"
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            probe = subprocess.run([candidate, "-c", wanted], capture_output=True)
+            if probe.returncode == 0:
+                return candidate
+    return None
+
+
+def ensure_django60_venv() -> Path | None:
+    """``.venv-django60`` with ``requirements-django60.txt`` (installed again only when it changed); its python."""
+    python = DJANGO60_VENV / "bin" / "python"
+    if not python.exists():
+        base = find_python312()
+        if base is None:
+            say("the Django 6.0 leg needs Python 3.12 or newer: none found (set TIMEKEEPER_PYTHON312)")
+            return None
+        say(f"creating the Django 6.0 virtualenv in {DJANGO60_VENV} with {base}")
+        subprocess.run([base, "-m", "venv", str(DJANGO60_VENV)], check=True)
+    stamp = stamp_path(DJANGO60_REQUIREMENTS, DJANGO60_VENV)
+    if not (stamp.exists() and stamp.read_text().strip() == requirements_digest(DJANGO60_REQUIREMENTS)):
+        say(f"installing {DJANGO60_REQUIREMENTS.name} into {DJANGO60_VENV.name}")
+        argv = [str(python), "-m", "pip", "install", "--quiet", "-r", str(DJANGO60_REQUIREMENTS)]
+        subprocess.run(argv, check=True)
+        stamp.write_text(requirements_digest(DJANGO60_REQUIREMENTS) + "\n")
+    return python
+
+
+def django60_steps(python: Path) -> list[tuple[str, list[str]]]:
+    """The Django 6.0 leg: the system checks, makemigrations --check and the Django-facing tests."""
+    return [
+        ("Django 6.0: check", [str(python), "manage.py", "check"]),
+        ("Django 6.0: makemigrations --check", [str(python), "manage.py", "makemigrations", "--check", "--dry-run"]),
+        ("Django 6.0: pytest", [str(python), "-m", "pytest", *DJANGO60_TESTS, *DJANGO60_IGNORED]),
+    ]
 
 
 def in_venv() -> bool:
@@ -268,9 +342,16 @@ def command_test(pytest_args: list[str]) -> int:
             ("system packages", []),
             ("pytest", [sys.executable, "-m", "pytest", *pytest_args]),
         ]
+        if not pytest_args:  # a whole-suite run proves Django 6.0 too; a selection is the user's, on 5.2
+            steps.append(("Django 6.0 venv", []))
         for name, argv in steps:
             if name == "system packages":
                 status = ensure_system_packages()
+            elif name == "Django 6.0 venv":
+                python = ensure_django60_venv()
+                status = 1 if python is None else 0
+                if python is not None:
+                    steps.extend(django60_steps(python))
             else:
                 say(f"{name}: {' '.join(argv[1:])}")
                 status = subprocess.run(argv, cwd=ROOT).returncode
@@ -346,8 +427,14 @@ class Child:
         if sys.stdout.isatty():
             prefix = f"\033[{self.COLOURS[index % len(self.COLOURS)]}m{prefix}\033[0m"
         self.process = subprocess.Popen(
-            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True, bufsize=1, process_group=0 if group is None else group,
+            argv,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            process_group=0 if group is None else group,
         )
         self.thread = threading.Thread(target=self._pump, args=(prefix,), daemon=True)
         self.thread.start()

@@ -6,6 +6,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
+import django
 from csp import constants as csp
 from kombu import Exchange, Queue
 
@@ -30,6 +31,8 @@ INSTALLED_APPS = [
     "scheduling",
     "tasks",
 ]
+if django.VERSION < (6, 0):  # Django's Tasks framework: built in from 6.0, the django-tasks backport before
+    INSTALLED_APPS.insert(INSTALLED_APPS.index("scheduling"), "django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -235,6 +238,9 @@ CELERY_BEAT_MAX_LOOP_INTERVAL = 1  # seconds: beat wakes at least this often (fi
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_ENABLE_UTC = True
 DJANGO_CELERY_BEAT_TZ_AWARE = True
+
+# Django's Tasks framework (@task ... .enqueue()): durable rows of the due_at engine (docs/installing.md).
+TASKS = {"default": {"BACKEND": "scheduling.backends.TimekeeperBackend", "QUEUES": ["default"]}}
 
 # --- Flower ----------------------------------------------------------------------------------------
 FLOWER_BASIC_AUTH = os.environ.get("FLOWER_BASIC_AUTH", "")  # "user:password"; required by the run command

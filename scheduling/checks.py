@@ -26,6 +26,10 @@
   a session of their own. A database check: ``manage.py check --database default`` and ``migrate``.
 - scheduling.W008: the default database appears to go through a transaction pooler while Django's
   server-side cursors are on (``DISABLE_SERVER_SIDE_CURSORS``). A database check too.
+- scheduling.W006: on Django below 6.0, ``TASKS`` uses Timekeeper's backend but the
+  ``django_tasks`` backport is not in ``INSTALLED_APPS`` (its system checks, scheduling.E009
+  among them, and its task log lines do not run). scheduling.E009 itself is the backend's own
+  check (``scheduling/backends.py``, ``TimekeeperBackend.check``), run through Django's tasks checks.
 
 Celery's settings are read from Celery's own configuration (``current_app.conf``), however the
 project fills it.
@@ -321,5 +325,29 @@ def check_cancel_on_connection_loss(app_configs: Any = None, **kwargs: Any) -> l
             hint="Set CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False: Timekeeper's workers "
             "acknowledge what finishes after a reconnect on the new connection (scheduling.core.reconnect).",
             id="scheduling.W003",
+        )
+    ]
+
+
+TIMEKEEPER_TASKS_BACKEND = "scheduling.backends.TimekeeperBackend"
+
+
+@checks.register()
+def check_tasks_backport(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Before Django 6.0, the Tasks framework's checks and log receivers load with the backport's app."""
+    import django
+    from django.apps import apps
+    from django.conf import settings
+
+    tasks_setting = getattr(settings, "TASKS", None) or {}
+    ours = [alias for alias, params in tasks_setting.items() if params.get("BACKEND") == TIMEKEEPER_TASKS_BACKEND]
+    if django.VERSION >= (6, 0) or not ours or apps.is_installed("django_tasks"):
+        return []
+    return [
+        checks.Warning(
+            f"TASKS {ours} use Timekeeper's backend on Django {django.get_version()}, but 'django_tasks' (the "
+            "backport of django.tasks) is not in INSTALLED_APPS: its checks and task log lines do not run.",
+            hint="Add 'django_tasks' to INSTALLED_APPS (pip install 'django-timekeeper[tasks]').",
+            id="scheduling.W006",
         )
     ]

@@ -118,6 +118,12 @@ class ScheduledJob(models.Model):
     finished_at = models.DateTimeField(
         "finished at", null=True, blank=True, help_text="When the job reached done, cancelled or dead."
     )
+    return_value = models.JSONField(
+        "return value",
+        null=True,
+        blank=True,
+        help_text="What a Django task (scheduling.backends) returned, written with its outcome; empty for other kinds.",
+    )
 
     objects = ScheduledJobQuerySet.as_manager()
 

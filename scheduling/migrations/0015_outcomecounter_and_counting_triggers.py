@@ -115,7 +115,7 @@ GROUP BY t.name, r.state;
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0012_add_api_rate_bucket_and_prioritize_permission"),
+        ("scheduling", "0014_scheduledjob_add_return_value"),
     ]
 
     operations = [

@@ -1,19 +1,22 @@
 """Installing the wheel into a fresh ``django-admin startproject``: the standard Celery setup runs jobs.
 
-The wheel is built from this checkout and installed (``--no-deps``) into a new virtualenv whose
-dependencies come from the test environment's site-packages through a ``.pth`` file. Every command
-of the fresh project runs with the temporary directory as its working directory and as its only
-``PYTHONPATH`` entry, so ``scheduling`` is imported from the wheel, never from this checkout.
+The wheel is built from this checkout and installed with its declared dependencies, resolved by
+pip, into a new virtualenv that sees nothing of the test environment: a dependency the wheel
+forgets to declare (``packaging`` for kombu's Redis transport, once) stops its worker at start.
+The versions are pinned to the test environment's (a constraints file), so pip takes them from its
+cache and the fresh project runs what the suite ran. Every command of the fresh project runs with
+the temporary directory as its working directory and as its only ``PYTHONPATH`` entry, so
+``scheduling`` is imported from the wheel, never from this checkout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import signal
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import uuid
 import zipfile
@@ -29,12 +32,11 @@ from tests.e2e import harness
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_SITE_PACKAGES = sysconfig.get_paths()["purelib"]  # the dependencies, as the running interpreter has them
 POSTGRES = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 REDIS_URL = "redis://127.0.0.1:6379/15"
 FIXED_EVERY_SECONDS = 2
 
-CELERY_PY = '''\
+CELERY_PY = """\
 import os
 
 from celery import Celery
@@ -44,22 +46,38 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop.settings")
 app = Celery("shop")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-'''
+"""
 
-INIT_PY = '''\
+INIT_PY = """\
 from .celery import app as celery_app
 
 __all__ = ("celery_app",)
-'''
+"""
 
-SETTINGS_TAIL = '''
+SETTINGS_TAIL = """
 INSTALLED_APPS += ["django_celery_beat", "scheduling", "billing"]
 DATABASES = {{"default": {{"ENGINE": "django.db.backends.postgresql", "NAME": "{database}",
                           "HOST": "127.0.0.1", "PORT": 5432, "USER": "postgres"}}}}
 CELERY_BROKER_URL = "{redis_url}"
 CELERY_BROKER_TRANSPORT_OPTIONS = {{"global_keyprefix": "{prefix}"}}
 CELERY_BEAT_SCHEDULER = "scheduling.fixed.beat:LeaderDatabaseScheduler"
-'''
+TASKS = {{"default": {{"BACKEND": "scheduling.backends.TimekeeperBackend"}}}}
+import django  # noqa: E402
+if django.VERSION < (6, 0):
+    INSTALLED_APPS += ["django_tasks"]
+"""
+
+TASKS_PY = """\
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport, from django-timekeeper[tasks]
+    from django_tasks import task
+
+
+@task
+def total(a, b):
+    return a + b
+"""
 
 JOBS_PY = '''\
 from pathlib import Path
@@ -83,7 +101,12 @@ schedules.declare(name="billing-heartbeat", kind="billing.mark", every={every}, 
 SHELL_SCHEDULE = (
     "from scheduling import api; "
     "print('scheduled', api.schedule('billing.mark', {'name': 'scheduled'}, delay=1).id); "
-    "print('deferred', api.defer('billing.mark', {'name': 'deferred'}, 1).mechanism)"
+    "print('deferred', api.defer('billing.mark', {'name': 'deferred'}, 1).mechanism); "
+    "from billing.tasks import total; print('task', total.enqueue(2, 3).id)"
+)
+SHELL_RESULT = (
+    "from billing.tasks import total; r = total.get_result({id!r}); "
+    "print(r.status, r.attempts, r.return_value if r.is_finished else '')"
 )
 
 SHELL_DASHBOARD = (
@@ -118,19 +141,32 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+def constraints(where: Path) -> Path:
+    """A pip constraints file pinning every distribution of the test environment to its version here."""
+    pins = sorted(
+        {
+            f"{dist.metadata['Name']}=={dist.version}"
+            for dist in importlib.metadata.distributions()
+            if dist.metadata["Name"] and dist.metadata["Name"].lower() != "django-timekeeper"
+        }
+    )
+    path = where / "constraints.txt"
+    path.write_text("\n".join(pins) + "\n")
+    return path
+
+
 @pytest.fixture(scope="module")
 def python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtualenv's interpreter with the wheel installed and the dependencies seen through a .pth file."""
+    """A fresh virtualenv's interpreter with the wheel and its declared dependencies (and nothing else) installed."""
     venv = tmp_path_factory.mktemp("venv")
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], venv, dict(os.environ))
     interpreter = venv / "bin" / "python"
-    site = run([str(interpreter), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], venv, {})
-    (Path(site.stdout.strip()) / "timekeeper_test_dependencies.pth").write_text(SHARED_SITE_PACKAGES + "\n")
-    run(
-        [sys.executable, "-m", "pip", "--python", str(interpreter), "install", "--no-deps", "--no-index", str(wheel)],
-        venv,
-        dict(os.environ),
-    )
+    pip = [sys.executable, "-m", "pip", "--python", str(interpreter)]
+    wanted = f"{wheel}[tasks]"  # with the Tasks backport (Django 5.2) that docs/installing.md asks for
+    run([*pip, "install", "--constraint", str(constraints(venv)), wanted], venv, dict(os.environ), timeout=600)
+    run([*pip, "check"], venv, dict(os.environ))  # every installed distribution's own requirements are met
+    isolated = "import importlib.util, sys; sys.exit(importlib.util.find_spec('pytest') is not None)"
+    run([str(interpreter), "-c", isolated], venv, {})  # the test environment's packages are not visible
     return interpreter
 
 
@@ -195,7 +231,7 @@ def started(argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> Itera
 def test_fresh_project_with_the_standard_celery_setup_runs_all_three_mechanisms(
     python: Path, tmp_path: Path, database: str, key_prefix: str
 ):
-    """pip install, INSTALLED_APPS, celery.py, migrate, billing/jobs.py, a worker and beat: each kind of job runs."""
+    """pip install, INSTALLED_APPS, celery.py, migrate, jobs.py and a @task in tasks.py, a worker and beat: all run."""
     site, env = startproject(python, tmp_path)
     where = run([str(python), "-c", "import scheduling; print(scheduling.__file__)"], site, env).stdout
     assert where.startswith(str(python.parent.parent)), f"scheduling imported from {where}, not the wheel"
@@ -204,6 +240,7 @@ def test_fresh_project_with_the_standard_celery_setup_runs_all_three_mechanisms(
     with (site / "shop" / "settings.py").open("a") as settings:
         settings.write(SETTINGS_TAIL.format(database=database, redis_url=REDIS_URL, prefix=key_prefix))
     (site / "billing" / "jobs.py").write_text(JOBS_PY.format(every=FIXED_EVERY_SECONDS))
+    (site / "billing" / "tasks.py").write_text(TASKS_PY)
 
     check = run([str(python), "manage.py", "check"], site, env)
     assert "System check identified no issues" in check.stdout, check.stdout + check.stderr
@@ -230,6 +267,18 @@ def test_fresh_project_with_the_standard_celery_setup_runs_all_three_mechanisms(
                 120,
                 message=f"the {name} job to run (logs in {tmp_path})",
             )
+        (task_id,) = [line.split()[1] for line in said.splitlines() if line.startswith("task ")]
+        shell_result = [str(python), "manage.py", "shell", "-c", SHELL_RESULT.format(id=task_id)]
+        harness.wait_for(
+            lambda: (
+                run(shell_result, site, env).stdout.splitlines()[-1].startswith("SUCCESSFUL")
+                or worker.poll() is not None
+            ),
+            120,
+            interval=1,
+            message=f"the Django task to run (logs in {tmp_path})",
+        )
+        assert run(shell_result, site, env).stdout.splitlines()[-1].split() == ["SUCCESSFUL", "1", "5"]
         assert worker.poll() is None, worker_log.read_text()[-4000:]
         assert beat.poll() is None, beat_log.read_text()[-4000:]
     assert {name: (ran / name).read_text() for name in ("scheduled", "deferred", "fixed")} == {

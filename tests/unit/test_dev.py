@@ -1,4 +1,5 @@
 """dev.py without running its commands: requirements stamps, usage text, the children's argv."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +10,7 @@ import dev
 
 ROOT = Path(__file__).resolve().parents[2]
 # What `dev.py test` runs, as a newcomer would look for it in the usage text and the README.
-TEST_STEPS = ["ruff", "makemigrations --check", "mypy", "apt-get", "chromium", "faketime", "pytest"]
+TEST_STEPS = ["ruff", "makemigrations --check", "mypy", "apt-get", "chromium", "faketime", "pytest", "Django 6.0"]
 
 
 @pytest.fixture
@@ -76,3 +77,80 @@ def test_no_child_has_a_secret_in_its_argv() -> None:
     """The supervised processes' argv hold no credentials (Flower gets FLOWER_BASIC_AUTH from its environment)."""
     for name, argv in dev.child_commands(web_port=8000, flower_port=5555).items():
         assert not any("basic-auth" in part or "password" in part.lower() for part in argv), name
+
+
+def requirement_lines(path: Path) -> dict[str, str]:
+    """A requirements file's packages (lower-case name, extras dropped) and their specifiers, comments dropped."""
+    found = {}
+    for line in path.read_text().splitlines():
+        spec = line.split("#", 1)[0].strip()
+        if spec and not spec.startswith("-"):
+            name = spec.split("[", 1)[0]
+            for mark in "<>=!~":
+                name = name.split(mark, 1)[0]
+            found[name.strip().lower()] = spec
+    return found
+
+
+def test_django60_requirements_are_the_runtime_with_django_60() -> None:
+    """requirements-django60.txt holds every runtime line of requirements.txt unchanged, but Django 6.0 and beat 2.9."""
+    runtime = requirement_lines(ROOT / "requirements.txt")
+    leg = requirement_lines(dev.DJANGO60_REQUIREMENTS)
+    assert leg["django"] == "Django>=6.0,<6.1"
+    assert leg["django-celery-beat"] == "django-celery-beat>=2.9,<2.10"
+    assert "django-tasks" not in leg  # django.tasks is built into 6.0
+    for name, spec in runtime.items():
+        if name not in {"django", "django-celery-beat", "django-tasks"}:
+            assert leg.get(name) == spec, name
+    dev_tools = requirement_lines(ROOT / "requirements-dev.txt")
+    for name in set(leg) - set(runtime):
+        assert leg[name] == dev_tools[name], name  # test tools at the ranges the 5.2 run uses
+
+
+def test_django60_leg_checks_migrations_and_runs_tests_that_exist() -> None:
+    """The 6.0 leg runs check, makemigrations --check and pytest on DJANGO60_TESTS, every one of which exists."""
+    steps = dev.django60_steps(Path("/venv/bin/python"))
+    assert [argv[1:3] for _, argv in steps] == [
+        ["manage.py", "check"],
+        ["manage.py", "makemigrations"],
+        ["-m", "pytest"],
+    ]
+    assert steps[-1][1][3:] == dev.DJANGO60_TESTS + dev.DJANGO60_IGNORED
+    for path in dev.DJANGO60_TESTS:
+        assert (ROOT / path).exists(), path
+    assert "tests/e2e/test_backends_worker.py" in dev.DJANGO60_TESTS
+
+
+def test_django60_venv_is_installed_once_and_again_when_its_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ensure_django60_venv installs requirements-django60.txt into its own venv only when the file changed."""
+    venv = tmp_path / "venv60"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "pip.log"}\n')
+    python.chmod(0o755)
+    requirements = tmp_path / "django60.txt"
+    requirements.write_text("Django>=6.0,<6.1\n")
+    monkeypatch.setattr(dev, "DJANGO60_VENV", venv)
+    monkeypatch.setattr(dev, "DJANGO60_REQUIREMENTS", requirements)
+    assert dev.ensure_django60_venv() == python
+    assert dev.ensure_django60_venv() == python
+    requirements.write_text("Django>=6.0,<6.1\ncelery\n")
+    dev.ensure_django60_venv()
+    assert [line.rsplit("/", 1)[-1] for line in pip_runs(tmp_path)] == ["django60.txt", "django60.txt"]
+
+
+def test_python312_is_found_from_the_variable_and_a_too_old_one_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TIMEKEEPER_PYTHON312 names the interpreter when it is 3.12+; one that says it is older is passed over."""
+    new, old = tmp_path / "new-python", tmp_path / "old-python"
+    new.write_text("#!/bin/sh\nexit 0\n")
+    old.write_text("#!/bin/sh\nexit 1\n")
+    for script in (new, old):
+        script.chmod(0o755)
+    monkeypatch.setenv("TIMEKEEPER_PYTHON312", str(new))
+    assert dev.find_python312() == str(new)
+    monkeypatch.setenv("TIMEKEEPER_PYTHON312", str(old))
+    assert dev.find_python312() != str(old)

@@ -1,0 +1,67 @@
+"""Task functions for the Tasks backend's tests: each leaves a trace the tests can read."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from django.db import transaction
+
+from scheduling import backends, registry
+from scheduling.backends import TaskContext
+from tasks.models import Execution
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
+
+
+@task
+def add(a: int, b: int) -> int:
+    """Add two numbers (the return value is kept)."""
+    return a + b
+
+
+@task(priority=50, queue_name="default")
+def record(label: str) -> dict[str, Any]:
+    """Record an Execution row labelled ``label`` (an atomic task's effect) and return it."""
+    row = Execution.objects.create(idempotency_key=label, kind="tests.taskkit.record", pid=os.getpid())
+    return {"label": label, "execution": row.id, "pid": row.pid}
+
+
+@task(takes_context=True)
+def flaky(context: TaskContext, fail_until: int) -> dict[str, Any]:
+    """Fail on attempts below ``fail_until``, then return what the context said."""
+    if context.attempt < fail_until:
+        raise ValueError(f"attempt {context.attempt} fails on purpose")
+    return {"attempt": context.attempt, "id": context.task_result.id, "status": str(context.task_result.status)}
+
+
+@task
+async def async_double(n: int) -> int:
+    """A coroutine task: run on the worker through async_to_sync."""
+    await asyncio.sleep(0)
+    return n * 2
+
+
+@task
+def not_json() -> object:
+    """Return something JSON cannot hold (the task fails)."""
+    return object()
+
+
+@backends.task(max_attempts=1, timeout=1, atomic=False)
+def sleepy(seconds: float) -> None:
+    """Sleep past the one-second timeout of its kind."""
+    import time
+
+    time.sleep(seconds)
+
+
+@backends.task(max_attempts=2, api=registry.Access())
+def open_to_users(note: str) -> str:
+    """A task any authenticated user may enqueue through the JSON API."""
+    transaction.on_commit(lambda: None)
+    return note
