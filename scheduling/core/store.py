@@ -20,7 +20,7 @@ import datetime as dt
 import functools
 import json
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +56,13 @@ def queries() -> dict[str, str]:
 
 
 def _fetchall(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return _fetchall_sql(queries()[name], params)
+
+
+def _fetchall_sql(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run ``sql`` (named blocks joined, the rows are the last statement's) and return its rows."""
     with connection.cursor() as cursor:
-        cursor.execute(queries()[name], params)
+        cursor.execute(sql, params)
         return cursor.fetchall()
 
 
@@ -263,11 +268,14 @@ def retry_dead_jobs(ids: Sequence[int]) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """A row just claimed: enough to route it; the payload is read when it starts."""
+    """A row just claimed: enough to route and order it; the payload is read when it starts."""
 
     id: int
     token: str
     kind: str
+    priority: int = 0
+    due_at: dt.datetime | None = None
+    run_alone: bool = False  # its batch died with its process once: it is sent in a batch of its own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,8 +290,47 @@ class StartedJob:
     db_now: dt.datetime
 
 
-def claim_due_jobs(limit: int) -> list[Claim]:
-    return [Claim(*row) for row in _fetchall_async_commit("claim_due_jobs", {"limit": limit})]
+def claim_params(
+    limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The parameters of ``claim_due_jobs``: at most ``messages`` batches (default: ``limit``), cut by kind.
+
+    ``batch_sizes`` maps a kind to its batch size; a kind not in it is cut into batches of one.
+    """
+    sizes = dict(batch_sizes or {})
+    return {
+        "limit": limit,
+        "messages": limit if messages is None else messages,
+        "kinds": list(sizes),
+        "batch_sizes": list(sizes.values()),
+    }
+
+
+def claim_statement() -> str:
+    """The claim as one string: ``lock_capped_kinds`` then ``claim_due_jobs``; the rows are the claim's."""
+    return queries()["lock_capped_kinds"] + ";\n" + queries()["claim_due_jobs"]
+
+
+def claim_due_jobs(
+    limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
+) -> list[Claim]:
+    """Claim due rows: whole batches, at most ``messages`` of them, sorted most urgent first.
+
+    The capped kinds' control rows are locked first, in a statement of its own in the same
+    transaction (``lock_capped_kinds``): so the claim's count of a kind's claims sees every claim
+    committed before it, and caps hold exactly with any number of claimers.
+    """
+    sql = claim_statement()
+    params = claim_params(limit, messages=messages, batch_sizes=batch_sizes)
+    if not connection.get_autocommit():
+        rows = _fetchall_sql(sql, params)  # the caller's transaction holds the lock until it ends
+    else:
+        with transaction.atomic():
+            prefix = "SET LOCAL synchronous_commit = off;\n" if conf.get().async_commit else ""
+            rows = _fetchall_sql(prefix + sql, params)  # see _fetchall_async_commit
+    return [
+        Claim(id=row[0], token=row[1], kind=row[2], priority=row[3], due_at=row[4], run_alone=row[5]) for row in rows
+    ]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,10 +29,10 @@ def test_two_connections_claim_disjoint_rows(raw_connect, run_sql):
     claim_sql = store.queries()["claim_due_jobs"]
     a, b = raw_connect(), raw_connect()
     with a.cursor() as ca, b.cursor() as cb:
-        ca.execute(claim_sql, {"limit": 6})
+        ca.execute(claim_sql, store.claim_params(6))
         got_a = {row[0] for row in ca.fetchall()}
         cb.execute("SET LOCAL lock_timeout = '2s'")
-        cb.execute(claim_sql, {"limit": 6})
+        cb.execute(claim_sql, store.claim_params(6))
         got_b = {row[0] for row in cb.fetchall()}
     a.commit()
     b.commit()
@@ -53,7 +53,7 @@ def test_four_claimers_over_10000_rows_claim_each_exactly_once(raw_connect, run_
         barrier.wait()
         with conns[i].cursor() as cur:
             while True:
-                cur.execute(claim_sql, {"limit": 50})
+                cur.execute(claim_sql, store.claim_params(50))
                 rows = cur.fetchall()
                 if not rows:
                     return
@@ -104,7 +104,7 @@ def test_cancel_racing_a_claim_ends_in_exactly_one(raw_connect, run_sql, repeat)
     def claimer() -> None:
         barrier.wait()
         with conn.cursor() as cur:
-            cur.execute(claim_sql, {"limit": 1})
+            cur.execute(claim_sql, store.claim_params(1))
             outcome["claimed"] = [row[0] for row in cur.fetchall()]
 
     def canceller() -> None:

@@ -114,24 +114,48 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead'
           AND o.state IN ('pending', 'claimed')))
 RETURNING j.id;
 
+-- name: lock_capped_kinds
+-- Caps hold exactly under concurrent claimers: before its claim statement, a claim's transaction
+-- locks the control row of every capped kind (in kind order, so two claimers never deadlock). A
+-- second claimer waits here until the first commits, and its claim statement then starts with a
+-- fresh snapshot (READ COMMITTED takes one per statement) that counts the first one's claims. The
+-- lock must be its own statement: a count in the statement that takes the lock reads the snapshot
+-- taken before the lock was granted, and two overlapping claims would each see the whole room.
+-- Without caps nothing is locked and claimers never wait for each other.
+SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY kind FOR UPDATE;
+
 -- name: claim_due_jobs
 -- The claim is one statement so that choosing the rows and claiming them cannot be separated:
 -- FOR UPDATE SKIP LOCKED makes concurrent claimers pass over each other's rows instead of waiting,
 -- so any number of them get disjoint sets. Each claim gets a new token (fencing): only the holder of
 -- the current token can complete or fail the job. heartbeat_at stays NULL: the lease starts when
--- the batch starts (start_jobs), not while it waits in the queue.
+-- the batch starts (start_jobs), not while it waits in the queue. Run it after lock_capped_kinds,
+-- in the same transaction (store.claim_due_jobs does): that is what makes the caps exact.
 --
--- Order: higher priority first, then earlier due_at. PostgreSQL has no skip scan, so the priorities
--- (0-9) are walked one at a time, highest first: one branch per priority, each a range scan of a
--- partial index bounded by due_at <= now() ((priority, due_at) for the rare priorities, where the
--- planner's statistics see few rows; due_at for the common one), so the cost follows the rows
--- taken, not the rows pending. Append runs the branches in order and the outer LIMIT stops the walk
+-- Order: higher priority first, then earlier due_at (then id). PostgreSQL has no skip scan, so the
+-- priorities (0-9) are walked one at a time, highest first: one branch per priority, each a range
+-- scan of a partial index bounded by due_at <= now() ((priority, due_at) for the rare priorities,
+-- where the planner's statistics see few rows; due_at for the common one), so the cost follows the
+-- rows taken, not the rows pending. Append runs the branches in order and the walk's LIMIT stops it
 -- once enough rows are locked. The literal priorities let the planner use each value's statistics.
+-- Strict priorities: while more rows of a higher priority are due than a claim takes, lower ones
+-- wait (docs/operations.md, "Priorities"); a cap bounds a kind's share.
 --
--- Kind controls (scheduling_kindcontrol): a paused kind's rows are left pending; a kind capped at
--- max_running gets at most max_running minus its claimed rows (claimed: queued or running). The
--- cap is exact with one claimer at a time (the control loop's leader); rows locked beyond a kind's
--- room are not updated and their locks end with the statement.
+-- Kind controls (scheduling_kindcontrol): a paused kind's rows are left pending. A capped kind
+-- (max_running) is not in the walk: its own branch takes at most its room (max_running minus its
+-- claimed rows, queued or running) of its most urgent rows, from its range of the (kind, priority,
+-- due_at) index. So a capped kind with a backlog takes its room and no more, and the walk fills the
+-- claim with other kinds' rows (had its rows been in the walk, they would fill the LIMIT and be
+-- dropped by the cap, leaving the claim short and every other kind waiting).
+--
+-- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s), in
+-- order of urgency. Rows are cut into the batches the claim sends, exactly as claim.batches_for
+-- cuts them: per kind, most urgent first, %(batch_sizes)s rows each (1 for a kind not listed), and
+-- a run_alone row (its batch died with its process) in a batch of its own. A batch's urgency is its
+-- first row's. Batches are kept while the room allows and fewer than %(limit)s rows come before
+-- them: a batch_size=1 kind is claimed one row per free message, not %(limit)s rows to give back.
+-- Rows locked and not kept are not updated; their locks end with the statement's transaction.
+-- The result comes back sorted by urgency (UPDATE ... RETURNING has no order of its own).
 WITH controls AS (
     SELECT c.kind, c.paused,
            CASE WHEN c.max_running IS NULL THEN NULL
@@ -139,75 +163,102 @@ WITH controls AS (
                                                   WHERE r.state = 'claimed' AND r.kind = c.kind)) END AS room
     FROM scheduling_kindcontrol AS c
     WHERE c.paused OR c.max_running IS NOT NULL
-), blocked AS (
-    SELECT kind FROM controls WHERE paused OR room = 0
-), due AS (
+), capped AS (
+    SELECT r.* FROM controls AS c
+    CROSS JOIN LATERAL (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                        WHERE state = 'pending' AND kind = c.kind AND due_at <= now()
+                        ORDER BY priority DESC, due_at LIMIT least(c.room, %(limit)s)
+                        FOR UPDATE SKIP LOCKED) AS r
+    WHERE NOT c.paused AND c.room > 0
+), walk AS (
     SELECT * FROM (
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 9 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p9
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 8 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p8
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 7 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p7
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 6 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p6
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 5 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p5
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 4 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p4
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 3 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p3
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 2 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p2
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 1 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p1
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 0 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p0
     ) AS by_priority
     LIMIT %(limit)s
+), due AS (
+    SELECT * FROM capped
+    UNION ALL
+    SELECT * FROM walk
+), sized AS (
+    SELECT due.*, coalesce(b.size, 1) AS size,
+           CASE WHEN due.run_alone THEN due.id
+                ELSE (row_number() OVER (PARTITION BY due.kind, due.run_alone
+                                         ORDER BY due.priority DESC, due.due_at, due.id) - 1) / coalesce(b.size, 1)
+           END AS batch_no
+    FROM due LEFT JOIN unnest(%(kinds)s::text[], %(batch_sizes)s::int[]) AS b(kind, size) ON b.kind = due.kind
+), headed AS (
+    SELECT sized.id,
+           first_value(priority) OVER batch AS head_priority,
+           first_value(due_at) OVER batch AS head_due_at,
+           first_value(id) OVER batch AS head_id,
+           count(*) OVER (PARTITION BY kind, run_alone, batch_no) AS batch_rows
+    FROM sized
+    WINDOW batch AS (PARTITION BY kind, run_alone, batch_no ORDER BY priority DESC, due_at, id)
 ), ranked AS (
-    SELECT due.id, due.kind, row_number() OVER (PARTITION BY due.kind ORDER BY due.priority DESC, due.due_at) AS n
-    FROM due
+    SELECT headed.id,
+           dense_rank() OVER urgency AS batch_rank,
+           count(*) OVER urgency - batch_rows AS rows_before  -- the peers of a row are its batch's rows
+    FROM headed
+    WINDOW urgency AS (ORDER BY head_priority DESC, head_due_at, head_id)
 ), allowed AS (
-    SELECT ranked.id
-    FROM ranked LEFT JOIN controls ON controls.kind = ranked.kind
-    WHERE controls.room IS NULL OR ranked.n <= controls.room
+    SELECT id FROM ranked WHERE batch_rank <= %(messages)s AND rows_before < %(limit)s
+), claimed AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = NULL,
+        claimed_by = '', attempts = j.attempts + 1, updated_at = now()
+    FROM allowed
+    WHERE j.id = allowed.id
+    RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone
 )
-UPDATE scheduling_scheduledjob AS j
-SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = NULL,
-    claimed_by = '', attempts = j.attempts + 1, updated_at = now()
-FROM allowed
-WHERE j.id = allowed.id
-RETURNING j.id, j.token::text, j.kind;
+SELECT id, token, kind, priority, due_at, run_alone FROM claimed ORDER BY priority DESC, due_at, id;
 
 -- name: next_due_times
 -- Distinct due instants coming up soon, for early wake-ups (the row stays the truth).
@@ -221,15 +272,17 @@ LIMIT %(limit)s;
 -- name: start_jobs
 -- A claim runs at most once: only rows still claimed under the presented token and not yet
 -- started are handed to the handler. A redelivered message finds them started and leaves them
--- to the sweeper, which records the attempt and counts it against max_attempts.
+-- to the sweeper, which records the attempt and counts it against max_attempts. The jobs come
+-- back in the message's order (the claim's: most urgent first), which is the order they run in.
 WITH started AS (
     UPDATE scheduling_scheduledjob AS j
     SET claimed_by = %(worker)s, heartbeat_at = now()
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) WITH ORDINALITY AS t(id, token, n)
     WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed' AND j.claimed_by = ''
-    RETURNING j.id, j.token::text, j.kind, j.payload, j.attempts, j.max_attempts, j.due_at
+    RETURNING j.id, j.token::text AS token, j.kind, j.payload, j.attempts, j.max_attempts, j.due_at, t.n
 )
-SELECT started.*, clock_timestamp() AS db_now FROM started;
+SELECT id, token, kind, payload, attempts, max_attempts, due_at, clock_timestamp() AS db_now
+FROM started ORDER BY n;
 
 -- name: heartbeat_jobs
 -- Renew the lease of the started claims a worker process holds; returns every one still held
