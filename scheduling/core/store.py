@@ -425,6 +425,7 @@ class MovedJob:
     id: int
     state: JobState
     due_at: dt.datetime | None = None
+    refunded: bool = False  # the sweeper: its batch died together, the attempt was not counted
 
 
 def fail_jobs(outcomes: Sequence[Outcome]) -> list[MovedJob]:
@@ -456,20 +457,36 @@ def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[MovedJo
 
 
 def sweep_expired_claims(
-    *, heartbeats: bool, sweep_after_seconds: float, limit: int, queued_ids: Collection[int] | None
+    *,
+    heartbeats: bool,
+    sweep_after_seconds: float,
+    limit: int,
+    queued_ids: Collection[int] | None,
+    backoffs: Mapping[str, tuple[float, float]] | None = None,
+    default_backoff: tuple[float, float] = (10.0, 3600.0),
 ) -> list[MovedJob]:
     """Take back expired claims; ``queued_ids`` are claims whose message is still queued (None: unknown).
 
     With ``queued_ids`` None (the broker did not answer) claims never started are left alone.
+    ``backoffs`` maps a kind to its backoff (base, cap seconds): a started claim taken back is due
+    again after it (``default_backoff`` for a kind not in it). Jobs whose batch died together are
+    not charged the attempt and are flagged to run alone (``refunded``).
     """
+    table = dict(backoffs or {})
     params = {
         "heartbeats": heartbeats,
         "sweep_after": sweep_after_seconds,
         "limit": limit,
         "check_unstarted": queued_ids is not None,
         "covered": list(queued_ids or []),
+        "kinds": list(table),
+        "backoff_base": [base for base, _ in table.values()],
+        "backoff_cap": [cap for _, cap in table.values()],
+        "default_backoff_base": default_backoff[0],
+        "default_backoff_cap": default_backoff[1],
     }
-    return [MovedJob(row[0], JobState(row[1])) for row in _fetchall("sweep_expired_claims", params)]
+    rows = _fetchall("sweep_expired_claims", params)
+    return [MovedJob(row[0], JobState(row[1]), row[2], refunded=row[3]) for row in rows]
 
 
 def prune_finished_jobs(*, days: int, limit: int) -> int:

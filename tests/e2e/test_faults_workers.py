@@ -352,6 +352,41 @@ def test_a_poison_job_that_kills_its_worker_ends_dead(cluster, broker):
     )
 
 
+def test_a_poison_job_in_a_batch_dies_alone_and_its_siblings_finish_with_their_budget(cluster):
+    """One poison job + 9 good ones in one atomic batch, max_attempts 2: the 9 done, effects committed; the poison dead."""
+    (worker,) = _start(cluster)
+    payloads = [{"poison": i == 4} for i in range(fault_kinds.BATCH_SIZE)]
+    ids = api.schedule_many("faults.batch_member", payloads, delay=0)
+    poison, good = ids[4], [job_id for i, job_id in enumerate(ids) if i != 4]
+    first_at = measure.db_now()
+    dead = _wait_state(poison, JobState.DEAD, 90)
+    for job_id in good:
+        _wait_state(job_id, JobState.DONE, 60)
+    # The batch died together: nobody was charged, everyone ran alone afterwards.
+    for job_id in good:
+        job = _job(job_id)
+        assert _outcomes(job_id) == [AttemptOutcome.RECLAIMED, AttemptOutcome.SUCCEEDED]
+        assert (job.attempts, job.max_attempts, job.run_alone) == (2, fault_kinds.BATCH_MAX_ATTEMPTS + 1, True)
+        assert len(_executions(job_id)) == 1, "one committed effect (the killed chunk's writes rolled back)"
+    # The poison: refunded once with its batch, then charged alone until its attempts were spent.
+    assert _outcomes(poison) == [AttemptOutcome.RECLAIMED] * 3
+    assert (dead.attempts, dead.max_attempts) == (3, fault_kinds.BATCH_MAX_ATTEMPTS + 1)
+    assert _executions(poison) == [], "its writes died with its process every time"
+    (batch_error, *alone_errors) = JobAttempt.objects.filter(job_id=poison).order_by("number")
+    assert "batch of 10 jobs; not counted" in batch_error.error
+    assert all("not counted" not in a.error for a in alone_errors), "each crash alone was charged"
+    retried = JobAttempt.objects.filter(job_id__in=ids, number=2).order_by("started_at")
+    assert all(a.started_at > batch_error.finished_at for a in retried), "retried after the reclaim, not in it"
+    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+    assert worker.popen.poll() is None
+    measure.record(
+        "10b poison job in an atomic batch of 10 (max_attempts 2)",
+        "batch reclaimed uncharged, each job retried alone with backoff: 9 done (1 effect each), poison dead",
+        lease_s=fault_kinds.POISON_LEASE_SECONDS,
+        first_run_to_dead_s=measure.seconds(dead.finished_at, first_at),
+    )
+
+
 # --- 9. A worker whose clock is ten minutes ahead ------------------------------------------------------
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")

@@ -407,8 +407,25 @@ SELECT id, state FROM released;
 -- (or, with heartbeats off, claims older than sweep_after), and claims never started within a
 -- lease whose message is no longer in the queue (lost with the broker), go back to pending, or to
 -- dead when their attempts are spent. SKIP LOCKED and a LIMIT keep each statement short.
-WITH stale AS (
-    SELECT id, token, attempts, max_attempts, due_at, claimed_at, claimed_by
+--
+-- Crash isolation. A started claim expires because its process died (or stopped) while running
+-- its batch, and nothing says which of the batch's jobs was to blame. So the crash is charged to
+-- a job only when it ran alone: flagged run_alone, or the only row of its batch (same holder, same
+-- claim) still claimed, the rows before it having finished. The jobs of a batch that died
+-- together are charged nothing (the attempt is recorded as reclaimed and max_attempts grows by
+-- one: attempt numbers keep counting runs) and are flagged run_alone: the claim sends each in a
+-- batch of its own from then on, so a poison job's next crash is its own and it reaches dead by
+-- itself, while its siblings keep their budget. A job is refunded at most once (then it runs
+-- alone). Started claims taken back are due again after the kind's backoff (%(kinds)s with
+-- %(backoff_base)s / %(backoff_cap)s seconds; the defaults for a kind not listed), with the same
+-- equal jitter as a failure: a crash is not retried at once. A claim never started ran nothing:
+-- it keeps its due time and its attempt is charged as before (a message that is always lost must
+-- not loop for ever), and it is not flagged.
+-- A statement takes whole batches (oldest claim first, until %(limit)s rows are reached), so the
+-- count of a batch's rows is never cut by the LIMIT of one statement.
+WITH expired AS (
+    SELECT id, token, claimed_at,
+           CASE WHEN claimed_by <> '' THEN claimed_by || ' ' || claimed_at::text ELSE id::text END AS batch
     FROM scheduling_scheduledjob
     WHERE state = 'claimed'
       AND CASE WHEN claimed_by <> ''
@@ -419,25 +436,65 @@ WITH stale AS (
                -- not started: its message waits in the queue (covered), or was lost with the broker
                ELSE %(check_unstarted)s AND claimed_at < now() - make_interval(secs => lease_seconds)
                     AND NOT id = ANY(%(covered)s::bigint[]) END
-    ORDER BY id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id, token FROM (
+        SELECT id, token,
+               count(*) OVER (ORDER BY claimed_at, batch) - count(*) OVER (PARTITION BY batch) AS rows_before
+        FROM expired
+    ) AS w
+    WHERE rows_before < %(limit)s
+), stale AS (
+    SELECT j.id, j.token, j.kind, j.attempts, j.max_attempts, j.due_at, j.claimed_at, j.claimed_by, j.run_alone
+    FROM scheduling_scheduledjob AS j
+    JOIN picked ON picked.id = j.id
+    WHERE j.state = 'claimed' AND j.token = picked.token
+    FOR UPDATE OF j SKIP LOCKED
+), batches AS (
+    -- the rows of each started batch still claimed: its unfinished jobs, the culprit among them
+    SELECT o.claimed_by, o.claimed_at, count(*) AS size
+    FROM scheduling_scheduledjob AS o
+    WHERE o.state = 'claimed' AND o.claimed_by <> ''
+      AND (o.claimed_by, o.claimed_at) IN (SELECT claimed_by, claimed_at FROM stale WHERE claimed_by <> '')
+    GROUP BY o.claimed_by, o.claimed_at
+), judged AS (
+    SELECT stale.*, s.started, s.shared,
+           s.shared OR stale.attempts < stale.max_attempts AS retried,
+           CASE WHEN NOT s.started THEN 'claim expired: never started, and its message is no longer queued'
+                WHEN s.shared THEN 'claim expired: its process stopped while running a batch of '
+                                   || coalesce(batches.size, 1) || ' jobs; not counted against max_attempts, '
+                                   || 'the job runs alone next'
+                ELSE 'claim expired: the worker stopped heartbeating' END AS error,
+           -- the kind's backoff after this attempt, with equal jitter (registry.Backoff.delay)
+           least(coalesce(b.cap, %(default_backoff_cap)s),
+                 coalesce(b.base, %(default_backoff_base)s) * power(2::float8, least(60, greatest(stale.attempts, 1) - 1)))
+               * (0.5 + random() / 2) AS delay
+    FROM stale
+    LEFT JOIN batches USING (claimed_by, claimed_at)
+    LEFT JOIN unnest(%(kinds)s::text[], %(backoff_base)s::float8[], %(backoff_cap)s::float8[])
+              AS b(kind, base, cap) ON b.kind = stale.kind
+    CROSS JOIN LATERAL (SELECT stale.claimed_by <> '' AS started,
+                               stale.claimed_by <> '' AND NOT stale.run_alone AND coalesce(batches.size, 1) > 1
+                                   AS shared) AS s
 ), moved AS (
     UPDATE scheduling_scheduledjob AS j
-    SET state = CASE WHEN stale.attempts >= stale.max_attempts THEN 'dead' ELSE 'pending' END,
-        finished_at = CASE WHEN stale.attempts >= stale.max_attempts THEN now() END,
+    SET state = CASE WHEN judged.retried THEN 'pending' ELSE 'dead' END,
+        finished_at = CASE WHEN NOT judged.retried THEN now() END,
+        max_attempts = j.max_attempts + CASE WHEN judged.shared THEN 1 ELSE 0 END,
+        run_alone = j.run_alone OR judged.started,
+        due_at = CASE WHEN judged.started AND judged.retried THEN now() + make_interval(secs => judged.delay)
+                      ELSE j.due_at END,
         token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
-        last_error = 'claim expired: the worker stopped heartbeating', updated_at = now()
-    FROM stale
-    WHERE j.id = stale.id
-    RETURNING j.id, j.state
+        last_error = judged.error, updated_at = now()
+    FROM judged
+    WHERE j.id = judged.id
+    RETURNING j.id, j.state, j.due_at, judged.shared
 ), logged AS (
     INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
-    SELECT stale.id, stale.attempts, stale.token, stale.claimed_by, stale.due_at, stale.claimed_at, now(),
-           'reclaimed', 'claim expired: the worker stopped heartbeating'
-    FROM stale JOIN moved USING (id)
+    SELECT judged.id, judged.attempts, judged.token, judged.claimed_by, judged.due_at, judged.claimed_at, now(),
+           'reclaimed', judged.error
+    FROM judged JOIN moved USING (id)
 )
-SELECT id, state FROM moved;
+SELECT id, state, due_at, shared FROM moved;
 
 -- name: prune_finished_jobs
 -- History retention in small batches: each statement locks at most `limit` rows, briefly.
