@@ -55,7 +55,9 @@ def reclaim_expired() -> tuple[int, int]:
         for job in moved:
             action = "dead" if job.state == JobState.DEAD else "refunded" if job.refunded else "reclaimed"
             logger.warning(
-                "claim expired; job taken back" + ("; it runs alone next, the attempt not counted" if job.refunded else ""),
+                "claim expired; job taken back (its batch died together: runs alone next, attempt not counted)"
+                if job.refunded
+                else "claim expired; job taken back",
                 extra={"job_id": job.id, "action": action},
             )
         reclaimed += sum(1 for job in moved if job.state == JobState.PENDING)

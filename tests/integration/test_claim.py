@@ -183,7 +183,7 @@ def _sent_batches(client) -> list[list[int]]:
 
 
 def test_batches_are_sent_and_run_most_urgent_first(run_sql):
-    """300 priority-0 jobs and 10 priority-9 ones due, the kind resumed: the priority-9 jobs are sent and start first."""
+    """300 priority-0 and 10 priority-9 jobs due, the kind resumed: the priority-9 jobs are sent and start first."""
     from scheduling.core import broker
     from scheduling.jobs import claim, runner
     from tasks.models import Execution

@@ -203,7 +203,8 @@ def test_a_batch_that_died_together_is_charged_nothing_and_runs_alone_later(run_
         assert "a batch of 10 jobs; not counted" in attempt.error
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE state = 'pending'")
     again = store.claim_due_jobs(50, messages=50, batch_sizes={"demo.record": 50})
-    assert len(again) == 10 and all(c.run_alone for c in again)
+    assert len(again) == 10
+    assert all(c.run_alone for c in again)
     assert [len(b) for b in claim.batches_for(again)] == [1] * 10, "each sent in a batch of its own"
 
 
@@ -238,7 +239,7 @@ def test_a_claim_whose_message_was_lost_keeps_its_due_time_and_is_not_flagged(ru
     """Never started (its message lost): pending again at its due time, charged as before, not run_alone."""
     job = api.schedule("demo.record", {}, delay=60)
     _due(run_sql, job.id)
-    (lost,) = store.claim_due_jobs(1)
+    assert len(store.claim_due_jobs(1)) == 1
     due_at = ScheduledJob.objects.get(pk=job.id).due_at
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '2 minutes' WHERE id = %s", [job.id])
     assert sweep.reclaim_expired() == (1, 0)

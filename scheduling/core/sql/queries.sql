@@ -164,11 +164,51 @@ WITH controls AS (
     FROM scheduling_kindcontrol AS c
     WHERE c.paused OR c.max_running IS NOT NULL
 ), capped AS (
+    -- per capped kind with room, the same walk down the priorities in its own range of the
+    -- (kind, priority, due_at) index, stopped once its room is locked (rows not yet due are never read)
     SELECT r.* FROM controls AS c
-    CROSS JOIN LATERAL (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                        WHERE state = 'pending' AND kind = c.kind AND due_at <= now()
-                        ORDER BY priority DESC, due_at LIMIT least(c.room, %(limit)s)
-                        FOR UPDATE SKIP LOCKED) AS r
+    CROSS JOIN LATERAL (
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 9 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k9
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 8 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k8
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 7 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k7
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 6 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k6
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 5 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k5
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 4 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k4
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 3 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k3
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 2 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k2
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 1 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k1
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 0 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k0
+        LIMIT least(c.room, %(limit)s)
+    ) AS r
     WHERE NOT c.paused AND c.room > 0
 ), walk AS (
     SELECT * FROM (
