@@ -294,8 +294,9 @@ WITH controls AS (
     UPDATE scheduling_scheduledjob AS j
     SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = NULL,
         claimed_by = '', attempts = j.attempts + 1, updated_at = now()
-    FROM allowed
-    WHERE j.id = allowed.id
+    -- by primary key, row by row: a join would let a high estimate of the capped rows choose a
+    -- hash join over the whole table (the ids are few: at most a claim's rows)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM allowed))
     RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone
 )
 SELECT id, token, kind, priority, due_at, run_alone FROM claimed ORDER BY priority DESC, due_at, id;
