@@ -426,6 +426,7 @@ class MovedJob:
     state: JobState
     due_at: dt.datetime | None = None
     refunded: bool = False  # the sweeper: its batch died together, the attempt was not counted
+    batch: str = ""  # the sweeper: the batch it was started in ("holder claimed_at")
 
 
 def fail_jobs(outcomes: Sequence[Outcome]) -> list[MovedJob]:
@@ -464,13 +465,15 @@ def sweep_expired_claims(
     queued_ids: Collection[int] | None,
     backoffs: Mapping[str, tuple[float, float]] | None = None,
     default_backoff: tuple[float, float] = (10.0, 3600.0),
+    shared_batches: Collection[str] = (),
 ) -> list[MovedJob]:
     """Take back expired claims; ``queued_ids`` are claims whose message is still queued (None: unknown).
 
     With ``queued_ids`` None (the broker did not answer) claims never started are left alone.
     ``backoffs`` maps a kind to its backoff (base, cap seconds): a started claim taken back is due
     again after it (``default_backoff`` for a kind not in it). Jobs whose batch died together are
-    not charged the attempt and are flagged to run alone (``refunded``).
+    not charged the attempt and are flagged to run alone (``refunded``); ``shared_batches`` are the
+    batches an earlier statement of the same sweep found shared (``MovedJob.batch`` of refunded jobs).
     """
     table = dict(backoffs or {})
     params = {
@@ -484,9 +487,10 @@ def sweep_expired_claims(
         "backoff_cap": [cap for _, cap in table.values()],
         "default_backoff_base": default_backoff[0],
         "default_backoff_cap": default_backoff[1],
+        "shared_batches": list(shared_batches),
     }
     rows = _fetchall("sweep_expired_claims", params)
-    return [MovedJob(row[0], JobState(row[1]), row[2], refunded=row[3]) for row in rows]
+    return [MovedJob(row[0], JobState(row[1]), row[2], refunded=row[3], batch=row[4] or "") for row in rows]
 
 
 def prune_finished_jobs(*, days: int, limit: int) -> int:

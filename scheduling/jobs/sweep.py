@@ -43,6 +43,7 @@ def reclaim_expired() -> tuple[int, int]:
     backoffs = {
         name: (kind.backoff.base_seconds, kind.backoff.cap_seconds) for name, kind in registry.all_kinds().items()
     }
+    shared: set[str] = set()  # batches found shared: a batch cut by one statement's LIMIT stays shared
     while True:
         moved = store.sweep_expired_claims(
             heartbeats=lease.enabled(),
@@ -51,7 +52,9 @@ def reclaim_expired() -> tuple[int, int]:
             queued_ids=queued,
             backoffs=backoffs,
             default_backoff=(default.base_seconds, default.cap_seconds),
+            shared_batches=shared,
         )
+        shared.update(job.batch for job in moved if job.refunded)
         for job in moved:
             action = "dead" if job.state == JobState.DEAD else "refunded" if job.refunded else "reclaimed"
             logger.warning(

@@ -249,9 +249,12 @@ def test_a_claim_whose_message_was_lost_keeps_its_due_time_and_is_not_flagged(ru
     assert "never started" in JobAttempt.objects.get(job_id=job.id).error
 
 
-def test_a_sweep_statement_takes_whole_batches(run_sql):
-    """A statement limited to 3 rows takes the whole dead batch of 5: no row is judged on a part of its batch."""
-    claims = _crashed_batch(run_sql, 5)
-    moved = store.sweep_expired_claims(heartbeats=True, sweep_after_seconds=900, limit=3, queued_ids=set())
-    assert sorted(m.id for m in moved) == sorted(c.id for c in claims)
-    assert all(m.refunded for m in moved), "each saw the batch of 5, none was charged"
+def test_a_batch_cut_by_a_sweep_statements_limit_stays_uncharged(run_sql, monkeypatch):
+    """A dead batch of 4 swept 3 rows per statement: the last row, alone in the second statement, is not charged."""
+    claims = _crashed_batch(run_sql, 4)
+    monkeypatch.setattr(sweep, "RECLAIM_BATCH_SIZE", 3)
+    assert sweep.reclaim_expired() == (4, 0)
+    jobs = ScheduledJob.objects.filter(pk__in=[c.id for c in claims])
+    assert {(j.attempts, j.max_attempts, j.run_alone) for j in jobs} == {(1, 4, True)}, "all four refunded"
+    counted = JobAttempt.objects.filter(job_id__in=[c.id for c in claims]).exclude(error__contains="not counted")
+    assert not counted.exists()

@@ -462,11 +462,11 @@ SELECT id, state FROM released;
 -- equal jitter as a failure: a crash is not retried at once. A claim never started ran nothing:
 -- it keeps its due time and its attempt is charged as before (a message that is always lost must
 -- not loop for ever), and it is not flagged.
--- A statement takes whole batches (oldest claim first, until %(limit)s rows are reached), so the
--- count of a batch's rows is never cut by the LIMIT of one statement.
-WITH expired AS (
-    SELECT id, token, claimed_at,
-           CASE WHEN claimed_by <> '' THEN claimed_by || ' ' || claimed_at::text ELSE id::text END AS batch
+-- A batch cut by one statement's LIMIT (rows go batch by batch, oldest claim first) is finished by
+-- the next: the sweeper passes the batches it already found shared (%(shared_batches)s, "holder
+-- claimed_at"), so the rows left of such a batch are not taken for a batch of one.
+WITH stale AS (
+    SELECT id, token, kind, attempts, max_attempts, due_at, claimed_at, claimed_by, run_alone
     FROM scheduling_scheduledjob
     WHERE state = 'claimed'
       AND CASE WHEN claimed_by <> ''
@@ -477,19 +477,9 @@ WITH expired AS (
                -- not started: its message waits in the queue (covered), or was lost with the broker
                ELSE %(check_unstarted)s AND claimed_at < now() - make_interval(secs => lease_seconds)
                     AND NOT id = ANY(%(covered)s::bigint[]) END
-), picked AS (
-    SELECT id, token FROM (
-        SELECT id, token,
-               count(*) OVER (ORDER BY claimed_at, batch) - count(*) OVER (PARTITION BY batch) AS rows_before
-        FROM expired
-    ) AS w
-    WHERE rows_before < %(limit)s
-), stale AS (
-    SELECT j.id, j.token, j.kind, j.attempts, j.max_attempts, j.due_at, j.claimed_at, j.claimed_by, j.run_alone
-    FROM scheduling_scheduledjob AS j
-    JOIN picked ON picked.id = j.id
-    WHERE j.state = 'claimed' AND j.token = picked.token
-    FOR UPDATE OF j SKIP LOCKED
+    ORDER BY claimed_at, claimed_by, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
 ), batches AS (
     -- the rows of each started batch still claimed: its unfinished jobs, the culprit among them
     SELECT o.claimed_by, o.claimed_at, count(*) AS size
@@ -514,7 +504,9 @@ WITH expired AS (
     LEFT JOIN unnest(%(kinds)s::text[], %(backoff_base)s::float8[], %(backoff_cap)s::float8[])
               AS b(kind, base, cap) ON b.kind = stale.kind
     CROSS JOIN LATERAL (SELECT stale.claimed_by <> '' AS started,
-                               stale.claimed_by <> '' AND NOT stale.run_alone AND coalesce(batches.size, 1) > 1
+                               stale.claimed_by <> '' AND NOT stale.run_alone
+                               AND (coalesce(batches.size, 1) > 1
+                                    OR stale.claimed_by || ' ' || stale.claimed_at::text = ANY(%(shared_batches)s::text[]))
                                    AS shared) AS s
 ), moved AS (
     UPDATE scheduling_scheduledjob AS j
@@ -528,14 +520,14 @@ WITH expired AS (
         last_error = judged.error, updated_at = now()
     FROM judged
     WHERE j.id = judged.id
-    RETURNING j.id, j.state, j.due_at, judged.shared
+    RETURNING j.id, j.state, j.due_at, judged.shared, judged.claimed_by || ' ' || judged.claimed_at::text AS batch
 ), logged AS (
     INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
     SELECT judged.id, judged.attempts, judged.token, judged.claimed_by, judged.due_at, judged.claimed_at, now(),
            'reclaimed', judged.error
     FROM judged JOIN moved USING (id)
 )
-SELECT id, state, due_at, shared FROM moved;
+SELECT id, state, due_at, shared, batch FROM moved;
 
 -- name: prune_finished_jobs
 -- History retention in small batches: each statement locks at most `limit` rows, briefly.
