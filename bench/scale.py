@@ -58,7 +58,7 @@ def claim_plan() -> list[str]:
     from scheduling.core import store
 
     with connection.cursor() as cur:
-        sql = cur.mogrify(store.queries()["claim_due_jobs"], {"limit": CLAIM_LIMIT}).decode()
+        sql = cur.mogrify(store.queries()["claim_due_jobs"], store.claim_params(CLAIM_LIMIT)).decode()
         cur.execute("EXPLAIN " + sql)
         return [row[0] for row in cur.fetchall()]
 

@@ -201,7 +201,7 @@ def run_raw(jobs: int, batch: int) -> dict[str, Any]:
         start = time.perf_counter()
         with conn.cursor() as cur:
             while True:
-                cur.execute(claim_sql, {"limit": batch})
+                cur.execute(claim_sql, store.claim_params(batch))
                 rows = cur.fetchall()
                 if not rows:
                     conn.commit()

@@ -96,6 +96,13 @@ class ScheduledJob(models.Model):
         help_text=f"{MIN_PRIORITY}-{MAX_PRIORITY}: among due jobs, a higher priority is claimed first.",
     )
     last_error = models.TextField("last error", blank=True, default="", help_text="The latest failure's error text.")
+    run_alone = models.BooleanField(
+        "run alone",
+        default=False,
+        db_default=False,
+        help_text="Set when the job's batch died with its process: from then on it is sent in a batch of its own, "
+        "so a crash is charged to the job that causes it.",
+    )
     key = models.CharField(
         "key",
         max_length=200,
@@ -139,6 +146,12 @@ class ScheduledJob(models.Model):
             # The claim walks it one priority at a time, highest first (a range of due_at per priority).
             models.Index(
                 fields=["priority", "due_at"], name="scheduledjob_pending_prio_idx", condition=models.Q(state="pending")
+            ),
+            # A capped kind's claim takes its room of rows from this, most urgent first, whatever else is due.
+            models.Index(
+                fields=["kind", "-priority", "due_at"],
+                name="scheduledjob_pending_kind_idx",
+                condition=models.Q(state="pending"),
             ),
             models.Index(
                 fields=["heartbeat_at"], name="scheduledjob_claimed_hb_idx", condition=models.Q(state="claimed")

@@ -20,7 +20,7 @@ import datetime as dt
 import functools
 import json
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,13 @@ def queries() -> dict[str, str]:
 
 
 def _fetchall(name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return _fetchall_sql(queries()[name], params)
+
+
+def _fetchall_sql(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run ``sql`` (named blocks joined, the rows are the last statement's) and return its rows."""
     with connection.cursor() as cursor:
-        cursor.execute(queries()[name], params)
+        cursor.execute(sql, params)
         return cursor.fetchall()
 
 
@@ -272,11 +277,14 @@ def retry_dead_jobs(ids: Sequence[int]) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """A row just claimed: enough to route it; the payload is read when it starts."""
+    """A row just claimed: enough to route and order it; the payload is read when it starts."""
 
     id: int
     token: str
     kind: str
+    priority: int = 0
+    due_at: dt.datetime | None = None
+    run_alone: bool = False  # its batch died with its process once: it is sent in a batch of its own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,8 +299,47 @@ class StartedJob:
     db_now: dt.datetime
 
 
-def claim_due_jobs(limit: int) -> list[Claim]:
-    return [Claim(*row) for row in _fetchall_async_commit("claim_due_jobs", {"limit": limit})]
+def claim_params(
+    limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The parameters of ``claim_due_jobs``: at most ``messages`` batches (default: ``limit``), cut by kind.
+
+    ``batch_sizes`` maps a kind to its batch size; a kind not in it is cut into batches of one.
+    """
+    sizes = dict(batch_sizes or {})
+    return {
+        "limit": limit,
+        "messages": limit if messages is None else messages,
+        "kinds": list(sizes),
+        "batch_sizes": list(sizes.values()),
+    }
+
+
+def claim_statement() -> str:
+    """The claim as one string: ``lock_capped_kinds`` then ``claim_due_jobs``; the rows are the claim's."""
+    return queries()["lock_capped_kinds"] + ";\n" + queries()["claim_due_jobs"]
+
+
+def claim_due_jobs(
+    limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
+) -> list[Claim]:
+    """Claim due rows: whole batches, at most ``messages`` of them, sorted most urgent first.
+
+    The capped kinds' control rows are locked first, in a statement of its own in the same
+    transaction (``lock_capped_kinds``): so the claim's count of a kind's claims sees every claim
+    committed before it, and caps hold exactly with any number of claimers.
+    """
+    sql = claim_statement()
+    params = claim_params(limit, messages=messages, batch_sizes=batch_sizes)
+    if not connection.get_autocommit():
+        rows = _fetchall_sql(sql, params)  # the caller's transaction holds the lock until it ends
+    else:
+        with transaction.atomic():
+            prefix = "SET LOCAL synchronous_commit = off;\n" if conf.get().async_commit else ""
+            rows = _fetchall_sql(prefix + sql, params)  # see _fetchall_async_commit
+    return [
+        Claim(id=row[0], token=row[1], kind=row[2], priority=row[3], due_at=row[4], run_alone=row[5]) for row in rows
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,6 +461,8 @@ class MovedJob:
     id: int
     state: JobState
     due_at: dt.datetime | None = None
+    refunded: bool = False  # the sweeper: its batch died together, the attempt was not counted
+    batch: str = ""  # the sweeper: the batch it was started in ("holder claimed_at")
 
 
 def fail_jobs(outcomes: Sequence[Outcome]) -> list[MovedJob]:
@@ -445,20 +494,39 @@ def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[MovedJo
 
 
 def sweep_expired_claims(
-    *, heartbeats: bool, sweep_after_seconds: float, limit: int, queued_ids: Collection[int] | None
+    *,
+    heartbeats: bool,
+    sweep_after_seconds: float,
+    limit: int,
+    queued_ids: Collection[int] | None,
+    backoffs: Mapping[str, tuple[float, float]] | None = None,
+    default_backoff: tuple[float, float] = (10.0, 3600.0),
+    shared_batches: Collection[str] = (),
 ) -> list[MovedJob]:
     """Take back expired claims; ``queued_ids`` are claims whose message is still queued (None: unknown).
 
     With ``queued_ids`` None (the broker did not answer) claims never started are left alone.
+    ``backoffs`` maps a kind to its backoff (base, cap seconds): a started claim taken back is due
+    again after it (``default_backoff`` for a kind not in it). Jobs whose batch died together are
+    not charged the attempt and are flagged to run alone (``refunded``); ``shared_batches`` are the
+    batches an earlier statement of the same sweep found shared (``MovedJob.batch`` of refunded jobs).
     """
+    table = dict(backoffs or {})
     params = {
         "heartbeats": heartbeats,
         "sweep_after": sweep_after_seconds,
         "limit": limit,
         "check_unstarted": queued_ids is not None,
         "covered": list(queued_ids or []),
+        "kinds": list(table),
+        "backoff_base": [base for base, _ in table.values()],
+        "backoff_cap": [cap for _, cap in table.values()],
+        "default_backoff_base": default_backoff[0],
+        "default_backoff_cap": default_backoff[1],
+        "shared_batches": list(shared_batches),
     }
-    return [MovedJob(row[0], JobState(row[1])) for row in _fetchall("sweep_expired_claims", params)]
+    rows = _fetchall("sweep_expired_claims", params)
+    return [MovedJob(row[0], JobState(row[1]), row[2], refunded=row[3], batch=row[4] or "") for row in rows]
 
 
 def prune_finished_jobs(*, days: int, limit: int) -> int:

@@ -4,14 +4,18 @@ A claim takes due rows in one statement (``store.claim_due_jobs``: ``FOR UPDATE 
 groups them by kind and sends each group as ``scheduling.run_batch`` messages of the kind's batch
 size (ids and tokens only): a message per batch instead of per job is what lets a table outrun a
 message-per-job queue, and a small batch size (1 for slow kinds) keeps a long job from holding up
-short ones.
+short ones. A job whose batch died with its process is sent alone from then on (``run_alone``,
+set by the sweeper), so a poison job cannot take its siblings with it again. Batches are sent
+most urgent first (highest priority, then earliest due): the queue is FIFO, so that is the order
+in which they start.
 
 Back-pressure is a hard bound: the job queue never holds more than
-``SCHEDULING_MAX_QUEUED_BATCHES`` messages sent by the claim. Each claim is sized to the room left
-(room x the default batch size rows); claims that would need more messages than there is room for
-(kinds with small batches) are given back at once (``store.unclaim_jobs``), as if never taken.
-So at every moment of a burst at most (bound x batch size) rows are claimed and not started, and
-each waits at most for the messages ahead of it. A claimed row's lease starts when its batch
+``SCHEDULING_MAX_QUEUED_BATCHES`` messages sent by the claim. Each claim is sized to the room left:
+at most (room x the default batch size) rows, and only as many whole batches as there is room
+for, cut per kind by the statement itself, so a kind with small batches is claimed one batch per
+free message. Claims the broker refused are given back at once (``store.unclaim_jobs``), as if
+never taken. So at every moment of a burst at most (bound x batch size) rows are claimed and not
+started, and each waits at most for the messages ahead of it. A claimed row's lease starts when its batch
 starts (``store.start_jobs``); until then the sweeper leaves it alone while its message is still
 in the queue (``broker.queued_claim_ids``).
 
@@ -47,18 +51,38 @@ class ClaimReport:
     queue_full: bool = False  # nothing was claimed because the queue had no room
 
 
+def batch_size(kind_name: str) -> int:
+    """Jobs per run_batch message for ``kind_name`` (1 for a kind this process does not know)."""
+    try:
+        return registry.get(kind_name).batch_size
+    except exceptions.UnknownJobKind:
+        return 1  # the run records the failure per job
+
+
+def batch_sizes() -> dict[str, int]:
+    """Every registered kind's batch size, for the claim statement to cut batches as ``batches_for`` does."""
+    return {name: kind.batch_size for name, kind in registry.all_kinds().items()}
+
+
 def batches_for(claims: Sequence[store.Claim]) -> list[list[store.Claim]]:
-    """Group claims by kind and cut each group into the kind's batch size."""
+    """Cut claims (most urgent first) into batches, most urgent batch first.
+
+    Per kind, in the claims' order, the kind's batch size each; a ``run_alone`` claim (its batch
+    died with its process) goes in a batch of its own. A batch is as urgent as its first claim.
+    ``claim_due_jobs`` cuts the same batches when it decides how many rows fit the queue's room.
+    """
+    position = {c.id: i for i, c in enumerate(claims)}
     by_kind: dict[str, list[store.Claim]] = defaultdict(list)
-    for c in claims:
-        by_kind[c.kind].append(c)
     out: list[list[store.Claim]] = []
+    for c in claims:
+        if c.run_alone:
+            out.append([c])
+        else:
+            by_kind[c.kind].append(c)
     for kind_name, items in by_kind.items():
-        try:
-            size = registry.get(kind_name).batch_size
-        except exceptions.UnknownJobKind:
-            size = 1  # the run records the failure per job
+        size = batch_size(kind_name)
         out.extend(items[i : i + size] for i in range(0, len(items), size))
+    out.sort(key=lambda batch: position[batch[0].id])
     return out
 
 
@@ -93,7 +117,7 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
         logger.debug("claim deferred: the queue is full", extra={"action": "claim_deferred"})
         return ClaimReport(0, 0, 0, more_due=True, queue_full=True)
     size = min(limit or settings.claim_batch_size, free * settings.default_batch_size)
-    claims = store.claim_due_jobs(size)
+    claims = store.claim_due_jobs(size, messages=free, batch_sizes=batch_sizes())
     span.set("job_ids", [c.id for c in claims])
     span.set("kinds", sorted({c.kind for c in claims}))
     batches = batches_for(claims)
@@ -116,7 +140,9 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
             "claimed due jobs",
             extra={"claimed": len(claims), "batches": sent, "given_back": given_back, "action": "claimed"},
         )
-    return ClaimReport(len(claims) - given_back, sent, given_back, more_due=len(claims) >= size)
+    # More may be due when the claim took all the rows or all the messages it was allowed.
+    more_due = len(claims) >= size or len(batches) >= free
+    return ClaimReport(len(claims) - given_back, sent, given_back, more_due=more_due)
 
 
 def wake_on_commit(in_seconds: float, asked_at: float) -> None:

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0009_scheduledjob_key_unique_among_waiting_jobs"),
+        ("scheduling", "0010_scheduledjob_run_alone_and_pending_kind_index"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

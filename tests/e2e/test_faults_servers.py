@@ -284,7 +284,7 @@ def _claim_with_lost_messages(stack: Stack, count: int, lease: int) -> list[list
         for _ in range(count):
             cur.execute(store.queries()["insert_job"], params)
             inserted.add(cur.fetchone()[0])
-        cur.execute(store.queries()["claim_due_jobs"], {"limit": count})
+        cur.execute(store.queries()["claim_due_jobs"], store.claim_params(count))
         claims = [[row[0], row[1]] for row in cur.fetchall()]
     conn.close()
     assert {c[0] for c in claims} == inserted

@@ -353,6 +353,79 @@ def test_a_poison_job_that_kills_its_worker_ends_dead(cluster, broker):
     )
 
 
+def test_a_poison_job_in_a_batch_dies_alone_and_its_siblings_finish_with_their_budget(cluster):
+    """A poison job + 9 good ones in one atomic batch, max_attempts 2: 9 done, effects committed; the poison dead."""
+    (worker,) = _start(cluster)
+    payloads = [{"poison": i == 4} for i in range(fault_kinds.BATCH_SIZE)]
+    ids = api.schedule_many("faults.batch_member", payloads, delay=0)
+    poison, good = ids[4], [job_id for i, job_id in enumerate(ids) if i != 4]
+    first_at = measure.db_now()
+    dead = _wait_state(poison, JobState.DEAD, 90)
+    for job_id in good:
+        _wait_state(job_id, JobState.DONE, 60)
+    # The batch died together: nobody was charged, everyone ran alone afterwards.
+    for job_id in good:
+        job = _job(job_id)
+        assert _outcomes(job_id) == [AttemptOutcome.RECLAIMED, AttemptOutcome.SUCCEEDED]
+        assert (job.attempts, job.max_attempts, job.run_alone) == (2, fault_kinds.BATCH_MAX_ATTEMPTS + 1, True)
+        assert len(_executions(job_id)) == 1, "one committed effect (the killed chunk's writes rolled back)"
+    # The poison: refunded once with its batch, then charged alone until its attempts were spent.
+    assert _outcomes(poison) == [AttemptOutcome.RECLAIMED] * 3
+    assert (dead.attempts, dead.max_attempts) == (3, fault_kinds.BATCH_MAX_ATTEMPTS + 1)
+    assert _executions(poison) == [], "its writes died with its process every time"
+    (batch_error, *alone_errors) = JobAttempt.objects.filter(job_id=poison).order_by("number")
+    assert "batch of 10 jobs; not counted" in batch_error.error
+    assert all("not counted" not in a.error for a in alone_errors), "each crash alone was charged"
+    retried = JobAttempt.objects.filter(job_id__in=ids, number=2).order_by("started_at")
+    assert all(a.started_at > batch_error.finished_at for a in retried), "retried after the reclaim, not in it"
+    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+    assert worker.popen.poll() is None
+    measure.record(
+        "10b poison job in an atomic batch of 10 (max_attempts 2)",
+        "batch reclaimed uncharged, each job retried alone with backoff: 9 done (1 effect each), poison dead",
+        lease_s=fault_kinds.POISON_LEASE_SECONDS,
+        first_run_to_dead_s=measure.seconds(dead.finished_at, first_at),
+    )
+
+
+# --- 16. A capped kind with a backlog next to another kind -------------------------------------------
+
+
+def _most_at_once(intervals: list[tuple[object, object]]) -> int:
+    """The largest number of (start, end) intervals open at one instant (an end before a start at a tie)."""
+    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    most = running = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_a_capped_kind_with_a_backlog_never_exceeds_its_cap_nor_holds_up_another_kind(cluster):
+    """Cap 3 on a kind with 300 due short jobs, then 10 of another kind: those run at once; never 4 capped at a time."""
+    api.set_max_running("faults.effect", 3)
+    # Short jobs: the cap's room is open again at most claims, which is when a full LIMIT of the
+    # capped kind's rows used to crowd the other kind out of every claim.
+    capped = api.schedule_many("faults.effect", [{"hold": 0.1}] * 300, delay=0)
+    others = api.schedule_many("faults.effect_inline", [{}] * 10, delay=0)
+    _start(cluster, concurrency=4)
+    for job_id in others:
+        _wait_state(job_id, JobState.DONE, 90)
+    left = ScheduledJob.objects.filter(pk__in=capped, state=JobState.PENDING).count()
+    # With the capped kind's rows filling each claim's LIMIT (200 rows here), the others waited
+    # for 100 of them to finish first; now they run while the backlog is still there.
+    assert left > 250, f"the other kind did not wait for the capped backlog ({left} capped jobs pending)"
+    ran = JobAttempt.objects.filter(job_id__in=capped, outcome=AttemptOutcome.SUCCEEDED)
+    assert ran.exists()
+    assert _most_at_once(list(ran.values_list("started_at", "finished_at"))) <= 3, "never more than the cap at once"
+    assert ScheduledJob.objects.filter(pk__in=capped, state=JobState.CLAIMED).count() <= 3
+    measure.record(
+        "16 cap 3 on a kind with 300 due 0.1 s jobs, 10 of another kind due after them",
+        "the other kind ran while the capped backlog waited; at most 3 capped jobs at once",
+        capped_left_pending=left,
+    )
+
+
 # --- 9. A worker whose clock is ten minutes ahead ------------------------------------------------------
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")

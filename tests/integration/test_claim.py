@@ -29,10 +29,10 @@ def test_two_connections_claim_disjoint_rows(raw_connect, run_sql):
     claim_sql = store.queries()["claim_due_jobs"]
     a, b = raw_connect(), raw_connect()
     with a.cursor() as ca, b.cursor() as cb:
-        ca.execute(claim_sql, {"limit": 6})
+        ca.execute(claim_sql, store.claim_params(6))
         got_a = {row[0] for row in ca.fetchall()}
         cb.execute("SET LOCAL lock_timeout = '2s'")
-        cb.execute(claim_sql, {"limit": 6})
+        cb.execute(claim_sql, store.claim_params(6))
         got_b = {row[0] for row in cb.fetchall()}
     a.commit()
     b.commit()
@@ -53,7 +53,7 @@ def test_four_claimers_over_10000_rows_claim_each_exactly_once(raw_connect, run_
         barrier.wait()
         with conns[i].cursor() as cur:
             while True:
-                cur.execute(claim_sql, {"limit": 50})
+                cur.execute(claim_sql, store.claim_params(50))
                 rows = cur.fetchall()
                 if not rows:
                     return
@@ -104,7 +104,7 @@ def test_cancel_racing_a_claim_ends_in_exactly_one(raw_connect, run_sql, repeat)
     def claimer() -> None:
         barrier.wait()
         with conn.cursor() as cur:
-            cur.execute(claim_sql, {"limit": 1})
+            cur.execute(claim_sql, store.claim_params(1))
             outcome["claimed"] = [row[0] for row in cur.fetchall()]
 
     def canceller() -> None:
@@ -160,5 +160,85 @@ def test_claim_waits_while_the_queue_is_full(run_sql):
         claimed = ScheduledJob.objects.filter(state=JobState.CLAIMED)
         assert claimed.count() == 3
         assert not claimed.filter(heartbeat_at__isnull=False).exists(), "the lease starts when the batch starts"
+    finally:
+        client.delete(key)
+
+
+def _queue_key() -> str:
+    from django.conf import settings
+
+    return f"{settings.CELERY_BROKER_KEYPREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
+
+
+def _sent_batches(client) -> list[list[int]]:
+    """The job ids of the run_batch messages in the queue, in the order workers take them (kombu: LPUSH, BRPOP)."""
+    from scheduling.core import broker
+
+    out = []
+    for raw in reversed(client.lrange(_queue_key(), 0, -1)):
+        parsed = broker.message_args(raw)
+        if parsed is not None:
+            out.append([pair[0] for pair in parsed[1][0]])
+    return out
+
+
+def test_batches_are_sent_and_run_most_urgent_first(run_sql):
+    """300 priority-0 and 10 priority-9 jobs due, the kind resumed: the priority-9 jobs are sent and start first."""
+    from scheduling.core import broker
+    from scheduling.jobs import claim, runner
+    from tasks.models import Execution
+
+    api.pause("demo.record")
+    low = api.schedule_many("demo.record", [{}] * 300, delay=60)
+    high = api.schedule_many("demo.record", [{}] * 10, delay=60, priority=9)
+    run_sql(
+        "UPDATE scheduling_scheduledjob AS j SET due_at = now() - interval '1 hour' + t.n * interval '1 ms'"
+        " FROM unnest(%s::bigint[]) WITH ORDINALITY AS t(id, n) WHERE j.id = t.id",
+        [low + high],
+    )
+    api.resume("demo.record")
+    client = broker.client()
+    client.delete(_queue_key())
+    try:
+        report = claim.claim_and_dispatch()
+        batches = _sent_batches(client)
+        assert report.batches == len(batches) >= 2
+        assert batches[0][:10] == high, "the first message starts with the priority-9 jobs"
+        assert [job_id for batch in batches for job_id in batch] == high + low[: report.claimed - 10], "then FIFO"
+        tokens = dict(ScheduledJob.objects.filter(pk__in=batches[0]).values_list("id", "token"))
+        runner.run_batch([(job_id, str(tokens[job_id])) for job_id in batches[0]])
+        ran = list(Execution.objects.order_by("id").values_list("idempotency_key", flat=True))
+        assert ran[:10] == [f"job:{job_id}" for job_id in high], "they started first within their batch too"
+    finally:
+        client.delete(_queue_key())
+
+
+def test_a_batch_size_1_kind_is_claimed_one_row_per_free_message(run_sql):
+    """Queue room for one message, 100 batch_size=1 jobs and one urgent: each turn claims one row, gives none back."""
+    from scheduling.core import broker, conf
+    from scheduling.jobs import claim
+
+    routine = api.schedule_many("demo.sleep", [{}] * 100, delay=60)
+    urgent = api.schedule("demo.sleep", {}, delay=60, priority=9)
+    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 minute'")
+    client = broker.client()
+    key = _queue_key()
+    client.delete(key)
+    client.rpush(key, *[b"placeholder"] * (conf.get().max_queued_batches - 1))
+    try:
+        report = claim.claim_and_dispatch()
+        assert (report.claimed, report.batches, report.given_back) == (1, 1, 0)
+        assert _sent_batches(client) == [[urgent.id]], "the urgent job was sent, under a full queue"
+        for turn in range(5):
+            client.lpop(key)  # a worker took the message: room for one more
+            report = claim.claim_and_dispatch()
+            assert (report.claimed, report.batches, report.given_back) == (1, 1, 0), turn
+            assert report.more_due, "the room was used up: the loop claims again at once"
+        assert ScheduledJob.objects.filter(state=JobState.CLAIMED).count() == 6
+        pending = ScheduledJob.objects.filter(pk__in=routine, state=JobState.PENDING)
+        assert pending.count() == 95
+        assert not pending.exclude(updated_at__lt=ScheduledJob.objects.get(pk=urgent.id).claimed_at).exists(), (
+            "the rows not taken were never claimed and given back"
+        )
     finally:
         client.delete(key)

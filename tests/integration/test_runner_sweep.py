@@ -9,7 +9,7 @@ from django.test import override_settings
 
 from scheduling import api
 from scheduling.core import store
-from scheduling.jobs import runner, sweep
+from scheduling.jobs import claim, runner, sweep
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
 
@@ -174,3 +174,87 @@ def test_released_claims_go_back_to_pending(run_sql):
     assert job.state == JobState.PENDING
     assert JobAttempt.objects.get(job_id=claim.id).error == "worker shutting down"
     assert job.due_at <= dt.datetime.now(dt.UTC) + dt.timedelta(seconds=61)
+
+
+# --- Crash isolation: a batch that died with its process -------------------------------------------
+
+
+def _crashed_batch(run_sql, n: int, *, max_attempts: int = 3, worker: str = "host:4242") -> list[store.Claim]:
+    """Claim ``n`` demo.record jobs as one batch, start it on ``worker``, then let its heartbeat go stale."""
+    ids = api.schedule_many("demo.record", [{}] * n, delay=60, max_attempts=max_attempts)
+    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = ANY(%s)", [ids])
+    claims = store.claim_due_jobs(n)
+    assert sorted(c.id for c in claims) == sorted(ids)
+    assert len(store.start_jobs([(c.id, c.token) for c in claims], worker)) == n
+    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '61 seconds' WHERE id = ANY(%s)", [ids])
+    return claims
+
+
+def test_a_batch_that_died_together_is_charged_nothing_and_runs_alone_later(run_sql):
+    """10 jobs of a dead batch: each pending, its attempt recorded but not counted, flagged run_alone, due later."""
+    claims = _crashed_batch(run_sql, 10)
+    (db_before,) = run_sql("SELECT now()")[0]
+    assert sweep.reclaim_expired() == (10, 0)
+    for job in ScheduledJob.objects.filter(pk__in=[c.id for c in claims]):
+        assert (job.state, job.attempts, job.max_attempts, job.run_alone) == (JobState.PENDING, 1, 4, True)
+        assert (job.due_at - db_before).total_seconds() >= 0.5, "the kind's backoff (1-5 s), not due at once"
+        (attempt,) = JobAttempt.objects.filter(job_id=job.id)
+        assert attempt.outcome == AttemptOutcome.RECLAIMED
+        assert "a batch of 10 jobs; not counted" in attempt.error
+    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE state = 'pending'")
+    again = store.claim_due_jobs(50, messages=50, batch_sizes={"demo.record": 50})
+    assert len(again) == 10
+    assert all(c.run_alone for c in again)
+    assert [len(b) for b in claim.batches_for(again)] == [1] * 10, "each sent in a batch of its own"
+
+
+def test_a_job_that_crashes_alone_is_charged_until_dead(run_sql):
+    """A run_alone job whose process dies is charged each time (max_attempts unchanged) and ends dead."""
+    (first,) = _crashed_batch(run_sql, 1, max_attempts=2)
+    assert sweep.reclaim_expired() == (1, 0), "the only job of its batch: charged"
+    job = ScheduledJob.objects.get(pk=first.id)
+    assert (job.attempts, job.max_attempts, job.run_alone) == (1, 2, True)
+    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [first.id])
+    (second,) = store.claim_due_jobs(1)
+    store.start_jobs([(second.id, second.token)], "host:4343")
+    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '61 seconds' WHERE id = %s", [first.id])
+    assert sweep.reclaim_expired() == (0, 1)
+    job = ScheduledJob.objects.get(pk=first.id)
+    assert (job.state, job.attempts, job.max_attempts) == (JobState.DEAD, 2, 2)
+    assert list(JobAttempt.objects.filter(job_id=first.id).values_list("number", flat=True)) == [1, 2]
+
+
+def test_the_last_unfinished_job_of_a_batch_is_charged_and_the_finished_ones_untouched(run_sql):
+    """Of a batch of 3, two finished before the process died: the third is the suspect, charged and flagged."""
+    claims = _crashed_batch(run_sql, 3)
+    now = store.database_now()
+    assert store.complete_jobs([store.Outcome(c.id, c.token, now, now, AttemptOutcome.SUCCEEDED) for c in claims[:2]])
+    assert sweep.reclaim_expired() == (1, 0)
+    suspect = ScheduledJob.objects.get(pk=claims[2].id)
+    assert (suspect.state, suspect.attempts, suspect.max_attempts, suspect.run_alone) == (JobState.PENDING, 1, 3, True)
+    assert ScheduledJob.objects.filter(pk__in=[c.id for c in claims[:2]], state=JobState.DONE).count() == 2
+
+
+def test_a_claim_whose_message_was_lost_keeps_its_due_time_and_is_not_flagged(run_sql):
+    """Never started (its message lost): pending again at its due time, charged as before, not run_alone."""
+    job = api.schedule("demo.record", {}, delay=60)
+    _due(run_sql, job.id)
+    assert len(store.claim_due_jobs(1)) == 1
+    due_at = ScheduledJob.objects.get(pk=job.id).due_at
+    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '2 minutes' WHERE id = %s", [job.id])
+    assert sweep.reclaim_expired() == (1, 0)
+    stored = ScheduledJob.objects.get(pk=job.id)
+    assert (stored.state, stored.attempts, stored.max_attempts, stored.run_alone) == (JobState.PENDING, 1, 3, False)
+    assert stored.due_at == due_at
+    assert "never started" in JobAttempt.objects.get(job_id=job.id).error
+
+
+def test_a_batch_cut_by_a_sweep_statements_limit_stays_uncharged(run_sql, monkeypatch):
+    """A dead batch of 4 swept 3 rows per statement: the last row, alone in the second statement, is not charged."""
+    claims = _crashed_batch(run_sql, 4)
+    monkeypatch.setattr(sweep, "RECLAIM_BATCH_SIZE", 3)
+    assert sweep.reclaim_expired() == (4, 0)
+    jobs = ScheduledJob.objects.filter(pk__in=[c.id for c in claims])
+    assert {(j.attempts, j.max_attempts, j.run_alone) for j in jobs} == {(1, 4, True)}, "all four refunded"
+    counted = JobAttempt.objects.filter(job_id__in=[c.id for c in claims]).exclude(error__contains="not counted")
+    assert not counted.exists()

@@ -26,6 +26,6 @@ def test_statement_plans(name):
 def test_claim_uses_the_partial_index(run_sql):
     """The claim's plan reads the pending-only partial indexes (not the whole table)."""
     run_sql("SET enable_seqscan = off")
-    plan = "\n".join(row[0] for row in run_sql("EXPLAIN " + store.queries()["claim_due_jobs"], {"limit": 10}))
+    plan = "\n".join(row[0] for row in run_sql("EXPLAIN " + store.queries()["claim_due_jobs"], store.claim_params(10)))
     assert "scheduledjob_pending_prio_idx" in plan or "scheduledjob_pending_due_idx" in plan
     assert "Seq Scan on scheduling_scheduledjob" not in plan

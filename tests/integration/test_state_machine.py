@@ -347,6 +347,9 @@ class JobLifeMachine(RuleBasedStateMachine):
         assert {m.id for m in moved} == expired, "the sweeper takes back exactly the claims past their lease"
         for moved_job in moved:
             job = self.model[moved_job.id]
+            assert not moved_job.refunded, "each crash here is a batch of one: charged to its job"
+            if job.started:
+                job.due = False  # a crash is retried after the kind's backoff, not at once
             self._end_attempt(job, to_pending_unless_spent=True)
             assert moved_job.state == job.state
 

@@ -199,24 +199,48 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead'
               AND coalesce(d.owner_id, 0) = coalesce(j.owner_id, 0) AND d.key = j.key)))
 RETURNING j.id;
 
+-- name: lock_capped_kinds
+-- Caps hold exactly under concurrent claimers: before its claim statement, a claim's transaction
+-- locks the control row of every capped kind (in kind order, so two claimers never deadlock). A
+-- second claimer waits here until the first commits, and its claim statement then starts with a
+-- fresh snapshot (READ COMMITTED takes one per statement) that counts the first one's claims. The
+-- lock must be its own statement: a count in the statement that takes the lock reads the snapshot
+-- taken before the lock was granted, and two overlapping claims would each see the whole room.
+-- Without caps nothing is locked and claimers never wait for each other.
+SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY kind FOR UPDATE;
+
 -- name: claim_due_jobs
 -- The claim is one statement so that choosing the rows and claiming them cannot be separated:
 -- FOR UPDATE SKIP LOCKED makes concurrent claimers pass over each other's rows instead of waiting,
 -- so any number of them get disjoint sets. Each claim gets a new token (fencing): only the holder of
 -- the current token can complete or fail the job. heartbeat_at stays NULL: the lease starts when
--- the batch starts (start_jobs), not while it waits in the queue.
+-- the batch starts (start_jobs), not while it waits in the queue. Run it after lock_capped_kinds,
+-- in the same transaction (store.claim_due_jobs does): that is what makes the caps exact.
 --
--- Order: higher priority first, then earlier due_at. PostgreSQL has no skip scan, so the priorities
--- (0-9) are walked one at a time, highest first: one branch per priority, each a range scan of a
--- partial index bounded by due_at <= now() ((priority, due_at) for the rare priorities, where the
--- planner's statistics see few rows; due_at for the common one), so the cost follows the rows
--- taken, not the rows pending. Append runs the branches in order and the outer LIMIT stops the walk
+-- Order: higher priority first, then earlier due_at (then id). PostgreSQL has no skip scan, so the
+-- priorities (0-9) are walked one at a time, highest first: one branch per priority, each a range
+-- scan of a partial index bounded by due_at <= now() ((priority, due_at) for the rare priorities,
+-- where the planner's statistics see few rows; due_at for the common one), so the cost follows the
+-- rows taken, not the rows pending. Append runs the branches in order and the walk's LIMIT stops it
 -- once enough rows are locked. The literal priorities let the planner use each value's statistics.
+-- Strict priorities: while more rows of a higher priority are due than a claim takes, lower ones
+-- wait (docs/operations.md, "Priorities"); a cap bounds a kind's share.
 --
--- Kind controls (scheduling_kindcontrol): a paused kind's rows are left pending; a kind capped at
--- max_running gets at most max_running minus its claimed rows (claimed: queued or running). The
--- cap is exact with one claimer at a time (the control loop's leader); rows locked beyond a kind's
--- room are not updated and their locks end with the statement.
+-- Kind controls (scheduling_kindcontrol): a paused kind's rows are left pending. A capped kind
+-- (max_running) is not in the walk: its own branch takes at most its room (max_running minus its
+-- claimed rows, queued or running) of its most urgent rows, from its range of the (kind, priority,
+-- due_at) index. So a capped kind with a backlog takes its room and no more, and the walk fills the
+-- claim with other kinds' rows (had its rows been in the walk, they would fill the LIMIT and be
+-- dropped by the cap, leaving the claim short and every other kind waiting).
+--
+-- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s), in
+-- order of urgency. Rows are cut into the batches the claim sends, exactly as claim.batches_for
+-- cuts them: per kind, most urgent first, %(batch_sizes)s rows each (1 for a kind not listed), and
+-- a run_alone row (its batch died with its process) in a batch of its own. A batch's urgency is its
+-- first row's. Batches are kept while the room allows and fewer than %(limit)s rows come before
+-- them: a batch_size=1 kind is claimed one row per free message, not %(limit)s rows to give back.
+-- Rows locked and not kept are not updated; their locks end with the statement's transaction.
+-- The result comes back sorted by urgency (UPDATE ... RETURNING has no order of its own).
 WITH controls AS (
     SELECT c.kind, c.paused,
            CASE WHEN c.max_running IS NULL THEN NULL
@@ -224,75 +248,143 @@ WITH controls AS (
                                                   WHERE r.state = 'claimed' AND r.kind = c.kind)) END AS room
     FROM scheduling_kindcontrol AS c
     WHERE c.paused OR c.max_running IS NOT NULL
-), blocked AS (
-    SELECT kind FROM controls WHERE paused OR room = 0
-), due AS (
+), capped AS (
+    -- per capped kind with room, the same walk down the priorities in its own range of the
+    -- (kind, priority, due_at) index, stopped once its room is locked (rows not yet due are never read)
+    SELECT r.* FROM controls AS c
+    CROSS JOIN LATERAL (
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 9 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k9
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 8 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k8
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 7 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k7
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 6 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k6
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 5 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k5
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 4 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k4
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 3 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k3
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 2 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k2
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 1 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k1
+        UNION ALL
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = c.kind AND priority = 0 AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k0
+        LIMIT least(c.room, %(limit)s)
+    ) AS r
+    WHERE NOT c.paused AND c.room > 0
+), walk AS (
     SELECT * FROM (
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 9 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p9
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 8 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p8
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 7 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p7
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 6 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p6
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 5 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p5
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 4 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p4
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 3 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p3
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 2 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p2
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 1 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p1
     UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = 0 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM blocked)
+                     AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p0
     ) AS by_priority
     LIMIT %(limit)s
+), due AS (
+    SELECT * FROM capped
+    UNION ALL
+    SELECT * FROM walk
+), sized AS (
+    SELECT due.*, coalesce(b.size, 1) AS size,
+           CASE WHEN due.run_alone THEN due.id
+                ELSE (row_number() OVER (PARTITION BY due.kind, due.run_alone
+                                         ORDER BY due.priority DESC, due.due_at, due.id) - 1) / coalesce(b.size, 1)
+           END AS batch_no
+    FROM due LEFT JOIN unnest(%(kinds)s::text[], %(batch_sizes)s::int[]) AS b(kind, size) ON b.kind = due.kind
+), headed AS (
+    SELECT sized.id,
+           first_value(priority) OVER batch AS head_priority,
+           first_value(due_at) OVER batch AS head_due_at,
+           first_value(id) OVER batch AS head_id,
+           count(*) OVER (PARTITION BY kind, run_alone, batch_no) AS batch_rows
+    FROM sized
+    WINDOW batch AS (PARTITION BY kind, run_alone, batch_no ORDER BY priority DESC, due_at, id)
 ), ranked AS (
-    SELECT due.id, due.kind, row_number() OVER (PARTITION BY due.kind ORDER BY due.priority DESC, due.due_at) AS n
-    FROM due
+    SELECT headed.id,
+           dense_rank() OVER urgency AS batch_rank,
+           count(*) OVER urgency - batch_rows AS rows_before  -- the peers of a row are its batch's rows
+    FROM headed
+    WINDOW urgency AS (ORDER BY head_priority DESC, head_due_at, head_id)
 ), allowed AS (
-    SELECT ranked.id
-    FROM ranked LEFT JOIN controls ON controls.kind = ranked.kind
-    WHERE controls.room IS NULL OR ranked.n <= controls.room
+    SELECT id FROM ranked WHERE batch_rank <= %(messages)s AND rows_before < %(limit)s
+), claimed AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = NULL,
+        claimed_by = '', attempts = j.attempts + 1, updated_at = now()
+    -- by primary key, row by row: a join would let a high estimate of the capped rows choose a
+    -- hash join over the whole table (the ids are few: at most a claim's rows)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM allowed))
+    RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone
 )
-UPDATE scheduling_scheduledjob AS j
-SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = NULL,
-    claimed_by = '', attempts = j.attempts + 1, updated_at = now()
-FROM allowed
-WHERE j.id = allowed.id
-RETURNING j.id, j.token::text, j.kind;
+SELECT id, token, kind, priority, due_at, run_alone FROM claimed ORDER BY priority DESC, due_at, id;
 
 -- name: next_due_times
 -- Distinct due instants coming up soon, for early wake-ups (the row stays the truth).
@@ -306,15 +398,17 @@ LIMIT %(limit)s;
 -- name: start_jobs
 -- A claim runs at most once: only rows still claimed under the presented token and not yet
 -- started are handed to the handler. A redelivered message finds them started and leaves them
--- to the sweeper, which records the attempt and counts it against max_attempts.
+-- to the sweeper, which records the attempt and counts it against max_attempts. The jobs come
+-- back in the message's order (the claim's: most urgent first), which is the order they run in.
 WITH started AS (
     UPDATE scheduling_scheduledjob AS j
     SET claimed_by = %(worker)s, heartbeat_at = now()
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) WITH ORDINALITY AS t(id, token, n)
     WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed' AND j.claimed_by = ''
-    RETURNING j.id, j.token::text, j.kind, j.payload, j.attempts, j.max_attempts, j.due_at
+    RETURNING j.id, j.token::text AS token, j.kind, j.payload, j.attempts, j.max_attempts, j.due_at, t.n
 )
-SELECT started.*, clock_timestamp() AS db_now FROM started;
+SELECT id, token, kind, payload, attempts, max_attempts, due_at, clock_timestamp() AS db_now
+FROM started ORDER BY n;
 
 -- name: heartbeat_jobs
 -- Renew the lease of the started claims a worker process holds; returns every one still held
@@ -462,8 +556,25 @@ SELECT id, state FROM released;
 -- (or, with heartbeats off, claims older than sweep_after), and claims never started within a
 -- lease whose message is no longer in the queue (lost with the broker), go back to pending, or to
 -- dead when their attempts are spent. SKIP LOCKED and a LIMIT keep each statement short.
+--
+-- Crash isolation. A started claim expires because its process died (or stopped) while running
+-- its batch, and nothing says which of the batch's jobs was to blame. So the crash is charged to
+-- a job only when it ran alone: flagged run_alone, or the only row of its batch (same holder, same
+-- claim) still claimed, the rows before it having finished. The jobs of a batch that died
+-- together are charged nothing (the attempt is recorded as reclaimed and max_attempts grows by
+-- one: attempt numbers keep counting runs) and are flagged run_alone: the claim sends each in a
+-- batch of its own from then on, so a poison job's next crash is its own and it reaches dead by
+-- itself, while its siblings keep their budget. A job is refunded at most once (then it runs
+-- alone). Started claims taken back are due again after the kind's backoff (%(kinds)s with
+-- %(backoff_base)s / %(backoff_cap)s seconds; the defaults for a kind not listed), with the same
+-- equal jitter as a failure: a crash is not retried at once. A claim never started ran nothing:
+-- it keeps its due time and its attempt is charged as before (a message that is always lost must
+-- not loop for ever), and it is not flagged.
+-- A batch cut by one statement's LIMIT (rows go batch by batch, oldest claim first) is finished by
+-- the next: the sweeper passes the batches it already found shared (%(shared_batches)s, "holder
+-- claimed_at"), so the rows left of such a batch are not taken for a batch of one.
 WITH stale AS (
-    SELECT id, token, attempts, max_attempts, due_at, claimed_at, claimed_by
+    SELECT id, token, kind, attempts, max_attempts, due_at, claimed_at, claimed_by, run_alone
     FROM scheduling_scheduledjob
     WHERE state = 'claimed'
       AND CASE WHEN claimed_by <> ''
@@ -474,25 +585,57 @@ WITH stale AS (
                -- not started: its message waits in the queue (covered), or was lost with the broker
                ELSE %(check_unstarted)s AND claimed_at < now() - make_interval(secs => lease_seconds)
                     AND NOT id = ANY(%(covered)s::bigint[]) END
-    ORDER BY id
+    ORDER BY claimed_at, claimed_by, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), batches AS (
+    -- the rows of each started batch still claimed: its unfinished jobs, the culprit among them
+    SELECT o.claimed_by, o.claimed_at, count(*) AS size
+    FROM scheduling_scheduledjob AS o
+    WHERE o.state = 'claimed' AND o.claimed_by <> ''
+      AND (o.claimed_by, o.claimed_at) IN (SELECT claimed_by, claimed_at FROM stale WHERE claimed_by <> '')
+    GROUP BY o.claimed_by, o.claimed_at
+), judged AS (
+    SELECT stale.*, s.started, s.shared,
+           s.shared OR stale.attempts < stale.max_attempts AS retried,
+           CASE WHEN NOT s.started THEN 'claim expired: never started, and its message is no longer queued'
+                WHEN s.shared THEN 'claim expired: its process stopped while running a batch of '
+                                   || coalesce(batches.size, 1) || ' jobs; not counted against max_attempts, '
+                                   || 'the job runs alone next'
+                ELSE 'claim expired: the worker stopped heartbeating' END AS error,
+           -- the kind's backoff after this attempt, with equal jitter (registry.Backoff.delay)
+           least(coalesce(b.cap, %(default_backoff_cap)s),
+                 coalesce(b.base, %(default_backoff_base)s) * power(2::float8, least(60, greatest(stale.attempts, 1) - 1)))
+               * (0.5 + random() / 2) AS delay
+    FROM stale
+    LEFT JOIN batches USING (claimed_by, claimed_at)
+    LEFT JOIN unnest(%(kinds)s::text[], %(backoff_base)s::float8[], %(backoff_cap)s::float8[])
+              AS b(kind, base, cap) ON b.kind = stale.kind
+    CROSS JOIN LATERAL (SELECT stale.claimed_by <> '' AS started,
+                               stale.claimed_by <> '' AND NOT stale.run_alone
+                               AND (coalesce(batches.size, 1) > 1
+                                    OR stale.claimed_by || ' ' || stale.claimed_at::text = ANY(%(shared_batches)s::text[]))
+                                   AS shared) AS s
 ), moved AS (
     UPDATE scheduling_scheduledjob AS j
-    SET state = CASE WHEN stale.attempts >= stale.max_attempts THEN 'dead' ELSE 'pending' END,
-        finished_at = CASE WHEN stale.attempts >= stale.max_attempts THEN now() END,
+    SET state = CASE WHEN judged.retried THEN 'pending' ELSE 'dead' END,
+        finished_at = CASE WHEN NOT judged.retried THEN now() END,
+        max_attempts = j.max_attempts + CASE WHEN judged.shared THEN 1 ELSE 0 END,
+        run_alone = j.run_alone OR judged.started,
+        due_at = CASE WHEN judged.started AND judged.retried THEN now() + make_interval(secs => judged.delay)
+                      ELSE j.due_at END,
         token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
-        last_error = 'claim expired: the worker stopped heartbeating', updated_at = now()
-    FROM stale
-    WHERE j.id = stale.id
-    RETURNING j.id, j.state
+        last_error = judged.error, updated_at = now()
+    FROM judged
+    WHERE j.id = judged.id
+    RETURNING j.id, j.state, j.due_at, judged.shared, judged.claimed_by || ' ' || judged.claimed_at::text AS batch
 ), logged AS (
     INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
-    SELECT stale.id, stale.attempts, stale.token, stale.claimed_by, stale.due_at, stale.claimed_at, now(),
-           'reclaimed', 'claim expired: the worker stopped heartbeating'
-    FROM stale JOIN moved USING (id)
+    SELECT judged.id, judged.attempts, judged.token, judged.claimed_by, judged.due_at, judged.claimed_at, now(),
+           'reclaimed', judged.error
+    FROM judged JOIN moved USING (id)
 )
-SELECT id, state FROM moved;
+SELECT id, state, due_at, shared, batch FROM moved;
 
 -- name: prune_finished_jobs
 -- History retention in small batches: each statement locks at most `limit` rows, briefly.

@@ -1,4 +1,4 @@
-"""Job kinds for the fault tests: an idempotent effect that can hold its worker, and a poison pill.
+"""Job kinds for the fault tests: an idempotent effect that can hold its worker, and poison pills.
 
 Every kind records one ``tasks.Execution`` row per execution (never deduplicated: how a test counts
 "ran twice") before doing anything else; ``faults.effect``'s side effect is a ``Notification`` unique
@@ -29,6 +29,8 @@ EFFECT_SCHEMA = {
 EFFECT_LEASE_SECONDS = 3
 POISON_LEASE_SECONDS = 2
 POISON_MAX_ATTEMPTS = 3
+BATCH_MAX_ATTEMPTS = 2
+BATCH_SIZE = 10
 
 
 def effect(job: registry.Job) -> None:
@@ -98,6 +100,7 @@ registry.handler(
     schema={"type": "object"},
     timeout=30,
     max_attempts=POISON_MAX_ATTEMPTS,
+    backoff=registry.Backoff(1, 2),  # a crash is retried after the backoff: short, so the test ends soon
     lease_seconds=POISON_LEASE_SECONDS,
     batch_size=1,
     atomic=False,
@@ -139,3 +142,19 @@ registry.handler(
     lease_seconds=STALL_LEASE_SECONDS,
     batch_size=5,
 )(atomic_stall)
+
+
+@registry.handler(
+    "faults.batch_member",
+    schema={"type": "object", "properties": {"poison": {"type": "boolean"}}, "additionalProperties": False},
+    timeout=30,
+    max_attempts=BATCH_MAX_ATTEMPTS,
+    backoff=registry.Backoff(1, 2),
+    lease_seconds=POISON_LEASE_SECONDS,
+    batch_size=BATCH_SIZE,
+)
+def batch_member(job: registry.Job) -> None:
+    """Atomic: record the execution in the chunk's transaction; a ``poison`` job then SIGKILLs its process."""
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
+    if job.payload.get("poison"):
+        os.kill(os.getpid(), signal.SIGKILL)
