@@ -19,12 +19,14 @@ import dataclasses
 import datetime as dt
 import functools
 import json
+import logging
 import re
-from collections.abc import Collection, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 
 from scheduling.core import conf
 from scheduling.models import AttemptOutcome, JobState, RunState
@@ -745,6 +747,35 @@ def move_anchor_for_timing(schedule_id: int, key: str, at: dt.datetime | None = 
     """
     rows = _fetchall("move_anchor_for_timing", {"schedule_id": schedule_id, "key": key, "at": at})
     return rows[0][0] if rows else None
+
+
+# --- Writes that must not be lost to a database blip --------------------------------------------
+
+T = TypeVar("T")
+logger = logging.getLogger(__name__)
+UNREACHABLE_RETRY_SECONDS = 60.0  # how long a must-keep write is retried while the database is unreachable
+
+
+def while_unreachable(write: Callable[[], T], *, what: str, seconds: float = UNREACHABLE_RETRY_SECONDS) -> T:
+    """Run ``write``, retrying for ``seconds`` while the database is unreachable (a restart, a failover).
+
+    For writes whose loss would lose work already done (a job's outcome after its handler ran, a
+    spent deferral's dead row). ``write`` must be safe to repeat: a statement conditional on the
+    row's state and token, or an insert that a retry cannot double. The broken connection is closed
+    so the next try opens a new one; past ``seconds`` the error propagates.
+    """
+    deadline = time.monotonic() + seconds
+    pause = 0.25
+    while True:
+        try:
+            return write()
+        except (OperationalError, InterfaceError):
+            if time.monotonic() + pause > deadline:
+                raise
+            logger.warning(f"cannot record {what}: database unreachable; retrying", extra={"action": "record_retry"})
+            connection.close()
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
 
 # --- Broker deferrals ------------------------------------------------------------------------------

@@ -271,14 +271,19 @@ def _dead(
     log_context: dict[str, Any],
 ) -> RunResult:
     """Record a spent deferral as a dead row (key ``broker:<deferral id>``) a person can see and retry."""
-    dead_id = store.record_dead_deferral(
-        kind=kind_name,
-        payload=payload,
-        due_at=due_at,
-        attempts=attempt,
-        error=error,
-        key=f"{DEAD_KEY_PREFIX}{deferral_id}",
-        lease_seconds=lease_seconds,
+    # The message is acknowledged when this returns or raises: a dead row lost to a database restart
+    # would lose the deferral (the insert is idempotent per deferral id, so it is retried).
+    dead_id = store.while_unreachable(
+        lambda: store.record_dead_deferral(
+            kind=kind_name,
+            payload=payload,
+            due_at=due_at,
+            attempts=attempt,
+            error=error,
+            key=f"{DEAD_KEY_PREFIX}{deferral_id}",
+            lease_seconds=lease_seconds,
+        ),
+        what="a dead deferral",
     )
     logger.error("deferral dead: attempts spent", extra={**log_context, "action": "dead", "job_id": dead_id})
     return RunResult("dead", attempt, error=error, dead_job_id=dead_id)

@@ -90,18 +90,7 @@ def _recording(write: Callable[[], T]) -> T:
     The handler has run: giving up would leave the claim to the sweeper and run the job again.
     Retrying is safe because the statement only changes rows still claimed under the token.
     """
-    deadline = time.monotonic() + RECORD_RETRY_SECONDS
-    pause = 0.25
-    while True:
-        try:
-            return write()
-        except (OperationalError, InterfaceError):
-            if time.monotonic() + pause > deadline:
-                raise
-            logger.warning("cannot record outcomes: database unreachable; retrying", extra={"action": "record_retry"})
-            connection.close()  # a broken connection is not reused; the next try opens a new one
-            time.sleep(pause)
-            pause = min(pause * 2, 2.0)
+    return store.while_unreachable(write, what="outcomes", seconds=RECORD_RETRY_SECONDS)
 
 
 def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:

@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg2
 import pytest
 import redis
 from django.conf import settings
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -201,6 +202,32 @@ def test_failure_retries_with_capped_backoff_then_is_recorded_dead():
     assert again.outcome == "dead"
     assert again.dead_job_id is None
     assert ScheduledJob.objects.count() == 1, "a redelivered last attempt records no second dead row"
+
+
+def _end_own_session_then_fail(job: registry.Job) -> None:
+    """Fail after this process's database session was ended from outside, as a PostgreSQL restart ends it."""
+    connection.ensure_connection()
+    pid = connection.connection.get_backend_pid()
+    s = connection.settings_dict
+    other = psycopg2.connect(dbname=s["NAME"], user=s["USER"] or None, host=s["HOST"] or None, port=s["PORT"] or None)
+    try:
+        other.autocommit = True
+        other.cursor().execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+    raise RuntimeError("downstream refused")
+
+
+registry.handler("deferral.session_lost", schema={"type": "object"}, max_attempts=1)(_end_own_session_then_fail)
+
+
+def test_a_dead_deferral_is_recorded_after_the_database_session_is_lost():
+    """The last attempt's dead row is written on a new session when the old one died (not lost with the ack)."""
+    result = countdowns.run("deferral.session_lost", {}, 1, "d-lost", None)
+    assert result.outcome == "dead"
+    dead = ScheduledJob.objects.get(key="broker:d-lost")
+    assert (dead.state, dead.pk) == (JobState.DEAD, result.dead_job_id)
+    assert "downstream refused" in dead.last_error
 
 
 def test_dead_deferral_can_be_retried_as_a_row():
