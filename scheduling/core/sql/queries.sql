@@ -1109,12 +1109,13 @@ SELECT pg_advisory_xact_lock(%(key)s);
 -- name: owner_pending_jobs
 -- An owner's pending jobs, counted up to limit + 1 (the quota needs no more; the owner_state
 -- index), and how soon the earliest of them but new_id (the job just inserted, which a refusal
--- rolls back) is due, in seconds by the database clock (0: overdue).
+-- rolls back) is due, in seconds from now by the database clock (clock_timestamp: delays count from
+-- the call, so a job due in 600 s is due in 600 s, not 600 s and a little; 0: overdue).
 SELECT
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
                            WHERE owner_id = %(owner_id)s AND state = 'pending'
                            LIMIT %(limit)s + 1) AS capped) AS pending,
-    (SELECT coalesce(greatest(extract(epoch FROM min(due_at) - now()), 0), 0)::float8
+    (SELECT coalesce(greatest(extract(epoch FROM min(due_at) - clock_timestamp()), 0), 0)::float8
        FROM scheduling_scheduledjob
       WHERE owner_id = %(owner_id)s AND state = 'pending' AND id <> %(new_id)s) AS next_due_in_seconds;
 
