@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from scheduling import api, exceptions
+from scheduling.management import recurrences_cli
 from scheduling.management.commands import scheduling_status
 from scheduling.models import JobState, ScheduledJob
 
@@ -84,14 +85,16 @@ def parse_seconds(text: str) -> float:
 class Command(BaseCommand):
     help = (
         "Operate Timekeeper's jobs from a shell: list them (jobs), cancel pending ones (cancel), retry dead ones "
-        "(retry), move pending ones (reschedule), or show the backlog and broker counts (status). "
+        "(retry), move pending ones (reschedule), show the backlog and broker counts (status), or list and change "
+        "recurrences (recurrences). "
         "Run `manage.py timekeeper <subcommand> --help` for each one's options."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         commands = parser.add_subparsers(
-            dest="subcommand", required=True, metavar="{jobs,cancel,retry,reschedule,status}"
+            dest="subcommand", required=True, metavar="{jobs,cancel,retry,reschedule,status,recurrences}"
         )
+        recurrences_cli.add_parser(commands)
 
         jobs = commands.add_parser("jobs", help="List jobs, most urgent first (by due time, then id).")
         jobs.add_argument(
@@ -142,6 +145,8 @@ class Command(BaseCommand):
                 self.list_jobs(options)
             elif subcommand == "status":
                 self.status(options)
+            elif subcommand == "recurrences":
+                recurrences_cli.run(self, options)
             else:
                 self.change(subcommand, options)
         except DatabaseError as exc:
