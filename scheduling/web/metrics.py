@@ -175,6 +175,27 @@ class TimekeeperCollector(Collector):
             last_success.add_metric([name], at)
         yield runs
         yield last_success
+        yield from recurrence_metrics()
+
+
+def recurrence_metrics() -> Iterator[Metric]:
+    """Recurrences by state, and the planner's lag (occurrences left pending whose next is not created yet)."""
+    by_state = GaugeMetricFamily("timekeeper_recurrences", "Recurrences by state.", labels=["state"])
+    counts = store.recurrence_state_counts()
+    for state in ("active", "paused", "cancelled", "ended"):
+        by_state.add_metric([state], counts.get(state, 0))
+    yield by_state
+    lag = store.recurrence_planner_lag()
+    yield _gauge(
+        "timekeeper_recurrence_planner_lag_recurrences",
+        "Active recurrences whose occurrence has left pending but whose next occurrence is not created yet.",
+        lag.waiting,
+    )
+    yield _gauge(
+        "timekeeper_recurrence_planner_lag_seconds",
+        "Age of the oldest of those, since its occurrence instant (0 when none).",
+        lag.oldest_seconds,
+    )
 
 
 registry = CollectorRegistry(auto_describe=False)
