@@ -12,7 +12,7 @@ from typing import Any
 
 from bench import common
 
-SCENARIOS = ("throughput", "realistic", "burst", "lag", "rescue", "scale", "sweep", "memory", "beat")
+SCENARIOS = ("throughput", "realistic", "burst", "lag", "rescue", "scale", "sweep", "memory", "beat", "recurring")
 
 
 def run(name: str, quick: bool) -> dict[str, Any]:

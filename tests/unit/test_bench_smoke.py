@@ -57,6 +57,7 @@ def test_cli_lists_every_scenario():
         "sweep",
         "memory",
         "beat",
+        "recurring",
     }
     with pytest.raises(SystemExit):
         bench_main.main(["no-such-scenario"])
@@ -151,3 +152,14 @@ def test_report_knows_the_issue_12_scenarios(tmp_path, monkeypatch):
     assert "| realistic | not measured |" in text
     assert "| burst | not measured |" in text
     assert "started again 33.1 s after the kill" in text
+
+
+def test_recurring_scenario_imports_and_takes_quick():
+    """The recurring scenario imports without services, takes ``quick``, and keeps the issue's targets."""
+    import inspect
+
+    from bench import recurring
+
+    assert recurring.SCENARIO == "recurring"
+    assert list(inspect.signature(recurring.main).parameters) == ["quick"]
+    assert (recurring.TARGET_RATIO, recurring.TARGET_SPIKE_S, len(recurring.ZONES)) == (1.2, 60.0, 30)
