@@ -8,87 +8,286 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0008_schedulepolicy_suspended_disables_task'),
+        ("scheduling", "0008_schedulepolicy_suspended_disables_task"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='scheduledjob',
-            name='occurrence_at',
-            field=models.DateTimeField(blank=True, help_text="The recurrence's scheduled instant this job is for (its due time unless moved by run now).", null=True, verbose_name='occurrence'),
+            model_name="scheduledjob",
+            name="occurrence_at",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="The recurrence's scheduled instant this job is for (its due time unless moved by run now).",
+                null=True,
+                verbose_name="occurrence",
+            ),
         ),
         migrations.CreateModel(
-            name='Recurrence',
+            name="Recurrence",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('kind', models.CharField(help_text='The registered handler each occurrence runs.', max_length=100, verbose_name='kind')),
-                ('payload', models.JSONField(default=dict, help_text='Arguments for every occurrence, checked by its schema.', verbose_name='payload')),
-                ('key', models.CharField(help_text='Business key, unique per owner (e.g. digest:42); names it in the API.', max_length=200, verbose_name='key')),
-                ('expression', models.CharField(blank=True, default='', help_text='Five cron fields or a nickname; empty for every=.', max_length=200, verbose_name='cron expression')),
-                ('every_seconds', models.FloatField(blank=True, help_text='A fixed interval instead of a cron expression.', null=True, verbose_name='every (seconds)')),
-                ('timezone', models.CharField(default='UTC', help_text='The wall clock of the expression.', max_length=64, verbose_name='time zone')),
-                ('dst_gap', models.CharField(choices=[('shift', 'run at the next valid instant'), ('skip', 'do not run that day')], default='shift', help_text='A fixed wall time the clock skips: run when the gap ends (shift) or not that day (skip).', max_length=8, verbose_name='DST gap')),
-                ('missed', models.CharField(choices=[('skip', 'skip missed occurrences'), ('run_once', 'run the latest missed occurrence once')], default='skip', help_text='Occurrences that passed while paused or unplanned: skip them, or run the latest once.', max_length=8, verbose_name='missed occurrences')),
-                ('starts_at', models.DateTimeField(blank=True, help_text='No occurrence before this instant.', null=True, verbose_name='starts at')),
-                ('ends_at', models.DateTimeField(blank=True, help_text='No occurrence after this instant.', null=True, verbose_name='ends at')),
-                ('anchor_at', models.DateTimeField(help_text='Origin of an every= grid (its start, or when it was created).', verbose_name='anchor')),
-                ('state', models.CharField(choices=[('active', 'active'), ('paused', 'paused'), ('cancelled', 'cancelled'), ('ended', 'ended')], default='active', help_text='active plans occurrences; paused and cancelled do not; ended passed its end.', max_length=16, verbose_name='state')),
-                ('priority', models.PositiveSmallIntegerField(blank=True, help_text="Each occurrence's priority (empty: the kind's).", null=True, verbose_name='priority')),
-                ('max_attempts', models.PositiveIntegerField(blank=True, help_text="Each occurrence's attempts budget (empty: the kind's).", null=True, verbose_name='max attempts')),
-                ('current_at', models.DateTimeField(blank=True, help_text='The instant of the latest occurrence created.', null=True, verbose_name='latest occurrence')),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), help_text='When the recurrence was made.', verbose_name='created at')),
-                ('updated_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), help_text='Last change.', verbose_name='updated at')),
-                ('current_job', models.ForeignKey(blank=True, help_text='The job of the latest occurrence (pending until it is claimed).', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='scheduling.scheduledjob', verbose_name='latest occurrence job')),
-                ('owner', models.ForeignKey(blank=True, help_text='The user the recurrence belongs to; others cannot see it through the API.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='recurrences', to=settings.AUTH_USER_MODEL, verbose_name='owner')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "kind",
+                    models.CharField(
+                        help_text="The registered handler each occurrence runs.", max_length=100, verbose_name="kind"
+                    ),
+                ),
+                (
+                    "payload",
+                    models.JSONField(
+                        default=dict,
+                        help_text="Arguments for every occurrence, checked by its schema.",
+                        verbose_name="payload",
+                    ),
+                ),
+                (
+                    "key",
+                    models.CharField(
+                        help_text="Business key, unique per owner (e.g. digest:42); names it in the API.",
+                        max_length=200,
+                        verbose_name="key",
+                    ),
+                ),
+                (
+                    "expression",
+                    models.CharField(
+                        blank=True,
+                        default="",
+                        help_text="Five cron fields or a nickname; empty for every=.",
+                        max_length=200,
+                        verbose_name="cron expression",
+                    ),
+                ),
+                (
+                    "every_seconds",
+                    models.FloatField(
+                        blank=True,
+                        help_text="A fixed interval instead of a cron expression.",
+                        null=True,
+                        verbose_name="every (seconds)",
+                    ),
+                ),
+                (
+                    "timezone",
+                    models.CharField(
+                        default="UTC",
+                        help_text="The wall clock of the expression.",
+                        max_length=64,
+                        verbose_name="time zone",
+                    ),
+                ),
+                (
+                    "dst_gap",
+                    models.CharField(
+                        choices=[("shift", "run at the next valid instant"), ("skip", "do not run that day")],
+                        default="shift",
+                        help_text="A fixed wall time the clock skips: run when the gap ends (shift) or not that day (skip).",
+                        max_length=8,
+                        verbose_name="DST gap",
+                    ),
+                ),
+                (
+                    "missed",
+                    models.CharField(
+                        choices=[
+                            ("skip", "skip missed occurrences"),
+                            ("run_once", "run the latest missed occurrence once"),
+                        ],
+                        default="skip",
+                        help_text="Occurrences that passed while paused or unplanned: skip them, or run the latest once.",
+                        max_length=8,
+                        verbose_name="missed occurrences",
+                    ),
+                ),
+                (
+                    "starts_at",
+                    models.DateTimeField(
+                        blank=True, help_text="No occurrence before this instant.", null=True, verbose_name="starts at"
+                    ),
+                ),
+                (
+                    "ends_at",
+                    models.DateTimeField(
+                        blank=True, help_text="No occurrence after this instant.", null=True, verbose_name="ends at"
+                    ),
+                ),
+                (
+                    "anchor_at",
+                    models.DateTimeField(
+                        help_text="Origin of an every= grid (its start, or when it was created).", verbose_name="anchor"
+                    ),
+                ),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("active", "active"),
+                            ("paused", "paused"),
+                            ("cancelled", "cancelled"),
+                            ("ended", "ended"),
+                        ],
+                        default="active",
+                        help_text="active plans occurrences; paused and cancelled do not; ended passed its end.",
+                        max_length=16,
+                        verbose_name="state",
+                    ),
+                ),
+                (
+                    "priority",
+                    models.PositiveSmallIntegerField(
+                        blank=True,
+                        help_text="Each occurrence's priority (empty: the kind's).",
+                        null=True,
+                        verbose_name="priority",
+                    ),
+                ),
+                (
+                    "max_attempts",
+                    models.PositiveIntegerField(
+                        blank=True,
+                        help_text="Each occurrence's attempts budget (empty: the kind's).",
+                        null=True,
+                        verbose_name="max attempts",
+                    ),
+                ),
+                (
+                    "current_at",
+                    models.DateTimeField(
+                        blank=True,
+                        help_text="The instant of the latest occurrence created.",
+                        null=True,
+                        verbose_name="latest occurrence",
+                    ),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(),
+                        help_text="When the recurrence was made.",
+                        verbose_name="created at",
+                    ),
+                ),
+                (
+                    "updated_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(),
+                        help_text="Last change.",
+                        verbose_name="updated at",
+                    ),
+                ),
+                (
+                    "current_job",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="The job of the latest occurrence (pending until it is claimed).",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="scheduling.scheduledjob",
+                        verbose_name="latest occurrence job",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="The user the recurrence belongs to; others cannot see it through the API.",
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="recurrences",
+                        to=settings.AUTH_USER_MODEL,
+                        verbose_name="owner",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'recurrence',
-                'db_table': 'scheduling_recurrence',
-                'ordering': ['id'],
+                "verbose_name": "recurrence",
+                "db_table": "scheduling_recurrence",
+                "ordering": ["id"],
             },
         ),
         migrations.AddField(
-            model_name='scheduledjob',
-            name='recurrence',
-            field=models.ForeignKey(blank=True, db_index=False, help_text='The recurrence this job is an occurrence of, if any.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='occurrences', to='scheduling.recurrence', verbose_name='recurrence'),
+            model_name="scheduledjob",
+            name="recurrence",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                help_text="The recurrence this job is an occurrence of, if any.",
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="occurrences",
+                to="scheduling.recurrence",
+                verbose_name="recurrence",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='scheduledjob',
-            constraint=models.UniqueConstraint(models.F('recurrence'), models.F('occurrence_at'), condition=models.Q(('recurrence__isnull', False), models.Q(('state', 'cancelled'), _negated=True)), name='scheduledjob_one_per_occurrence'),
+            model_name="scheduledjob",
+            constraint=models.UniqueConstraint(
+                models.F("recurrence"),
+                models.F("occurrence_at"),
+                condition=models.Q(("recurrence__isnull", False), models.Q(("state", "cancelled"), _negated=True)),
+                name="scheduledjob_one_per_occurrence",
+            ),
         ),
         migrations.AddIndex(
-            model_name='recurrence',
-            index=models.Index(condition=models.Q(('state', 'active')), fields=['current_at'], name='recurrence_active_current_idx'),
+            model_name="recurrence",
+            index=models.Index(
+                condition=models.Q(("state", "active")), fields=["current_at"], name="recurrence_active_current_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='recurrence',
-            index=models.Index(fields=['kind', 'state'], name='recurrence_kind_state_idx'),
+            model_name="recurrence",
+            index=models.Index(fields=["kind", "state"], name="recurrence_kind_state_idx"),
         ),
         migrations.AddIndex(
-            model_name='recurrence',
-            index=models.Index(fields=['owner', 'state'], name='recurrence_owner_state_idx'),
+            model_name="recurrence",
+            index=models.Index(fields=["owner", "state"], name="recurrence_owner_state_idx"),
         ),
         migrations.AddConstraint(
-            model_name='recurrence',
-            constraint=models.UniqueConstraint(django.db.models.functions.comparison.Coalesce('owner', models.Value(0)), models.F('key'), name='recurrence_owner_key_uniq'),
+            model_name="recurrence",
+            constraint=models.UniqueConstraint(
+                django.db.models.functions.comparison.Coalesce("owner", models.Value(0)),
+                models.F("key"),
+                name="recurrence_owner_key_uniq",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='recurrence',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('expression', ''), ('every_seconds__gt', 0)), models.Q(models.Q(('expression', ''), _negated=True), ('every_seconds__isnull', True)), _connector='OR'), name='recurrence_cron_or_every'),
+            model_name="recurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("expression", ""), ("every_seconds__gt", 0)),
+                    models.Q(models.Q(("expression", ""), _negated=True), ("every_seconds__isnull", True)),
+                    _connector="OR",
+                ),
+                name="recurrence_cron_or_every",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='recurrence',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['active', 'paused', 'cancelled', 'ended'])), name='recurrence_state_valid'),
+            model_name="recurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("state__in", ["active", "paused", "cancelled", "ended"])),
+                name="recurrence_state_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='recurrence',
-            constraint=models.CheckConstraint(condition=models.Q(('starts_at__isnull', True), ('ends_at__isnull', True), ('ends_at__gt', models.F('starts_at')), _connector='OR'), name='recurrence_ends_after_start'),
+            model_name="recurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("starts_at__isnull", True),
+                    ("ends_at__isnull", True),
+                    ("ends_at__gt", models.F("starts_at")),
+                    _connector="OR",
+                ),
+                name="recurrence_ends_after_start",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='recurrence',
-            constraint=models.CheckConstraint(condition=models.Q(('priority__isnull', True), ('priority__lte', 9), _connector='OR'), name='recurrence_priority_range'),
+            model_name="recurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("priority__isnull", True), ("priority__lte", 9), _connector="OR"),
+                name="recurrence_priority_range",
+            ),
         ),
     ]
