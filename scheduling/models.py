@@ -615,6 +615,10 @@ class Recurrence(models.Model):
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
+        # No database constraint: the sweeper prunes old finished jobs with plain SQL, and a
+        # recurrence's latest occurrence may be one of them (the planner reads a missing job as
+        # "left pending").
+        db_constraint=False,
         related_name="+",
         help_text="The job of the latest occurrence (pending until it is claimed).",
     )

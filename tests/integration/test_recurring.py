@@ -375,3 +375,16 @@ def test_occurrence_is_an_ordinary_job_of_its_kind(run_sql):
     api.cancel(job.id)  # the job API works on it too; the planner then plans the next
     run_sql("UPDATE scheduling_recurrence SET current_at = now() - interval '1 second' WHERE id = %s", [rec.id])
     assert planner.plan_once().created == 1
+
+
+def test_pruning_a_recurrences_latest_occurrence_is_allowed(run_sql):
+    """History pruning deletes old finished occurrences, the latest one included; the planner then plans anew."""
+    rec = api.recur("demo.noop", {}, key="k", every=3600)
+    finish_current(run_sql, [rec.id], back="30 days")
+    run_sql(
+        "UPDATE scheduling_scheduledjob SET finished_at = now() - interval '30 days' WHERE recurrence_id = %s", [rec.id]
+    )
+    assert store.prune_finished_jobs(days=14, limit=100) == 1
+    assert occurrences(rec.id) == []
+    assert planner.plan_once().created == 1
+    assert len(pending(rec.id)) == 1
