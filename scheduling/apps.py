@@ -30,6 +30,7 @@ class SchedulingConfig(AppConfig):
         from scheduling import checks  # noqa: F401 - registers the checks on import
         from scheduling.fixed import policies
         from scheduling.models import SchedulePolicy
+        from scheduling.recurring import checks as recurring_checks  # noqa: F401 - registers E010, W009
 
         # Safe edits of fixed-time schedules: a save that changes the timing moves the anchor.
         post_save.connect(policies.on_policy_saved, sender=SchedulePolicy, dispatch_uid="timekeeper-policy-timing")
