@@ -388,3 +388,22 @@ def test_pruning_a_recurrences_latest_occurrence_is_allowed(run_sql):
     assert occurrences(rec.id) == []
     assert planner.plan_once().created == 1
     assert len(pending(rec.id)) == 1
+
+
+def test_change_while_the_occurrence_runs_leaves_it_and_plans_the_next_by_the_new_rule(run_sql):
+    """A change while the occurrence is claimed leaves that job as it is; its successor follows the new rule."""
+    rec = api.recur("demo.noop", {"v": 1}, key="k", every=3600)
+    run_sql(
+        "UPDATE scheduling_scheduledjob SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(),"
+        " occurrence_at = now() - interval '1 minute', due_at = now() - interval '1 minute' WHERE recurrence_id = %s",
+        [rec.id],
+    )
+    run_sql("UPDATE scheduling_recurrence SET current_at = now() - interval '1 minute' WHERE id = %s", [rec.id])
+    api.change_recurrence(rec.id, cron="0 9 * * *", timezone="Asia/Tokyo", payload={"v": 2})
+    (running,) = occurrences(rec.id)
+    assert running.state == JobState.CLAIMED
+    assert running.payload == {"v": 1}
+    assert planner.plan_once().created == 1
+    (nxt,) = pending(rec.id)
+    assert nxt.payload == {"v": 2}
+    assert (nxt.occurrence_at.hour, nxt.occurrence_at.minute) == (0, 0)  # 09:00 JST
