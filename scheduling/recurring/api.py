@@ -535,3 +535,8 @@ def preview(recurrence: Recurrence, n: int) -> list[dt.datetime]:
     if start is None:
         start = dt.datetime.now(dt.UTC)
     return rules.upcoming(schedule, start, n, ends_at=recurrence.ends_at)
+
+
+def on_recurrence_deleted(sender: Any, instance: Recurrence, **kwargs: Any) -> None:
+    """``pre_delete`` of a recurrence (its owner deleted, CASCADE): its pending occurrence is cancelled."""
+    store.cancel_pending_occurrences([instance.pk])

@@ -407,3 +407,15 @@ def test_change_while_the_occurrence_runs_leaves_it_and_plans_the_next_by_the_ne
     (nxt,) = pending(rec.id)
     assert nxt.payload == {"v": 2}
     assert (nxt.occurrence_at.hour, nxt.occurrence_at.minute) == (0, 0)  # 09:00 JST
+
+
+def test_deleting_the_owner_deletes_their_recurrences_and_cancels_the_pending_occurrence(django_user_model):
+    """A deleted user's recurrences go with them; their pending occurrence is cancelled, not left to run."""
+    carol = django_user_model.objects.create_user("carol")
+    rec = api.recur("demo.noop", {}, key="k", every=600, owner=carol)
+    (job,) = pending(rec.id)
+    carol.delete()
+    assert not Recurrence.objects.filter(pk=rec.id).exists()
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED
+    assert job.recurrence_id is None
