@@ -24,10 +24,11 @@ import threading
 import time
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from scheduling.core import conf, exceptions, registry, store, tracing
 from scheduling.jobs import claim
+from scheduling.models import RecurrenceState
 from scheduling.recurring import rules
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ def plan_once(limit: int | None = None) -> PlanReport:
         kinds: dict[str, registry.Kind | None] = {}
         plans: list[store.PlannedOccurrence] = []
         ends: list[tuple[int, dt.datetime | None]] = []
+        broken: list[int] = []  # unknown kind or a rule that cannot be computed: paused, so they do not clog the pick
         for row in rows:
             if row.kind not in kinds:
                 try:
@@ -85,11 +87,13 @@ def plan_once(limit: int | None = None) -> PlanReport:
                     logger.warning("recurrence of an unknown kind not planned", extra={"kind": row.kind})
             kind = kinds[row.kind]
             if kind is None:
+                broken.append(row.id)
                 continue
             try:
                 occurrence = _next(row, now, settings.recurrence_late_seconds, cache)
-            except exceptions.SchedulingError:
+            except (exceptions.SchedulingError, ArithmeticError, ValueError, StopIteration):
                 logger.warning("recurrence rule cannot be computed", extra={"recurrence_id": row.id}, exc_info=True)
+                broken.append(row.id)
                 continue
             if occurrence is None:
                 ends.append((row.id, row.current_at))
@@ -107,6 +111,11 @@ def plan_once(limit: int | None = None) -> PlanReport:
             )
         created = store.plan_occurrences(plans)
         ended = store.end_recurrences(ends)
+        if broken:
+            store.set_recurrences_state(broken, RecurrenceState.PAUSED, [RecurrenceState.ACTIVE])
+            logger.warning(
+                "recurrences paused: kind or rule unusable", extra={"count": len(broken), "action": "paused"}
+            )
         if created and min(c.in_seconds for c in created) <= settings.claim_interval_seconds:
             store.notify_due(claim.NOTIFY_CHANNEL)
         report = PlanReport(len(rows), len(created), len(ended), len(cache), len(rows) >= batch)
@@ -137,6 +146,13 @@ class Duty:
             return
         try:
             report = plan_once()
+        except DatabaseError:
+            raise  # the control loop resets its connection and tries again
+        except Exception:
+            # A planner bug must not stop the claiming and sweeping that run in the same loop.
+            logger.exception("recurrence planner pass failed", extra={"action": "plan_failed"})
+            self._next_at = now + conf.get().recurrence_plan_interval_seconds
+            return
         finally:
             self._lock.release()
         self.counters.passes += 1

@@ -419,3 +419,14 @@ def test_deleting_the_owner_deletes_their_recurrences_and_cancels_the_pending_oc
     job.refresh_from_db()
     assert job.state == JobState.CANCELLED
     assert job.recurrence_id is None
+
+
+def test_a_recurrence_of_an_unregistered_kind_is_paused_not_picked_for_ever(run_sql):
+    """A recurrence whose kind is no longer registered is paused by the planner (so it cannot clog the pick)."""
+    ids = [api.recur("demo.noop", {}, key=f"k{i}", every=3600).id for i in range(2)]
+    finish_current(run_sql, ids, back="2 hours")
+    run_sql("UPDATE scheduling_recurrence SET kind = 'gone.kind' WHERE id = %s", [ids[0]])
+    report = planner.plan_once()
+    assert (report.picked, report.created) == (2, 1)
+    assert Recurrence.objects.get(pk=ids[0]).state == RecurrenceState.PAUSED
+    assert planner.plan_once().picked == 0
