@@ -16,7 +16,19 @@ from typing import Any
 
 from bench import common
 
-SCENARIOS = ("throughput", "realistic", "failures", "burst", "lag", "rescue", "scale", "sweep", "memory", "beat")
+SCENARIOS = (
+    "throughput",
+    "realistic",
+    "failures",
+    "burst",
+    "lag",
+    "rescue",
+    "scale",
+    "sweep",
+    "memory",
+    "beat",
+    "recurring",
+)
 ALONE = ("chaos", "soak")  # run only by name (soaks of 10 and 60 minutes), never by "all"
 
 

@@ -224,6 +224,26 @@ def _rows() -> list[Row]:
             )
         ],
     )
+    add(
+        "recurring",
+        lambda d: [
+            (
+                "recurring",
+                f"{_fmt(d['recurrences'])} recurrences (daily 09:00, {d['zones']} zones)"
+                + (" (--quick)" if d.get("quick") else ""),
+                f"created {_fmt(d['create_per_s'])}/s; claim p50 ratio {d['ratio_claim']} "
+                f"({_fmt(d['recurrences'])} vs {_fmt(d['claim_low_pending'])} pending); spike of {_fmt(d['spike'])}: "
+                f"all run in {d['spike_run_s']} s, {d['spike_duplicate_runs']} duplicates, next created once for "
+                f"{_fmt(d['spike_next_once'])}; beat tick {d['baseline'][0]['beat_tick_ms']} -> "
+                f"{d['baseline'][-1]['beat_tick_ms']} ms, RSS {d['baseline'][0]['beat_rss_mib']} -> "
+                f"{d['baseline'][-1]['beat_rss_mib']} MiB ({_fmt(d['baseline'][0]['entities'])} -> "
+                f"{_fmt(d['baseline'][-1]['entities'])} entities); Timekeeper RSS "
+                f"{d['baseline'][0]['timekeeper_rss_mib']} -> {d['baseline'][-1]['timekeeper_rss_mib']} MiB",
+                "claim ratio <= 1.2; spike all once within 60 s, next once each",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
     return rows
 
 
@@ -235,7 +255,18 @@ def markdown() -> str:
     lines += ["| " + " | ".join(row) + " |" for row in _rows()]
     loads = {
         name: (_load(name) or {}).get("load_average_1_5_15")
-        for name in ("throughput", "realistic", "failures", "burst", "rescue", "lag", "scale", "beat", "chaos")
+        for name in (
+            "throughput",
+            "realistic",
+            "failures",
+            "burst",
+            "rescue",
+            "lag",
+            "scale",
+            "beat",
+            "chaos",
+            "recurring",
+        )
     }
     lines.append("")
     lines.append(

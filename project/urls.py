@@ -13,6 +13,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/jobs/", include("scheduling.web.urls")),
     path("api/kinds/", include("scheduling.web.kinds_urls")),
+    path("api/recurrences/", include("scheduling.web.recurrences_urls")),
     path("trials/", include("tasks.urls")),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -11,6 +11,12 @@ Short deferrals: ``defer()`` picks the mechanism. Up to the broker ceiling and w
 a Celery countdown message and no row (``scheduling.deferrals``); longer, or with a key (to find,
 move or cancel it), it is ``schedule()``. Its handle says which mechanism was used.
 
+Recurring per-entity work (``scheduling.recurring``): ``recur()`` makes a recurrence (a cron
+expression or ``every=`` seconds on the entity's own zone, a key per owner) whose occurrences are
+due_at jobs, one pending at a time; ``change_recurrence()``, ``pause_recurrence()``,
+``resume_recurrence()``, ``cancel_recurrence()``, ``next_occurrences()``, and the bulk
+``recur_many()``, ``pause_recurrences()``, ``resume_recurrences()``, ``cancel_recurrences()``.
+
 ``status()`` gathers the numbers operators watch from the table and the broker.
 """
 
@@ -40,6 +46,20 @@ from scheduling.jobs.api import (
     set_max_running,
 )
 from scheduling.jobs.api import status as table_status
+from scheduling.recurring.api import (
+    NewEntry,
+    cancel_recurrence,
+    cancel_recurrences,
+    change_recurrence,
+    get_recurrence,
+    next_occurrences,
+    pause_recurrence,
+    pause_recurrences,
+    recur,
+    recur_many,
+    resume_recurrence,
+    resume_recurrences,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -91,15 +111,27 @@ def status(*, include_broker: bool = True) -> dict[str, Any]:
 __all__ = [
     "BulkResult",
     "Deferral",
+    "NewEntry",
     "cancel",
     "cancel_many",
+    "cancel_recurrence",
+    "cancel_recurrences",
+    "change_recurrence",
     "defer",
+    "get_recurrence",
     "kind_controls",
     "kind_overview",
+    "next_occurrences",
     "pause",
+    "pause_recurrence",
+    "pause_recurrences",
+    "recur",
+    "recur_many",
     "reschedule",
     "reschedule_many",
     "resume",
+    "resume_recurrence",
+    "resume_recurrences",
     "retry_dead_many",
     "run_now_many",
     "schedule",

@@ -24,13 +24,17 @@ class SchedulingConfig(AppConfig):
         super().import_models()
 
     def ready(self) -> None:
-        from django.db.models.signals import post_save
+        from django.db.models.signals import post_save, pre_delete
         from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
         from scheduling import checks  # noqa: F401 - registers the checks on import
         from scheduling.fixed import policies
-        from scheduling.models import SchedulePolicy
+        from scheduling.models import Recurrence, SchedulePolicy
+        from scheduling.recurring import api as recurring_api
+        from scheduling.recurring import checks as recurring_checks  # noqa: F401 - registers E010, W009
 
+        # A recurrence deleted with its owner takes its pending occurrence with it (cancelled).
+        pre_delete.connect(recurring_api.on_recurrence_deleted, sender=Recurrence, dispatch_uid="timekeeper-recurrence")
         # Safe edits of fixed-time schedules: a save that changes the timing moves the anchor.
         post_save.connect(policies.on_policy_saved, sender=SchedulePolicy, dispatch_uid="timekeeper-policy-timing")
         post_save.connect(policies.on_periodic_task_saved, sender=PeriodicTask, dispatch_uid="timekeeper-task-timing")

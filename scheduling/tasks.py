@@ -29,6 +29,7 @@ from scheduling.jobs import claim as claim_module
 from scheduling.jobs import control, liveness, runner
 from scheduling.jobs import sweep as sweep_module
 from scheduling.models import RunTrigger
+from scheduling.recurring import planner
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,8 @@ def check_beat_scheduler_at_start(sender: Any = None, **kwargs: Any) -> None:
 @signals.worker_ready.connect
 def start_control_loop(sender: Any = None, **kwargs: Any) -> None:
     """Claiming and sweeping run beside the pool, in this worker's main process (one worker leads)."""
+    if planner.duty not in control.EXTRA_DUTIES:
+        control.EXTRA_DUTIES.append(planner.duty)  # the leader plans recurrences' next occurrences
     control.start()
 
 

@@ -60,6 +60,10 @@ class Settings:
     fixed_recheck_seconds: float = 60.0  # beat re-reads a fixed-time schedule at least this often
     fixed_replace_wait_seconds: float = 10.0  # replace: how long a new run waits for the stopped one's lock
     fixed_clock_sync_seconds: float = 30.0  # beat re-measures its offset to the database clock this often
+    # --- recurrences ----------------------------------------------------------------------------------
+    recurrence_plan_interval_seconds: float = 1.0  # the leader plans next occurrences at least this often
+    recurrence_plan_batch_size: int = 5000  # recurrences: the most one planner statement advances
+    recurrence_late_seconds: float = 60.0  # an occurrence planned this late still runs; older ones are missed
     # --- web doors ------------------------------------------------------------------------------------
     health_beat_max_age_seconds: float = 30.0  # /healthz: a beat heartbeat older than this is a 503
     health_max_backlog: int = 10_000  # /healthz: more overdue jobs than this (critical kinds', the system's) is a 503

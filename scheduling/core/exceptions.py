@@ -18,7 +18,11 @@ SchedulingError
  ├── InvalidCronExpression          a cron expression or nickname cannot be parsed
  ├── UnknownTimeZone                a zone the tz database does not know
  ├── InvalidPolicy                  a fixed-time policy that cannot work (timeout >= interval ...)
- └── ScheduleNotFound               no fixed-time schedule (periodic task with a policy) has that name
+ ├── ScheduleNotFound               no fixed-time schedule (periodic task with a policy) has that name
+ ├── InvalidRecurrence              a recurrence rule that cannot work (no rule, both rules, ends before starts)
+ ├── RecurrenceNotFound             no recurrence with that id or key (or not the caller's)
+ ├── RecurrenceKeyConflict          recur(..., on_conflict="error") and the owner already has the key
+ └── RecurrenceStateConflict        the recurrence's state forbids the change (resume a cancelled one)
 """
 
 from __future__ import annotations
@@ -154,6 +158,7 @@ __all__ = [
     "InvalidCronExpression",
     "InvalidPayload",
     "InvalidPolicy",
+    "InvalidRecurrence",
     "InvalidSchedule",
     "JobNotCancellable",
     "JobNotFound",
@@ -163,8 +168,37 @@ __all__ = [
     "KindNotAllowed",
     "LockNotAcquired",
     "PayloadTooLarge",
+    "RecurrenceKeyConflict",
+    "RecurrenceNotFound",
+    "RecurrenceStateConflict",
     "ScheduleNotFound",
     "SchedulingError",
     "UnknownJobKind",
     "UnknownTimeZone",
 ]
+
+
+class InvalidRecurrence(InvalidSchedule):
+    """Raised for a recurrence rule that cannot work: neither or both of cron/every, ends_at not after starts_at."""
+
+
+class RecurrenceNotFound(SchedulingError):
+    """Raised when no recurrence matches the id or key (or it belongs to another owner)."""
+
+
+class RecurrenceKeyConflict(SchedulingError):
+    """Raised by ``recur(..., on_conflict="error")`` when the owner already has a recurrence with the key."""
+
+    def __init__(self, key: str, recurrence_id: int) -> None:
+        super().__init__(f"Key {key!r} already names recurrence {recurrence_id}.")
+        self.key = key
+        self.recurrence_id = recurrence_id
+
+
+class RecurrenceStateConflict(SchedulingError):
+    """Raised when a recurrence's state forbids the change (a cancelled or ended one cannot resume or change)."""
+
+    def __init__(self, recurrence_id: int, state: str, action: str) -> None:
+        super().__init__(f"Recurrence {recurrence_id} is {state}; it cannot {action}.")
+        self.recurrence_id = recurrence_id
+        self.state = state

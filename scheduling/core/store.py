@@ -1028,3 +1028,230 @@ class CounterValue:
 def outcome_counters() -> list[CounterValue]:
     """Every monotonic outcome counter (kept by database triggers; never lowered by pruning)."""
     return [CounterValue(**row) for row in _records("outcome_counters", {})]
+
+
+# --- Recurrences (scheduling.recurring) ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class NewRecurrence:
+    kind: str
+    payload: Any
+    key: str
+    owner_id: int | None
+    expression: str
+    every_seconds: float | None
+    timezone: str
+    dst_gap: str
+    missed: str
+    starts_at: dt.datetime | None
+    ends_at: dt.datetime | None
+    anchor_at: dt.datetime | None
+    priority: int | None
+    max_attempts: int | None
+
+
+def _recurrence_params(new: NewRecurrence) -> dict[str, Any]:
+    params = dataclasses.asdict(new)
+    params["payload"] = json.dumps(new.payload)
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrenceRow:
+    """A recurrence as the planner and the API read it (locked)."""
+
+    id: int
+    kind: str
+    expression: str
+    every_seconds: float | None
+    timezone: str
+    dst_gap: str
+    missed: str
+    starts_at: dt.datetime | None
+    ends_at: dt.datetime | None
+    anchor_at: dt.datetime
+    current_at: dt.datetime | None
+    priority: int | None
+    max_attempts: int | None
+    payload: Any = None
+    key: str = ""
+    owner_id: int | None = None
+    state: str = "active"
+    current_job_id: int | None = None
+    current_state: JobState | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RecurrenceRow:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {name: value for name, value in row.items() if name in names}
+        if isinstance(values.get("payload"), str):  # jsonb comes back as text on a raw cursor
+            values["payload"] = json.loads(values["payload"])
+        if values.get("current_state") is not None:
+            values["current_state"] = JobState(values["current_state"])
+        return cls(**values)
+
+
+def insert_recurrence(new: NewRecurrence) -> int | None:
+    """Insert a recurrence; None when its owner already has the key."""
+    rows = _fetchall("insert_recurrence", _recurrence_params(new))
+    return rows[0][0] if rows else None
+
+
+@dataclasses.dataclass(frozen=True)
+class CreatedRecurrence:
+    id: int
+    key: str
+    owner_id: int | None
+    timezone: str
+
+
+def insert_recurrences(
+    new: NewRecurrence,
+    payloads: Sequence[str],
+    keys: Sequence[str],
+    owner_ids: Sequence[int | None],
+    zones: Sequence[str],
+) -> list[CreatedRecurrence]:
+    """Insert many recurrences sharing ``new``'s rule (payloads already JSON); taken keys are skipped."""
+    params = _recurrence_params(new)
+    params.update(payloads=list(payloads), keys=list(keys), owner_ids=list(owner_ids), timezones=list(zones))
+    return [
+        CreatedRecurrence(id=row["id"], key=row["key"], owner_id=row["owner_id"], timezone=row["timezone"])
+        for row in _records("insert_recurrences", params)
+    ]
+
+
+def lock_recurrence(recurrence_id: int) -> RecurrenceRow | None:
+    """The recurrence's row, locked until the transaction ends (None: no such recurrence)."""
+    rows = _records("lock_recurrence", {"id": recurrence_id})
+    return RecurrenceRow.from_row(rows[0]) if rows else None
+
+
+def recurrence_id_by_key(key: str, owner_id: int | None) -> int | None:
+    rows = _fetchall("recurrence_id_by_key", {"key": key, "owner_id": owner_id})
+    return rows[0][0] if rows else None
+
+
+def update_recurrence_rule(row: RecurrenceRow) -> bool:
+    params = dataclasses.asdict(row)
+    params["payload"] = json.dumps(row.payload)
+    return bool(_fetchall("update_recurrence_rule", params))
+
+
+def last_run_occurrence_at(recurrence_id: int) -> dt.datetime | None:
+    return _fetchall("last_run_occurrence_at", {"id": recurrence_id})[0][0]
+
+
+def move_pending_occurrence(recurrence_id: int, occurrence_at: dt.datetime, due_at: dt.datetime) -> DueJob | None:
+    """Move the recurrence's pending occurrence (None: it is no longer pending)."""
+    rows = _records("move_pending_occurrence", {"id": recurrence_id, "occurrence_at": occurrence_at, "due_at": due_at})
+    return DueJob.from_row(rows[0]) if rows else None
+
+
+def set_recurrence_current(recurrence_id: int, current_at: dt.datetime | None) -> bool:
+    return bool(_fetchall("set_recurrence_current", {"id": recurrence_id, "current_at": current_at}))
+
+
+def set_recurrences_state(ids: Sequence[int], state: str, from_states: Sequence[str]) -> list[int]:
+    rows = _fetchall("set_recurrences_state", {"ids": list(ids), "state": state, "from_states": list(from_states)})
+    return [row[0] for row in rows]
+
+
+def cancel_pending_occurrences(recurrence_ids: Sequence[int]) -> list[int]:
+    """Cancel the pending occurrence of each recurrence; returns the jobs cancelled."""
+    return [row[0] for row in _fetchall("cancel_pending_occurrences", {"ids": list(recurrence_ids)})]
+
+
+def recurrence_states(ids: Sequence[int]) -> dict[int, str]:
+    return {row[0]: row[1] for row in _fetchall("recurrence_states", {"ids": list(ids)})}
+
+
+def pick_recurrences_to_plan(limit: int) -> list[RecurrenceRow]:
+    """Lock up to ``limit`` active recurrences whose latest occurrence has left pending (SKIP LOCKED)."""
+    return [RecurrenceRow.from_row(row) for row in _records("pick_recurrences_to_plan", {"limit": limit})]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedOccurrence:
+    """The next occurrence of a recurrence, as the planner or the API computed it."""
+
+    recurrence_id: int
+    prev: dt.datetime | None  # the latest occurrence instant the caller read
+    occurrence_at: dt.datetime
+    due_at: dt.datetime
+    lease_seconds: int
+    max_attempts: int
+    priority: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CreatedOccurrence:
+    recurrence_id: int
+    job_id: int
+    occurrence_at: dt.datetime
+    due_at: dt.datetime
+    in_seconds: float
+
+
+def plan_occurrences(plans: Sequence[PlannedOccurrence]) -> list[CreatedOccurrence]:
+    """Create the planned occurrences and advance their recurrences in one statement (at most once each)."""
+    if not plans:
+        return []
+    params = {
+        "ids": [p.recurrence_id for p in plans],
+        "prevs": [p.prev for p in plans],
+        "ats": [p.occurrence_at for p in plans],
+        "dues": [p.due_at for p in plans],
+        "leases": [p.lease_seconds for p in plans],
+        "attempts": [p.max_attempts for p in plans],
+        "priorities": [p.priority for p in plans],
+    }
+    return [
+        CreatedOccurrence(
+            recurrence_id=row["recurrence_id"],
+            job_id=row["job_id"],
+            occurrence_at=row["occurrence_at"],
+            due_at=row["due_at"],
+            in_seconds=row["in_seconds"],
+        )
+        for row in _records("plan_occurrences", params)
+    ]
+
+
+def end_recurrences(ends: Sequence[tuple[int, dt.datetime | None]]) -> list[int]:
+    """Mark ended the recurrences (id, latest instant read) with no occurrence left before their end."""
+    if not ends:
+        return []
+    params = {"ids": [e[0] for e in ends], "prevs": [e[1] for e in ends]}
+    return [row[0] for row in _fetchall("end_recurrences", params)]
+
+
+def recurrence_state_counts() -> dict[str, int]:
+    return {row[0]: row[1] for row in _fetchall("recurrence_state_counts", {})}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannerLag:
+    waiting: int  # active recurrences whose occurrence left pending, next not created yet
+    oldest_seconds: float  # since the oldest one's occurrence instant
+
+
+def recurrence_planner_lag() -> PlannerLag:
+    row = _records("recurrence_planner_lag", {})[0]
+    return PlannerLag(waiting=row["n"], oldest_seconds=row["oldest_seconds"] if row["n"] else 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpcomingOccurrences:
+    kind: str
+    count: int
+    first_due: dt.datetime
+
+
+def upcoming_occurrences(horizon_seconds: float) -> list[UpcomingOccurrences]:
+    """Pending recurrence occurrences due within the horizon, per kind."""
+    return [
+        UpcomingOccurrences(kind=row["kind"], count=row["n"], first_due=row["first_due"])
+        for row in _records("upcoming_occurrences", {"horizon": horizon_seconds})
+    ]

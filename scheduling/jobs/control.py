@@ -22,6 +22,7 @@ import logging
 import select
 import threading
 import time
+from collections.abc import Callable
 
 import kombu.exceptions
 import psycopg2
@@ -41,6 +42,10 @@ ERROR_PAUSE_SECONDS = 1.0  # pause after PostgreSQL or the broker failed a turn
 PRUNE_EVERY_SECONDS = 60.0  # history is pruned this often (sweeping expired claims: every sweep interval)
 PRUNE_BATCHES_PER_TURN = 20  # prune statements per turn at most (each ~10-20 ms), so claims are not held up
 STOP_JOIN_SECONDS = 2.0  # how long a stopping worker waits for the loop
+
+# Duties a higher layer adds to the leader's turn (scheduling.tasks adds the recurrence planner):
+# each is called once per turn, before the claim, and paces itself.
+EXTRA_DUTIES: list[Callable[[], object]] = []
 
 
 @dataclasses.dataclass
@@ -132,6 +137,8 @@ class ControlLoop:
             # More left: prune again on the next sweep, else in PRUNE_EVERY_SECONDS.
             more = pruned >= PRUNE_BATCHES_PER_TURN * settings.prune_batch_size
             self._next_prune = now + (settings.sweep_interval_seconds if more else PRUNE_EVERY_SECONDS)
+        for extra_duty in EXTRA_DUTIES:
+            extra_duty()
         report = claim.claim_and_dispatch()
         self.counters.claimed += report.claimed
         self.counters.batches += report.batches

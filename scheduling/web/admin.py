@@ -1090,3 +1090,5 @@ class ApiTokenAdmin(CheckedSelectionMixin, admin.ModelAdmin):
 
 if admin.site.index_template is None:  # the project's own index template wins; it can add {% timekeeper_dashboard %}
     admin.site.index_template = DASHBOARD_INDEX_TEMPLATE
+
+from scheduling.web import recurrences_admin  # noqa: E402, F401 - registers the recurrences' admin

@@ -12,7 +12,8 @@ sets the history charts' window; each chart has 60 buckets in it.
 - **Waiting**: due work not yet started: pending (not paused), claimed but not started, and the
   broker's visible messages other than the batches of those claimed jobs (now only: the broker
   keeps no history); paused work apart.
-- **Next 24 hours**: due_at rows, fixed-time ticks and broker countdowns per hour. A schedule
+- **Next 24 hours**: due_at rows (recurrences' pending occurrences among them, counted apart in
+  the totals), fixed-time ticks and broker countdowns per hour. A schedule
   firing more often than every ``FREQUENT_TICK_SECONDS`` is counted in the table, not drawn, so
   one every-minute schedule does not swamp the rest.
 """
@@ -95,6 +96,12 @@ def fixed_outlook(now: dt.datetime) -> list[FixedOutlook]:
     return out
 
 
+def recurrences_outlook() -> dict[str, int]:
+    """Recurrences' pending occurrences due within 24 hours (also counted as due_at jobs), and the active ones."""
+    occurrences = sum(row.count for row in store.upcoming_occurrences(HORIZON_SECONDS))
+    return {"occurrences": occurrences, "active": store.recurrence_state_counts().get("active", 0)}
+
+
 def range_key(value: str | None) -> str:
     """A known range's key (15m, 1h, 6h, 24h); anything else is the default."""
     return value if value in RANGES else DEFAULT_RANGE
@@ -171,6 +178,7 @@ def gather(range_name: str | None = None) -> dict[str, Any]:
             "broker": delayed,
             "kinds": sorted(kinds.values(), key=lambda k: k["first_due"]),
             "schedules": fixed,
+            "recurrences": recurrences_outlook(),
         },
         "lag_chart": svg.lag_chart(
             [

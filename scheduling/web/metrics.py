@@ -189,6 +189,7 @@ class TimekeeperCollector(Collector):
                 control.age_seconds,
             )
         yield from outcome_counters()
+        yield from recurrence_metrics()
 
 
 # metric in scheduling_outcomecounter -> (Prometheus name without _total, help, label names)
@@ -225,6 +226,26 @@ def outcome_counters() -> Iterator[Metric]:
         values = [row.label, row.outcome] if len(COUNTERS[row.metric][2]) == 2 else [row.label]
         family.add_metric(values, row.value)
     yield from families.values()
+
+
+def recurrence_metrics() -> Iterator[Metric]:
+    """Recurrences by state, and the planner's lag (occurrences left pending whose next is not created yet)."""
+    by_state = GaugeMetricFamily("timekeeper_recurrences", "Recurrences by state.", labels=["state"])
+    counts = store.recurrence_state_counts()
+    for state in ("active", "paused", "cancelled", "ended"):
+        by_state.add_metric([state], counts.get(state, 0))
+    yield by_state
+    lag = store.recurrence_planner_lag()
+    yield _gauge(
+        "timekeeper_recurrence_planner_lag_recurrences",
+        "Active recurrences whose occurrence has left pending but whose next occurrence is not created yet.",
+        lag.waiting,
+    )
+    yield _gauge(
+        "timekeeper_recurrence_planner_lag_seconds",
+        "Age of the oldest of those, since its occurrence instant (0 when none).",
+        lag.oldest_seconds,
+    )
 
 
 registry = CollectorRegistry(auto_describe=False)

@@ -58,6 +58,7 @@ def test_cli_lists_every_scenario():
         "sweep",
         "memory",
         "beat",
+        "recurring",
     }
     with pytest.raises(SystemExit):
         bench_main.main(["no-such-scenario"])
@@ -161,3 +162,14 @@ def test_failures_mix_and_targets():
     fates = [failures._fate(i) for i in range(10_000)]
     assert (fates.count("raise"), fates.count("timeout"), fates.count("callback")) == (200, 100, 100)
     assert (failures.TARGET_CALLS_PER_ATTEMPT, failures.TARGET_RATIO_VS_CLEAN) == (1.0, 0.8)
+
+
+def test_recurring_scenario_imports_and_takes_quick():
+    """The recurring scenario imports without services, takes ``quick``, and keeps the issue's targets."""
+    import inspect
+
+    from bench import recurring
+
+    assert recurring.SCENARIO == "recurring"
+    assert list(inspect.signature(recurring.main).parameters) == ["quick"]
+    assert (recurring.TARGET_RATIO, recurring.TARGET_SPIKE_S, len(recurring.ZONES)) == (1.2, 60.0, 30)

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from scheduling import api, exceptions
 from scheduling.core import liveness
+from scheduling.management import recurrences_cli
 from scheduling.management.commands import scheduling_status
 from scheduling.models import JobState, ScheduledJob
 
@@ -86,15 +87,16 @@ def parse_seconds(text: str) -> float:
 class Command(BaseCommand):
     help = (
         "Operate Timekeeper's jobs from a shell: list them (jobs), cancel pending ones (cancel), retry dead ones "
-        "(retry), move pending ones (reschedule), show the backlog and broker counts (status), or probe a "
-        "worker's or beat's liveness (probe). "
+        "(retry), move pending ones (reschedule), show the backlog and broker counts (status), probe a "
+        "worker's or beat's liveness (probe), or list and change recurrences (recurrences). "
         "Run `manage.py timekeeper <subcommand> --help` for each one's options."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         commands = parser.add_subparsers(
-            dest="subcommand", required=True, metavar="{jobs,cancel,retry,reschedule,status,probe}"
+            dest="subcommand", required=True, metavar="{jobs,cancel,retry,reschedule,status,probe,recurrences}"
         )
+        recurrences_cli.add_parser(commands)
 
         jobs = commands.add_parser("jobs", help="List jobs, most urgent first (by due time, then id).")
         jobs.add_argument(
@@ -162,6 +164,8 @@ class Command(BaseCommand):
                 self.list_jobs(options)
             elif subcommand == "status":
                 self.status(options)
+            elif subcommand == "recurrences":
+                recurrences_cli.run(self, options)
             else:
                 self.change(subcommand, options)
         except DatabaseError as exc:

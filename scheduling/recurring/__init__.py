@@ -1,0 +1,1 @@
+"""Recurring per-entity work: recurrences as rows, each occurrence an ordinary due_at job."""

@@ -1,0 +1,542 @@
+"""Recurrences: create, change, pause, resume and cancel recurring per-entity work.
+
+``recur()`` writes the recurrence and its first occurrence (a pending due_at job of its kind) in
+the caller's transaction. Every later write of a recurrence's occurrences (here and in the
+planner) first locks the recurrence's row, so they happen one after the other; the unique
+(recurrence, occurrence_at) index makes each occurrence at most once whatever races. A change of
+rule or payload moves the pending occurrence; pause and cancel cancel it (a claimed one runs on);
+resume plans the next one with the missed policy. The bulk changes (``pause_recurrences``,
+``resume_recurrences``, ``cancel_recurrences``) are one statement each over a selection of ids and
+return a ``BulkResult``. Application code imports all of them through ``scheduling.api``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from django.db import transaction
+
+from scheduling.core import conf, exceptions, registry, store, tracing, validation
+from scheduling.jobs import claim
+from scheduling.models import Recurrence, RecurrenceState
+from scheduling.recurring import rules
+
+logger = logging.getLogger(__name__)
+
+ON_CONFLICT_CHOICES = ("replace", "keep", "error")
+DST_GAP_CHOICES = ("shift", "skip")
+MAX_PREVIEW = 100  # next_occurrences(n): the most instants one call computes
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()  # "leave as it is" for change_recurrence()'s arguments
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkResult:
+    """What a bulk change did to a selection of recurrence ids."""
+
+    changed: tuple[int, ...]
+    untouched: Mapping[int, str]  # the others, with the state that kept them out
+    missing: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class NewEntry:
+    """One recurrence of ``recur_many()``: its key, payload, owner and zone (the rule is shared)."""
+
+    key: str
+    payload: Any
+    owner: Any = None
+    timezone: str = "UTC"
+
+
+def _owner_id(owner: Any) -> int | None:
+    return getattr(owner, "pk", owner)
+
+
+def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise exceptions.InvalidPolicy(f"{name} must be one of {', '.join(choices)}, not {value!r}.")
+
+
+def _plan(row: store.RecurrenceRow, occurrence: rules.Occurrence, prev: dt.datetime | None) -> store.CreatedOccurrence:
+    kind = registry.get(row.kind)
+    created = store.plan_occurrences(
+        [
+            store.PlannedOccurrence(
+                recurrence_id=row.id,
+                prev=prev,
+                occurrence_at=occurrence.at,
+                due_at=occurrence.due_at,
+                lease_seconds=kind.lease_seconds,
+                max_attempts=row.max_attempts or kind.max_attempts,
+                priority=kind.priority if row.priority is None else row.priority,
+            )
+        ]
+    )
+    if not created:  # we hold the row's lock: only a bug can make this happen
+        raise exceptions.SchedulingError(f"Recurrence {row.id}: occurrence {occurrence.at} could not be created.")
+    claim.wake_on_commit(created[0].in_seconds, time.monotonic())
+    return created[0]
+
+
+def _schedule(row: store.RecurrenceRow) -> rules.Schedule:
+    return rules.schedule_for(row.expression, row.every_seconds, row.timezone, row.dst_gap, row.anchor_at)
+
+
+def recur(
+    kind: str,
+    payload: Any,
+    *,
+    key: str,
+    cron: str | None = None,
+    every: float | int | dt.timedelta | None = None,
+    timezone: str = "UTC",
+    owner: Any = None,
+    starts_at: dt.datetime | None = None,
+    ends_at: dt.datetime | None = None,
+    dst_gap: str = "shift",
+    missed: str = "skip",
+    on_conflict: str = "replace",
+    priority: int | None = None,
+    max_attempts: int | None = None,
+) -> Recurrence:
+    """Run ``kind`` with ``payload`` on ``cron`` (in ``timezone``) or ``every`` seconds, as the owner's ``key``.
+
+    The recurrence and its first occurrence (the first instant at or after ``starts_at``, after
+    now) are written in the caller's transaction. The key is unique per owner: a second
+    ``recur()`` with it changes the existing recurrence (``replace``, its pending occurrence
+    moves), returns it unchanged (``keep``) or raises ``RecurrenceKeyConflict`` (``error``).
+    Bad input raises before anything is stored: ``InvalidCronExpression``, ``UnknownTimeZone``,
+    ``InvalidSchedule`` (naive datetimes), ``InvalidRecurrence`` (no rule, both, ends before starts),
+    ``InvalidPolicy`` (``dst_gap``/``missed``), ``InvalidPayload``, ``UnknownJobKind``.
+    """
+    with tracing.span("timekeeper.recur", kind=kind) as span:
+        job_kind = registry.get(kind)
+        validation.encode_payload(job_kind, payload)
+        if key is None:
+            raise exceptions.InvalidSchedule("A recurrence needs a key (unique per owner), e.g. digest:42.")
+        validation.check_key(key)
+        _check_choice("on_conflict", on_conflict, ON_CONFLICT_CHOICES)
+        _check_choice("dst_gap", dst_gap, DST_GAP_CHOICES)
+        expression, every_seconds = rules.check_rule(cron, every, starts_at, ends_at, missed)
+        if max_attempts is not None:
+            validation.check_max_attempts(job_kind, max_attempts)
+        if priority is not None:
+            validation.check_priority(job_kind, priority)
+        now = store.database_now()
+        anchor = starts_at or now
+        schedule = rules.schedule_for(expression, every_seconds, timezone, dst_gap, anchor)
+        owner_id = _owner_id(owner)
+        new = store.NewRecurrence(
+            kind=kind,
+            payload=payload,
+            key=key,
+            owner_id=owner_id,
+            expression=expression,
+            every_seconds=every_seconds,
+            timezone=timezone,
+            dst_gap=dst_gap,
+            missed=missed,
+            starts_at=starts_at,
+            ends_at=ends_at,
+            anchor_at=anchor,
+            priority=priority,
+            max_attempts=max_attempts,
+        )
+        with transaction.atomic():
+            recurrence_id = store.insert_recurrence(new)
+            if recurrence_id is None:
+                existing = store.recurrence_id_by_key(key, owner_id)
+                assert existing is not None
+                span.set("recurrence_id", existing)
+                if on_conflict == "error":
+                    raise exceptions.RecurrenceKeyConflict(key, existing)
+                if on_conflict == "keep":
+                    span.set("outcome", "kept")
+                    return Recurrence.objects.get(pk=existing)
+                span.set("outcome", "replaced")
+                return change_recurrence(
+                    existing,
+                    owner=owner,
+                    kind=kind,
+                    payload=payload,
+                    cron=cron,
+                    every=every,
+                    timezone=timezone,
+                    starts_at=starts_at,
+                    ends_at=ends_at,
+                    dst_gap=dst_gap,
+                    missed=missed,
+                    priority=priority,
+                    max_attempts=max_attempts,
+                )
+            row = store.lock_recurrence(recurrence_id)
+            assert row is not None
+            occurrence = rules.first(schedule, now=now, starts_at=starts_at, ends_at=ends_at)
+            if occurrence is None:
+                store.set_recurrences_state([recurrence_id], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
+            else:
+                _plan(row, occurrence, None)
+        logger.info("recurrence created", extra={"recurrence_id": recurrence_id, "kind": kind, "action": "recur"})
+        span.set("recurrence_id", recurrence_id)
+        span.set("outcome", "created")
+        return Recurrence.objects.get(pk=recurrence_id)
+
+
+def recur_many(
+    kind: str,
+    entries: Sequence[NewEntry],
+    *,
+    cron: str | None = None,
+    every: float | int | dt.timedelta | None = None,
+    starts_at: dt.datetime | None = None,
+    ends_at: dt.datetime | None = None,
+    dst_gap: str = "shift",
+    missed: str = "skip",
+    priority: int | None = None,
+    max_attempts: int | None = None,
+) -> list[int]:
+    """Create one recurrence per entry (its own key, payload, owner and zone), one rule for all; returns the new ids.
+
+    For bulk loads ("a 09:00-local digest for every user"): the same checks as ``recur()``, every
+    entry validated before anything is stored, the recurrences in one statement and their first
+    occurrences in another (one computation per zone). Keys their owner already has are left as
+    they are (``keep``) and their ids are not returned.
+    """
+    job_kind = registry.get(kind)
+    _check_choice("dst_gap", dst_gap, DST_GAP_CHOICES)
+    expression, every_seconds = rules.check_rule(cron, every, starts_at, ends_at, missed)
+    payloads = [validation.encode_payload(job_kind, entry.payload) for entry in entries]
+    for entry in entries:
+        validation.check_key(entry.key)
+    if max_attempts is not None:
+        validation.check_max_attempts(job_kind, max_attempts)
+    if priority is not None:
+        validation.check_priority(job_kind, priority)
+    now = store.database_now()
+    anchor = starts_at or now
+    firsts: dict[str, rules.Occurrence | None] = {}
+    for zone in {entry.timezone for entry in entries}:
+        schedule = rules.schedule_for(expression, every_seconds, zone, dst_gap, anchor)
+        firsts[zone] = rules.first(schedule, now=now, starts_at=starts_at, ends_at=ends_at)
+    if not entries:
+        return []
+    new = store.NewRecurrence(
+        kind=kind,
+        payload=None,
+        key="",
+        owner_id=None,
+        expression=expression,
+        every_seconds=every_seconds,
+        timezone="UTC",
+        dst_gap=dst_gap,
+        missed=missed,
+        starts_at=starts_at,
+        ends_at=ends_at,
+        anchor_at=anchor,
+        priority=priority,
+        max_attempts=max_attempts,
+    )
+    attempts = max_attempts or job_kind.max_attempts
+    job_priority = job_kind.priority if priority is None else priority
+    with transaction.atomic():
+        created = store.insert_recurrences(
+            new,
+            payloads,
+            [entry.key for entry in entries],
+            [_owner_id(entry.owner) for entry in entries],
+            [entry.timezone for entry in entries],
+        )
+        plans = []
+        ended = []
+        for row in created:
+            occurrence = firsts[row.timezone]
+            if occurrence is None:
+                ended.append(row.id)
+                continue
+            plans.append(
+                store.PlannedOccurrence(
+                    recurrence_id=row.id,
+                    prev=None,
+                    occurrence_at=occurrence.at,
+                    due_at=occurrence.due_at,
+                    lease_seconds=job_kind.lease_seconds,
+                    max_attempts=attempts,
+                    priority=job_priority,
+                )
+            )
+        store.plan_occurrences(plans)
+        if ended:
+            store.set_recurrences_state(ended, RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
+    logger.info("recurrences created", extra={"kind": kind, "count": len(created), "action": "recur_many"})
+    return [row.id for row in created]
+
+
+def _find(recurrence_id: int | None, key: str | None, owner: Any) -> int:
+    if (recurrence_id is None) == (key is None):
+        raise exceptions.InvalidSchedule("Give exactly one of recurrence_id and key.")
+    if recurrence_id is not None:
+        return int(recurrence_id)
+    assert key is not None
+    validation.check_key(key)
+    found = store.recurrence_id_by_key(key, _owner_id(owner))
+    if found is None:
+        raise exceptions.RecurrenceNotFound(f"No recurrence has key {key!r}.")
+    return found
+
+
+def _locked(recurrence_id: int) -> store.RecurrenceRow:
+    row = store.lock_recurrence(recurrence_id)
+    if row is None:
+        raise exceptions.RecurrenceNotFound(f"No recurrence {recurrence_id}.")
+    return row
+
+
+def get_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> Recurrence:
+    """The recurrence by id, or by the owner's key; ``RecurrenceNotFound`` otherwise."""
+    target = _find(recurrence_id, key, owner)
+    try:
+        return Recurrence.objects.get(pk=target)
+    except Recurrence.DoesNotExist:
+        raise exceptions.RecurrenceNotFound(f"No recurrence {target}.") from None
+
+
+def change_recurrence(
+    recurrence_id: int | None = None,
+    *,
+    key: str | None = None,
+    owner: Any = None,
+    kind: Any = UNSET,
+    payload: Any = UNSET,
+    cron: Any = UNSET,
+    every: Any = UNSET,
+    timezone: Any = UNSET,
+    starts_at: Any = UNSET,
+    ends_at: Any = UNSET,
+    dst_gap: Any = UNSET,
+    missed: Any = UNSET,
+    priority: Any = UNSET,
+    max_attempts: Any = UNSET,
+) -> Recurrence:
+    """Change a recurrence's rule, zone, payload or policies; the pending occurrence moves to the new rule.
+
+    Only the arguments given change (``cron=`` replaces an ``every=`` rule and the other way round).
+    The pending occurrence moves to the new rule's first instant after now (and after the latest
+    occurrence that ran) and takes the new payload; a claimed one runs on as it is and the planner
+    plans the next by the new rule. A cancelled or ended recurrence cannot change:
+    ``RecurrenceStateConflict``.
+    """
+    target = _find(recurrence_id, key, owner)
+    with transaction.atomic():
+        row = _locked(target)
+        if row.state in (RecurrenceState.CANCELLED, RecurrenceState.ENDED):
+            raise exceptions.RecurrenceStateConflict(row.id, row.state, "change")
+        new_kind = row.kind if kind is UNSET else kind
+        job_kind = registry.get(new_kind)
+        new_payload = row.payload if payload is UNSET else payload
+        validation.encode_payload(job_kind, new_payload)
+        if cron is UNSET and every is UNSET:
+            cron_value, every_value = (row.expression or None), row.every_seconds
+        else:
+            cron_value = None if cron is UNSET else cron
+            every_value = None if every is UNSET else every
+        new_starts = row.starts_at if starts_at is UNSET else starts_at
+        new_ends = row.ends_at if ends_at is UNSET else ends_at
+        new_missed = row.missed if missed is UNSET else missed
+        new_gap = row.dst_gap if dst_gap is UNSET else dst_gap
+        _check_choice("dst_gap", new_gap, DST_GAP_CHOICES)
+        expression, every_seconds = rules.check_rule(cron_value, every_value, new_starts, new_ends, new_missed)
+        new_priority = row.priority if priority is UNSET else priority
+        new_attempts = row.max_attempts if max_attempts is UNSET else max_attempts
+        if new_attempts is not None:
+            validation.check_max_attempts(job_kind, new_attempts)
+        if new_priority is not None:
+            validation.check_priority(job_kind, new_priority)
+        new_zone = row.timezone if timezone is UNSET else timezone
+        anchor = row.anchor_at if starts_at is UNSET or starts_at is None else starts_at
+        changed = dataclasses.replace(
+            row,
+            kind=new_kind,
+            payload=new_payload,
+            expression=expression,
+            every_seconds=every_seconds,
+            timezone=new_zone,
+            dst_gap=new_gap,
+            missed=new_missed,
+            starts_at=new_starts,
+            ends_at=new_ends,
+            anchor_at=anchor,
+            priority=new_priority,
+            max_attempts=new_attempts,
+        )
+        schedule = _schedule(changed)  # validates the expression and the zone
+        store.update_recurrence_rule(changed)
+        if row.state == RecurrenceState.ACTIVE and row.current_state == "pending":
+            now = store.database_now()
+            last_run = store.last_run_occurrence_at(row.id)
+            base = now if last_run is None else max(now, last_run)
+            occurrence = rules.first(schedule, now=base, starts_at=new_starts, ends_at=new_ends)
+            if occurrence is None:
+                store.cancel_pending_occurrences([row.id])
+                store.set_recurrences_state([row.id], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
+            else:
+                moved = store.move_pending_occurrence(row.id, occurrence.at, occurrence.due_at)
+                if moved is not None:
+                    store.set_recurrence_current(row.id, occurrence.at)
+                    claim.wake_on_commit(moved.in_seconds, time.monotonic())
+        logger.info("recurrence changed", extra={"recurrence_id": row.id, "action": "changed"})
+    return Recurrence.objects.get(pk=target)
+
+
+def pause_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
+    """Pause an active recurrence: its pending occurrence is cancelled, none is planned until resumed."""
+    target = _find(recurrence_id, key, owner)
+    result = pause_recurrences([target])
+    if not result.changed:
+        _refuse(target, result, "be paused", allowed=(RecurrenceState.PAUSED,))
+    return target
+
+
+def resume_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
+    """Resume a paused recurrence: the next occurrence is planned now, with its missed policy."""
+    target = _find(recurrence_id, key, owner)
+    result = resume_recurrences([target])
+    if not result.changed:
+        _refuse(target, result, "resume", allowed=(RecurrenceState.ACTIVE,))
+    return target
+
+
+def cancel_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
+    """Cancel a recurrence: its pending occurrence is cancelled and no further one is planned."""
+    target = _find(recurrence_id, key, owner)
+    result = cancel_recurrences([target])
+    if not result.changed:
+        _refuse(target, result, "be cancelled", allowed=(RecurrenceState.CANCELLED,))
+    return target
+
+
+def _refuse(target: int, result: BulkResult, action: str, *, allowed: Sequence[str]) -> None:
+    if target in result.missing:
+        raise exceptions.RecurrenceNotFound(f"No recurrence {target}.")
+    state = result.untouched.get(target, "")
+    if state in allowed:
+        return  # already so: the call is idempotent
+    raise exceptions.RecurrenceStateConflict(target, state, action)
+
+
+def _selection(ids: Iterable[int]) -> list[int]:
+    return sorted({int(rid) for rid in ids})
+
+
+def _bulk_result(selected: list[int], changed: Iterable[int]) -> BulkResult:
+    done = sorted(set(changed))
+    others = sorted(set(selected) - set(done))
+    states = store.recurrence_states(others) if others else {}
+    return BulkResult(
+        changed=tuple(done),
+        untouched={rid: states[rid] for rid in others if rid in states},
+        missing=tuple(rid for rid in others if rid not in states),
+    )
+
+
+def pause_recurrences(ids: Iterable[int]) -> BulkResult:
+    """Pause the active recurrences among ``ids`` and cancel their pending occurrences (two statements)."""
+    selected = _selection(ids)
+    with transaction.atomic():
+        changed = store.set_recurrences_state(selected, RecurrenceState.PAUSED, [RecurrenceState.ACTIVE])
+        store.cancel_pending_occurrences(changed)
+        result = _bulk_result(selected, changed)
+    logger.info("recurrences paused", extra={"count": len(changed), "action": "paused"})
+    return result
+
+
+def cancel_recurrences(ids: Iterable[int]) -> BulkResult:
+    """Cancel the active, paused or ended recurrences among ``ids`` and their pending occurrences."""
+    selected = _selection(ids)
+    with transaction.atomic():
+        changed = store.set_recurrences_state(
+            selected,
+            RecurrenceState.CANCELLED,
+            [RecurrenceState.ACTIVE, RecurrenceState.PAUSED, RecurrenceState.ENDED],
+        )
+        store.cancel_pending_occurrences(changed)
+        result = _bulk_result(selected, changed)
+    logger.info("recurrences cancelled", extra={"count": len(changed), "action": "cancelled"})
+    return result
+
+
+def resume_recurrences(ids: Iterable[int]) -> BulkResult:
+    """Resume the paused recurrences among ``ids``, planning each one's next occurrence (missed policy)."""
+    selected = _selection(ids)
+    settings = conf.get()
+    with transaction.atomic():
+        changed = store.set_recurrences_state(selected, RecurrenceState.ACTIVE, [RecurrenceState.PAUSED])
+        now = store.database_now()
+        for rid in changed:
+            row = _locked(rid)
+            if row.current_state == "pending":
+                continue  # still has its occurrence (paused and resumed before the pause's cancel landed)
+            last_run = store.last_run_occurrence_at(rid)
+            schedule = _schedule(row)
+            if last_run is None:
+                occurrence = rules.first(schedule, now=now, starts_at=row.starts_at, ends_at=row.ends_at)
+            else:
+                occurrence = rules.following(
+                    schedule,
+                    last_run,
+                    now=now,
+                    missed=row.missed,
+                    late_seconds=settings.recurrence_late_seconds,
+                    ends_at=row.ends_at,
+                )
+            store.set_recurrence_current(rid, last_run)
+            if occurrence is None:
+                store.set_recurrences_state([rid], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
+            else:
+                _plan(row, occurrence, last_run)
+        result = _bulk_result(selected, changed)
+    logger.info("recurrences resumed", extra={"count": len(changed), "action": "resumed"})
+    return result
+
+
+def next_occurrences(
+    recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None, n: int = 5
+) -> list[dt.datetime]:
+    """The next ``n`` occurrence instants (UTC) from the pending one on; empty when paused, cancelled or ended."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PREVIEW:
+        raise exceptions.InvalidSchedule(f"n must be a whole number from 1 to {MAX_PREVIEW}, got {n!r}.")
+    recurrence = get_recurrence(recurrence_id, key=key, owner=owner)
+    return preview(recurrence, n)
+
+
+def preview(recurrence: Recurrence, n: int) -> list[dt.datetime]:
+    """``next_occurrences()`` of a recurrence already read (the admin's list column)."""
+    if recurrence.state != RecurrenceState.ACTIVE:
+        return []
+    schedule = rules.schedule_for(
+        recurrence.expression,
+        recurrence.every_seconds,
+        recurrence.timezone,
+        recurrence.dst_gap,
+        recurrence.anchor_at,
+    )
+    start = recurrence.current_at
+    if start is None:
+        start = dt.datetime.now(dt.UTC)
+    return rules.upcoming(schedule, start, n, ends_at=recurrence.ends_at)
+
+
+def on_recurrence_deleted(sender: Any, instance: Recurrence, **kwargs: Any) -> None:
+    """``pre_delete`` of a recurrence (its owner deleted, CASCADE): its pending occurrence is cancelled."""
+    store.cancel_pending_occurrences([instance.pk])

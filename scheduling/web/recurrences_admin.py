@@ -1,0 +1,176 @@
+"""The recurrences' admin: list (filters by kind, state, zone; owner and key search), next runs, bulk actions.
+
+Rows are read-only here: every change goes through ``scheduling.api`` (the bulk pause, resume and
+cancel calls, one statement each), so the admin means what the API means. Imported by
+``scheduling/web/admin.py``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import ngettext
+
+from scheduling import api
+from scheduling.core import exceptions
+from scheduling.models import Recurrence
+from scheduling.recurring import api as recurring_api
+
+NEXT_RUNS_SHOWN = 3  # occurrence instants shown per row of the list
+
+
+class ZoneFilter(admin.SimpleListFilter):
+    """The zones recurrences use (one query: the distinct zones)."""
+
+    title = "time zone"
+    parameter_name = "timezone"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        zones = Recurrence.objects.order_by("timezone").values_list("timezone", flat=True).distinct()[:200]
+        return [(zone, zone) for zone in zones]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Recurrence]) -> QuerySet[Recurrence]:
+        return queryset.filter(timezone=self.value()) if self.value() else queryset
+
+
+class RecurrenceKindFilter(admin.SimpleListFilter):
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        kinds = Recurrence.objects.order_by("kind").values_list("kind", flat=True).distinct()[:200]
+        return [(kind, kind) for kind in kinds]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Recurrence]) -> QuerySet[Recurrence]:
+        return queryset.filter(kind=self.value()) if self.value() else queryset
+
+
+@admin.register(Recurrence)
+class RecurrenceAdmin(admin.ModelAdmin):
+    list_display = ("id", "key", "kind", "owner", "rule", "timezone", "state_badge", "next_runs")
+    list_display_links = ("id", "key")
+    list_filter = ("state", RecurrenceKindFilter, ZoneFilter)
+    search_fields = ("key", "owner__username")
+    search_help_text = "(Part of) a key, or an owner's username."
+    list_select_related = ("owner",)
+    list_per_page = 100
+    show_full_result_count = False  # a million rows: one count per page view is enough
+    actions = ("pause_selected", "resume_selected", "cancel_selected")
+    ordering = ("id",)
+    fields = (
+        "key",
+        "kind",
+        "owner",
+        "state",
+        "expression",
+        "every_seconds",
+        "timezone",
+        "dst_gap",
+        "missed",
+        "starts_at",
+        "ends_at",
+        "payload",
+        "priority",
+        "max_attempts",
+        "current_at",
+        "current_job",
+        "next_runs",
+        "created_at",
+        "updated_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="rule")
+    def rule(self, recurrence: Recurrence) -> str:
+        if recurrence.expression:
+            return recurrence.expression
+        return f"every {recurrence.every_seconds:g} s"
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, recurrence: Recurrence) -> str:
+        return format_html(
+            '<span class="tk-state tk-state-{}" data-state="{}">{}</span>',
+            recurrence.state,
+            recurrence.state,
+            recurrence.state,
+        )
+
+    @admin.display(description="next runs")
+    def next_runs(self, recurrence: Recurrence) -> str:
+        try:
+            instants = recurring_api.preview(recurrence, NEXT_RUNS_SHOWN)
+        except exceptions.SchedulingError:
+            return "(rule cannot be computed)"
+        if not instants:
+            return "-"
+        return format_html_join(
+            "<br>",
+            '<time class="tk-next-run" datetime="{}">{}</time>',
+            ((i.isoformat(), _local(i, recurrence)) for i in instants),
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # recurrences are made by api.recur() (code, the JSON API, the CLI)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # they end by cancel; the occurrences' history stays
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)  # actions, not edits
+
+    # -- bulk actions: the API's bulk calls, with counts of the changed and the others
+
+    def _report(self, request: HttpRequest, result: recurring_api.BulkResult, verb: str, allowed: str) -> None:
+        n = len(result.changed)
+        if n:
+            self.message_user(
+                request,
+                ngettext("%(verb)s %(count)d recurrence.", "%(verb)s %(count)d recurrences.", n)
+                % {"verb": verb, "count": n},
+                messages.SUCCESS,
+            )
+        others = Counter[str](result.untouched.values())
+        if result.missing:
+            others["gone"] += len(result.missing)
+        if others:
+            m = sum(others.values())
+            states = ", ".join(f"{k} {state}" for state, k in sorted(others.items()))
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d recurrence was not touched: only %(allowed)s ones can (it was %(states)s).",
+                    "%(count)d recurrences were not touched: only %(allowed)s ones can (they were %(states)s).",
+                    m,
+                )
+                % {"count": m, "allowed": allowed, "states": states},
+                messages.WARNING,
+            )
+
+    @admin.action(description="Pause selected recurrences", permissions=["change"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[Recurrence]) -> None:
+        result = api.pause_recurrences(queryset.values_list("id", flat=True))
+        self._report(request, result, "Paused", "active")
+
+    @admin.action(description="Resume selected recurrences", permissions=["change"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[Recurrence]) -> None:
+        result = api.resume_recurrences(queryset.values_list("id", flat=True))
+        self._report(request, result, "Resumed", "paused")
+
+    @admin.action(description="Cancel selected recurrences", permissions=["change"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Recurrence]) -> None:
+        result = api.cancel_recurrences(queryset.values_list("id", flat=True))
+        self._report(request, result, "Cancelled", "active, paused or ended")
+
+
+def _local(instant: dt.datetime, recurrence: Recurrence) -> str:
+    """The instant on the recurrence's own wall clock, and in the site's zone."""
+    own = instant.astimezone(ZoneInfo(recurrence.timezone))
+    return f"{own:%Y-%m-%d %H:%M %Z} ({timezone.localtime(instant):%H:%M %Z})"

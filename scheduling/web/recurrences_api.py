@@ -1,0 +1,267 @@
+"""The recurrences JSON API: ``/api/recurrences/`` (list, create) and one recurrence's verbs.
+
+``GET/POST /api/recurrences/``, ``GET/PATCH /api/recurrences/<id>``, ``POST .../pause``,
+``.../resume``, ``.../cancel``, ``GET .../next?n=5``. Plain views over ``scheduling.api``, with the
+jobs API's rules (``scheduling/web/jobs_api.py``): authentication, CSRF for session writes, the
+same error bodies and status codes. Rows belong to their owner (another caller gets 404); seeing
+everyone's takes ``scheduling.view_recurrence``, changing them ``scheduling.change_recurrence``.
+A kind is recurrable here only if its ``api=registry.Access(...)`` lets the caller schedule it with
+that payload, exactly as ``POST /api/jobs/`` applies it, at creation and at every change of kind
+or payload (403 otherwise). Keys are per owner.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.core.paginator import EmptyPage, Paginator
+from django.db import transaction
+from django.http import HttpRequest, JsonResponse
+from django.urls import reverse
+
+from scheduling import api
+from scheduling.core import exceptions, registry, validation
+from scheduling.models import Recurrence, RecurrenceState
+from scheduling.web import jobs_api
+from scheduling.web.jobs_api import ApiError
+
+MAX_RECURRENCE_ID = 2**63 - 1
+RULE_FIELDS = frozenset(
+    {"payload", "cron", "every", "timezone", "starts_at", "ends_at", "dst_gap", "missed", "priority", "max_attempts"}
+)
+CREATE_FIELDS = RULE_FIELDS | {"kind", "key", "on_conflict"}
+CHANGE_FIELDS = RULE_FIELDS | {"kind"}
+LIST_PARAMETERS = frozenset({"state", "kind", "key", "timezone", "page", "page_size"})
+
+
+def recurrence_json(recurrence: Recurrence, *, upcoming: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": recurrence.id,
+        "url": reverse("recurrences-api:detail", args=[recurrence.id]),
+        "kind": recurrence.kind,
+        "key": recurrence.key,
+        "state": recurrence.state,
+        "cron": recurrence.expression or None,
+        "every": recurrence.every_seconds,
+        "timezone": recurrence.timezone,
+        "dst_gap": recurrence.dst_gap,
+        "missed": recurrence.missed,
+        "starts_at": recurrence.starts_at,
+        "ends_at": recurrence.ends_at,
+        "payload": recurrence.payload,
+        "priority": recurrence.priority,
+        "max_attempts": recurrence.max_attempts,
+        "occurrence_at": recurrence.current_at,
+        "occurrence_job": recurrence.current_job_id,
+        "owner": recurrence.owner_id,
+        "created_at": recurrence.created_at,
+        "updated_at": recurrence.updated_at,
+    }
+    if upcoming:
+        out["next_occurrences"] = api.next_occurrences(recurrence.id, n=upcoming)
+    return out
+
+
+def _visible(user: Any, recurrence_id: int, *, change: bool = False) -> Recurrence:
+    if recurrence_id > MAX_RECURRENCE_ID:
+        raise ApiError(404, "not_found", "No such recurrence.")
+    recurrence = Recurrence.objects.for_owner(user).filter(pk=recurrence_id).first()
+    if recurrence is None:
+        raise ApiError(404, "not_found", "No such recurrence.")
+    if change and recurrence.owner_id != user.pk and not user.has_perm("scheduling.change_recurrence"):
+        raise ApiError(403, "forbidden", "You may see this recurrence but not change it.")
+    return recurrence
+
+
+def _error(exc: exceptions.SchedulingError) -> ApiError:
+    if isinstance(exc, exceptions.RecurrenceNotFound):
+        return ApiError(404, "not_found", "No such recurrence.")
+    if isinstance(exc, exceptions.RecurrenceKeyConflict):
+        return ApiError(409, "key_conflict", str(exc), key=exc.key, recurrence_id=exc.recurrence_id)
+    if isinstance(exc, exceptions.RecurrenceStateConflict):
+        return ApiError(409, "state_conflict", str(exc), recurrence_id=exc.recurrence_id, state=exc.state)
+    if isinstance(exc, exceptions.InvalidCronExpression | exceptions.UnknownTimeZone | exceptions.InvalidPolicy):
+        return ApiError(400, "invalid_schedule", str(exc))
+    return jobs_api.from_scheduling_error(exc)
+
+
+def _datetime(data: dict[str, Any], name: str) -> dt.datetime | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > jobs_api.MAX_DATETIME_TEXT or validation.text_problem(value):
+        raise ApiError(400, "invalid_schedule", f"{name} must be an ISO-8601 date-time string with an offset.")
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise ApiError(400, "invalid_schedule", f"{name} {value!r} is not a valid ISO-8601 date-time.") from None
+    if parsed.utcoffset() is None:
+        raise ApiError(400, "invalid_schedule", f"{name} must have a UTC offset (a naive time is ambiguous).")
+    return parsed
+
+
+def _rule_arguments(data: dict[str, Any]) -> dict[str, Any]:
+    """The rule fields given in the body, parsed (each type checked; the API checks the values)."""
+    out: dict[str, Any] = {}
+    for name in ("cron", "timezone", "dst_gap", "missed"):
+        if name in data:
+            value = data[name]
+            if value is not None and (not isinstance(value, str) or validation.text_problem(value)):
+                raise ApiError(400, "invalid_schedule", f"{name} must be a string.")
+            out[name] = value
+    if "every" in data:
+        every = data["every"]
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int | float)):
+            raise ApiError(400, "invalid_schedule", "every must be a number of seconds.")
+        out["every"] = every
+    for name in ("starts_at", "ends_at"):
+        if name in data:
+            out[name] = _datetime(data, name)
+    for name in ("priority", "max_attempts"):
+        if name in data:
+            out[name] = data[name]
+    if "payload" in data:
+        out["payload"] = data["payload"]
+    return out
+
+
+@jobs_api._endpoint(("GET", "HEAD", "POST"))
+def collection(request: HttpRequest, user: Any) -> JsonResponse:
+    """GET: the caller's recurrences (filters state, kind, key, timezone; page, page_size). POST: recur."""
+    if request.method == "POST":
+        return _create(request, user)
+    params = request.GET
+    unknown = sorted(set(params) - LIST_PARAMETERS)
+    if unknown:
+        raise ApiError(400, "unknown_parameter", f"Unknown query parameter(s): {', '.join(unknown)}.")
+    rows = Recurrence.objects.for_owner(user)
+    if "state" in params:
+        states = params["state"].split(",")
+        bad = [s for s in states if s not in RecurrenceState.values]
+        if bad:
+            raise ApiError(400, "invalid_filter", f"Unknown state(s) {', '.join(bad)}.")
+        rows = rows.filter(state__in=states)
+    for name in ("kind", "key", "timezone"):
+        if name in params:
+            problem = validation.text_problem(params[name])
+            if problem:
+                raise ApiError(400, "invalid_filter", f"{name} {problem}.")
+            rows = rows.filter(**{name: params[name]})
+    page_number = jobs_api._positive_int(params.get("page", "1"), "page", 10**6)
+    page_size = jobs_api._positive_int(
+        params.get("page_size", str(jobs_api.DEFAULT_PAGE_SIZE)), "page_size", jobs_api.MAX_PAGE_SIZE
+    )
+    paginator = Paginator(rows.order_by("id"), page_size)
+    try:
+        page = paginator.page(page_number)
+    except EmptyPage:
+        raise ApiError(
+            404, "no_such_page", f"Page {page_number} is past the last page ({paginator.num_pages})."
+        ) from None
+    return jobs_api.ok(
+        {
+            "count": paginator.count,
+            "page": page.number,
+            "pages": paginator.num_pages,
+            "page_size": page_size,
+            "results": [recurrence_json(r) for r in page.object_list],
+        }
+    )
+
+
+def _check_access(kind_name: Any, user: Any, payload: Any) -> None:
+    if not isinstance(kind_name, str):
+        raise ApiError(400, "invalid_request", "kind is required: the name of a registered job kind.")
+    validation.check_text(kind_name, "kind")
+    kind = registry.get(kind_name)
+    validation.encode_payload(kind, payload)
+    validation.check_access(kind, user, payload)
+
+
+def _create(request: HttpRequest, user: Any) -> JsonResponse:
+    data = jobs_api.read_json(request)
+    jobs_api._check_fields(data, CREATE_FIELDS)
+    if not isinstance(data.get("key"), str):
+        raise ApiError(400, "invalid_request", "key is required: it names the recurrence (unique per owner).")
+    arguments = _rule_arguments(data)
+    payload = arguments.pop("payload", {})
+    try:
+        _check_access(data.get("kind"), user, payload)
+        existed = _exists(data["key"], user)
+        with transaction.atomic():
+            recurrence = api.recur(
+                data["kind"],
+                payload,
+                key=data["key"],
+                owner=user,
+                on_conflict=data.get("on_conflict", "replace"),
+                **arguments,
+            )
+    except exceptions.SchedulingError as exc:
+        raise _error(exc) from None
+    outcome = "kept" if existed and data.get("on_conflict") == "keep" else "replaced" if existed else "created"
+    shown = recurrence_json(recurrence, upcoming=5)
+    body = {"outcome": outcome, "recurrence": shown}
+    if not existed:
+        return jobs_api.ok(body, status=201, Location=shown["url"])
+    return jobs_api.ok(body)
+
+
+def _exists(key: str, user: Any) -> bool:
+    validation.check_key(key)
+    return Recurrence.objects.filter(owner_id=user.pk, key=key).exists()
+
+
+@jobs_api._endpoint(("GET", "HEAD", "PATCH"))
+def detail(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
+    """GET: one recurrence with its next occurrences. PATCH: change its rule, zone, payload or policies."""
+    if request.method != "PATCH":
+        return jobs_api.ok(recurrence_json(_visible(user, recurrence_id), upcoming=5))
+    data = jobs_api.read_json(request)
+    jobs_api._check_fields(data, CHANGE_FIELDS)
+    recurrence = _visible(user, recurrence_id, change=True)
+    arguments = _rule_arguments(data)
+    if "kind" in data:
+        arguments["kind"] = data["kind"]
+    try:
+        if "kind" in arguments or "payload" in arguments:
+            _check_access(arguments.get("kind", recurrence.kind), user, arguments.get("payload", recurrence.payload))
+        with transaction.atomic():
+            changed = api.change_recurrence(recurrence_id, **arguments)
+    except exceptions.SchedulingError as exc:
+        raise _error(exc) from None
+    return jobs_api.ok(recurrence_json(changed, upcoming=5))
+
+
+def _verb(call: Any) -> Any:
+    def view(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
+        data = jobs_api.read_json(request, optional=True)
+        jobs_api._check_fields(data, frozenset())
+        _visible(user, recurrence_id, change=True)
+        try:
+            with transaction.atomic():
+                call(recurrence_id)
+        except exceptions.SchedulingError as exc:
+            raise _error(exc) from None
+        return jobs_api.ok(recurrence_json(_visible(user, recurrence_id), upcoming=5))
+
+    view.__name__ = call.__name__
+    return jobs_api._endpoint(("POST",))(view)
+
+
+pause = _verb(api.pause_recurrence)
+resume = _verb(api.resume_recurrence)
+cancel = _verb(api.cancel_recurrence)
+
+
+@jobs_api._endpoint(("GET", "HEAD"))
+def upcoming(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
+    """The next ``n`` occurrence instants (``?n=``, 1-100, default 10)."""
+    n = jobs_api._positive_int(request.GET.get("n", "10"), "n", 100)
+    _visible(user, recurrence_id)
+    try:
+        instants = api.next_occurrences(recurrence_id, n=n)
+    except exceptions.SchedulingError as exc:
+        raise _error(exc) from None
+    return jobs_api.ok({"id": recurrence_id, "next_occurrences": instants})
