@@ -37,10 +37,12 @@ same code imports whichever is there) run as Timekeeper jobs:
   attempt. An id that is not a task's job raises ``TaskResultDoesNotExist``.
 
 Timekeeper's extras: per task with ``@backends.task(..., max_attempts=, timeout=, backoff=,
-atomic=, api=)`` (Django's ``@task`` arguments plus these), per call with
-``send_welcome.options(key=, on_conflict=, max_attempts=, owner=).enqueue(...)``. ``api=``
-(a ``registry.Access``) is what makes a task schedulable through the JSON API; without it, it is
-not. Timeout, backoff and atomicity are the kind's contract, so they are per task only.
+atomic=, api=)`` (Django's ``@task`` arguments plus these: the kind's contract), per call with
+``send_welcome.options(key=, on_conflict=, max_attempts=, owner=, timeout=, backoff=,
+atomic=).enqueue(...)``: the call's ``timeout``, ``backoff`` and ``atomic`` are that job's own
+(``scheduling.api.schedule(timeout=, backoff=, atomic=)``, kept on its row), used by the worker
+in place of the kind's; the kind keeps the task's. ``api=`` (a ``registry.Access``) is per task
+only: it is what makes a task schedulable through the JSON API; without it, it is not.
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ PAYLOAD_SCHEMA: dict[str, Any] = {  # what a task's row holds; the JSON API chec
     "required": ["args", "kwargs"],
     "additionalProperties": False,
 }
-PER_CALL_OPTIONS = ("key", "on_conflict", "max_attempts", "owner")  # .options(...); the rest is the kind's
+PER_CALL_OPTIONS = ("key", "on_conflict", "max_attempts", "owner", "timeout", "backoff", "atomic")  # .options(...)
+JOB_OVERRIDES = ("timeout", "backoff", "atomic")  # per call, they are the job's own (the kind keeps the task's)
 
 
 class WorkerLost(exceptions.SchedulingError):
@@ -123,21 +126,31 @@ class TimekeeperTask(Task):
     on_conflict: str = "replace"  # per call: what a second enqueue with a live key does: replace, keep, error
     max_attempts: int | None = None  # per task or per call; None: SCHEDULING_DEFAULT_MAX_ATTEMPTS
     owner: Any = None  # per call: the user the job belongs to (keys are per owner; the API shows it to them)
-    timeout: float | None = None  # per task: seconds, the handler is stopped past it
-    backoff: registry.Backoff | None = None  # per task: between failed attempts
-    atomic: bool = True  # per task: the function's database writes commit with the job's outcome
+    timeout: float | None = None  # per task or per call: seconds, the handler is stopped past it
+    backoff: registry.Backoff | None = None  # per task or per call: between failed attempts
+    atomic: bool = True  # per task or per call: the function's database writes commit with the job's outcome
     api: registry.Access | None = None  # per task: who may enqueue it through the JSON API (None: nobody)
     per_call: bool = dataclasses.field(default=False, repr=False)  # made by options(): the kind is the declared task's
+    overridden: frozenset[str] = dataclasses.field(default=frozenset(), repr=False)  # JOB_OVERRIDES options() set
 
     def options(self, **changes: Any) -> TimekeeperTask:
-        """A copy for one call with ``key``, ``on_conflict``, ``max_attempts`` or ``owner`` changed."""
+        """A copy for one call with any of ``PER_CALL_OPTIONS`` changed (``api`` belongs to the task).
+
+        ``timeout``, ``backoff`` and ``atomic`` given here are the job's own (``scheduling.api.schedule``
+        checks them at enqueue: ``InvalidSchedule``); the task's kind keeps its declared ones.
+        """
         unknown = set(changes) - set(PER_CALL_OPTIONS)
         if unknown:
             raise InvalidTask(
                 f"{', '.join(sorted(unknown))}: not a per-call option (those are {', '.join(PER_CALL_OPTIONS)}); "
-                "timeout, backoff, atomic and api belong to the task: set them with @scheduling.backends.task(...)."
+                "api belongs to the task: set it with @scheduling.backends.task(...)."
             )
-        return dataclasses.replace(self, per_call=True, **changes)
+        overridden = self.overridden | {name for name in JOB_OVERRIDES if name in changes}
+        return dataclasses.replace(self, per_call=True, overridden=overridden, **changes)
+
+    def job_overrides(self) -> dict[str, Any]:
+        """The job's own timeout, backoff and atomic for ``scheduling.api.schedule`` (None: the kind's)."""
+        return {name: getattr(self, name) if name in self.overridden else None for name in JOB_OVERRIDES}
 
 
 def task(
@@ -163,7 +176,7 @@ def task(
                 f"TASKS[{backend!r}] is not scheduling.backends.TimekeeperBackend: no Timekeeper options."
             )
         fields = {f.name for f in dataclasses.fields(TimekeeperTask)} - {f.name for f in dataclasses.fields(Task)}
-        fields -= {"per_call", *PER_CALL_OPTIONS} - {"max_attempts"}
+        fields -= {"per_call", "overridden", *PER_CALL_OPTIONS} - {"max_attempts", *JOB_OVERRIDES}
         unknown = set(extras) - fields
         if unknown:
             raise InvalidTask(
@@ -385,6 +398,7 @@ class TimekeeperBackend(BaseTaskBackend):
             max_attempts=getattr(task, "max_attempts", None),
             owner=getattr(task, "owner", None),
             priority=job_priority(task.priority),
+            **(task.job_overrides() if isinstance(task, TimekeeperTask) else {}),
             **timing,
         )
         result = self._read(job.id, task)

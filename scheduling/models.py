@@ -147,6 +147,33 @@ class ScheduledJob(models.Model):
         blank=True,
         help_text="The recurrence's scheduled instant this job is for (its due time unless moved by run now).",
     )
+    # Per-call overrides of the kind's contract (scheduling.api.schedule(timeout=, backoff=, atomic=)):
+    # empty means the kind's; the runner, the claim's hard limit and the sweeper read these first.
+    timeout_seconds = models.FloatField(
+        "timeout (seconds)",
+        null=True,
+        blank=True,
+        help_text="This job's timeout, chosen when it was scheduled; empty: its kind's.",
+    )
+    backoff_base_seconds = models.FloatField(
+        "backoff base (seconds)",
+        null=True,
+        blank=True,
+        help_text="This job's backoff between failed attempts (first step), chosen when it was scheduled; "
+        "empty: its kind's.",
+    )
+    backoff_cap_seconds = models.FloatField(
+        "backoff cap (seconds)",
+        null=True,
+        blank=True,
+        help_text="This job's longest wait between failed attempts; empty: its kind's.",
+    )
+    atomic = models.BooleanField(
+        "atomic",
+        null=True,
+        blank=True,
+        help_text="Whether this job's writes commit with its outcome (yes) or as it goes (no); empty: its kind's.",
+    )
 
     objects = ScheduledJobQuerySet.as_manager()
 
@@ -223,6 +250,14 @@ class ScheduledJob(models.Model):
                 "occurrence_at",
                 name="scheduledjob_one_per_occurrence",
                 condition=models.Q(recurrence__isnull=False) & ~models.Q(state="cancelled"),
+            ),
+            models.CheckConstraint(
+                condition=(models.Q(timeout_seconds__isnull=True) | models.Q(timeout_seconds__gt=0))
+                & (
+                    models.Q(backoff_base_seconds__isnull=True, backoff_cap_seconds__isnull=True)
+                    | models.Q(backoff_base_seconds__gt=0, backoff_cap_seconds__gte=models.F("backoff_base_seconds"))
+                ),
+                name="scheduledjob_overrides_valid",
             ),
         ]
 

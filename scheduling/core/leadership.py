@@ -64,9 +64,7 @@ class Leadership:
                 self._checked = now
                 return True
             except psycopg2.Error:
-                logger.error(
-                    "lost the lead: its lock session died", extra={"role": self.role, "action": "leader_lost"}
-                )
+                logger.error("lost the lead: its lock session died", extra={"role": self.role, "action": "leader_lost"})
                 self._drop()
                 return False
         try:

@@ -109,6 +109,23 @@ class NewJob:
     key: str | None
     owner_id: int | None
     priority: int = 0
+    overrides: Overrides | None = None  # the call's timeout, backoff, atomic (None: the kind's)
+
+
+@dataclasses.dataclass(frozen=True)
+class Overrides:
+    """A job's own timeout, backoff and atomicity, set when it was scheduled; None fields are the kind's."""
+
+    timeout_seconds: float | None = None
+    backoff_base_seconds: float | None = None
+    backoff_cap_seconds: float | None = None
+    atomic: bool | None = None
+
+    def params(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+NO_OVERRIDES = Overrides()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +161,7 @@ def insert_job(job: NewJob, on_conflict: str) -> DueJob | None:
         "key": job.key,
         "owner_id": job.owner_id,
         "priority": job.priority,
+        **(job.overrides or NO_OVERRIDES).params(),
     }
     name = "insert_job" if job.key is None else "upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep"
     rows = _records(name, params)
@@ -180,6 +198,7 @@ def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
         "key": job.key,
         "owner_id": job.owner_id,
         "priority": job.priority,
+        **(job.overrides or NO_OVERRIDES).params(),
     }
     rows = _fetchall("upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep", params)
     if not rows:
@@ -210,6 +229,7 @@ def insert_jobs(
     max_attempts: int,
     owner_id: int | None,
     priority: int = 0,
+    overrides: Overrides | None = None,
 ) -> list[DueJob]:
     """Insert many jobs of one kind (payloads already JSON text), in the payloads' order."""
     params = {
@@ -221,6 +241,7 @@ def insert_jobs(
         "max_attempts": max_attempts,
         "owner_id": owner_id,
         "priority": priority,
+        **(overrides or NO_OVERRIDES).params(),
     }
     return [DueJob.from_row(row) for row in _records("insert_jobs", params)]
 
@@ -287,6 +308,7 @@ class Claim:
     priority: int = 0
     due_at: dt.datetime | None = None
     run_alone: bool = False  # its batch died with its process once: it is sent in a batch of its own
+    timeout_seconds: float | None = None  # its own timeout (schedule(timeout=...)); None: the kind's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +321,7 @@ class StartedJob:
     max_attempts: int
     due_at: dt.datetime
     db_now: dt.datetime
+    overrides: Overrides = NO_OVERRIDES  # the job's own timeout, backoff and atomicity (None fields: the kind's)
 
 
 def claim_params(
@@ -340,7 +363,16 @@ def claim_due_jobs(
             prefix = "SET LOCAL synchronous_commit = off;\n" if conf.get().async_commit else ""
             rows = _fetchall_sql(prefix + sql, params)  # see _fetchall_async_commit
     return [
-        Claim(id=row[0], token=row[1], kind=row[2], priority=row[3], due_at=row[4], run_alone=row[5]) for row in rows
+        Claim(
+            id=row[0],
+            token=row[1],
+            kind=row[2],
+            priority=row[3],
+            due_at=row[4],
+            run_alone=row[5],
+            timeout_seconds=row[6],
+        )
+        for row in rows
     ]
 
 
@@ -373,6 +405,7 @@ def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJo
             max_attempts=row[5],
             due_at=row[6],
             db_now=row[7],
+            overrides=Overrides(*row[8:12]) if any(v is not None for v in row[8:12]) else NO_OVERRIDES,
         )
         for row in rows
     ]

@@ -25,6 +25,8 @@ from scheduling.core import conf, exceptions, registry
 MAX_DELAY_SECONDS = 10 * 366 * 86_400  # ten years: anything further is a unit mistake
 MAX_KEY_LENGTH = 200
 MAX_ATTEMPTS_LIMIT = 1000
+MAX_TIMEOUT_SECONDS = 86_400.0  # a job's own timeout: one day at most (longer work belongs in smaller jobs)
+MAX_BACKOFF_SECONDS = 7 * 86_400.0  # a job's own backoff: its steps (base, cap) are a week at most
 EARLIEST_DUE_AT = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)  # a due time before this is a mistake, not a plan
 MAX_UTC_OFFSET = dt.timedelta(hours=15, minutes=59)  # PostgreSQL refuses larger offsets in timestamptz input
 
@@ -191,21 +193,76 @@ def check_max_attempts(kind: registry.Kind, max_attempts: int | None) -> int:
     return attempts
 
 
-def check_caller_limits(kind: registry.Kind, user: Any, *, max_attempts: int | None, priority: int | None) -> None:
+def _positive_seconds(value: Any, what: str, most: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise exceptions.InvalidSchedule(f"{what} must be a number of seconds above 0, got {value!r}.")
+    if value > most:
+        raise exceptions.InvalidSchedule(f"{what} of {value:g} s is over the limit of {most:g} s.")
+    return float(value)
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """A job's own timeout in seconds (None: its kind's): above 0, at most ``MAX_TIMEOUT_SECONDS``."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, dt.timedelta):
+        timeout = timeout.total_seconds()
+    return _positive_seconds(timeout, "timeout", MAX_TIMEOUT_SECONDS)
+
+
+def check_backoff(backoff: Any) -> registry.Backoff | None:
+    """A job's own ``registry.Backoff`` (None: its kind's): base and cap above 0, base <= cap, a week at most."""
+    if backoff is None:
+        return None
+    if not isinstance(backoff, registry.Backoff):
+        raise exceptions.InvalidSchedule(
+            f"backoff must be a scheduling.registry.Backoff(base_seconds, cap_seconds), got {type(backoff).__name__}."
+        )
+    base = _positive_seconds(backoff.base_seconds, "backoff base_seconds", MAX_BACKOFF_SECONDS)
+    cap = _positive_seconds(backoff.cap_seconds, "backoff cap_seconds", MAX_BACKOFF_SECONDS)
+    if base > cap:
+        raise exceptions.InvalidSchedule(f"backoff base_seconds ({base:g}) must not be over cap_seconds ({cap:g}).")
+    return registry.Backoff(base, cap)
+
+
+def check_atomic(atomic: Any) -> bool | None:
+    """A job's own atomicity (None: its kind's): True or False, nothing else."""
+    if atomic is None or isinstance(atomic, bool):
+        return atomic
+    raise exceptions.InvalidSchedule(f"atomic must be True, False or None (the kind's), got {atomic!r}.")
+
+
+def check_caller_limits(
+    kind: registry.Kind,
+    user: Any,
+    *,
+    max_attempts: int | None,
+    priority: int | None,
+    timeout_seconds: float | None = None,
+) -> None:
     """Raise ``OverCallerLimit`` when an outside caller asks more of ``kind`` than its ``Access`` allows them.
 
-    Attempts: at most the kind's caller bound, and never so many that attempts x the kind's timeout
-    passes ``SCHEDULING_API_MAX_JOB_SECONDS`` (as the settings stand now). Priority: at most the
-    kind's caller bound, or 9 with ``scheduling.prioritize_job``. Call it after the plain checks
-    (``check_max_attempts``, ``check_priority``): it judges whole numbers in range only.
+    Attempts: at most the kind's caller bound, and never so many that attempts x the timeout
+    passes ``SCHEDULING_API_MAX_JOB_SECONDS`` (as the settings stand now). The timeout is the job's
+    own (``timeout_seconds``, after ``check_timeout``) when the caller chose one, and never less
+    than the kind's: a caller's timeout may lower the job's worst case, never lift the bound (the
+    JSON API offers no timeout; a door that does must pass it here, with the attempts the job gets).
+    Priority: at most the kind's caller bound, or 9 with ``scheduling.prioritize_job``. Call it
+    after the plain checks (``check_max_attempts``, ``check_priority``): it judges whole numbers in
+    range only.
     """
+    timeout = kind.timeout_seconds
+    if timeout_seconds is not None and timeout_seconds > timeout:
+        timeout = timeout_seconds
+        if max_attempts is None:
+            max_attempts = kind.max_attempts  # a longer timeout is judged with the attempts the job gets
     if isinstance(max_attempts, int) and not isinstance(max_attempts, bool):
         bound = kind.caller_max_attempts
         limit = conf.get().api_max_job_seconds
-        if limit:
-            bound = min(bound, int(limit // kind.timeout_seconds))
+        if limit and timeout:
+            bound = min(bound, int(limit // timeout))
         if max_attempts > bound:
-            why = f"each attempt may hold a worker for {kind.timeout_seconds:g} s"
+            why = f"each attempt may hold a worker for {timeout:g} s"
             if limit:
                 why += f", and one job for {registry.MAX_JOB_SECONDS_SETTING} ({limit:g} s) at most"
             raise exceptions.OverCallerLimit(

@@ -41,6 +41,9 @@ def schedule(
     max_attempts: int | None = None,
     owner: Any = None,
     priority: int | None = None,
+    timeout: float | dt.timedelta | None = None,
+    backoff: registry.Backoff | None = None,
+    atomic: bool | None = None,
 ) -> ScheduledJob:
     """Schedule ``kind`` with ``payload`` at ``due_at`` (aware) or after ``delay`` (by the database clock).
 
@@ -55,6 +58,13 @@ def schedule(
     mode inserts the key's next job, which waits beside the running one (the chain recipe: a
     handler schedules its own key's next run). ``priority`` (0-9, default the kind's): among due
     jobs, a higher one is claimed first.
+
+    ``timeout`` (seconds above 0, at most a day), ``backoff`` (a ``registry.Backoff``, base <= cap)
+    and ``atomic`` are this job's own, in place of its kind's (None: the kind's): the worker stops
+    the handler past the job's timeout, waits its backoff between failed attempts (the sweeper's
+    retry after a lost worker too), and runs it atomic (its writes commit with its outcome) or
+    committing as it goes. Kept on the row; a ``replace`` sets them anew, a ``keep`` leaves the
+    waiting job's. Bad values raise ``InvalidSchedule`` before anything is stored.
     """
     return schedule_with_outcome(
         kind,
@@ -66,6 +76,9 @@ def schedule(
         max_attempts=max_attempts,
         owner=owner,
         priority=priority,
+        timeout=timeout,
+        backoff=backoff,
+        atomic=atomic,
     )[0]
 
 
@@ -80,6 +93,9 @@ def schedule_with_outcome(
     max_attempts: int | None = None,
     owner: Any = None,
     priority: int | None = None,
+    timeout: float | dt.timedelta | None = None,
+    backoff: registry.Backoff | None = None,
+    atomic: bool | None = None,
 ) -> tuple[ScheduledJob, str]:
     """``schedule()``, also saying what happened: "created", "replaced" or "kept"."""
     with tracing.span("timekeeper.schedule", kind=kind, mechanism="table") as span:
@@ -93,6 +109,7 @@ def schedule_with_outcome(
             )
         attempts = validation.check_max_attempts(job_kind, max_attempts)
         job_priority = validation.check_priority(job_kind, priority)
+        overrides = _overrides(timeout, backoff, atomic)
         owner_id = getattr(owner, "pk", owner)
 
         new = store.NewJob(
@@ -105,6 +122,7 @@ def schedule_with_outcome(
             key=key,
             owner_id=owner_id,
             priority=job_priority,
+            overrides=overrides,
         )
         asked_at = time.monotonic()
         outcome = "created"
@@ -139,6 +157,10 @@ def schedule_with_outcome(
             key=key,
             owner_id=owner_id,
             priority=job_priority,
+            timeout_seconds=overrides.timeout_seconds,
+            backoff_base_seconds=overrides.backoff_base_seconds,
+            backoff_cap_seconds=overrides.backoff_cap_seconds,
+            atomic=overrides.atomic,
         )
         job._state.adding = False
         span.set("job_id", job_id)
@@ -155,12 +177,16 @@ def schedule_many(
     max_attempts: int | None = None,
     owner: Any = None,
     priority: int | None = None,
+    timeout: float | dt.timedelta | None = None,
+    backoff: registry.Backoff | None = None,
+    atomic: bool | None = None,
 ) -> list[int]:
     """Schedule one job of ``kind`` per payload, all at ``due_at`` or after ``delay``; returns their ids.
 
     The same checks as ``schedule()`` (every payload is validated before anything is stored) and
     the same transaction rules, in one statement: for bulk loads, where a row-per-call insert
-    dominates. No keys: a keyed job needs ``schedule()``'s conflict handling.
+    dominates. No keys: a keyed job needs ``schedule()``'s conflict handling. ``timeout``,
+    ``backoff`` and ``atomic`` as in ``schedule()``, the same for every job of the call.
     """
     with tracing.span("timekeeper.schedule_many", kind=kind, mechanism="table", count=len(payloads)) as span:
         job_kind = registry.get(kind)
@@ -168,6 +194,7 @@ def schedule_many(
         resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
         attempts = validation.check_max_attempts(job_kind, max_attempts)
         job_priority = validation.check_priority(job_kind, priority)
+        overrides = _overrides(timeout, backoff, atomic)
         if not encoded:
             return []
         asked_at = time.monotonic()
@@ -180,11 +207,23 @@ def schedule_many(
             max_attempts=attempts,
             owner_id=getattr(owner, "pk", owner),
             priority=job_priority,
+            overrides=overrides,
         )
         claim.wake_on_commit(min(row.in_seconds for row in rows), asked_at)  # one wake-up: all rows share the due time
         logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
         span.set("job_ids", [row.id for row in rows])
         return [row.id for row in rows]
+
+
+def _overrides(timeout: Any, backoff: Any, atomic: Any) -> store.Overrides:
+    """The job's own timeout, backoff and atomicity, checked (``InvalidSchedule``); None fields: the kind's."""
+    own_backoff = validation.check_backoff(backoff)
+    return store.Overrides(
+        timeout_seconds=validation.check_timeout(timeout),
+        backoff_base_seconds=own_backoff.base_seconds if own_backoff else None,
+        backoff_cap_seconds=own_backoff.cap_seconds if own_backoff else None,
+        atomic=validation.check_atomic(atomic),
+    )
 
 
 def _from_now(delay: float) -> dt.datetime:

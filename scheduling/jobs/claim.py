@@ -87,12 +87,18 @@ def batches_for(claims: Sequence[store.Claim]) -> list[list[store.Claim]]:
 
 
 def hard_time_limit(batch: Sequence[store.Claim]) -> float:
-    """Celery's hard limit for a batch message: the sum of its jobs' timeouts plus a margin."""
+    """Celery's hard limit for a batch message: the sum of its jobs' timeouts plus a margin.
+
+    Each job counts with its own timeout when it was scheduled with one (``schedule(timeout=...)``),
+    else with its kind's: a job given a longer timeout than its kind's lengthens its batch's limit,
+    so Celery never kills a batch while one of its jobs is within its own timeout.
+    """
     try:
         per_job = registry.get(batch[0].kind).timeout_seconds
     except exceptions.UnknownJobKind:
         per_job = 1.0
-    return per_job * len(batch) + HARD_LIMIT_MARGIN_SECONDS
+    total = sum(per_job if c.timeout_seconds is None else c.timeout_seconds for c in batch)
+    return total + HARD_LIMIT_MARGIN_SECONDS
 
 
 def room() -> int:

@@ -4,6 +4,11 @@ The batch is started in one statement (only claims still held under their token 
 before are returned; the lease clock starts here), then the handlers run one after another under
 their timeouts (``executor.invoke``) while the heartbeat keeps the claims alive.
 
+A job may carry its own timeout, backoff and atomicity, chosen when it was scheduled
+(``schedule(timeout=, backoff=, atomic=)``, kept on its row and returned by ``start_jobs``); each
+is used in place of its kind's: a job scheduled ``atomic=False`` of an atomic kind runs in the
+committing path below, one scheduled ``atomic=True`` of a committing kind in the atomic path.
+
 Atomic kinds (the default, ``@registry.handler(atomic=True)``) run inside one transaction per
 chunk, with a savepoint per job. The chunk first locks its claims (so no sweeper can take them) and
 writes the outcomes in the same transaction: a job's effect and its ``done`` commit together, with
@@ -13,8 +18,8 @@ callbacks go, its siblings' stay, and every handler runs exactly once per attemp
 others do. A chunk closes after ``ATOMIC_CHUNK_SECONDS`` or ``ATOMIC_CHUNK_JOBS`` jobs (or at the
 batch's end), so its locks are short. Each job's ``transaction.on_commit`` callbacks run after
 that commit, each guarded: one raising stops no other, and its failure is logged with the job id
-and kept on the job's attempt. The chunk's transaction may wait on this process for its longest
-timeout plus ``STALL_MARGIN_SECONDS`` (``store.bound_transaction``): a stopped or hung process
+and kept on the job's attempt. The chunk's transaction may wait on this process for its jobs' longest
+(own or kind's) timeout plus ``STALL_MARGIN_SECONDS`` (``store.bound_transaction``): a stopped or hung process
 loses its locks, the sweeper takes the claims back after their lease, and what the late process
 then tries to write is refused by the claim token.
 
@@ -122,8 +127,8 @@ def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchRepo
                 kinds[job.kind] = registry.get(job.kind)
             except exceptions.UnknownJobKind:
                 kinds[job.kind] = None
-    atomic = [j for j in started if _is_atomic(kinds[j.kind])]
-    others = [j for j in started if not _is_atomic(kinds[j.kind])]
+    atomic = [j for j in started if _is_atomic(j, kinds[j.kind])]
+    others = [j for j in started if not _is_atomic(j, kinds[j.kind])]
     settled: set[int] = set()  # jobs whose outcome was committed (or that are no longer ours)
     with lease.holding([(j.id, j.token) for j in started]):
         try:
@@ -139,8 +144,25 @@ def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchRepo
     return report
 
 
-def _is_atomic(kind: registry.Kind | None) -> bool:
-    return kind is not None and kind.atomic
+def _is_atomic(job: store.StartedJob, kind: registry.Kind | None) -> bool:
+    """The job's own ``atomic`` (``schedule(atomic=...)``) if it has one, else its kind's; unknown kinds commit."""
+    if kind is None:
+        return False
+    return kind.atomic if job.overrides.atomic is None else job.overrides.atomic
+
+
+def _timeout(job: store.StartedJob, kind: registry.Kind) -> float:
+    """The job's own timeout (``schedule(timeout=...)``) if it has one, else its kind's (0: none)."""
+    own = job.overrides.timeout_seconds
+    return kind.timeout_seconds if own is None else own
+
+
+def _backoff(job: store.StartedJob, kind: registry.Kind) -> registry.Backoff:
+    """The job's own backoff (``schedule(backoff=...)``) if it has one, else its kind's."""
+    own = job.overrides
+    if own.backoff_base_seconds is None or own.backoff_cap_seconds is None:
+        return kind.backoff
+    return registry.Backoff(own.backoff_base_seconds, own.backoff_cap_seconds)
 
 
 def _job_for(job: store.StartedJob) -> registry.Job:
@@ -164,7 +186,7 @@ def _outcome(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock)
         return store.Outcome(
             job.id, job.token, started_at, clock.now(), AttemptOutcome.FAILED, error, UNKNOWN_KIND_RETRY_SECONDS
         )
-    result = executor.invoke(kind, _job_for(job), kind.timeout_seconds)
+    result = executor.invoke(kind, _job_for(job), _timeout(job, kind))
     if result.ok:
         return store.Outcome(job.id, job.token, started_at, clock.now(), AttemptOutcome.SUCCEEDED)
     return store.Outcome(
@@ -174,7 +196,7 @@ def _outcome(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock)
         clock.now(),
         result.outcome,
         result.error,
-        kind.backoff.delay(job.attempts),
+        _backoff(job, kind).delay(job.attempts),
         traceback=result.traceback,
     )
 
@@ -274,11 +296,12 @@ def _run_chunk(
 
 
 def _stall_limit_seconds(jobs: Sequence[store.StartedJob], kinds: Kinds) -> float | None:
-    """How long a chunk's transaction may wait on this process: its longest timeout plus the margin.
+    """How long a chunk's transaction may wait on this process: its jobs' longest timeout plus the margin.
 
-    None when a kind has no timeout of its own (0): its handler may run for ever, so may the chunk.
+    Each job's own timeout (``schedule(timeout=...)``) counts where it has one, else its kind's. None
+    when a job has no timeout (its kind's is 0): its handler may run for ever, so may the chunk.
     """
-    timeouts = [k.timeout_seconds for k in (kinds[j.kind] for j in jobs) if k is not None]
+    timeouts = [_timeout(j, k) for j, k in ((j, kinds[j.kind]) for j in jobs) if k is not None]
     if not timeouts or not all(timeouts):
         return None
     return max(timeouts) + STALL_MARGIN_SECONDS
@@ -320,7 +343,7 @@ def _commit_hooks() -> list[Any]:
 
 
 def _retry(job: store.StartedJob, kind: registry.Kind | None) -> float:
-    return kind.backoff.delay(job.attempts) if kind is not None else UNKNOWN_KIND_RETRY_SECONDS
+    return _backoff(job, kind).delay(job.attempts) if kind is not None else UNKNOWN_KIND_RETRY_SECONDS
 
 
 def _guarded(func: Callable[[], Any], job: store.StartedJob) -> Callable[[], None]:

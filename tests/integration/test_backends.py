@@ -274,8 +274,8 @@ def test_per_call_keys_replace_keep_or_refuse():
     assert ScheduledJob.objects.filter(key="sum:1").count() == 1
     with pytest.raises(InvalidTask, match="on_conflict"):
         tasks.add.options(key="sum:2", on_conflict="merge")
-    with pytest.raises(InvalidTask, match="timeout"):
-        tasks.add.options(timeout=5)
+    with pytest.raises(InvalidTask, match="api"):
+        tasks.add.options(api=registry.Access())
 
 
 def test_per_task_options_make_the_kind_contract():

@@ -8,9 +8,9 @@
 -- is "due at once": now(), so that a claim in the same transaction (a TestCase) sees it due too.
 INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-     claimed_by, created_at, updated_at, priority)
+     claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
 VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
-        'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s)
+        'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s, %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s)
 RETURNING id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds;
 
 -- name: insert_jobs
@@ -19,11 +19,12 @@ RETURNING id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS 
 -- clock_timestamp() is read once (the scalar subquery), so every row gets the same due time.
 INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-     claimed_by, created_at, updated_at, priority)
+     claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
 SELECT %(kind)s, t.payload::jsonb,
        coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN (SELECT clock_timestamp()) + make_interval(secs => %(delay)s)
                                  ELSE now() END), 'pending',
-       %(lease_seconds)s, 0, %(max_attempts)s, '', NULL, %(owner_id)s, '', now(), now(), %(priority)s
+       %(lease_seconds)s, 0, %(max_attempts)s, '', NULL, %(owner_id)s, '', now(), now(), %(priority)s,
+       %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s
 FROM unnest(%(payloads)s::text[]) WITH ORDINALITY AS t(payload, n)
 ORDER BY t.n
 RETURNING id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds;
@@ -60,16 +61,19 @@ WITH retry AS (
     SET kind = %(kind)s, payload = %(payload)s::jsonb,
         due_at = coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
         max_attempts = greatest(%(max_attempts)s, j.attempts + 1), lease_seconds = %(lease_seconds)s,
-        priority = %(priority)s, updated_at = now()
+        priority = %(priority)s, timeout_seconds = %(timeout_seconds)s,
+        backoff_base_seconds = %(backoff_base_seconds)s, backoff_cap_seconds = %(backoff_cap_seconds)s,
+        atomic = %(atomic)s, updated_at = now()
     FROM retry
     WHERE j.id = retry.id AND j.state = 'pending'
     RETURNING j.id, j.due_at, false AS inserted
 ), upserted AS (
     INSERT INTO scheduling_scheduledjob
         (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-         claimed_by, created_at, updated_at, priority)
+         claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
     SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
-           'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s
+           'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s,
+           %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s
     WHERE NOT EXISTS (SELECT 1 FROM retry)
     ON CONFLICT ((coalesce(owner_id, 0)), key)
         WHERE key IS NOT NULL AND ((attempts = 0 AND state = 'pending')
@@ -78,7 +82,9 @@ WITH retry AS (
         SET kind = EXCLUDED.kind, payload = EXCLUDED.payload, due_at = EXCLUDED.due_at,
             state = 'pending', token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
             attempts = 0, max_attempts = EXCLUDED.max_attempts, lease_seconds = EXCLUDED.lease_seconds,
-            priority = EXCLUDED.priority, updated_at = now()
+            priority = EXCLUDED.priority, timeout_seconds = EXCLUDED.timeout_seconds,
+            backoff_base_seconds = EXCLUDED.backoff_base_seconds, backoff_cap_seconds = EXCLUDED.backoff_cap_seconds,
+            atomic = EXCLUDED.atomic, updated_at = now()
     RETURNING id, due_at, (xmax = 0) AS inserted
 )
 SELECT id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds, inserted, 'pending' AS state
@@ -106,9 +112,10 @@ WITH retry AS (
 ), upserted AS (
     INSERT INTO scheduling_scheduledjob
         (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-         claimed_by, created_at, updated_at, priority)
+         claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
     SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
-           'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s
+           'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s,
+           %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s
     WHERE NOT EXISTS (SELECT 1 FROM retry)
     ON CONFLICT ((coalesce(owner_id, 0)), key)
         WHERE key IS NOT NULL AND ((attempts = 0 AND state = 'pending')
@@ -382,9 +389,9 @@ WITH controls AS (
     -- by primary key, row by row: a join would let a high estimate of the capped rows choose a
     -- hash join over the whole table (the ids are few: at most a claim's rows)
     WHERE j.id = ANY(ARRAY(SELECT id FROM allowed))
-    RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone
+    RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone, j.timeout_seconds
 )
-SELECT id, token, kind, priority, due_at, run_alone FROM claimed ORDER BY priority DESC, due_at, id;
+SELECT id, token, kind, priority, due_at, run_alone, timeout_seconds FROM claimed ORDER BY priority DESC, due_at, id;
 
 -- name: next_due_times
 -- Distinct due instants coming up soon, for early wake-ups (the row stays the truth).
@@ -405,9 +412,11 @@ WITH started AS (
     SET claimed_by = %(worker)s, heartbeat_at = now()
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) WITH ORDINALITY AS t(id, token, n)
     WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed' AND j.claimed_by = ''
-    RETURNING j.id, j.token::text AS token, j.kind, j.payload, j.attempts, j.max_attempts, j.due_at, t.n
+    RETURNING j.id, j.token::text AS token, j.kind, j.payload, j.attempts, j.max_attempts, j.due_at, t.n,
+              j.timeout_seconds, j.backoff_base_seconds, j.backoff_cap_seconds, j.atomic
 )
-SELECT id, token, kind, payload, attempts, max_attempts, due_at, clock_timestamp() AS db_now
+SELECT id, token, kind, payload, attempts, max_attempts, due_at, clock_timestamp() AS db_now,
+       timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic
 FROM started ORDER BY n;
 
 -- name: heartbeat_jobs
@@ -574,7 +583,8 @@ SELECT id, state FROM released;
 -- the next: the sweeper passes the batches it already found shared (%(shared_batches)s, "holder
 -- claimed_at"), so the rows left of such a batch are not taken for a batch of one.
 WITH stale AS (
-    SELECT id, token, kind, attempts, max_attempts, due_at, claimed_at, claimed_by, run_alone
+    SELECT id, token, kind, attempts, max_attempts, due_at, claimed_at, claimed_by, run_alone,
+           backoff_base_seconds, backoff_cap_seconds
     FROM scheduling_scheduledjob
     WHERE state = 'claimed'
       AND CASE WHEN claimed_by <> ''
@@ -604,8 +614,10 @@ WITH stale AS (
                                    || 'the job runs alone next'
                 ELSE 'claim expired: the worker stopped heartbeating' END AS error,
            -- the kind's backoff after this attempt, with equal jitter (registry.Backoff.delay)
-           least(coalesce(b.cap, %(default_backoff_cap)s),
-                 coalesce(b.base, %(default_backoff_base)s) * power(2::float8, least(60, greatest(stale.attempts, 1) - 1)))
+           -- (the job's own backoff first: schedule(backoff=...))
+           least(coalesce(stale.backoff_cap_seconds, b.cap, %(default_backoff_cap)s),
+                 coalesce(stale.backoff_base_seconds, b.base, %(default_backoff_base)s)
+                 * power(2::float8, least(60, greatest(stale.attempts, 1) - 1)))
                * (0.5 + random() / 2) AS delay
     FROM stale
     LEFT JOIN batches USING (claimed_by, claimed_at)
