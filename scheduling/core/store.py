@@ -525,6 +525,45 @@ def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[MovedJo
     return [MovedJob(row[0], JobState(row[1])) for row in _fetchall("release_jobs", params)]
 
 
+def release_lost_chunk(claims: Sequence[tuple[int, str, float]], reason: str) -> list[MovedJob]:
+    """Give back the claims (id, token, backoff seconds) of an atomic chunk lost with its transaction.
+
+    A chunk of more than one job is refunded and its jobs run alone next (``refunded`` True); a job
+    alone in its chunk, or already running alone, is charged the attempt. Due again after the backoff.
+    """
+    if not claims:
+        return []
+    params = {
+        "ids": [c[0] for c in claims],
+        "tokens": [c[1] for c in claims],
+        "delays": [c[2] for c in claims],
+        "shared": len(claims) > 1,
+        "reason": reason,
+    }
+    rows = _fetchall("release_lost_chunk", params)
+    return [MovedJob(row[0], JobState(row[1]), row[2], refunded=row[3]) for row in rows]
+
+
+def committed_jobs(claims: Sequence[tuple[int, str]]) -> dict[int, bool]:
+    """The claims whose outcome committed under their tokens (a COMMIT whose answer was lost): id -> succeeded."""
+    if not claims:
+        return {}
+    params = {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
+    return {row[0]: row[1] for row in _fetchall("committed_jobs", params)}
+
+
+def defer_constraints() -> None:
+    """Defer the current transaction's deferrable constraints again (after a failed check)."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries()["defer_constraints"])
+
+
+def check_deferred_constraints() -> None:
+    """Check the current transaction's deferred constraints now (IntegrityError if one fails), then defer again."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries()["check_deferred_constraints"])
+
+
 # --- Sweeping and status ---------------------------------------------------------------------------
 
 

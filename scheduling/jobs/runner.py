@@ -18,9 +18,14 @@ callbacks go, its siblings' stay, and every handler runs exactly once per attemp
 others do. A chunk closes after ``ATOMIC_CHUNK_SECONDS`` or ``ATOMIC_CHUNK_JOBS`` jobs (or at the
 batch's end), so its locks are short. Each job's ``transaction.on_commit`` callbacks run after
 that commit, each guarded: one raising stops no other, and its failure is logged with the job id
-and kept on the job's attempt. The chunk's transaction may wait on this process for its jobs' longest
-(own or kind's) timeout plus ``STALL_MARGIN_SECONDS`` (``store.bound_transaction``): a stopped or hung process
-loses its locks, the sweeper takes the claims back after their lease, and what the late process
+and kept on the job's attempt. A job's deferred constraints (Django's foreign keys) are checked
+inside its savepoint, so a bad reference fails that job, not the chunk's COMMIT. A chunk lost with
+its transaction (a stall past its idle limit, a deadlock, a database restart) costs a chunk of
+several jobs no attempt: they are refunded and run alone after their backoff (a chunk of one is
+charged); after a COMMIT whose answer was lost, the jobs found committed keep their outcomes and
+their callbacks run. The chunk's transaction may wait on this process for its jobs' longest
+(own or kind's) timeout plus ``STALL_MARGIN_SECONDS`` (``store.bound_transaction``): a stopped
+or hung process loses its locks, the sweeper takes the claims back after their lease, and what the late process
 then tries to write is refused by the claim token.
 
 What holds: a job's database effects commit exactly once; external effects sent from
@@ -43,7 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection, transaction
 
 from scheduling.core import exceptions, executor, leadership, registry, store, tracing
 from scheduling.jobs import lease
@@ -226,20 +231,39 @@ def _run_atomic(
     pending = list(jobs)
     while pending:
         chunk: list[store.StartedJob] = []
+        callbacks: list[tuple[int, Callable[[], None]]] = []
+        counted = (report.succeeded, report.failed)
         try:
-            pending = _run_chunk(pending, chunk, kinds, clock, report, settled)
-        except (OperationalError, InterfaceError):
-            # The database ended the chunk's transaction: a lost connection, or this process stalled
-            # past the chunk's idle limit and its locks were dropped. Nothing of the chunk committed.
+            pending = _run_chunk(pending, chunk, kinds, clock, report, settled, callbacks)
+        except DatabaseError as exc:
+            # The chunk's transaction ended without a known commit: a lost connection, this process
+            # stalled past the chunk's idle limit, a deadlock, or a constraint failing at COMMIT. The
+            # COMMIT's answer may have been lost after the server committed (an ambiguous commit):
+            # the jobs found done under their tokens did commit, and their callbacks run now.
+            ambiguous = isinstance(exc, (OperationalError, InterfaceError))
             logger.warning(
-                "atomic chunk lost with its transaction: its jobs' writes were rolled back",
+                "atomic chunk lost with its transaction: its writes were rolled back (unless its commit went through)",
                 extra={"job_ids": [j.id for j in chunk], "action": "chunk_lost"},
                 exc_info=True,
             )
             connection.close()
             lost = [(j.id, j.token) for j in chunk]
             lease.release(lost)
-            _recording(functools.partial(_give_back_lost, lost, report))
+            report.succeeded, report.failed = counted  # the chunk's outcomes did not commit (or are counted below)
+            committed = _recording(functools.partial(store.committed_jobs, lost)) if ambiguous else {}
+            if committed:
+                logger.warning(
+                    "atomic chunk committed although its COMMIT failed on the client: its outcomes stand",
+                    extra={"job_ids": sorted(committed), "action": "chunk_committed"},
+                )
+                report.succeeded += sum(committed.values())
+                report.failed += len(committed) - sum(committed.values())
+                report.chunks += 1
+                for job_id, callback in callbacks:
+                    if committed.get(job_id):
+                        callback()
+            rest = [j for j in chunk if j.id not in committed]
+            _recording(functools.partial(_give_back_lost, rest, kinds, report))
             settled.update(j.id for j in chunk)
             pending = pending[len(chunk) :]
 
@@ -251,8 +275,12 @@ def _run_chunk(
     clock: _DbClock,
     report: BatchReport,
     settled: set[int],
+    callbacks: list[tuple[int, Callable[[], None]]],
 ) -> list[store.StartedJob]:
     """Run the next chunk of ``pending`` in one transaction (filling ``chunk``); returns what is left.
+
+    ``callbacks`` receives the chunk's guarded on_commit callbacks (job id, callback) just before
+    the commit: should the COMMIT's answer be lost, the caller runs those of the jobs that committed.
 
     The chunk's transaction may sit idle (between statements, while a handler works) for at most the
     longest timeout of its kinds plus ``STALL_MARGIN_SECONDS``: past that PostgreSQL ends it and its
@@ -290,6 +318,7 @@ def _run_chunk(
         # leave the heartbeat now: once this commits, their claims are over, not lost.
         lease.release([(j.id, j.token) for j in chunk])
         _record(report, successes, failures)
+        callbacks[:] = [(func.job_id, func) for _, func, _ in _commit_hooks() if isinstance(func, _Guarded)]
     report.chunks += 1
     settled.update(j.id for j in chunk)
     return pending
@@ -318,7 +347,21 @@ def _run_isolated(job: store.StartedJob, kind: registry.Kind | None, clock: _DbC
     callbacks_before = len(_commit_hooks())
     savepoint = transaction.savepoint()
     outcome = _outcome(job, kind, clock)
-    if outcome.outcome == AttemptOutcome.SUCCEEDED and store.transaction_broken():
+    checked_failed = False
+    if outcome.outcome == AttemptOutcome.SUCCEEDED and not store.transaction_broken():
+        try:
+            # A deferred constraint (a foreign key to a row a sibling deleted) fails here, as this
+            # job's failure, not at the chunk's COMMIT, where it would take every sibling with it.
+            store.check_deferred_constraints()
+        except IntegrityError as exc:
+            checked_failed = True
+            outcome = dataclasses.replace(
+                outcome,
+                outcome=AttemptOutcome.FAILED,
+                error=executor.error_text(exc),
+                retry_delay_seconds=_retry(job, kind),
+            )
+    elif outcome.outcome == AttemptOutcome.SUCCEEDED:
         # The handler caught a database error and went on: its transaction cannot be used, so its
         # writes are lost. A failure (retried), never a success with half its writes missing.
         outcome = dataclasses.replace(
@@ -331,6 +374,8 @@ def _run_isolated(job: store.StartedJob, kind: registry.Kind | None, clock: _DbC
         transaction.set_rollback(False)  # Django refuses statements while it marks the block broken
         transaction.savepoint_rollback(savepoint)
         del _commit_hooks()[callbacks_before:]  # (the rollback replaced the list: it is read again)
+        if checked_failed:  # the savepoint's rollback may leave the constraints immediate
+            store.defer_constraints()
         return outcome
     hooks = _commit_hooks()
     hooks[callbacks_before:] = [(sids, _guarded(func, job), robust) for sids, func, robust in hooks[callbacks_before:]]
@@ -346,29 +391,42 @@ def _retry(job: store.StartedJob, kind: registry.Kind | None) -> float:
     return _backoff(job, kind).delay(job.attempts) if kind is not None else UNKNOWN_KIND_RETRY_SECONDS
 
 
-def _guarded(func: Callable[[], Any], job: store.StartedJob) -> Callable[[], None]:
-    """``func`` as an on_commit callback that cannot stop the others: a failure is logged and kept on the attempt."""
+class _Guarded:
+    """An on_commit callback that cannot stop the others: a failure is logged and kept on the attempt."""
 
-    def callback() -> None:
+    def __init__(self, func: Callable[[], Any], job: store.StartedJob) -> None:
+        self.func = func
+        self.job_id = job.id
+        self.token = job.token
+
+    def __call__(self) -> None:
         try:
-            func()
+            self.func()
         except Exception as exc:
             logger.exception(
                 "an on_commit callback failed after its job committed",
-                extra={"job_id": job.id, "action": "on_commit_failed"},
+                extra={"job_id": self.job_id, "action": "on_commit_failed"},
             )
             try:
-                store.record_callback_failure(job.id, job.token, "on_commit failed: " + executor.error_text(exc))
+                store.record_callback_failure(self.job_id, self.token, "on_commit failed: " + executor.error_text(exc))
             except DatabaseError:
-                logger.warning("could not record the on_commit failure", extra={"job_id": job.id}, exc_info=True)
-
-    return callback
+                logger.warning("could not record the on_commit failure", extra={"job_id": self.job_id}, exc_info=True)
 
 
-def _give_back_lost(claims: list[tuple[int, str]], report: BatchReport) -> None:
-    """After a lost chunk: give back the claims still ours (pending now); the others were taken back, refused."""
-    released = {job.id for job in store.release_jobs(claims, LOST_REASON)}
-    for job_id, _ in claims:
+def _guarded(func: Callable[[], Any], job: store.StartedJob) -> Callable[[], None]:
+    """``func`` as an on_commit callback that cannot stop the others (see ``_Guarded``)."""
+    return _Guarded(func, job)
+
+
+def _give_back_lost(jobs: list[store.StartedJob], kinds: Kinds, report: BatchReport) -> None:
+    """After a lost chunk: give back the claims still ours; the others were taken back, refused.
+
+    As for a batch that died together: a chunk of several jobs is refunded and its jobs run alone
+    next, after their backoff; a job alone in its chunk is charged (``store.release_lost_chunk``).
+    """
+    claims = [(j.id, j.token, _retry(j, kinds[j.kind])) for j in jobs]
+    released = {job.id for job in store.release_lost_chunk(claims, LOST_REASON)}
+    for job_id, _, _ in claims:
         if job_id not in released:
             logger.warning(
                 "outcome refused: the claim token no longer matches (the job was taken back)",

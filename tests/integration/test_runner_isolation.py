@@ -14,8 +14,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core import mail
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
 from django.test import override_settings
 
 from scheduling import api, registry
@@ -331,3 +332,104 @@ def test_a_batch_of_long_chunks_keeps_the_lease_of_its_jobs_still_to_run(run_sql
     _, report = _run(run_sql, "iso.long_chunk", [{}] * 5)
     assert (report.succeeded, report.chunks) == (5, 5)
     assert max(SEEN_HEARTBEATS) < 1.5, f"a job waited with a stale lease (2 s): {SEEN_HEARTBEATS}"
+
+
+KILLER: list = []  # an autocommit psycopg2 connection that ends the chunk's session (iso.lose)
+
+
+def _fk(job: registry.Job) -> None:
+    """Delete a user, or notify one (a foreign key Django checks only at COMMIT), or just write."""
+    _count(job)
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=0)
+    transaction.on_commit(lambda: _callback(job))
+    if "delete_user" in job.payload:
+        get_user_model().objects.filter(pk=job.payload["delete_user"]).delete()
+    if "notify" in job.payload:
+        Notification.objects.create(idempotency_key=job.idempotency_key, subject="hi", user_id=job.payload["notify"])
+
+
+def _lose(job: registry.Job) -> None:
+    """Write; the job marked ``lose`` has its chunk's session ended by the server (as by an idle limit)."""
+    _count(job)
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=0)
+    if job.payload.get("lose"):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        with KILLER[0].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+registry.handler("iso.fk", schema={"type": "object"}, timeout=10, max_attempts=3, batch_size=10)(_fk)
+registry.handler("iso.lose", schema={"type": "object"}, timeout=10, max_attempts=2, batch_size=10)(_lose)
+
+
+def test_a_deferred_foreign_key_failure_fails_its_job_not_its_chunk(run_sql):
+    """A job whose foreign key fails at COMMIT (a sibling deleted the user) fails alone; its siblings commit."""
+    user = get_user_model().objects.create_user("fk-victim")
+    ids, report = _run(run_sql, "iso.fk", [{"delete_user": user.pk}, {"notify": user.pk}, {}])
+    assert Counter(dict.fromkeys(_keys(ids), 1)) == CALLS, "each handler called once"
+    assert (report.succeeded, report.failed, report.chunks) == (2, 1, 1)
+    states = dict(ScheduledJob.objects.filter(pk__in=ids).values_list("pk", "state"))
+    assert states == {ids[0]: JobState.DONE, ids[1]: JobState.PENDING, ids[2]: JobState.DONE}
+    assert "IntegrityError" in ScheduledJob.objects.get(pk=ids[1]).last_error
+    assert sorted(Execution.objects.values_list("idempotency_key", flat=True)) == sorted(_keys([ids[0], ids[2]]))
+    assert not Notification.objects.exists()
+    assert sorted(CALLBACKS) == sorted(_keys([ids[0], ids[2]])), "the failed job's callback was dropped"
+    assert run_sql("SELECT count(*) FROM auth_user WHERE id = %s", [user.pk]) == [(0,)]
+
+
+def test_a_lost_chunk_of_several_jobs_is_refunded_and_runs_alone_after_backoff(run_sql, raw_connect):
+    """A chunk whose session the server ends costs its jobs no attempt: refunded, run_alone, due after backoff."""
+    KILLER[:] = [raw_connect(autocommit=True)]
+    ids, report = _run(run_sql, "iso.lose", [{}, {}, {"lose": True}])
+    assert Counter(dict.fromkeys(_keys(ids), 1)) == CALLS, "each handler called once"
+    assert (report.succeeded, report.chunks) == (0, 0)
+    assert not Execution.objects.exists(), "nothing of the lost chunk committed"
+    rows = run_sql(
+        "SELECT id, state, attempts, max_attempts, run_alone, due_at > clock_timestamp() + interval '1 s'"
+        " FROM scheduling_scheduledjob WHERE id = ANY(%s) ORDER BY id",
+        [ids],
+    )
+    assert rows == [(i, "pending", 1, 3, True, True) for i in ids], "refunded, alone next, after backoff"
+    attempts = JobAttempt.objects.filter(job_id__in=ids).values_list("outcome", "error")
+    assert list(attempts) == [(AttemptOutcome.RECLAIMED, runner.LOST_REASON)] * 3
+
+
+def test_a_lost_chunk_of_one_job_is_charged_with_backoff(run_sql, raw_connect):
+    """A job lost alone in its chunk is charged the attempt (dead when spent), and is due again only after backoff."""
+    KILLER[:] = [raw_connect(autocommit=True)]
+    ids, _ = _run(run_sql, "iso.lose", [{"lose": True}])
+    assert run_sql(
+        "SELECT state, attempts, max_attempts, due_at > clock_timestamp() + interval '1 s'"
+        " FROM scheduling_scheduledjob WHERE id = %s",
+        [ids[0]],
+    ) == [("pending", 1, 2, True)]
+    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [ids[0]])
+    claims = store.claim_due_jobs(10)
+    runner.run_batch([(c.id, c.token) for c in claims])
+    assert ScheduledJob.objects.get(pk=ids[0]).state == JobState.DEAD, "a poison job alone reaches dead"
+
+
+def test_an_ambiguous_commit_runs_the_callbacks_of_the_jobs_that_committed(run_sql, monkeypatch, caplog):
+    """A COMMIT that succeeds on the server while the client sees the drop: committed jobs' callbacks run once."""
+    real_commit = connection._commit
+    failed: list[bool] = []
+
+    def commit_then_drop() -> None:
+        chunk = bool(connection.run_on_commit)  # the chunk's commit: its jobs' callbacks are queued
+        real_commit()
+        if chunk and not failed:
+            failed.append(True)
+            raise OperationalError("server closed the connection unexpectedly (after COMMIT, injected)")
+
+    monkeypatch.setattr(connection, "_commit", commit_then_drop)
+    with caplog.at_level(logging.INFO, logger="scheduling.jobs.runner"):
+        ids, report = _run(run_sql, "iso.write", [{}, {"fail": True}, {}])
+    assert failed, "the injected fault fired"
+    assert Counter(dict.fromkeys(_keys(ids), 1)) == CALLS, "each handler called once"
+    assert sorted(CALLBACKS) == sorted(_keys([ids[0], ids[2]])), "each committed good job's callback ran once"
+    assert (report.succeeded, report.failed, report.stale) == (2, 1, 0)
+    states = dict(ScheduledJob.objects.filter(pk__in=ids).values_list("pk", "state"))
+    assert states == {ids[0]: JobState.DONE, ids[1]: JobState.PENDING, ids[2]: JobState.DONE}
+    assert not [r for r in caplog.records if getattr(r, "action", "") == "stale_completion"], "no false 'taken back'"

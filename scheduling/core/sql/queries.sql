@@ -560,6 +560,59 @@ WITH input AS (
 )
 SELECT id, state FROM released;
 
+-- name: release_lost_chunk
+-- An atomic chunk lost with its transaction (the idle limit ended a stalled handler, a deadlock, a
+-- PostgreSQL restart): nothing of it committed, and nothing says which job was to blame. As the
+-- sweeper does for a batch that died together: in a chunk of more than one job each is refunded
+-- (max_attempts + 1, the attempt recorded as reclaimed), flagged run_alone (so a culprit's next
+-- loss is its own) and due after its kind's backoff (%(delays)s, computed by the caller); a job
+-- already run_alone, or alone in its chunk, is charged the attempt (dead when spent), with backoff.
+WITH input AS (
+    SELECT t.id, t.token, t.delay, j.due_at, j.attempts, j.max_attempts, j.claimed_at, j.claimed_by,
+           %(shared)s AND NOT j.run_alone AS shared
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays)s::float8[]) AS t(id, token, delay)
+    JOIN scheduling_scheduledjob AS j ON j.id = t.id
+), released AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET state = CASE WHEN input.shared OR input.attempts < input.max_attempts THEN 'pending' ELSE 'dead' END,
+        finished_at = CASE WHEN NOT (input.shared OR input.attempts < input.max_attempts) THEN clock_timestamp() END,
+        max_attempts = j.max_attempts + CASE WHEN input.shared THEN 1 ELSE 0 END,
+        run_alone = true,
+        due_at = CASE WHEN input.shared OR input.attempts < input.max_attempts
+                      THEN clock_timestamp() + make_interval(secs => input.delay) ELSE j.due_at END,
+        token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
+        last_error = %(reason)s, updated_at = clock_timestamp()
+    FROM input
+    WHERE j.id = input.id AND j.token = input.token AND j.state = 'claimed'
+    RETURNING j.id, j.state, j.due_at, input.shared
+), logged AS (
+    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
+    SELECT input.id, input.attempts, input.token, input.claimed_by, input.due_at, input.claimed_at, clock_timestamp(),
+           'reclaimed', %(reason)s
+    FROM input JOIN released USING (id)
+)
+SELECT id, state, due_at, shared FROM released;
+
+-- name: committed_jobs
+-- After an ambiguous COMMIT (the connection dropped while committing): the jobs of the chunk that
+-- the server did commit: their outcome (succeeded or failed) is recorded under the chunk's claim
+-- tokens, which no other holder can write.
+SELECT a.job_id, a.outcome = 'succeeded' AS succeeded
+FROM scheduling_jobattempt AS a
+JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token) ON a.job_id = t.id AND a.token = t.token
+WHERE a.outcome <> 'reclaimed';
+
+-- name: check_deferred_constraints
+-- An atomic job's deferred constraints (Django creates foreign keys DEFERRABLE INITIALLY DEFERRED)
+-- are checked inside the job's savepoint, so a bad reference fails that job, not its chunk's
+-- COMMIT; then they are deferred again for the next job.
+SET CONSTRAINTS ALL IMMEDIATE;
+SET CONSTRAINTS ALL DEFERRED;
+
+-- name: defer_constraints
+-- After a job's failed constraint check and its savepoint's rollback: defer again for the next job.
+SET CONSTRAINTS ALL DEFERRED;
+
 -- name: sweep_expired_claims
 -- The sweeper: started claims whose holder stopped heartbeating for longer than the job's lease
 -- (or, with heartbeats off, claims older than sweep_after), and claims never started within a
