@@ -7,6 +7,8 @@ SchedulingError
  │    └── PayloadTooLarge           the encoded payload is over the size limit
  ├── InvalidSchedule                bad due_at / delay (naive, both, neither, negative, out of range)
  │    └── OverCallerLimit           an outside caller asks for more than the kind allows them
+ │         └── DueAtInPast          an outside caller's due_at is in the past (beyond the skew tolerance)
+ ├── OverCreationLimit              an owner creates too fast or holds too many pending jobs (429)
  ├── DelayTooLong                   a broker countdown would outlive the visibility timeout guard
  ├── BrokerNotConfigured            no Celery app / Redis broker to send to (scheduling.E004)
  ├── JobNotFound                    no job with that id or live key (or not the caller's)
@@ -75,6 +77,24 @@ class OverCallerLimit(InvalidSchedule):
     def __init__(self, message: str, *, field: str, limit: object) -> None:
         super().__init__(message)
         self.field = field
+        self.limit = limit
+
+
+class DueAtInPast(OverCallerLimit):
+    """Raised at a door when a caller's due time is further in the past than the clock-skew tolerance."""
+
+
+class OverCreationLimit(SchedulingError):
+    """Raised at a door when an owner creates faster than the rate or holds more pending jobs than the quota.
+
+    ``code`` is ``rate_limited`` or ``quota_exceeded``; ``retry_after`` the whole seconds to wait;
+    ``limit`` the quota (``None`` for the rate).
+    """
+
+    def __init__(self, message: str, *, code: str, retry_after: int, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retry_after = retry_after
         self.limit = limit
 
 

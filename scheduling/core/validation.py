@@ -290,3 +290,83 @@ def check_priority(kind: registry.Kind, priority: int | None) -> int:
             f"got {priority!r}."
         )
     return value
+
+
+# --- Outside callers: the past, the create rate and the pending quota (the API and the admin) -------
+
+MAX_QUOTA_RETRY_AFTER_SECONDS = 3600  # a quota's Retry-After: when the owner's next job is due, at most this
+
+
+def check_not_past(due_at: dt.datetime, now: dt.datetime | None = None) -> None:
+    """Raise ``DueAtInPast`` when an outside caller's ``due_at`` is older than now less the skew tolerance.
+
+    ``now`` is the database clock (read here when not given). A caller's job arrives due, never
+    overdue: an old due time would jump the queue (the claim takes the oldest first) and count as
+    backlog at once. A delay of 0 asks for "now".
+    """
+    from scheduling.core import store
+
+    tolerance = conf.get().api_past_due_tolerance_seconds
+    earliest = (store.database_now() if now is None else now) - dt.timedelta(seconds=tolerance)
+    if due_at < earliest:
+        raise exceptions.DueAtInPast(
+            f"due_at {due_at.isoformat()} is in the past: the earliest accepted now is {earliest.isoformat()} "
+            f"(the database clock less {tolerance:g} s for clock skew). Send a later time, or delay 0 for now.",
+            field="due_at",
+            limit=earliest.isoformat(),
+        )
+
+
+def take_create_allowance(user: Any) -> None:
+    """Raise ``OverCreationLimit`` (``rate_limited``) when ``user`` creates faster than the rate.
+
+    Superusers and system calls (no user) are exempt. Every create request counts, whatever its
+    answer: the bucket (``store.take_create_allowance``) is a row per owner in PostgreSQL, shared by
+    every web process and timed by the database clock.
+    """
+    from scheduling.core import store
+
+    settings = conf.get()
+    if settings.api_create_rate_per_second <= 0 or user is None or user.is_superuser:
+        return
+    allowance = store.take_create_allowance(user.pk, settings.api_create_rate_per_second, settings.api_create_burst)
+    if not allowance.allowed:
+        retry_after = max(1, math.ceil(allowance.retry_after_seconds))
+        raise exceptions.OverCreationLimit(
+            f"Too many jobs created: at most {settings.api_create_burst} at once and "
+            f"{settings.api_create_rate_per_second:g} a second after that (SCHEDULING_API_CREATE_BURST, "
+            f"SCHEDULING_API_CREATE_RATE_PER_SECOND). Retry in {retry_after} s.",
+            code="rate_limited",
+            retry_after=retry_after,
+        )
+
+
+def lock_creations(user: Any) -> None:
+    """Serialise ``user``'s creations until the transaction ends, when a quota applies to them."""
+    from scheduling.core import locks, store
+
+    if conf.get().api_max_pending_jobs > 0 and user is not None and not user.is_superuser:
+        store.lock_owner_creations(locks.lock_key("api-creations", str(user.pk)))
+
+
+def check_quota(user: Any, new_id: int) -> None:
+    """Raise ``OverCreationLimit`` (``quota_exceeded``) when ``user`` holds more pending jobs than the quota.
+
+    Call it inside the creating transaction, after ``lock_creations`` and the insert (the new job
+    counts): raising rolls the new job back.
+    """
+    from scheduling.core import store
+
+    quota = conf.get().api_max_pending_jobs
+    if quota <= 0 or user is None or user.is_superuser:
+        return
+    held = store.owner_pending_jobs(user.pk, quota, new_id)
+    if held.pending > quota:
+        retry_after = min(MAX_QUOTA_RETRY_AFTER_SECONDS, max(1, math.ceil(held.next_due_in_seconds)))
+        raise exceptions.OverCreationLimit(
+            f"You hold {quota} pending jobs, the most SCHEDULING_API_MAX_PENDING_JOBS allows: wait until some "
+            f"have run (your next is due in {math.ceil(held.next_due_in_seconds)} s) or cancel some.",
+            code="quota_exceeded",
+            retry_after=retry_after,
+            limit=quota,
+        )

@@ -39,7 +39,7 @@ from django_celery_beat import admin as beat_admin
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import api
-from scheduling.core import conf, exceptions, registry, store, tasknames
+from scheduling.core import conf, exceptions, registry, store, tasknames, validation
 from scheduling.models import (
     ApiToken,
     JobAttempt,
@@ -413,13 +413,19 @@ class ScheduledJobAdmin(CheckedSelectionMixin, admin.ModelAdmin):
             raise PermissionDenied
         form = admin_forms.NewJobForm(request.POST or None, user=request.user, admin_site=self.admin_site)
         if request.method == "POST" and form.is_valid():
+            # Non-superusers schedule as themselves, under the JSON API's create rate and pending quota.
+            owner = request.user if form.schedules_as_self else None
             try:
+                validation.take_create_allowance(owner)
                 with transaction.atomic():
+                    validation.lock_creations(owner)
                     job, outcome = api.schedule_with_outcome(
                         form.cleaned_data["kind"], form.cleaned_data["payload"], **form.schedule_arguments()
                     )
                     if outcome == "replaced" and not self.has_change_permission(request, job):
                         raise ReplaceNotAllowed(job.pk)  # rolls the replace back: the job is as it was
+                    if outcome == "created":
+                        validation.check_quota(owner, job.pk)  # raising here rolls the new job back
             except ReplaceNotAllowed as exc:
                 form.add_error("on_conflict", str(exc))
             except exceptions.SchedulingError as exc:

@@ -158,10 +158,16 @@ class NewJobForm(forms.Form):
             raise ValidationError("Give a due time or a delay.")
         if self.user is not None and not self.user.is_superuser and data.get("kind") and "payload" not in self.errors:
             # Superusers may schedule any kind here; everyone else what the kind's Access allows.
+            # The JSON API's caller limits too: the kind's attempts and priority bounds, no past due time.
             try:
                 kind = registry.get(data["kind"])
                 validation.encode_payload(kind, data["payload"])
                 validation.check_access(kind, self.user, data["payload"])
+                validation.check_caller_limits(
+                    kind, self.user, max_attempts=data.get("max_attempts"), priority=data.get("priority")
+                )
+                if data.get("due_at") is not None:
+                    validation.check_not_past(data["due_at"])
             except exceptions.SchedulingError as exc:
                 self.add_scheduling_error(exc)
         return data
@@ -190,6 +196,8 @@ class NewJobForm(forms.Form):
             field = "payload"
         elif isinstance(exc, exceptions.KeyConflict | exceptions.JobStateConflict):
             field = "key"
+        elif isinstance(exc, exceptions.OverCallerLimit) and exc.field in self.fields:
+            field = exc.field
         else:
             field = None
         self.add_error(field, str(exc))

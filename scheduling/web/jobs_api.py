@@ -33,7 +33,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import math
 from typing import Any
 
 from django.core.paginator import EmptyPage, Paginator
@@ -44,7 +43,7 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
 from scheduling import api
-from scheduling.core import conf, exceptions, executor, locks, registry, store, validation
+from scheduling.core import conf, exceptions, executor, registry, validation
 from scheduling.models import JobState, ScheduledJob
 from scheduling.web import auth
 
@@ -55,7 +54,6 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 MAX_JOB_ID = 2**63 - 1  # bigint: a larger id cannot exist (and would be a database error, not a 404)
 MAX_DATETIME_TEXT = 64  # characters: no ISO-8601 date-time is longer
-MAX_QUOTA_RETRY_AFTER_SECONDS = 3600  # a quota's Retry-After: when the owner's next job is due, at most this
 CREATE_FIELDS = frozenset({"kind", "payload", "due_at", "delay", "key", "on_conflict", "max_attempts", "priority"})
 RESCHEDULE_FIELDS = frozenset({"due_at", "delay"})
 
@@ -90,6 +88,10 @@ def from_scheduling_error(exc: exceptions.SchedulingError) -> ApiError:
         return ApiError(403, "kind_not_allowed", str(exc), kind=exc.kind)
     if isinstance(exc, exceptions.InvalidPayload):
         return ApiError(400, "invalid_payload", str(exc))
+    if isinstance(exc, exceptions.OverCreationLimit):
+        return _creation_error(exc)
+    if isinstance(exc, exceptions.DueAtInPast):
+        return ApiError(400, "due_at_in_past", str(exc), field="due_at")
     if isinstance(exc, exceptions.OverCallerLimit):
         return ApiError(400, "over_limit", str(exc), field=exc.field, limit=exc.limit)
     if isinstance(exc, exceptions.InvalidSchedule):
@@ -180,21 +182,11 @@ def _time_arguments(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _refuse_past(due_at: dt.datetime) -> None:
-    """400 for a due time further in the past than the clock-skew tolerance, by the database clock.
-
-    A caller's job arrives due, never overdue: an old due time would jump the queue (the claim
-    takes the oldest first) and count as backlog at once. ``delay: 0`` asks for "now".
-    """
-    tolerance = conf.get().api_past_due_tolerance_seconds
-    earliest = store.database_now() - dt.timedelta(seconds=tolerance)
-    if due_at < earliest:
-        raise ApiError(
-            400,
-            "due_at_in_past",
-            f"due_at {due_at.isoformat()} is in the past: the earliest accepted now is {earliest.isoformat()} "
-            f"(the database clock less {tolerance:g} s for clock skew). Send a later time, or delay 0 for now.",
-            field="due_at",
-        )
+    """400 ``due_at_in_past`` for a due time older than the clock-skew tolerance (``validation.check_not_past``)."""
+    try:
+        validation.check_not_past(due_at)
+    except exceptions.DueAtInPast as exc:
+        raise ApiError(400, "due_at_in_past", str(exc), field="due_at") from None
 
 
 # --- Output -----------------------------------------------------------------------------------------
@@ -390,52 +382,20 @@ def _usable_kind(user: Any, name: str) -> registry.Kind:
     return kind
 
 
+def _creation_error(exc: exceptions.OverCreationLimit) -> ApiError:
+    """429 with ``Retry-After`` for the create rate or the pending quota."""
+    extra: dict[str, Any] = {"retry_after": exc.retry_after}
+    if exc.limit is not None:
+        extra["limit"] = exc.limit
+    return ApiError(429, exc.code, str(exc), headers={"Retry-After": str(exc.retry_after)}, **extra)
+
+
 def _take_create_allowance(user: Any) -> None:
-    """429 with ``Retry-After`` when ``user`` is creating faster than the rate (superusers are exempt).
-
-    Every create request counts, whatever its answer: the bucket (``store.take_create_allowance``)
-    is a row per owner in PostgreSQL, shared by every web process and timed by the database clock.
-    """
-    settings = conf.get()
-    if settings.api_create_rate_per_second <= 0 or user.is_superuser:
-        return
-    allowance = store.take_create_allowance(user.pk, settings.api_create_rate_per_second, settings.api_create_burst)
-    if not allowance.allowed:
-        retry_after = max(1, math.ceil(allowance.retry_after_seconds))
-        raise ApiError(
-            429,
-            "rate_limited",
-            f"Too many jobs created: at most {settings.api_create_burst} at once and "
-            f"{settings.api_create_rate_per_second:g} a second after that (SCHEDULING_API_CREATE_BURST, "
-            f"SCHEDULING_API_CREATE_RATE_PER_SECOND). Retry in {retry_after} s.",
-            headers={"Retry-After": str(retry_after)},
-            retry_after=retry_after,
-        )
-
-
-def _lock_creations(user: Any) -> None:
-    """Serialise ``user``'s creations until the transaction ends, when a quota applies to them."""
-    if conf.get().api_max_pending_jobs > 0 and not user.is_superuser:
-        store.lock_owner_creations(locks.lock_key("api-creations", str(user.pk)))
-
-
-def _check_quota(user: Any, new_id: int) -> None:
-    """429 with ``Retry-After`` when ``user`` holds more pending jobs than the quota (the new one included)."""
-    quota = conf.get().api_max_pending_jobs
-    if quota <= 0 or user.is_superuser:
-        return
-    held = store.owner_pending_jobs(user.pk, quota, new_id)
-    if held.pending > quota:
-        retry_after = min(MAX_QUOTA_RETRY_AFTER_SECONDS, max(1, math.ceil(held.next_due_in_seconds)))
-        raise ApiError(
-            429,
-            "quota_exceeded",
-            f"You hold {quota} pending jobs, the most SCHEDULING_API_MAX_PENDING_JOBS allows: wait until some "
-            f"have run (your next is due in {math.ceil(held.next_due_in_seconds)} s) or cancel some.",
-            headers={"Retry-After": str(retry_after)},
-            limit=quota,
-            retry_after=retry_after,
-        )
+    """429 with ``Retry-After`` when ``user`` is creating faster than the rate (superusers are exempt)."""
+    try:
+        validation.take_create_allowance(user)
+    except exceptions.OverCreationLimit as exc:
+        raise _creation_error(exc) from None
 
 
 def _create(request: HttpRequest, user: Any) -> JsonResponse:
@@ -465,7 +425,7 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
         validation.check_caller_limits(kind, user, max_attempts=data.get("max_attempts"), priority=priority)
         times = _time_arguments(data)
         with transaction.atomic():
-            _lock_creations(user)
+            validation.lock_creations(user)
             job, outcome = api.schedule_with_outcome(
                 data["kind"],
                 payload,
@@ -477,7 +437,7 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
                 **times,
             )
             if outcome == "created":
-                _check_quota(user, job.pk)  # raising here rolls the new job back
+                validation.check_quota(user, job.pk)  # raising here rolls the new job back
     except exceptions.SchedulingError as exc:
         raise from_scheduling_error(exc) from None
     stored = ScheduledJob.objects.get(pk=job.pk)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth.models import Permission
-from django.test import Client
+from django.test import Client, override_settings
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from scheduling import api
@@ -140,9 +140,7 @@ def test_add_only_staff_cannot_replace_another_owners_or_the_systems_job(django_
     systems = api.schedule("demo.noop", {"v": "system"}, delay=3600, key="nightly:1")
     before = {bobs.id: _row(bobs.id), systems.id: _row(systems.id)}
     for key in ("trial-ending:42", "nightly:1"):
-        response = _add_job(
-            clerk, key=key, on_conflict="replace", payload='{"v": "evil"}', delay_seconds="0", owner="", priority="9"
-        )
+        response = _add_job(clerk, key=key, on_conflict="replace", payload='{"v": "evil"}', delay_seconds="0", owner="")
         assert response.status_code == 302, response.content.decode()[:2000]
     assert {bobs.id: _row(bobs.id), systems.id: _row(systems.id)} == before
     mine = ScheduledJob.objects.exclude(pk__in=[bobs.id, systems.id])
@@ -159,7 +157,7 @@ def test_replace_that_meets_a_live_job_needs_change_scheduledjob(django_user_mod
     assert response.status_code == 302
     job = ScheduledJob.objects.get()
     before = _row(job.id)
-    response = _add_job(clerk, key="k", on_conflict="replace", payload='{"v": 2}', delay_seconds="0", priority="9")
+    response = _add_job(clerk, key="k", on_conflict="replace", payload='{"v": 2}', delay_seconds="0")
     assert response.status_code == 200
     assert "needs the permission to change scheduled jobs" in response.content.decode()
     assert _row(job.id) == before
@@ -178,6 +176,60 @@ def test_a_superuser_still_chooses_the_owner(client, root, bob):
     response = _add_job(client, owner=str(bob.pk), key="for-bob")
     assert response.status_code == 302
     assert list(ScheduledJob.objects.values_list("key", "owner_id")) == [("for-bob", bob.pk)]
+
+
+# --- the add form holds staff to the JSON API's caller limits, past-due rule, rate and quota -------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "words"),
+    [
+        ({"max_attempts": "1000"}, "max_attempts", "max_attempts 1000 is over the limit for demo.noop"),
+        ({"priority": "9"}, "priority", "needs the scheduling.prioritize_job permission"),
+        ({"due_at": "2001-01-01T00:00:00", "delay_seconds": ""}, "due_at", "is in the past"),
+    ],
+)
+def test_add_only_staff_are_held_to_the_callers_bounds(django_user_model, fields, field, words):
+    """add_scheduledjob: max_attempts 1000, priority 9 or a due time in 2001 is a form error; nothing stored."""
+    clerk = staff(django_user_model, "clerk", "add_scheduledjob", "view_scheduledjob")
+    response = _add_job(clerk, **fields)
+    assert response.status_code == 200, response.content.decode()[:2000]
+    errors = response.context["adminform"].form.errors
+    assert field in errors, errors
+    assert words in " ".join(errors[field]), errors
+    assert not ScheduledJob.objects.exists()
+
+
+def test_staff_with_prioritize_job_may_ask_priority_9_in_the_add_form(django_user_model):
+    """add_scheduledjob + prioritize_job: priority 9 is stored, as the JSON API allows such a caller."""
+    clerk = staff(django_user_model, "clerk", "add_scheduledjob", "view_scheduledjob", "prioritize_job")
+    response = _add_job(clerk, priority="9")
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert list(ScheduledJob.objects.values_list("priority", "owner_id")) == [(9, clerk.user.pk)]
+
+
+@override_settings(SCHEDULING_API_CREATE_BURST=2, SCHEDULING_API_CREATE_RATE_PER_SECOND=0.001)
+def test_the_add_form_spends_the_same_create_rate_as_the_api(django_user_model, root):
+    """Burst 2: two adds are stored, the third is refused naming the rate; a superuser is exempt."""
+    clerk = staff(django_user_model, "clerk", "add_scheduledjob", "view_scheduledjob")
+    assert [_add_job(clerk).status_code for _ in range(3)] == [302, 302, 200]
+    response = _add_job(clerk)
+    assert "Too many jobs created" in response.content.decode()
+    assert ScheduledJob.objects.filter(owner=clerk.user).count() == 2
+    admin = Client()
+    admin.force_login(root)
+    assert [_add_job(admin).status_code for _ in range(3)] == [302, 302, 302]
+
+
+@override_settings(SCHEDULING_API_CREATE_RATE_PER_SECOND=0, SCHEDULING_API_MAX_PENDING_JOBS=2)
+def test_the_add_form_keeps_the_pending_quota(django_user_model):
+    """Quota 2: the third pending job is refused and rolled back; a replace of one's own job still goes through."""
+    clerk = staff(django_user_model, "clerk", "add_scheduledjob", "view_scheduledjob", "change_scheduledjob")
+    assert [_add_job(clerk, key=f"k{n}").status_code for n in range(3)] == [302, 302, 200]
+    assert sorted(ScheduledJob.objects.values_list("key", flat=True)) == ["k0", "k1"]
+    response = _add_job(clerk, key="k0", on_conflict="replace", payload='{"v": 2}')
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert ScheduledJob.objects.get(key="k0").payload == {"v": 2}
 
 
 # --- 4. periodic tasks: run_fixed only, kinds the person may use ------------------------------------------------
