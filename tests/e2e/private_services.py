@@ -301,6 +301,7 @@ class Stack:
             "key": key,
             "owner_id": None,
             "priority": 0,
+            **store.NO_OVERRIDES.params(),
         }
         return int(self.sql(store.queries()["insert_job"], params)[0][0])
 

@@ -281,6 +281,7 @@ def _claim_with_lost_messages(stack: Stack, count: int, lease: int) -> list[list
     an_hour_ago = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)  # due before anything else: claimed first
     params = {"kind": "demo.record", "payload": "{}", "due_at": an_hour_ago, "delay": 0.0, "lease_seconds": lease,
               "max_attempts": 5, "key": None, "owner_id": None, "priority": 0}  # fmt: skip
+    params.update(store.NO_OVERRIDES.params())  # the kind's timeout, backoff and atomicity
     with conn, conn.cursor() as cur:
         inserted = set()
         for _ in range(count):

@@ -6,6 +6,7 @@ Handler calls are counted in this process (``CALLS``, the runner runs here), nev
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import threading
 import time
@@ -103,6 +104,21 @@ registry.handler("iso.swallow", schema={"type": "object"}, timeout=10, max_attem
 registry.handler("iso.hold", schema={"type": "object"}, timeout=30, lease_seconds=1, batch_size=10)(_hold)
 registry.handler("iso.slow", schema={"type": "object"}, timeout=10, batch_size=100, atomic=False)(_taken_back)
 registry.handler("iso.slow_atomic", schema={"type": "object"}, timeout=10, batch_size=100)(_taken_back)
+
+
+def _slow_fail(job: registry.Job) -> None:
+    time.sleep(1.2)  # longer than the whole backoff (0.5-1 s after attempt 1)
+    raise Planned("failing after running longer than its backoff, on purpose")
+
+
+registry.handler(
+    "iso.slow_fail",
+    schema={"type": "object"},
+    timeout=10,
+    max_attempts=3,
+    backoff=registry.Backoff(1, 1),
+    batch_size=10,
+)(_slow_fail)
 
 
 @pytest.fixture(autouse=True)
@@ -433,3 +449,13 @@ def test_an_ambiguous_commit_runs_the_callbacks_of_the_jobs_that_committed(run_s
     states = dict(ScheduledJob.objects.filter(pk__in=ids).values_list("pk", "state"))
     assert states == {ids[0]: JobState.DONE, ids[1]: JobState.PENDING, ids[2]: JobState.DONE}
     assert not [r for r in caplog.records if getattr(r, "action", "") == "stale_completion"], "no false 'taken back'"
+
+
+def test_a_retry_waits_its_backoff_from_the_failure_not_from_the_chunks_start(run_sql):
+    """An atomic job that ran longer than its backoff is not due again at once: the wait counts from its failure."""
+    (job_id,), report = _run(run_sql, "iso.slow_fail", [{}])
+    assert report.failed == 1
+    job = ScheduledJob.objects.get(pk=job_id)
+    attempt = JobAttempt.objects.get(job_id=job_id)
+    assert job.state == JobState.PENDING
+    assert job.due_at >= attempt.finished_at + dt.timedelta(seconds=0.5), (job.due_at, attempt.finished_at)

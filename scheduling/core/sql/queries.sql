@@ -434,7 +434,7 @@ WITH mine AS (
     FOR UPDATE SKIP LOCKED
 ), renewed AS (
     UPDATE scheduling_scheduledjob AS j
-    SET heartbeat_at = now()
+    SET heartbeat_at = clock_timestamp()  -- inside a chunk now() is the chunk's start: already old
     FROM free
     WHERE j.id = free.id
     RETURNING j.id
@@ -510,6 +510,9 @@ SELECT id FROM done;
 -- name: fail_jobs
 -- Failure or timeout for a batch: back to pending with the due time pushed by the caller's
 -- backoff, or dead when the attempts are spent. Conditional on the token like complete_jobs.
+-- The backoff counts from this statement (clock_timestamp()), not from the transaction's start:
+-- inside an atomic chunk now() is when the chunk began, and a job that ran longer than its
+-- backoff would be due again the moment the chunk commits.
 WITH input AS (
     SELECT t.*, j.due_at AS old_due_at, j.attempts, j.max_attempts, j.claimed_by
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(started)s::timestamptz[], %(finished)s::timestamptz[],
@@ -520,7 +523,7 @@ WITH input AS (
     UPDATE scheduling_scheduledjob AS j
     SET state = CASE WHEN input.attempts >= input.max_attempts THEN 'dead' ELSE 'pending' END,
         due_at = CASE WHEN input.attempts >= input.max_attempts THEN j.due_at
-                      ELSE now() + make_interval(secs => input.delay) END,
+                      ELSE clock_timestamp() + make_interval(secs => input.delay) END,
         finished_at = CASE WHEN input.attempts >= input.max_attempts THEN now() END,
         token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
         last_error = input.error, updated_at = now()
