@@ -16,7 +16,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import transaction
@@ -401,28 +401,24 @@ def change_recurrence(
 
 def pause_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
     """Pause an active recurrence: its pending occurrence is cancelled, none is planned until resumed."""
-    target = _find(recurrence_id, key, owner)
-    result = pause_recurrences([target])
-    if not result.changed:
-        _refuse(target, result, "be paused", allowed=(RecurrenceState.PAUSED,))
-    return target
+    return _one(pause_recurrences, _find(recurrence_id, key, owner), "be paused", RecurrenceState.PAUSED)
 
 
 def resume_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
     """Resume a paused recurrence: the next occurrence is planned now, with its missed policy."""
-    target = _find(recurrence_id, key, owner)
-    result = resume_recurrences([target])
-    if not result.changed:
-        _refuse(target, result, "resume", allowed=(RecurrenceState.ACTIVE,))
-    return target
+    return _one(resume_recurrences, _find(recurrence_id, key, owner), "resume", RecurrenceState.ACTIVE)
 
 
 def cancel_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
     """Cancel a recurrence: its pending occurrence is cancelled and no further one is planned."""
-    target = _find(recurrence_id, key, owner)
-    result = cancel_recurrences([target])
+    return _one(cancel_recurrences, _find(recurrence_id, key, owner), "be cancelled", RecurrenceState.CANCELLED)
+
+
+def _one(bulk: Callable[[list[int]], BulkResult], target: int, action: str, done_state: str) -> int:
+    """``bulk`` on one recurrence; a named error unless it changed or was already ``done_state`` (idempotent)."""
+    result = bulk([target])
     if not result.changed:
-        _refuse(target, result, "be cancelled", allowed=(RecurrenceState.CANCELLED,))
+        _refuse(target, result, action, allowed=(done_state,))
     return target
 
 

@@ -287,15 +287,26 @@ def _log_failure(operation: str, request: HttpRequest, job_id: int | None, exc: 
     )
 
 
+def visible_row(model: Any, noun: str, user: Any, pk: int, *, change: bool = False) -> Any:
+    """The ``model`` row ``pk`` if ``user`` may see it (404 otherwise); with ``change``, 403 unless they may change it.
+
+    One rule for every owned row the API serves (jobs, recurrences): the model's ``for_owner``
+    queryset decides what a user sees; changing another owner's row needs the model's change
+    permission. Ids past bigint are a 404, not a database error.
+    """
+    if pk > MAX_JOB_ID:
+        raise ApiError(404, "not_found", f"No such {noun}.")
+    row = model.objects.for_owner(user).filter(pk=pk).first()
+    if row is None:
+        raise ApiError(404, "not_found", f"No such {noun}.")
+    if change and row.owner_id != user.pk and not user.has_perm(f"scheduling.change_{model._meta.model_name}"):
+        raise ApiError(403, "forbidden", f"You may see this {noun} but not change it.")
+    return row
+
+
 def _visible(user: Any, job_id: int, *, change: bool = False) -> ScheduledJob:
     """The job if ``user`` may see it (404 otherwise); with ``change``, 403 unless they may also change it."""
-    if job_id > MAX_JOB_ID:
-        raise ApiError(404, "not_found", "No such job.")
-    job = ScheduledJob.objects.for_owner(user).filter(pk=job_id).first()
-    if job is None:
-        raise ApiError(404, "not_found", "No such job.")
-    if change and job.owner_id != user.pk and not user.has_perm("scheduling.change_scheduledjob"):
-        raise ApiError(403, "forbidden", "You may see this job but not change it.")
+    job: ScheduledJob = visible_row(ScheduledJob, "job", user, job_id, change=change)
     return job
 
 

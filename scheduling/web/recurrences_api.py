@@ -26,7 +26,6 @@ from scheduling.models import Recurrence, RecurrenceState
 from scheduling.web import jobs_api
 from scheduling.web.jobs_api import ApiError
 
-MAX_RECURRENCE_ID = 2**63 - 1
 RULE_FIELDS = frozenset(
     {"payload", "cron", "every", "timezone", "starts_at", "ends_at", "dst_gap", "missed", "priority", "max_attempts"}
 )
@@ -64,13 +63,7 @@ def recurrence_json(recurrence: Recurrence, *, upcoming: int = 0) -> dict[str, A
 
 
 def _visible(user: Any, recurrence_id: int, *, change: bool = False) -> Recurrence:
-    if recurrence_id > MAX_RECURRENCE_ID:
-        raise ApiError(404, "not_found", "No such recurrence.")
-    recurrence = Recurrence.objects.for_owner(user).filter(pk=recurrence_id).first()
-    if recurrence is None:
-        raise ApiError(404, "not_found", "No such recurrence.")
-    if change and recurrence.owner_id != user.pk and not user.has_perm("scheduling.change_recurrence"):
-        raise ApiError(403, "forbidden", "You may see this recurrence but not change it.")
+    recurrence: Recurrence = jobs_api.visible_row(Recurrence, "recurrence", user, recurrence_id, change=change)
     return recurrence
 
 
