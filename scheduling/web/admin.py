@@ -1040,6 +1040,21 @@ class ApiTokenAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     search_fields = ("name", "user__username")
     actions = ("revoke_selected",)
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiToken]:
+        """A superuser sees every token; anyone else only their own (lists, pages, actions and forged ids alike)."""
+        tokens = super().get_queryset(request)
+        return tokens if self._may_issue_for_others(request) else tokens.filter(user=request.user.pk)
+
+    def has_view_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
+        return super().has_view_permission(request, obj) and self._owns(request, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
+        return super().has_change_permission(request, obj) and self._owns(request, obj)
+
+    def _owns(self, request: HttpRequest, obj: ApiToken | None) -> bool:
+        """No object, a superuser, or the token's own user: another user's token is theirs and a superuser's."""
+        return obj is None or self._may_issue_for_others(request) or obj.user_id == request.user.pk
+
     def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> tuple[str, ...]:
         """Adding: a superuser picks the token's user; anyone else gets a token for themselves (no user field)."""
         if obj is None:

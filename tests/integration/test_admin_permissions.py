@@ -110,6 +110,48 @@ def test_a_live_token_can_be_revoked_on_its_page(client, root):
     assert token.revoked
 
 
+# --- tokens: non-superusers see and change only their own -----------------------------------------------------
+
+
+TOKENS = "/admin/scheduling/apitoken/"
+
+
+def test_staff_with_change_apitoken_see_and_change_only_their_own_tokens(django_user_model, root, bob):
+    """change_apitoken alone: the list shows only one's own tokens; others' pages, renames, revokes do nothing."""
+    clerk = staff(django_user_model, "clerk", "change_apitoken")  # exactly the one permission
+    own, _ = auth.issue_token(clerk.user, "clerk-svc")
+    bobs, bobs_secret = auth.issue_token(bob, "bob-svc")
+    roots, _ = auth.issue_token(root, "root-svc")
+    listing = clerk.get(TOKENS)
+    assert listing.status_code == 200
+    assert [t.pk for t in listing.context["cl"].result_list] == [own.pk]
+    for other in (bobs, roots):
+        page = f"{TOKENS}{other.pk}/change/"
+        assert clerk.get(page).status_code == 302  # "does not exist", as for a missing id
+        clerk.post(page, {"name": "taken", "revoked": "on"})
+    clerk.post(TOKENS, {"action": "revoke_selected", ACTION_CHECKBOX_NAME: [bobs.pk, roots.pk], "index": "0"})
+    assert sorted(ApiToken.objects.exclude(pk=own.pk).values_list("name", "revoked")) == [
+        ("bob-svc", False),
+        ("root-svc", False),
+    ]
+    assert Client().get("/api/jobs/", HTTP_AUTHORIZATION=f"Bearer {bobs_secret}").status_code == 200
+    response = clerk.post(f"{TOKENS}{own.pk}/change/", {"name": "clerk-renamed", "revoked": "on"})
+    assert response.status_code == 302
+    own.refresh_from_db()
+    assert (own.name, own.revoked) == ("clerk-renamed", True)
+
+
+def test_a_superuser_sees_and_revokes_every_users_token(client, root, bob):
+    """A superuser's list holds every token, and the revoke action reaches another user's."""
+    client.force_login(root)
+    bobs, _ = auth.issue_token(bob, "bob-svc")
+    auth.issue_token(root, "root-svc")
+    assert len(client.get(TOKENS).context["cl"].result_list) == 2
+    client.post(TOKENS, {"action": "revoke_selected", ACTION_CHECKBOX_NAME: [bobs.pk], "index": "0"})
+    bobs.refresh_from_db()
+    assert bobs.revoked
+
+
 # --- 3. the add form: as oneself, and replace needs change_scheduledjob -----------------------------------------
 
 
