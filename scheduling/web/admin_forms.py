@@ -293,7 +293,7 @@ class SchedulePolicyForm(forms.ModelForm):
                 self.add_error("payload" if isinstance(exc, exceptions.InvalidPayload) else "kind", str(exc))
         if self.errors or self.periodic_task is None:
             return data
-        from scheduling.fixed import policies
+        from scheduling.fixed import bounds, policies
 
         model_fields = {f.name for f in SchedulePolicy._meta.get_fields()}
         candidate = SchedulePolicy(
@@ -319,6 +319,16 @@ class SchedulePolicyForm(forms.ModelForm):
                 )
             else:
                 policies.validate_policy(candidate, periodic_task=self.periodic_task)
+                timing = policies.timing_of(self.periodic_task, candidate)
+            if self.user is not None and not self.user.is_superuser:
+                # No owner, no quota: a person may not make a schedule that holds the workers (fixed.bounds).
+                bounds.check_caller_bounds(
+                    timing,
+                    kind=candidate.kind,
+                    active_deadline_seconds=candidate.active_deadline_seconds,
+                    backoff_limit=candidate.backoff_limit,
+                    timing_field="every_seconds" if data.get("every_seconds") else "expression",
+                )
         except exceptions.SchedulingError as exc:
             field = getattr(exc, "field", None)
             self.add_error(field if field in self.fields else None, str(exc))
