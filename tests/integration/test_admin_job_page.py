@@ -13,7 +13,7 @@ from scheduling import api, registry
 from scheduling.core import store
 from scheduling.jobs import runner
 from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulePolicy
-from scheduling.web import admin, admin_forms
+from scheduling.web.admin import common, job_forms
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -78,7 +78,7 @@ def test_a_dead_jobs_page_has_retry_and_no_save(admin_client, run_sql):
     assert "DemoFailure" in page
     job = ScheduledJob.objects.get(pk=job_id)
     for moment in (job.created_at, job.finished_at, job.due_at):  # to the second, not Django's minute
-        assert admin.seconds_text(moment) in page
+        assert common.seconds_text(moment) in page
     response = admin_client.post(f"{CHANGELIST}{job_id}/act/retry/", follow=True)
     assert [str(m) for m in response.context["messages"]] == [
         "1 dead job is pending again, due now, with a fresh attempts budget."
@@ -168,7 +168,7 @@ def test_the_add_form_shows_each_kinds_schema_an_example_and_takes_a_priority(ad
     assert 'data-kind="reminders.trial_ending"' in page
     assert "Example payload" in page
     assert 'class="vForeignKeyRawIdAdminField"' in page  # owner is a raw id, not a select of every user
-    example = admin_forms.example_payload(
+    example = job_forms.example_payload(
         {"type": "object", "properties": {"user_id": {"type": "integer", "minimum": 1}}, "required": ["user_id"]}
     )
     assert example == {"user_id": 1}
@@ -193,7 +193,7 @@ def test_every_kinds_example_payload_passes_its_schema():
 
     for kind in registry.all_kinds().values():
         if kind.schema is not None and kind.schema.get("type") == "object":
-            kind.validate(admin_forms.example_payload(kind.schema))
+            kind.validate(job_forms.example_payload(kind.schema))
 
 
 def test_reschedule_counts_selected_jobs_that_came_due(admin_client, run_sql):
