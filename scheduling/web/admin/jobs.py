@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
@@ -25,7 +26,6 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
-from django.utils.translation import ngettext
 
 from scheduling import api
 from scheduling.core import conf, exceptions, registry, validation
@@ -36,7 +36,7 @@ from scheduling.models import (
     SchedulePolicy,
 )
 from scheduling.templatetags.timekeeper_admin import relative
-from scheduling.web.admin import common, job_forms
+from scheduling.web.admin import bulk_actions, common, job_forms
 
 SELECTION_SHOWN = 20  # jobs listed on the reschedule page
 
@@ -133,7 +133,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     inlines = (JobAttemptInline,)
     change_form_template = "admin/scheduling/scheduledjob/change_form.html"
     form = job_forms.ChangeJobForm
-    actions = ("cancel_selected", "run_now_selected", "retry_dead_selected", "reschedule_selected")
+    actions = tuple(bulk_actions.list_action(entry) for entry in bulk_actions.BULK_ACTIONS)  # the one table
     fieldsets = (
         (None, {"fields": ("kind", "key", "state", "priority", "due_at", "due_relative", "owner")}),
         ("Payload", {"fields": ("payload_pretty",)}),
@@ -225,32 +225,41 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         context = dict(extra_context or {})
         if job is not None:
             editable = job.state == JobState.PENDING
-            context.update(
-                show_save=editable,
-                show_save_and_continue=editable,
-                show_save_and_add_another=False,
-                job_actions=self._job_actions(job) if self.has_change_permission(request, job) else [],
-            )
+            context |= {
+                "show_save": editable,
+                "show_save_and_continue": editable,
+                "show_save_and_add_another": False,
+                "job_actions": self._job_actions(request, job),
+            }
         return super().change_view(request, object_id, form_url, context)
 
-    @staticmethod
-    def _job_actions(job: ScheduledJob) -> list[dict[str, str]]:
-        """The buttons a job's page offers: (name, label, where it posts)."""
-        if job.state == JobState.DEAD:
-            names = ["retry"]
-        elif job.state == JobState.PENDING:
-            names = ["run_now", "reschedule", "cancel"]
-        else:
-            names = []
-        labels = {"retry": "Retry", "run_now": "Run now", "reschedule": "Reschedule…", "cancel": "Cancel job"}
+    def _job_actions(self, request: HttpRequest, job: ScheduledJob) -> list[dict[str, Any]]:
+        """The buttons a job's page offers (``bulk_actions.BULK_ACTIONS`` for its state and the person's permissions).
+
+        An action that asks for input posts the list's action for this one job (its page comes next);
+        the others post to ``act/<name>/``.
+        """
         out = []
-        for name in names:
-            if name == "reschedule":
+        for entry in bulk_actions.BULK_ACTIONS:
+            if job.state not in entry.states or not self._may(request, entry, job):
+                continue
+            if entry.form is not None:
                 url = reverse("admin:scheduling_scheduledjob_changelist")
             else:
-                url = reverse("admin:scheduling_scheduledjob_act", args=[job.pk, name])
-            out.append({"name": name, "label": labels[name], "url": url})
+                url = reverse("admin:scheduling_scheduledjob_act", args=[job.pk, entry.name])
+            out.append(
+                {
+                    "name": entry.name,
+                    "label": entry.label,
+                    "url": url,
+                    "asks": entry.form is not None,
+                    "action": entry.action,
+                }
+            )
         return out
+
+    def _may(self, request: HttpRequest, entry: bulk_actions.BulkAction, job: ScheduledJob | None = None) -> bool:
+        return bool(getattr(self, f"has_{entry.permission}_permission")(request, job))
 
     def get_urls(self) -> list[Any]:
         act = path(
@@ -275,20 +284,17 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         return response
 
     def act_view(self, request: HttpRequest, object_id: int, action: str) -> HttpResponse:
-        """POST from a job's page: retry, cancel or run it now through the same bulk calls as the list's actions."""
-        handlers = {
-            "retry": self.retry_dead_selected,
-            "cancel": self.cancel_selected,
-            "run_now": self.run_now_selected,
-        }
+        """POST from a job's page: one of ``bulk_actions.BULK_ACTIONS`` on this job, as the list's action runs it."""
+        entry = bulk_actions.BY_NAME.get(action)
         job = self.get_object(request, str(object_id))
-        if request.method != "POST" or action not in handlers:
-            return HttpResponseBadRequest("Post one of: retry, cancel, run_now.")
+        if request.method != "POST" or entry is None or entry.form is not None:
+            names = ", ".join(e.name for e in bulk_actions.BULK_ACTIONS if e.form is None)
+            return HttpResponseBadRequest(f"Post one of: {names}.")
         if job is None:
             return HttpResponseRedirect(reverse("admin:scheduling_scheduledjob_changelist"))
-        if not self.has_change_permission(request, job):
+        if not self._may(request, entry, job):
             raise PermissionDenied
-        handlers[action](request, ScheduledJob.objects.filter(pk=job.pk))
+        self.run_bulk_action(entry, request, [job.pk])
         return HttpResponseRedirect(reverse("admin:scheduling_scheduledjob_change", args=[job.pk]))
 
     def get_fieldsets(self, request: HttpRequest, obj: ScheduledJob | None = None) -> Any:
@@ -383,57 +389,56 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     def construct_change_message(self, request: HttpRequest, form: Any, formsets: Any, add: bool = False) -> Any:
         return [{"changed": {"fields": ["due at"]}}] if "due_at" in form.changed_data else []
 
-    # -- bulk actions: the jobs API's bulk calls (one UPDATE each), counts of changed and not touched
+    # -- bulk actions (bulk_actions.BULK_ACTIONS): the jobs API's bulk calls, counts of changed and not touched
 
-    @staticmethod
-    def _selection(queryset: QuerySet[ScheduledJob]) -> list[int]:
-        return list(queryset.values_list("id", flat=True))
-
-    def _report(self, request: HttpRequest, result: api.BulkResult, done: str, why_not: str) -> None:
-        """``done``/``why_not`` are ngettext pairs keyed by count; ``states`` names what kept the others out."""
+    def run_bulk_action(
+        self, entry: bulk_actions.BulkAction, request: HttpRequest, selection: list[int]
+    ) -> HttpResponse | None:
+        """Run ``entry``'s bulk call on ``selection`` (after its form, if it asks for input) and report it."""
+        values: dict[str, Any] = {}
+        if entry.form is not None:
+            form = entry.form(request.POST if "apply" in request.POST else None)
+            if not ("apply" in request.POST and form.is_valid()):
+                return self._ask(request, entry, form, selection)
+            values = dict(form.cleaned_data)
+        result = entry.call(selection, **values)
+        shown = {name: common.seconds_text(v) if isinstance(v, dt.datetime) else v for name, v in values.items()}
         if result.changed:
-            self.message_user(request, done % {"count": len(result.changed)}, messages.SUCCESS)
+            self.message_user(request, entry.done_message(len(result.changed), shown), messages.SUCCESS)
         others = Counter[str](result.untouched.values())
         if result.missing:
             others["gone"] += len(result.missing)
         if others:
             states = ", ".join(f"{n} {state}" for state, n in sorted(others.items()))
-            self.message_user(request, why_not % {"count": sum(others.values()), "states": states}, messages.WARNING)
+            self.message_user(request, entry.why_not_message(sum(others.values()), states), messages.WARNING)
+        if entry.due_now:
+            self._warn_held_back(request, result.changed)
+        return None
 
-    @admin.action(description="Cancel selected pending jobs", permissions=["change"])
-    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
-        result = api.cancel_many(self._selection(queryset))
-        n, m = len(result.changed), result.selected - len(result.changed)
-        self._report(
-            request,
-            result,
-            ngettext("Cancelled %(count)d job.", "Cancelled %(count)d jobs.", n),
-            ngettext(
-                "%(count)d job was not touched: only pending jobs can be cancelled (it was %(states)s).",
-                "%(count)d jobs were not touched: only pending jobs can be cancelled (they were %(states)s).",
-                m,
-            ),
-        )
-
-    @admin.action(description="Run selected pending jobs now", permissions=["change"])
-    def run_now_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
-        result = api.run_now_many(self._selection(queryset))
-        n, m = len(result.changed), result.selected - len(result.changed)
-        self._report(
-            request,
-            result,
-            ngettext(
-                "%(count)d job is due now; a worker takes it within a second.",
-                "%(count)d jobs are due now; workers take them within a second.",
-                n,
-            ),
-            ngettext(
-                "%(count)d job was not touched: only pending jobs can be run now (it was %(states)s).",
-                "%(count)d jobs were not touched: only pending jobs can be run now (they were %(states)s).",
-                m,
-            ),
-        )
-        self._warn_held_back(request, result.changed)
+    def _ask(
+        self, request: HttpRequest, entry: bulk_actions.BulkAction, form: forms.Form, selection: list[int]
+    ) -> HttpResponse:
+        """The page of an action that asks for input: its form and the selection, posted back with ``apply``."""
+        selected = ScheduledJob.objects.filter(pk__in=selection)
+        total = len(selection)
+        movable = selected.filter(state__in=entry.states)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": entry.description.rstrip("…"),
+            "opts": self.model._meta,
+            "form": form,
+            "media": self.media + form.media,
+            "jobs": list(selected.select_related("owner").order_by("due_at", "id")[:SELECTION_SHOWN]),
+            "total": total,
+            "more": max(total - SELECTION_SHOWN, 0),
+            "pending": movable.count(),
+            "came_due": movable.filter(due_at__lte=Now()).count(),
+            "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action": entry.action,
+        }
+        return TemplateResponse(request, f"admin/scheduling/scheduledjob/{entry.name}.html", context)
 
     def _warn_held_back(self, request: HttpRequest, job_ids: Sequence[int]) -> None:
         """Jobs made due whose kind is paused, or capped and full, wait: say so beside "within a second"."""
@@ -455,74 +460,15 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
                 text = f"Kind {kind} runs at most {control.max_running} at a time: {waits} for a free place."
             self.message_user(request, text, messages.WARNING)
 
-    @admin.action(description="Retry selected dead jobs", permissions=["change"])
-    def retry_dead_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> None:
-        result = api.retry_dead_many(self._selection(queryset))
-        n, m = len(result.changed), result.selected - len(result.changed)
-        self._report(
-            request,
-            result,
-            ngettext(
-                "%(count)d dead job is pending again, due now, with a fresh attempts budget.",
-                "%(count)d dead jobs are pending again, due now, with a fresh attempts budget.",
-                n,
-            ),
-            ngettext(
-                "%(count)d job was not touched: only dead jobs whose key is free can be retried (%(states)s).",
-                "%(count)d jobs were not touched: only dead jobs whose key is free can be retried (%(states)s).",
-                m,
-            ),
-        )
-
-    @admin.action(description="Reschedule selected pending jobs…", permissions=["change"])
-    def reschedule_selected(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> HttpResponse | None:
-        form = job_forms.RescheduleForm(request.POST if "apply" in request.POST else None)
-        selection = self._posted_selection(request, queryset)
-        if "apply" in request.POST and form.is_valid():
-            due_at = form.cleaned_data["due_at"]
-            result = api.reschedule_many(selection, due_at=due_at)
-            n, m = len(result.changed), result.selected - len(result.changed)
-            when = f"{timezone.localtime(due_at):%Y-%m-%d %H:%M:%S %Z}"
-            self._report(
-                request,
-                result,
-                ngettext(
-                    "Rescheduled %(count)d job to %(when)s.", "Rescheduled %(count)d jobs to %(when)s.", n
-                ).replace("%(when)s", when),
-                ngettext(
-                    "%(count)d job was not touched: only pending jobs can be rescheduled (it was %(states)s).",
-                    "%(count)d jobs were not touched: only pending jobs can be rescheduled (they were %(states)s).",
-                    m,
-                ),
-            )
-            return None
-        selected = ScheduledJob.objects.filter(pk__in=selection)
-        total = len(selection)
-        movable = selected.filter(state=JobState.PENDING)
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Reschedule jobs",
-            "opts": self.model._meta,
-            "form": form,
-            "media": self.media + form.media,
-            "jobs": list(selected.select_related("owner").order_by("due_at", "id")[:SELECTION_SHOWN]),
-            "total": total,
-            "more": max(total - SELECTION_SHOWN, 0),
-            "pending": movable.count(),
-            "came_due": movable.filter(due_at__lte=Now()).count(),
-            "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
-            "select_across": request.POST.get("select_across", "0"),
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "action": "reschedule_selected",
-        }
-        return TemplateResponse(request, "admin/scheduling/scheduledjob/reschedule.html", context)
-
     @staticmethod
-    def _posted_selection(request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> list[int]:
-        """The ids the person ticked (not narrowed by the list's filters, which may drop jobs that came due meanwhile).
+    def selection(entry: bulk_actions.BulkAction, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> list[int]:
+        """The ids an action runs on: the list's selected rows; for an action that asks for input, the ids the
+        person ticked (not narrowed by the list's filters, which may drop jobs that came due meanwhile).
 
         "Select all" means the list's rows, as Django's actions do.
         """
+        if entry.form is None:
+            return list(queryset.values_list("id", flat=True))
         if request.POST.get("select_across", "0") == "1":
             return list(queryset.values_list("id", flat=True))
         return sorted({int(value) for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)})
