@@ -6,7 +6,6 @@ as beat's ticks (``gate.run_now``). Also the runs' history and the schedulers' h
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.contrib import admin, messages
@@ -20,7 +19,8 @@ from django.utils.translation import ngettext
 from django_celery_beat import admin as beat_admin
 from django_celery_beat.models import PeriodicTask
 
-from scheduling.core import exceptions, store, tasknames
+from scheduling.core import exceptions, store
+from scheduling.fixed import edits
 from scheduling.models import (
     RunState,
     SchedulePolicy,
@@ -199,53 +199,57 @@ class PeriodicTaskAdmin(common.CheckedSelectionMixin, beat_admin.PeriodicTaskAdm
             link,
         )
 
-    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
-        """A periodic task with a policy runs through the gate: task ``scheduling.run_fixed`` naming itself."""
+    # -- saving goes through scheduling.fixed.edits (the two rows stay one schedule there)
 
-        super().save_related(request, form, formsets, change)
-        task = form.instance
-        policy_form = next(
-            (f for fs in formsets for f in fs.forms if isinstance(f, fixed_forms.SchedulePolicyForm) and f.instance.pk),
-            None,
-        )
-        if policy_form is not None:
-            from scheduling.fixed import declarations
+    def save_model(self, request: HttpRequest, obj: PeriodicTask, form: Any, change: bool) -> None:
+        edits.save_task(obj)
 
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        """The policy inline: Django builds the policy (``commit=False`` writes nothing); ``edits`` saves it."""
+        formset.save(commit=False)  # also keeps Django's change message (new_objects, changed_objects)
+        for policy_form in formset.forms:
+            policy = policy_form.instance
+            if not isinstance(policy_form, fixed_forms.SchedulePolicyForm):
+                continue
+            if policy.pk is None and not policy_form.has_changed():
+                continue  # the empty extra form: no policy
             data = policy_form.cleaned_data
-            zone = data.get("timezone") or "UTC"
-            declarations.apply_policy(task, policy_form.instance, zone, data.get("every_seconds"))
-        if self._policy_exists(task):
-            wanted = json.dumps({"schedule": task.name})
-            if task.task != tasknames.RUN_FIXED or task.kwargs != wanted:
-                task.task = tasknames.RUN_FIXED
-                task.kwargs = wanted
-                task.save(update_fields=["task", "kwargs"])
+            edits.save_policy(
+                form.instance,
+                policy,
+                changed=policy_form.has_changed(),
+                timezone=data.get("timezone") or "UTC",
+                every_seconds=data.get("every_seconds"),
+            )
 
-    # -- one pause switch: "Enabled"; a policy's suspend follows it (the list's actions too)
+    # -- one pause switch: "Enabled"; a policy's suspend follows it (edits.enable, disable, toggle)
 
     @admin.action(description="Enable selected tasks")
     def enable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
-        ids = list(queryset.values_list("pk", flat=True))
-        super().enable_tasks(request, queryset)
-        self._suspend_follows_enabled(ids)
+        switched = edits.enable(queryset.values_list("pk", flat=True))
+        self.message_user(
+            request,
+            ngettext("%(count)d task was successfully enabled", "%(count)d tasks were successfully enabled", switched)
+            % {"count": switched},
+        )
 
     @admin.action(description="Disable selected tasks")
     def disable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
-        ids = list(queryset.values_list("pk", flat=True))
-        super().disable_tasks(request, queryset)
-        self._suspend_follows_enabled(ids)
+        switched = edits.disable(queryset.values_list("pk", flat=True))
+        self.message_user(
+            request,
+            ngettext("%(count)d task was successfully disabled", "%(count)d tasks were successfully disabled", switched)
+            % {"count": switched},
+        )
 
     @admin.action(description="Toggle activity of selected tasks")
     def toggle_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
-        ids = list(queryset.values_list("pk", flat=True))
-        super().toggle_tasks(request, queryset)
-        self._suspend_follows_enabled(ids)
-
-    @staticmethod
-    def _suspend_follows_enabled(task_ids: list[int]) -> None:
-        policies = SchedulePolicy.objects.filter(periodic_task__in=task_ids)
-        policies.filter(periodic_task__enabled=True, suspend=True).update(suspend=False)
-        policies.filter(periodic_task__enabled=False, suspend=False).update(suspend=True)
+        switched = edits.toggle(queryset.values_list("pk", flat=True))
+        self.message_user(
+            request,
+            ngettext("%(count)d task was successfully toggled", "%(count)d tasks were successfully toggled", switched)
+            % {"count": switched},
+        )
 
     @staticmethod
     def _policy_exists(task: PeriodicTask) -> bool:

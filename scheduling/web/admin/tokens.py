@@ -63,10 +63,7 @@ class ApiTokenAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
         if change:
             # Name, and revoked only one way: an unticked box (or a forged POST) never un-revokes.
-            ApiToken.objects.filter(pk=obj.pk).update(name=obj.name)
-            if obj.revoked:
-                ApiToken.objects.filter(pk=obj.pk).update(revoked=True)
-            obj.revoked = ApiToken.objects.filter(pk=obj.pk).values_list("revoked", flat=True).first() or False
+            obj.revoked = auth.change_token(obj.pk, name=obj.name, revoke=obj.revoked)
             return
         user = obj.user if self._may_issue_for_others(request) else request.user
         token, raw = auth.issue_token(user, obj.name)
@@ -91,7 +88,7 @@ class ApiTokenAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
 
     @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
-        revoked = queryset.filter(revoked=False).update(revoked=True)
+        revoked = auth.revoke_tokens(queryset.values_list("pk", flat=True))  # the person's own tokens (get_queryset)
         self.message_user(
             request, ngettext("Revoked %(count)d token.", "Revoked %(count)d tokens.", revoked) % {"count": revoked}
         )
