@@ -270,6 +270,8 @@ SCHEDULING_API_CREATE_RATE_PER_SECOND = env.get_float("SCHEDULING_API_CREATE_RAT
 SCHEDULING_API_CREATE_BURST = env.get_int("SCHEDULING_API_CREATE_BURST", 50, minimum=1)
 SCHEDULING_API_MAX_PENDING_JOBS = env.get_int("SCHEDULING_API_MAX_PENDING_JOBS", 1000, minimum=0)
 SCHEDULING_API_MAX_JOB_SECONDS = env.get_int("SCHEDULING_API_MAX_JOB_SECONDS", 600, minimum=0)
+# Fixed-time schedules set up by staff who are not superusers: ticks at least this far apart (the admin).
+SCHEDULING_FIXED_MIN_INTERVAL_SECONDS = env.get_int("SCHEDULING_FIXED_MIN_INTERVAL_SECONDS", 60, minimum=1)
 # OpenTelemetry spans (scheduling.core.tracing): on when asked, or when an OTLP endpoint is configured.
 SCHEDULING_TRACING = env.get_bool("SCHEDULING_TRACING", bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")))
 

@@ -60,6 +60,7 @@ class Settings:
     fixed_recheck_seconds: float = 60.0  # beat re-reads a fixed-time schedule at least this often
     fixed_replace_wait_seconds: float = 10.0  # replace: how long a new run waits for the stopped one's lock
     fixed_clock_sync_seconds: float = 30.0  # beat re-measures its offset to the database clock this often
+    fixed_min_interval_seconds: float = 60.0  # non-superusers' schedules: ticks at least this far apart (admin)
     # --- recurrences ----------------------------------------------------------------------------------
     recurrence_plan_interval_seconds: float = 1.0  # the leader plans next occurrences at least this often
     recurrence_plan_batch_size: int = 5000  # recurrences: the most one planner statement advances

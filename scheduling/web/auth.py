@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
+from collections.abc import Iterable
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -33,6 +34,20 @@ def issue_token(user: Any, name: str) -> tuple[ApiToken, str]:
     raw = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
     token = ApiToken.objects.create(user=user, name=name, key_hash=hash_token(raw))
     return token, raw
+
+
+def change_token(token_id: int, *, name: str, revoke: bool = False) -> bool:
+    """Rename a token, and revoke it when ``revoke``; never un-revokes. Returns whether it is revoked now."""
+    tokens = ApiToken.objects.filter(pk=token_id)
+    tokens.update(name=name)
+    if revoke:
+        revoke_tokens([token_id])
+    return bool(tokens.values_list("revoked", flat=True).first())
+
+
+def revoke_tokens(token_ids: Iterable[int]) -> int:
+    """Revoke the live tokens among ``token_ids`` (one UPDATE); how many were live. Revoking is one way."""
+    return ApiToken.objects.filter(pk__in=list(token_ids), revoked=False).update(revoked=True)
 
 
 @dataclasses.dataclass(frozen=True)

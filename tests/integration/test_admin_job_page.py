@@ -13,7 +13,7 @@ from scheduling import api, registry
 from scheduling.core import store
 from scheduling.jobs import runner
 from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulePolicy
-from scheduling.web import admin, admin_forms
+from scheduling.web.admin import bulk_actions, common, job_forms
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -78,7 +78,7 @@ def test_a_dead_jobs_page_has_retry_and_no_save(admin_client, run_sql):
     assert "DemoFailure" in page
     job = ScheduledJob.objects.get(pk=job_id)
     for moment in (job.created_at, job.finished_at, job.due_at):  # to the second, not Django's minute
-        assert admin.seconds_text(moment) in page
+        assert common.seconds_text(moment) in page
     response = admin_client.post(f"{CHANGELIST}{job_id}/act/retry/", follow=True)
     assert [str(m) for m in response.context["messages"]] == [
         "1 dead job is pending again, due now, with a fresh attempts budget."
@@ -168,7 +168,7 @@ def test_the_add_form_shows_each_kinds_schema_an_example_and_takes_a_priority(ad
     assert 'data-kind="reminders.trial_ending"' in page
     assert "Example payload" in page
     assert 'class="vForeignKeyRawIdAdminField"' in page  # owner is a raw id, not a select of every user
-    example = admin_forms.example_payload(
+    example = job_forms.example_payload(
         {"type": "object", "properties": {"user_id": {"type": "integer", "minimum": 1}}, "required": ["user_id"]}
     )
     assert example == {"user_id": 1}
@@ -193,7 +193,7 @@ def test_every_kinds_example_payload_passes_its_schema():
 
     for kind in registry.all_kinds().values():
         if kind.schema is not None and kind.schema.get("type") == "object":
-            kind.validate(admin_forms.example_payload(kind.schema))
+            kind.validate(job_forms.example_payload(kind.schema))
 
 
 def test_reschedule_counts_selected_jobs_that_came_due(admin_client, run_sql):
@@ -208,3 +208,28 @@ def test_reschedule_counts_selected_jobs_that_came_due(admin_client, run_sql):
         {**data, "apply": "1", "due_at": "2031-05-06T07:08:09", "select_across": "0"},
     )
     assert ScheduledJob.objects.get(pk=job.id).due_at == dt.datetime(2031, 5, 6, 7, 8, 9, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize("entry", bulk_actions.BULK_ACTIONS, ids=lambda entry: entry.name)
+def test_every_bulk_action_is_a_list_action_and_a_page_button_that_changes_the_job(admin_client, run_sql, entry):
+    """Each BULK_ACTIONS entry: in the list's menu, a button on a job's page in its states only, and it works there."""
+    dead = JobState.DEAD in entry.states
+    job_id = _dead(run_sql) if dead else api.schedule("demo.noop", {}, delay=3600).id
+    other_id = api.schedule("demo.noop", {}, delay=3600).id if dead else _dead(run_sql)
+    menu = admin_client.get(CHANGELIST).context["action_form"].fields["action"].choices
+    assert entry.action in dict(menu)
+    assert f'value="{entry.name}"' in admin_client.get(_page(job_id)).content.decode()
+    assert f'value="{entry.name}"' not in admin_client.get(_page(other_id)).content.decode()
+    before = ScheduledJob.objects.get(pk=job_id)
+    later = (timezone.localtime() + dt.timedelta(hours=2)).replace(microsecond=0)
+    if entry.form is None:
+        response = admin_client.post(f"{CHANGELIST}{job_id}/act/{entry.name}/", follow=True)
+    else:  # the page's button posts the list's action for this job: its form first, then "apply"
+        data = {"action": entry.action, ACTION_CHECKBOX_NAME: [str(job_id)], "index": "0"}
+        assert admin_client.post(CHANGELIST, data).context["form"].__class__ is entry.form
+        applied = {**data, "apply": "1", "due_at": f"{later:%Y-%m-%dT%H:%M:%S}"}
+        response = admin_client.post(CHANGELIST, applied, follow=True)
+    messages = [str(m) for m in response.context["messages"]]
+    assert messages[0] == entry.done_message(1, {"due_at": common.seconds_text(later)})
+    after = ScheduledJob.objects.get(pk=job_id)
+    assert (after.state, after.due_at) != (before.state, before.due_at)

@@ -110,6 +110,48 @@ def test_a_live_token_can_be_revoked_on_its_page(client, root):
     assert token.revoked
 
 
+# --- tokens: non-superusers see and change only their own -----------------------------------------------------
+
+
+TOKENS = "/admin/scheduling/apitoken/"
+
+
+def test_staff_with_change_apitoken_see_and_change_only_their_own_tokens(django_user_model, root, bob):
+    """change_apitoken alone: the list shows only one's own tokens; others' pages, renames, revokes do nothing."""
+    clerk = staff(django_user_model, "clerk", "change_apitoken")  # exactly the one permission
+    own, _ = auth.issue_token(clerk.user, "clerk-svc")
+    bobs, bobs_secret = auth.issue_token(bob, "bob-svc")
+    roots, _ = auth.issue_token(root, "root-svc")
+    listing = clerk.get(TOKENS)
+    assert listing.status_code == 200
+    assert [t.pk for t in listing.context["cl"].result_list] == [own.pk]
+    for other in (bobs, roots):
+        page = f"{TOKENS}{other.pk}/change/"
+        assert clerk.get(page).status_code == 302  # "does not exist", as for a missing id
+        clerk.post(page, {"name": "taken", "revoked": "on"})
+    clerk.post(TOKENS, {"action": "revoke_selected", ACTION_CHECKBOX_NAME: [bobs.pk, roots.pk], "index": "0"})
+    assert sorted(ApiToken.objects.exclude(pk=own.pk).values_list("name", "revoked")) == [
+        ("bob-svc", False),
+        ("root-svc", False),
+    ]
+    assert Client().get("/api/jobs/", HTTP_AUTHORIZATION=f"Bearer {bobs_secret}").status_code == 200
+    response = clerk.post(f"{TOKENS}{own.pk}/change/", {"name": "clerk-renamed", "revoked": "on"})
+    assert response.status_code == 302
+    own.refresh_from_db()
+    assert (own.name, own.revoked) == ("clerk-renamed", True)
+
+
+def test_a_superuser_sees_and_revokes_every_users_token(client, root, bob):
+    """A superuser's list holds every token, and the revoke action reaches another user's."""
+    client.force_login(root)
+    bobs, _ = auth.issue_token(bob, "bob-svc")
+    auth.issue_token(root, "root-svc")
+    assert len(client.get(TOKENS).context["cl"].result_list) == 2
+    client.post(TOKENS, {"action": "revoke_selected", ACTION_CHECKBOX_NAME: [bobs.pk], "index": "0"})
+    bobs.refresh_from_db()
+    assert bobs.revoked
+
+
 # --- 3. the add form: as oneself, and replace needs change_scheduledjob -----------------------------------------
 
 
@@ -372,3 +414,73 @@ def test_a_policy_payload_is_judged_by_the_kinds_access_too(django_user_model, c
     response = clerk.post(TASK_ADD, _task_post("retry-own", crontab, **own))
     assert response.status_code == 302, response.content.decode()[:3000]
     assert PeriodicTask.objects.get(name="retry-own").policy.payload == {"reference": "pay-clerk"}
+
+
+# --- periodic-task staff cannot make a schedule that hogs the workers (SCHEDULING_FIXED_MIN_INTERVAL_SECONDS) ------
+
+
+def _every(seconds: str, **policy: str) -> dict[str, str]:
+    """Policy fields of an interval schedule with overlapping runs allowed, plus ``policy`` (without the prefix)."""
+    fields = {"expression": "", "every_seconds": seconds, "concurrency_policy": "allow", **policy}
+    return {f"policy-0-{name}": value for name, value in fields.items()}
+
+
+@pytest.mark.parametrize(
+    ("policy", "field_says"),
+    [
+        (_every("1", backoff_limit="1000"), "only a superuser may schedule runs closer than 60s"),
+        (_every("59", active_deadline_seconds="10"), "SCHEDULING_FIXED_MIN_INTERVAL_SECONDS"),
+        (_every("60"), "A run may take 60s (the run timeout, else the kind&#x27;s timeout)"),
+        (_every("600", active_deadline_seconds="600"), "must be shorter than the schedule"),
+        (_every("3600", active_deadline_seconds="59", backoff_limit="20"), "21 attempts x 59s = 1239s a tick"),
+        ({"policy-0-expression": "* * * * *", "policy-0-backoff_limit": "1"}, "A run may take 60s"),
+    ],
+)
+def test_periodic_task_staff_cannot_save_a_schedule_that_holds_the_workers(
+    django_user_model, crontab, policy, field_says
+):
+    """Interval under the minimum, timeout not under the interval, attempts x timeout over the bound: nothing saved."""
+    clerk = staff(django_user_model, "clerk", *BEAT_PERMISSIONS)
+    response = clerk.post(TASK_ADD, _task_post("hog", crontab, **policy))
+    assert response.status_code == 200
+    assert field_says in response.content.decode()
+    assert not PeriodicTask.objects.filter(name="hog").exists()
+    assert not SchedulePolicy.objects.exists()
+
+
+def test_periodic_task_staff_save_a_schedule_within_the_bounds(django_user_model, crontab):
+    """Every 60 s, a 50 s run timeout, 11 attempts (550 s, within 600 s): saved."""
+    clerk = staff(django_user_model, "clerk", *BEAT_PERMISSIONS)
+    policy = _every("60", active_deadline_seconds="50", backoff_limit="10")
+    response = clerk.post(TASK_ADD, _task_post("within", crontab, **policy))
+    assert response.status_code == 302, response.content.decode()[:3000]
+    stored = PeriodicTask.objects.get(name="within").policy
+    assert (stored.active_deadline_seconds, stored.backoff_limit) == (50, 10)
+
+
+@override_settings(SCHEDULING_FIXED_MIN_INTERVAL_SECONDS=3600)
+def test_the_change_page_holds_staff_to_the_same_bounds(django_user_model, crontab):
+    """A schedule saved within the bounds cannot be moved under them on its change page; the stored one is unchanged."""
+    clerk = staff(django_user_model, "clerk", *BEAT_PERMISSIONS)
+    response = clerk.post(TASK_ADD, _task_post("daily", crontab))
+    assert response.status_code == 302, response.content.decode()[:3000]
+    task = PeriodicTask.objects.get(name="daily")
+    change = {
+        **_task_post("daily", crontab, **_every("600", active_deadline_seconds="30")),
+        "policy-INITIAL_FORMS": "1",
+        "policy-0-id": str(task.policy.pk),
+        "policy-0-periodic_task": str(task.pk),
+    }
+    response = clerk.post(f"/admin/django_celery_beat/periodictask/{task.pk}/change/", change)
+    assert response.status_code == 200
+    assert "closer than 3600s" in response.content.decode()
+    task.refresh_from_db()
+    assert (task.policy.expression, task.interval_id, task.policy.concurrency_policy) == ("0 3 * * *", None, "forbid")
+
+
+def test_a_superuser_may_still_save_a_one_second_schedule(client, root, crontab):
+    """Superusers are not held to the staff bounds: every second, overlap allowed, 1000 retries."""
+    client.force_login(root)
+    response = client.post(TASK_ADD, _task_post("fast", crontab, **_every("1", backoff_limit="1000")))
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert PeriodicTask.objects.get(name="fast").policy.backoff_limit == 1000

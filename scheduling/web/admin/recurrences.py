@@ -2,7 +2,7 @@
 
 Rows are read-only here: every change goes through ``scheduling.api`` (the bulk pause, resume and
 cancel calls, one statement each), so the admin means what the API means. Imported by
-``scheduling/web/admin.py``.
+``scheduling/web/admin/__init__.py``.
 """
 
 from __future__ import annotations
