@@ -54,7 +54,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from scheduling import api
-from scheduling.core import conf, store
+from scheduling.core import conf, store, tasknames
 
 logger = logging.getLogger(__name__)
 
@@ -221,13 +221,20 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     ),
 }
 
+REFUSABLE_TASKS = (tasknames.RUN_DEFERRED, tasknames.RUN_FIXED)  # the tasks whose unsigned messages are refused
+
 
 def outcome_counters() -> Iterator[Metric]:
     """The ``*_total`` counters, from the table the outcome triggers keep (they survive pruning and restarts)."""
     families = {
         metric: CounterMetricFamily(name, doc, labels=list(labels)) for metric, (name, doc, labels) in COUNTERS.items()
     }
-    for row in store.outcome_counters():
+    rows = store.outcome_counters()
+    counted = {row.label for row in rows if row.metric == "refused_messages"}
+    for task in REFUSABLE_TASKS:  # from 0, so that the first refusal is an increase() too
+        if task not in counted:
+            families["refused_messages"].add_metric([task], 0)
+    for row in rows:
         family = families.get(row.metric)
         if family is None:
             continue
