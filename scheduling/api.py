@@ -17,7 +17,9 @@ due_at jobs, one pending at a time; ``change_recurrence()``, ``pause_recurrence(
 ``resume_recurrence()``, ``cancel_recurrence()``, ``next_occurrences()``, and the bulk
 ``recur_many()``, ``pause_recurrences()``, ``resume_recurrences()``, ``cancel_recurrences()``.
 
-``status()`` gathers the numbers operators watch from the table and the broker.
+``status()`` gathers the numbers operators watch from the table and the broker. ``retire_owner()``
+runs before a user is deleted (the user model's ``pre_delete``): their waiting work is cancelled and
+their jobs keep who owned them.
 """
 
 from __future__ import annotations
@@ -95,6 +97,52 @@ def defer(kind: str, payload: Any, delay: float | int | dt.timedelta, *, key: st
     return Deferral(mechanism="table", id=job.id, due_at=job.due_at)
 
 
+def retire_owner(owner: Any) -> BulkResult:
+    """Before ``owner`` (a user or its id) is deleted: cancel what waits for them, and mark their jobs as theirs.
+
+    Called by the ``pre_delete`` of the user model, inside the deletion's transaction, so it holds
+    for the admin, ``user.delete()`` and ``QuerySet.delete()``. In order: the user's row is locked
+    (a job or occurrence inserted for them meanwhile cannot commit before the deletion, and fails
+    after it); their recurrences are cancelled (``cancel_recurrences``: no further occurrence); their
+    pending jobs are cancelled (``cancel_many``: one statement, conditional on ``pending``); and every
+    job of theirs gets ``former_owner`` ("username (#id)"), since the deletion then empties the owner
+    and the history must not read as the system's. Claimed and running jobs are left to end with
+    the attempt they are on (their ``max_attempts`` becomes their ``attempts``: a failure is final,
+    never a retry as nobody's job), and a handler that asks ``job.owner_id`` then gets
+    ``OwnerDeleted``, so it fails instead of acting with the system's rights. Returns the cancel's result.
+    """
+    from django.contrib.auth import get_user_model
+    from django.db import transaction
+    from django.db.models import Case, F, When
+
+    from scheduling.models import JobState, Recurrence, RecurrenceState, ScheduledJob
+
+    owner_id = getattr(owner, "pk", owner)
+    with transaction.atomic():
+        users = get_user_model().objects.select_for_update().filter(pk=owner_id)
+        user = users.first()
+        label = f"{user.get_username()} (#{owner_id})" if user is not None else f"#{owner_id}"
+        live = [RecurrenceState.ACTIVE, RecurrenceState.PAUSED, RecurrenceState.ENDED]
+        cancel_recurrences(Recurrence.objects.filter(owner_id=owner_id, state__in=live).values_list("pk", flat=True))
+        waiting = ScheduledJob.objects.filter(owner_id=owner_id, state=JobState.PENDING).values_list("pk", flat=True)
+        result = cancel_many(waiting)
+        # One statement: every job of theirs says who owned it; a claimed one's current attempt is its last.
+        last_attempt = Case(When(state=JobState.CLAIMED, then=F("attempts")), default=F("max_attempts"))
+        marked = ScheduledJob.objects.filter(owner_id=owner_id).update(
+            former_owner=label[:200], max_attempts=last_attempt
+        )
+    logger.info(
+        "owner retired: their waiting work cancelled",
+        extra={"owner_id": owner_id, "cancelled": len(result.changed), "marked": marked, "action": "owner_retired"},
+    )
+    return result
+
+
+def on_owner_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """``pre_delete`` of the user model: ``retire_owner`` (their pending jobs never run as the system's)."""
+    retire_owner(instance)
+
+
 def status(*, include_broker: bool = True) -> dict[str, Any]:
     """The numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck.
 
@@ -132,6 +180,7 @@ __all__ = [
     "resume",
     "resume_recurrence",
     "resume_recurrences",
+    "retire_owner",
     "retry_dead_many",
     "run_now_many",
     "schedule",

@@ -24,15 +24,21 @@ class SchedulingConfig(AppConfig):
         super().import_models()
 
     def ready(self) -> None:
+        from django.contrib.auth import get_user_model
         from django.db.models.signals import post_save, pre_delete
         from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-        from scheduling import checks  # noqa: F401 - registers the checks on import
+        from scheduling import (
+            api,
+            checks,  # noqa: F401 - registers the checks on import
+        )
         from scheduling.fixed import policies
         from scheduling.models import Recurrence, SchedulePolicy
         from scheduling.recurring import api as recurring_api
         from scheduling.recurring import checks as recurring_checks  # noqa: F401 - registers E010, W009
 
+        # A deleted user's waiting jobs and recurrences are cancelled first; their jobs keep who owned them.
+        pre_delete.connect(api.on_owner_deleted, sender=get_user_model(), dispatch_uid="timekeeper-owner-deleted")
         # A recurrence deleted with its owner takes its pending occurrence with it (cancelled).
         pre_delete.connect(recurring_api.on_recurrence_deleted, sender=Recurrence, dispatch_uid="timekeeper-recurrence")
         # Safe edits of fixed-time schedules: a save that changes the timing moves the anchor.

@@ -120,6 +120,17 @@ class ScheduledJob(models.Model):
         related_name="scheduled_jobs",
         help_text="The user the job belongs to; others cannot see it through the API.",
     )
+    # Written when the owner is deleted (scheduling.api.retire_owner): owner is then empty, and this keeps the
+    # job from reading as the system's (a handler asking job.owner_id gets OwnerDeleted).
+    former_owner = models.CharField(
+        "former owner",
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The deleted user this job belonged to (username and id); empty while the owner exists "
+        "and for the system's jobs.",
+    )
     created_at = models.DateTimeField("created at", db_default=Now(), help_text="When the job was scheduled.")
     updated_at = models.DateTimeField("updated at", db_default=Now(), help_text="Last state change.")
     finished_at = models.DateTimeField(
@@ -610,15 +621,20 @@ class ApiRateBucket(models.Model):
 class OutcomeCounter(models.Model):
     """A monotonic count of outcomes (``/metrics``' ``*_total`` counters), kept apart from the rows the pruner deletes.
 
-    Written only by database triggers (migration 0015) in the transaction that records the
-    outcome, one row per (metric, label, outcome), so a count survives pruning and restarts and
-    never goes down. Never written by application code.
+    Written by database triggers (migration 0015) in the transaction that records the outcome, one
+    row per (metric, label, outcome), so a count survives pruning and restarts and never goes down.
+    One exception: ``refused_messages`` (per task), a broker message refused for its signature,
+    leaves no row for a trigger to see, so the refusal adds it (``store.count_refused_message``).
     """
 
     metric = models.CharField(
-        "metric", max_length=32, help_text="job_attempts, jobs_finished, job_retries, jobs_reclaimed or fixed_runs."
+        "metric",
+        max_length=32,
+        help_text="job_attempts, jobs_finished, job_retries, jobs_reclaimed, fixed_runs or refused_messages.",
     )
-    label = models.CharField("label", max_length=200, help_text="The job's kind, or the fixed-time schedule's name.")
+    label = models.CharField(
+        "label", max_length=200, help_text="The job's kind, the fixed-time schedule's name, or the refused task's name."
+    )
     outcome = models.CharField("outcome", max_length=16, blank=True, default="", help_text="How it ended ('' if n/a).")
     value = models.BigIntegerField("value", default=0, help_text="How many so far.")
 

@@ -24,7 +24,7 @@ from django import db
 
 from scheduling.core import reconnect, tracing
 from scheduling.deferrals import countdowns
-from scheduling.fixed import gate
+from scheduling.fixed import gate, messages
 from scheduling.jobs import claim as claim_module
 from scheduling.jobs import control, liveness, runner
 from scheduling.jobs import sweep as sweep_module
@@ -82,16 +82,19 @@ def run_deferred(
 
 
 @shared_task(name="scheduling.run_fixed", bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
-def run_fixed(self: Task, schedule: str, tick: str | None = None, trigger: str = RunTrigger.BEAT) -> dict[str, Any]:
+def run_fixed(
+    self: Task, schedule: str, tick: str | None = None, trigger: str = RunTrigger.BEAT, signature: str = ""
+) -> dict[str, Any]:
     """Run one tick of a fixed-time schedule; a redelivered or repeated tick is refused by the gate's ledger.
 
-    Without a tick (a periodic task sent by hand, e.g. django-celery-beat's "run" action) it is a
-    manual run whose tick is the database clock now.
+    Only a message signed by beat or "run now" (``fixed.messages``) runs: one sent by hand (Flower's
+    send-task, ``celery call``, a periodic task sent without a tick) is refused, counted, and runs nothing.
     """
-    when = dt.datetime.fromisoformat(tick) if tick else None
-    if tick is None:
-        trigger = RunTrigger.MANUAL
-    report = gate.run(schedule, when, trigger, task_id=str(self.request.id or ""))
+    if not messages.authentic(schedule, tick, trigger, signature):
+        messages.refuse(schedule)
+        return {"outcome": messages.REFUSED, "run_id": None, "attempt": 0}
+    assert tick is not None  # authentic() holds only for a tick
+    report = gate.run(schedule, dt.datetime.fromisoformat(tick), trigger, task_id=str(self.request.id or ""))
     return {"outcome": report.outcome, "run_id": report.run_id, "attempt": report.attempt}
 
 

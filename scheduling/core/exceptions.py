@@ -12,6 +12,7 @@ SchedulingError
  ├── DelayTooLong                   a broker countdown would outlive the visibility timeout guard
  ├── BrokerNotConfigured            no Celery app / Redis broker to send to (scheduling.E004)
  ├── JobNotFound                    no job with that id or live key (or not the caller's)
+ ├── OwnerDeleted                   a handler asked the owner of a job whose owner was deleted
  ├── JobStateConflict               the job is not in a state that allows the change
  │    ├── JobNotCancellable
  │    └── JobNotReschedulable
@@ -172,6 +173,19 @@ class ScheduleNotFound(SchedulingError):
         self.name = name
 
 
+class OwnerDeleted(SchedulingError):
+    """Raised by ``job.owner_id`` when the job's owner was deleted while it was claimed or running.
+
+    Its owner is then empty in the database, which must not read as "the system's job": a handler
+    that checks the owner fails the attempt instead of acting with the system's rights.
+    """
+
+    def __init__(self, job_id: int, former_owner: str) -> None:
+        super().__init__(f"Job {job_id} belonged to {former_owner}, who was deleted; it does not run as the system.")
+        self.job_id = job_id
+        self.former_owner = former_owner
+
+
 __all__ = [
     "BrokerNotConfigured",
     "DelayTooLong",
@@ -187,6 +201,7 @@ __all__ = [
     "KeyConflict",
     "KindNotAllowed",
     "LockNotAcquired",
+    "OwnerDeleted",
     "PayloadTooLarge",
     "RecurrenceKeyConflict",
     "RecurrenceNotFound",

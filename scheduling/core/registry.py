@@ -65,12 +65,18 @@ class Job:
         """The user the job belongs to; None for the system's jobs (broker deferrals, fixed-time runs).
 
         Read from the job's row on first use (one primary-key lookup, only for handlers that ask).
+        ``OwnerDeleted`` when its owner was deleted after it was claimed: it is nobody's, not the system's.
         """
         if self.mechanism != "table" or self.id is None:
             return None
         from scheduling.core import store
 
-        return store.job_owner_id(self.id)
+        owner = store.job_owner(self.id)
+        if owner is None:
+            return None
+        if owner.owner_id is None and owner.former_owner:
+            raise exceptions.OwnerDeleted(self.id, owner.former_owner)
+        return owner.owner_id
 
     @functools.cached_property
     def key(self) -> str | None:

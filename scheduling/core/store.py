@@ -1327,3 +1327,31 @@ def upcoming_occurrences(horizon_seconds: float) -> list[UpcomingOccurrences]:
         UpcomingOccurrences(kind=row["kind"], count=row["n"], first_due=row["first_due"])
         for row in _records("upcoming_occurrences", {"horizon": horizon_seconds})
     ]
+
+
+# --- Refused messages and deleted owners (#22) --------------------------------------------------
+
+
+def count_refused_message(task: str) -> int | None:
+    """Count one broker message of ``task`` refused at a worker's door; the new total.
+
+    None when the database did not answer: the message is refused all the same (a refusal never
+    depends on the count), and the lost count is logged.
+    """
+    try:
+        return int(_fetchall("count_refused_message", {"task": task})[0][0])
+    except (OperationalError, InterfaceError):
+        logger.warning("could not count a refused message", extra={"task": task, "action": "count_failed"})
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobOwner:
+    owner_id: int | None  # None: the system's job, or its owner was deleted (then former_owner says who)
+    former_owner: str  # "username (#id)" of a deleted owner; "" otherwise
+
+
+def job_owner(job_id: int) -> JobOwner | None:
+    """Who job ``job_id`` belongs to (None: no such job)."""
+    rows = _fetchall("job_owner", {"id": job_id})
+    return JobOwner(owner_id=rows[0][0], former_owner=rows[0][1]) if rows else None

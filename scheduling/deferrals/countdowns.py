@@ -198,6 +198,7 @@ def refuse(kind: Any, attempt: Any, deferral_id: Any) -> RunResult:
         "deferral message refused: its signature does not check (not sent by defer(), or before signing)",
         extra={"deferral_id": str(deferral_id)[:100], "kind": str(kind)[:200], "action": "refused_unsigned"},
     )
+    store.count_refused_message(tasknames.RUN_DEFERRED)  # /metrics: timekeeper_refused_messages_total
     return RunResult("refused", attempt if isinstance(attempt, int) else 0, error="bad signature")
 
 

@@ -31,7 +31,7 @@ from django.db import DatabaseError, close_old_connections
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from scheduling.core import conf, exceptions, leadership, liveness, store, tasknames
-from scheduling.fixed import policies, ticks
+from scheduling.fixed import messages, policies, ticks
 from scheduling.models import MissedPolicy, SchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -304,7 +304,7 @@ def carry_out(
     for send in plan.sends:
         app.send_task(
             tasknames.RUN_FIXED,
-            kwargs={"schedule": name, "tick": send.tick.isoformat(), "trigger": send.trigger},
+            kwargs=messages.message_kwargs(name, send.tick, send.trigger),  # signed: workers refuse unsigned ticks
             producer=producer,
             headers={"periodic_task_name": name, "celery_beat_task": True},
             **send_options,

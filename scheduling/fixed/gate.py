@@ -41,6 +41,7 @@ from django.db import transaction
 from django_celery_beat.models import PeriodicTask
 
 from scheduling.core import conf, exceptions, executor, leadership, locks, registry, store, tasknames
+from scheduling.fixed import messages
 from scheduling.models import ConcurrencyPolicy, RunState, RunTrigger, SchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,8 @@ def _admit(
 def run_now(schedule: str | PeriodicTask | SchedulePolicy) -> str:
     """Send a manual run of ``schedule`` through the gate; its tick is the database clock now.
 
-    Returns the Celery task id. A redelivery of that message is refused like any duplicate tick.
+    Returns the Celery task id. The message is signed (``messages``); a redelivery of it is refused
+    like any duplicate tick.
     """
     if isinstance(schedule, SchedulePolicy):
         name = schedule.periodic_task.name
@@ -155,9 +157,7 @@ def run_now(schedule: str | PeriodicTask | SchedulePolicy) -> str:
         name = schedule
     find(name)
     tick = store.database_now()
-    result = current_app.send_task(
-        tasknames.RUN_FIXED, kwargs={"schedule": name, "tick": tick.isoformat(), "trigger": RunTrigger.MANUAL}
-    )
+    result = current_app.send_task(tasknames.RUN_FIXED, kwargs=messages.message_kwargs(name, tick, RunTrigger.MANUAL))
     logger.info("manual run sent", extra={"schedule": name, "tick": tick.isoformat(), "action": "run_now"})
     return str(result.id)
 
@@ -261,4 +261,3 @@ def _finish(
     if pruned:
         logger.debug("history pruned", extra={**log, "pruned": pruned, "action": "pruned"})
     return RunReport(state if recorded else "closed", entry.id, entry.tick, attempt)
-

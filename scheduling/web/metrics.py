@@ -20,7 +20,9 @@ nothing. The database is the record; these are views of it:
   ``timekeeper_job_attempts_total{kind,outcome}``, ``timekeeper_jobs_finished_total{kind,outcome}``
   (done, dead), ``timekeeper_job_retries_total{kind}``, ``timekeeper_jobs_reclaimed_total{kind}`` and
   ``timekeeper_fixed_runs_total{schedule,outcome}``, read from ``scheduling_outcomecounter``, which
-  database triggers update in the transaction that records each outcome (migration 0015).
+  database triggers update in the transaction that records each outcome (migration 0015); and
+  ``timekeeper_refused_messages_total{task}``, the ``run_deferred`` and ``run_fixed`` messages
+  workers refused for a bad signature (counted by the refusal itself: such a message leaves no row).
 - ``timekeeper_control_heartbeat_age_seconds``: since the leading control loop was last seen turning.
 - ``timekeeper_up{part}``: 1 when the part (database, broker) answered this scrape; its metrics are
   missing when it did not.
@@ -52,7 +54,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from scheduling import api
-from scheduling.core import conf, store
+from scheduling.core import conf, store, tasknames
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +213,15 @@ COUNTERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Fixed-time runs that ended, by schedule and outcome (succeeded, failed, skipped, missed, ...).",
         ("schedule", "outcome"),
     ),
+    "refused_messages": (
+        "timekeeper_refused_messages",
+        "Broker messages a worker refused because their signature does not check (not sent by defer(), beat "
+        "or run now: a forged message, or a worker with another SECRET_KEY), by task.",
+        ("task",),
+    ),
 }
+
+REFUSABLE_TASKS = (tasknames.RUN_DEFERRED, tasknames.RUN_FIXED)  # the tasks whose unsigned messages are refused
 
 
 def outcome_counters() -> Iterator[Metric]:
@@ -219,7 +229,12 @@ def outcome_counters() -> Iterator[Metric]:
     families = {
         metric: CounterMetricFamily(name, doc, labels=list(labels)) for metric, (name, doc, labels) in COUNTERS.items()
     }
-    for row in store.outcome_counters():
+    rows = store.outcome_counters()
+    counted = {row.label for row in rows if row.metric == "refused_messages"}
+    for task in REFUSABLE_TASKS:  # from 0, so that the first refusal is an increase() too
+        if task not in counted:
+            families["refused_messages"].add_metric([task], 0)
+    for row in rows:
         family = families.get(row.metric)
         if family is None:
             continue

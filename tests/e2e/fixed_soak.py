@@ -22,7 +22,7 @@ from django.db.models import Sum
 from project.celery import app as celery_app
 from scheduling import schedules
 from scheduling.core import store
-from scheduling.fixed import beat, cron
+from scheduling.fixed import beat, cron, messages
 from scheduling.models import SchedulerHeartbeat, ScheduleRun
 from tasks.models import Execution
 from tests.e2e import harness
@@ -120,9 +120,8 @@ def soak(
         if tick != last_seen and tick > started:
             last_seen = tick
             if int(tick.timestamp()) // every % inject_every == 0:
-                celery_app.send_task(
-                    "scheduling.run_fixed", kwargs={"schedule": name, "tick": tick.isoformat(), "trigger": "beat"}
-                )
+                # signed, as a second beat's duplicate send would be
+                celery_app.send_task("scheduling.run_fixed", kwargs=messages.message_kwargs(name, tick, "beat"))
                 injected.add(tick)
         settled = kill_mono is None or len(handovers) == done_kills
         due = kill_leader_after is not None and time.monotonic() - begin >= kill_leader_after + done_kills * kill_every

@@ -20,7 +20,7 @@ from django.db import connection
 from project.celery import app as celery_app
 from scheduling import schedules
 from scheduling.core import locks, store
-from scheduling.fixed import cron, gate
+from scheduling.fixed import cron, gate, messages
 from scheduling.models import RunState, SchedulePolicy, ScheduleRun
 from tasks.models import Execution
 from tests.e2e import fixed_soak
@@ -95,7 +95,7 @@ def test_two_beats_three_workers_one_run_per_tick_through_a_frozen_leader(cluste
         frozen = frozen_at is not None and thawed_at is None
         if tick != last_sent and tick > started and not frozen:
             last_sent = tick  # a third sender re-sends every tick of the 2 s schedule, racing beat's own send
-            kwargs = {"schedule": "f6-allow-2s", "tick": tick.isoformat(), "trigger": "beat"}
+            kwargs = messages.message_kwargs("f6-allow-2s", tick, "beat")  # signed, as another beat would
             celery_app.send_task("scheduling.run_fixed", kwargs=kwargs)
             injected += 1
         if frozen_at is None and time.monotonic() - begin >= 25:

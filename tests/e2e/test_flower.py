@@ -130,11 +130,12 @@ def post(url: str, body: dict[str, Any], credentials: tuple[str, str]) -> tuple[
 
 
 def test_flower_as_compose_runs_it_holds_no_app_secret_and_cannot_run_a_kind(cluster):
-    """Compose's Flower (project.flower_app, only the broker URL and its login) serves; its task API runs no kind."""
+    """Compose's Flower (only the broker URL and its login) serves; its task API runs no kind and no fixed-time tick."""
     import yaml
     from django.conf import settings
 
-    from scheduling.models import ScheduledJob
+    from scheduling import schedules
+    from scheduling.models import OutcomeCounter, ScheduledJob, ScheduleRun
 
     compose = yaml.safe_load((harness.ROOT / "docker-compose.yml").read_text())["services"]["flower"]
     port = free_port()
@@ -176,3 +177,16 @@ def test_flower_as_compose_runs_it_holds_no_app_secret_and_cannot_run_a_kind(clu
     )
     assert not Execution.objects.filter(idempotency_key="broker:flower-forged").exists()
     assert not ScheduledJob.objects.filter(key="broker:flower-forged").exists()
+
+    # A declared schedule's run cannot be added either: a made-up tick, and no tick at all.
+    schedules.sync(declarations=[schedules.make(name="flower-target", kind="demo.record", every=3600)])
+    tick = {"kwargs": {"schedule": "flower-target", "tick": "2030-01-01T00:00:00+00:00", "trigger": "manual"}}
+    assert post(f"{base}/api/task/apply/scheduling.run_fixed", tick, (USER, PASSWORD))[0] == 404
+    for body in (tick, {"kwargs": {"schedule": "flower-target"}}):
+        assert post(f"{base}/api/task/send-task/scheduling.run_fixed", body, (USER, PASSWORD))[0] == 200
+    harness.wait_for(
+        lambda: worker.log().count("fixed-time run message refused") == 2, 60, message="the worker to refuse both"
+    )
+    assert not ScheduleRun.objects.filter(schedule__periodic_task__name="flower-target").exists()
+    refused = {c.label: c.value for c in OutcomeCounter.objects.filter(metric="refused_messages")}
+    assert refused == {"scheduling.run_deferred": 1, "scheduling.run_fixed": 2}

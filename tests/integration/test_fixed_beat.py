@@ -23,7 +23,7 @@ from django_celery_beat.schedulers import DatabaseScheduler
 from project.celery import app as celery_app
 from scheduling import schedules
 from scheduling.core import leadership, store
-from scheduling.fixed import beat, cron
+from scheduling.fixed import beat, cron, messages
 from scheduling.models import SchedulePolicy, SchedulerHeartbeat, ScheduleRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -117,8 +117,15 @@ def test_the_message_carries_the_tick_and_every_replica_computes_the_same_one(sc
     finally:
         other_beat.close()
     scheduler.apply_entry(first, producer=scheduler.producer)
+    signature = messages.sign("every-minute", tick.isoformat(), "beat")  # beat signs what it sends
     assert queue() == [
-        {"task": "scheduling.run_fixed", "schedule": "every-minute", "tick": tick.isoformat(), "trigger": "beat"}
+        {
+            "task": "scheduling.run_fixed",
+            "schedule": "every-minute",
+            "tick": tick.isoformat(),
+            "trigger": "beat",
+            "signature": signature,
+        }
     ]
     assert SchedulePolicy.objects.get(pk=policy.pk).last_tick == tick
     due, delay = step(scheduler, "every-minute")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -22,8 +23,8 @@ from django.db import connection
 from scheduling import registry, schedules
 from scheduling import tasks as celery_tasks
 from scheduling.core import store
-from scheduling.fixed import gate
-from scheduling.models import RunState, SchedulePolicy, ScheduleRun
+from scheduling.fixed import gate, messages
+from scheduling.models import OutcomeCounter, RunState, SchedulePolicy, ScheduleRun
 from tasks.models import Execution
 from tests.e2e import harness
 
@@ -320,16 +321,53 @@ def test_backoff_retries_within_the_tick(make_schedule):
     assert failed.error == "RuntimeError: attempt 2 fails on purpose"
 
 
-def test_the_celery_task_without_a_tick_is_a_manual_run_at_database_now(make_schedule):
-    """scheduling.run_fixed without a tick runs through the gate as a manual run ticked at the database clock."""
+def refused_count() -> int:
+    row = OutcomeCounter.objects.filter(metric="refused_messages", label="scheduling.run_fixed").first()
+    return row.value if row is not None else 0
+
+
+def test_a_run_fixed_message_not_made_by_beat_or_run_now_runs_nothing(make_schedule, caplog):
+    """Hand-made run_fixed messages (no tick, unsigned, made-up or another tick's signature) are refused and counted."""
     policy = make_schedule()
-    before = db_now()
-    result = celery_tasks.run_fixed.apply(kwargs={"schedule": "gate"}).get()
-    assert result["outcome"] == RunState.SUCCEEDED
-    row = ScheduleRun.objects.get(pk=result["run_id"])
-    assert row.trigger == "manual"
-    assert row.tick >= before
-    assert row.schedule_id == policy.pk
+    tick = db_now().isoformat()
+    real = messages.message_kwargs("gate", dt.datetime.fromisoformat(tick), "beat")
+    forged = [
+        {"schedule": "gate"},  # a periodic task sent by hand: once a manual run at "now"
+        {"schedule": "gate", "tick": tick, "trigger": "manual"},  # as Flower's send-task would send it
+        {"schedule": "gate", "tick": tick, "trigger": "beat", "signature": "A" * 43},
+        {**real, "trigger": "manual"},  # beat's signature, with the deadline-free trigger
+        {**real, "tick": db_now().isoformat()},  # beat's signature, another tick
+        {**real, "schedule": "other"},
+    ]
+    with caplog.at_level(logging.ERROR, logger="scheduling.fixed.messages"):
+        for kwargs in forged:
+            result = celery_tasks.run_fixed.apply(kwargs=kwargs).get()
+            assert result == {"outcome": "refused", "run_id": None, "attempt": 0}, kwargs
+    assert not ScheduleRun.objects.filter(schedule=policy).exists()
+    assert refused_count() == len(forged)
+    refusals = [r for r in caplog.records if getattr(r, "action", "") == "refused_unsigned"]
+    assert len(refusals) == len(forged)
+    assert all(tick not in r.getMessage() + str(r.__dict__) for r in refusals), "the tick is not logged"
+
+
+def test_a_signed_tick_runs_once_and_its_copy_is_refused_by_the_ledger(make_schedule):
+    """The message beat signs runs through the gate; the same message sent again is a duplicate, not a new run."""
+    policy = make_schedule()
+    kwargs = messages.message_kwargs("gate", db_now(), "beat")
+    first = celery_tasks.run_fixed.apply(kwargs=kwargs).get()
+    assert first["outcome"] == RunState.SUCCEEDED
+    assert celery_tasks.run_fixed.apply(kwargs=kwargs).get()["outcome"] == "refused"
+    assert ScheduleRun.objects.filter(schedule=policy).count() == 1
+    assert refused_count() == 0, "a duplicate is the ledger's refusal, not a forged message"
+
+
+def test_a_tick_signed_with_a_rotated_out_key_still_runs(make_schedule, settings):
+    """SECRET_KEY_FALLBACKS: a tick beat signed before a key rotation runs after it."""
+    make_schedule()
+    kwargs = messages.message_kwargs("gate", db_now(), "beat")
+    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+    settings.SECRET_KEY = "rotated-" + "k" * 50
+    assert celery_tasks.run_fixed.apply(kwargs=kwargs).get()["outcome"] == RunState.SUCCEEDED
 
 
 def test_run_now_sends_a_manual_tick_to_the_broker(make_schedule):
@@ -340,15 +378,16 @@ def test_run_now_sends_a_manual_tick_to_the_broker(make_schedule):
     client.delete(queue)
     before = db_now()
     task_id = gate.run_now("gate")
-    messages = [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
+    sent = [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
     client.delete(queue)
-    ours = [m for m in messages if m["headers"]["id"] == task_id]
+    ours = [m for m in sent if m["headers"]["id"] == task_id]
     assert len(ours) == 1
     assert ours[0]["headers"]["task"] == "scheduling.run_fixed"
     _, kwargs, _ = json.loads(base64.b64decode(ours[0]["body"]))
     assert kwargs["schedule"] == "gate"
     assert kwargs["trigger"] == "manual"
     assert dt.datetime.fromisoformat(kwargs["tick"]) >= before
+    assert messages.authentic(kwargs["schedule"], kwargs["tick"], kwargs["trigger"], kwargs["signature"])
 
 
 def test_demo_record_counts_executions_per_tick(make_schedule):

@@ -132,3 +132,20 @@ def test_the_triggers_aggregate_per_statement_not_per_row(run_sql):
             (written,) = cursor.fetchone()
     assert written == 2, "one row each for job_attempts and jobs_finished, not one per job"
     assert counters()[("jobs_finished", "demo.record", "done")] == 20
+
+
+def test_forged_broker_messages_are_counted_in_metrics_refused_messages_total(client):
+    """A forged run_deferred and two forged run_fixed messages: /metrics' refused counters go from 0 to 1 and 2."""
+    from scheduling import tasks as celery_tasks
+
+    deferred = (("task", "scheduling.run_deferred"),)
+    fixed = (("task", "scheduling.run_fixed"),)
+    before = scrape(client)["timekeeper_refused_messages_total"]
+    assert (before[deferred], before[fixed]) == (0, 0), "both are exposed before any refusal"
+    celery_tasks.run_deferred.apply(args=["demo.record", {"label": "forged"}, 1, "d-forged"]).get()
+    for kwargs in ({"schedule": "refused"}, {"schedule": "refused", "tick": "2030-01-01T00:00:00+00:00"}):
+        assert celery_tasks.run_fixed.apply(kwargs=kwargs).get()["outcome"] == "refused"
+    after = scrape(client)["timekeeper_refused_messages_total"]
+    assert (after[deferred], after[fixed]) == (1, 2)
+    assert not ScheduledJob.objects.exists()
+    assert counters()[("refused_messages", "scheduling.run_fixed", "")] == 2

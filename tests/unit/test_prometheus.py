@@ -23,6 +23,7 @@ REQUIRED_ALERTS = {  # the issue's list: backlog, oldest overdue, stuck, dead ra
     "TimekeeperDeadRateHigh",
     "TimekeeperNoBeatLeader",
     "TimekeeperNoControlLeader",
+    "TimekeeperRefusedMessages",  # issue #22: forged broker messages
 }
 
 

@@ -1380,3 +1380,17 @@ WHERE state = 'pending' AND recurrence_id IS NOT NULL AND due_at > now()
   AND due_at <= now() + make_interval(secs => %(horizon)s)
 GROUP BY kind
 ORDER BY kind;
+
+-- name: count_refused_message
+-- A broker message a worker refused at its door (its signature does not check: not sent by
+-- defer(), beat or "run now"), counted for /metrics' timekeeper_refused_messages_total{task}.
+-- Written here, not by a trigger: a refused message leaves no row to count.
+INSERT INTO scheduling_outcomecounter AS c (metric, label, outcome, value)
+VALUES ('refused_messages', %(task)s, '', 1)
+ON CONFLICT (metric, label, outcome) DO UPDATE SET value = c.value + 1
+RETURNING value;
+
+-- name: job_owner
+-- Who a job belongs to (registry.Job.owner_id): its owner, or, once that user was deleted, who
+-- it was (former_owner; owner_id is then NULL, which must not read as "the system's").
+SELECT owner_id, former_owner FROM scheduling_scheduledjob WHERE id = %(id)s;

@@ -121,7 +121,9 @@ class RecurrenceAdmin(admin.ModelAdmin):
         return False  # recurrences are made by api.recur() (code, the JSON API, the CLI)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # they end by cancel; the occurrences' history stays
+        # They end by cancel (no bulk delete). One recurrence may go with its owner, whose delete page
+        # asks this for each of theirs: its pending occurrence is cancelled first, the history stays.
+        return obj is not None and super().has_delete_permission(request, obj)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return obj is None and super().has_change_permission(request, obj)  # actions, not edits
