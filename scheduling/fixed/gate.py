@@ -40,7 +40,9 @@ from celery import current_app
 from django.db import transaction
 from django_celery_beat.models import PeriodicTask
 
-from scheduling.core import conf, exceptions, executor, leadership, locks, registry, store, tasknames
+from scheduling.core import conf, exceptions, executor, leadership, locks, registry, tasknames
+from scheduling.core import store as core_store
+from scheduling.fixed import store
 from scheduling.models import ConcurrencyPolicy, RunState, RunTrigger, SchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -154,7 +156,7 @@ def run_now(schedule: str | PeriodicTask | SchedulePolicy) -> str:
     else:
         name = schedule
     find(name)
-    tick = store.database_now()
+    tick = core_store.database_now()
     result = current_app.send_task(
         tasknames.RUN_FIXED, kwargs={"schedule": name, "tick": tick.isoformat(), "trigger": RunTrigger.MANUAL}
     )
@@ -261,4 +263,3 @@ def _finish(
     if pruned:
         logger.debug("history pruned", extra={**log, "pruned": pruned, "action": "pruned"})
     return RunReport(state if recorded else "closed", entry.id, entry.tick, attempt)
-

@@ -39,7 +39,7 @@ from django_celery_beat import admin as beat_admin
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import api
-from scheduling.core import conf, exceptions, registry, store, tasknames, validation
+from scheduling.core import conf, exceptions, registry, tasknames, validation
 from scheduling.models import (
     ApiToken,
     JobAttempt,
@@ -53,7 +53,7 @@ from scheduling.models import (
 )
 from scheduling.templatetags.timekeeper_admin import relative
 from scheduling.web import admin_forms as admin_forms
-from scheduling.web import auth
+from scheduling.web import auth, store
 
 DASHBOARD_INDEX_TEMPLATE = "scheduling/admin/index.html"  # extends the project's admin/index.html, adds the dashboard
 RECENT_RUNS_SHOWN = 10  # runs listed on a schedule's page (the full history is linked)

@@ -52,7 +52,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from scheduling import api
-from scheduling.core import conf, store
+from scheduling.core import conf
+from scheduling.web import store
 
 logger = logging.getLogger(__name__)
 
