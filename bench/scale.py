@@ -55,10 +55,10 @@ def add_rows(n: int, state: str) -> float:
 def claim_plan() -> list[str]:
     from django.db import connection
 
-    from scheduling.core import store
+    from scheduling.jobs import store
 
     with connection.cursor() as cur:
-        sql = cur.mogrify(store.queries()["claim_due_jobs"], store.claim_params(CLAIM_LIMIT)).decode()
+        sql = cur.mogrify(store.SQL["claim_due_jobs"], store.claim_params(CLAIM_LIMIT)).decode()
         cur.execute("EXPLAIN " + sql)
         return [row[0] for row in cur.fetchall()]
 
@@ -76,7 +76,8 @@ def measure_level(pending: int) -> dict[str, Any]:
     from django.db import connection
 
     from scheduling import api
-    from scheduling.core import leadership, store
+    from scheduling.core import leadership
+    from scheduling.jobs import store
     from scheduling.models import ScheduledJob
 
     plan = claim_plan()

@@ -83,9 +83,9 @@ class StatementTimer:
         self.samples: list[tuple[str, float]] = []
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        from scheduling.core import store
+        from scheduling.jobs import store
 
-        name = next((n for n, q in store.queries().items() if q == sql), sql.split()[0].lower())
+        name = next((n for n, q in store.SQL.queries.items() if q == sql), sql.split()[0].lower())
         start = time.perf_counter()
         try:
             return execute(sql, params, many, context)

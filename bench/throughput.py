@@ -187,11 +187,11 @@ def _insert_due(cur: Any, n: int) -> None:
 
 def run_raw(jobs: int, batch: int) -> dict[str, Any]:
     """Claim ``batch`` rows and complete them, one transaction per batch, on one connection."""
-    from scheduling.core import store
+    from scheduling.jobs import store
 
     common.reset_state()
     conn = common.admin_connect(common.BENCH_DB)
-    claim_sql = store.queries()["claim_due_jobs"]
+    claim_sql = store.SQL["claim_due_jobs"]
     try:
         with conn.cursor() as cur:
             _insert_due(cur, jobs)

@@ -40,8 +40,8 @@ from typing import Any
 from django.test.utils import override_settings
 
 from scheduling import api, backends
-from scheduling.core import registry, store
-from scheduling.jobs import runner
+from scheduling.core import registry
+from scheduling.jobs import claim, runner
 from scheduling.models import JobState, ScheduledJob
 
 ANY: Any = object()  # "any value" for assert_scheduled's filters
@@ -69,7 +69,7 @@ def run_due(*, include_future: bool = False, max_rounds: int = DEFAULT_MAX_ROUND
                 pending = list(ScheduledJob.objects.filter(state=JobState.PENDING).values_list("id", flat=True))
                 if pending:
                     api.run_now_many(pending)
-            claims = store.claim_due_jobs(CLAIM_LIMIT)
+            claims = claim.claim_here(CLAIM_LIMIT)
             if not claims:
                 break
             report.rounds += 1

@@ -54,7 +54,9 @@ from django.core import signing
 from django.db import transaction
 from django.utils import timezone
 
-from scheduling.core import broker, conf, exceptions, executor, registry, store, tasknames, validation
+from scheduling.core import broker, conf, exceptions, executor, registry, tasknames, validation
+from scheduling.core import store as core_store
+from scheduling.deferrals import store
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +200,7 @@ def refuse(kind: Any, attempt: Any, deferral_id: Any) -> RunResult:
         "deferral message refused: its signature does not check (not sent by defer(), or before signing)",
         extra={"deferral_id": str(deferral_id)[:100], "kind": str(kind)[:200], "action": "refused_unsigned"},
     )
-    store.count_refused_message(tasknames.RUN_DEFERRED)  # /metrics: timekeeper_refused_messages_total
+    core_store.count_refused_message(tasknames.RUN_DEFERRED)  # /metrics: timekeeper_refused_messages_total
     return RunResult("refused", attempt if isinstance(attempt, int) else 0, error="bad signature")
 
 
@@ -274,7 +276,7 @@ def _dead(
     """Record a spent deferral as a dead row (key ``broker:<deferral id>``) a person can see and retry."""
     # The message is acknowledged when this returns or raises: a dead row lost to a database restart
     # would lose the deferral (the insert is idempotent per deferral id, so it is retried).
-    dead_id = store.while_unreachable(
+    dead_id = core_store.while_unreachable(
         lambda: store.record_dead_deferral(
             kind=kind_name,
             payload=payload,

@@ -30,8 +30,9 @@ from celery.schedules import schedstate
 from django.db import DatabaseError, close_old_connections
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
-from scheduling.core import conf, exceptions, leadership, liveness, store, tasknames
-from scheduling.fixed import messages, policies, ticks
+from scheduling.core import conf, exceptions, leadership, liveness, tasknames
+from scheduling.core import store as core_store
+from scheduling.fixed import messages, policies, store, ticks
 from scheduling.models import MissedPolicy, SchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class DatabaseClock:
     def _sync(self, mono: float) -> None:
         try:
             before = time.time()
-            database_now = store.database_now()
+            database_now = core_store.database_now()
             after = time.time()
         except DatabaseError:
             logger.warning("cannot read the database clock; using the last offset", exc_info=True)
@@ -192,7 +193,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         try:
             close_old_connections()
             # A new leadership starts its "leading since" now, even if the row existed.
-            store.record_heartbeat(HEARTBEAT_ROLE, leadership.process_name(), new_lead=not self._lead_recorded)
+            core_store.record_heartbeat(HEARTBEAT_ROLE, leadership.process_name(), new_lead=not self._lead_recorded)
             self._lead_recorded = True
         except DatabaseError:
             logger.warning("could not record the beat heartbeat", exc_info=True)

@@ -40,8 +40,9 @@ from celery import current_app
 from django.db import transaction
 from django_celery_beat.models import PeriodicTask
 
-from scheduling.core import conf, exceptions, executor, leadership, locks, registry, store, tasknames
-from scheduling.fixed import messages
+from scheduling.core import conf, exceptions, executor, leadership, locks, registry, tasknames
+from scheduling.core import store as core_store
+from scheduling.fixed import messages, store
 from scheduling.models import ConcurrencyPolicy, RunState, RunTrigger, SchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def run_now(schedule: str | PeriodicTask | SchedulePolicy) -> str:
     else:
         name = schedule
     find(name)
-    tick = store.database_now()
+    tick = core_store.database_now()
     result = current_app.send_task(tasknames.RUN_FIXED, kwargs=messages.message_kwargs(name, tick, RunTrigger.MANUAL))
     logger.info("manual run sent", extra={"schedule": name, "tick": tick.isoformat(), "action": "run_now"})
     return str(result.id)

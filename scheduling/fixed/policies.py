@@ -35,8 +35,8 @@ from zoneinfo import ZoneInfo
 from django.db import transaction
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-from scheduling.core import exceptions, registry, store
-from scheduling.fixed import cron, ticks
+from scheduling.core import exceptions, registry
+from scheduling.fixed import cron, store, ticks
 from scheduling.models import ConcurrencyPolicy, DstGapPolicy, MissedPolicy, SchedulePolicy
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from scheduling.core import conf, exceptions, registry, store, tracing, validation
-from scheduling.jobs import claim
+from scheduling.core import conf, exceptions, registry, tracing, validation
+from scheduling.core import store as core_store
+from scheduling.jobs import claim, store
 from scheduling.models import JobState, ScheduledJob
 
 logger = logging.getLogger(__name__)
@@ -229,8 +230,8 @@ def _overrides(timeout: Any, backoff: Any, atomic: Any) -> store.Overrides:
 def _from_now(delay: float) -> dt.datetime:
     """The due time ``delay`` seconds from this call by the database clock (0: due at once, as in schedule())."""
     if delay > 0:
-        return store.database_clock() + dt.timedelta(seconds=delay)
-    return store.database_now()
+        return core_store.database_clock() + dt.timedelta(seconds=delay)
+    return core_store.database_now()
 
 
 def _find(job_id: int | None, key: str | None, owner: Any = None) -> int:

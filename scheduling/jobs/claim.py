@@ -32,7 +32,9 @@ from collections.abc import Sequence
 
 import kombu.exceptions
 
-from scheduling.core import broker, conf, exceptions, registry, store, tasknames, tracing
+from scheduling.core import broker, conf, exceptions, registry, tasknames, tracing
+from scheduling.core import store as core_store
+from scheduling.jobs import store
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +108,11 @@ def room() -> int:
     return max(0, conf.get().max_queued_batches - broker.queued_messages())
 
 
+def claim_here(limit: int) -> list[store.Claim]:
+    """Claim up to ``limit`` due rows to run in this process, sending nothing (``scheduling.testing.run_due``)."""
+    return store.claim_due_jobs(limit)
+
+
 def claim_and_dispatch(limit: int | None = None) -> ClaimReport:
     """Claim due rows, at most what the queue has room for, and send them to workers as batches."""
     with tracing.span("timekeeper.claim", mechanism="table") as span:
@@ -159,4 +166,4 @@ def wake_on_commit(in_seconds: float, asked_at: float) -> None:
     """
     if in_seconds > conf.get().claim_interval_seconds:
         return
-    store.notify_due(NOTIFY_CHANNEL)
+    core_store.notify_due(NOTIFY_CHANNEL)

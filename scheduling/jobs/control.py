@@ -28,8 +28,8 @@ import kombu.exceptions
 import psycopg2
 from django.db import DatabaseError, connection
 
-from scheduling.core import conf, leadership, store
-from scheduling.jobs import claim, sweep
+from scheduling.core import conf, leadership
+from scheduling.jobs import claim, store, sweep
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from collections.abc import Iterator, Sequence
 
 from django.db import DatabaseError, connection
 
-from scheduling.core import conf, store
+from scheduling.core import conf
+from scheduling.jobs import store
 
 logger = logging.getLogger(__name__)
 

@@ -50,8 +50,9 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection, transaction
 
-from scheduling.core import exceptions, executor, leadership, registry, store, tracing
-from scheduling.jobs import lease
+from scheduling.core import exceptions, executor, leadership, registry, tracing
+from scheduling.core import store as core_store
+from scheduling.jobs import lease, store
 from scheduling.models import AttemptOutcome, JobState
 
 logger = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ def _recording(write: Callable[[], T]) -> T:
     The handler has run: giving up would leave the claim to the sweeper and run the job again.
     Retrying is safe because the statement only changes rows still claimed under the token.
     """
-    return store.while_unreachable(write, what="outcomes", seconds=RECORD_RETRY_SECONDS)
+    return core_store.while_unreachable(write, what="outcomes", seconds=RECORD_RETRY_SECONDS)
 
 
 def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from scheduling.core import broker, conf, registry, store, tasknames
-from scheduling.jobs import lease
+from scheduling.core import broker, conf, registry, tasknames
+from scheduling.jobs import lease, store
 from scheduling.models import JobState
 
 logger = logging.getLogger(__name__)

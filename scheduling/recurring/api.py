@@ -21,10 +21,11 @@ from typing import Any
 
 from django.db import transaction
 
-from scheduling.core import conf, exceptions, registry, store, tracing, validation
+from scheduling.core import conf, exceptions, registry, tracing, validation
+from scheduling.core import store as core_store
 from scheduling.jobs import claim
 from scheduling.models import Recurrence, RecurrenceState
-from scheduling.recurring import rules
+from scheduling.recurring import rules, store
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def recur(
             validation.check_max_attempts(job_kind, max_attempts)
         if priority is not None:
             validation.check_priority(job_kind, priority)
-        now = store.database_now()
+        now = core_store.database_now()
         anchor = starts_at or now
         schedule = rules.schedule_for(expression, every_seconds, timezone, dst_gap, anchor)
         owner_id = _owner_id(owner)
@@ -224,7 +225,7 @@ def recur_many(
         validation.check_max_attempts(job_kind, max_attempts)
     if priority is not None:
         validation.check_priority(job_kind, priority)
-    now = store.database_now()
+    now = core_store.database_now()
     anchor = starts_at or now
     firsts: dict[str, rules.Occurrence | None] = {}
     for zone in {entry.timezone for entry in entries}:
@@ -383,7 +384,7 @@ def change_recurrence(
         schedule = _schedule(changed)  # validates the expression and the zone
         store.update_recurrence_rule(changed)
         if row.state == RecurrenceState.ACTIVE and row.current_state == "pending":
-            now = store.database_now()
+            now = core_store.database_now()
             last_run = store.last_run_occurrence_at(row.id)
             base = now if last_run is None else max(now, last_run)
             occurrence = rules.first(schedule, now=base, starts_at=new_starts, ends_at=new_ends)
@@ -478,7 +479,7 @@ def resume_recurrences(ids: Iterable[int]) -> BulkResult:
     settings = conf.get()
     with transaction.atomic():
         changed = store.set_recurrences_state(selected, RecurrenceState.ACTIVE, [RecurrenceState.PAUSED])
-        now = store.database_now()
+        now = core_store.database_now()
         for rid in changed:
             row = _locked(rid)
             if row.current_state == "pending":

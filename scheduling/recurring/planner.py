@@ -26,10 +26,11 @@ from typing import Any
 
 from django.db import DatabaseError, transaction
 
-from scheduling.core import conf, exceptions, registry, store, tracing
+from scheduling.core import conf, exceptions, registry, tracing
+from scheduling.core import store as core_store
 from scheduling.jobs import claim
 from scheduling.models import RecurrenceState
-from scheduling.recurring import rules
+from scheduling.recurring import rules, store
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def plan_once(limit: int | None = None) -> PlanReport:
         if not rows:
             span.set("picked", 0)
             return PlanReport(0, 0, 0, 0, False)
-        now = store.database_now()
+        now = core_store.database_now()
         cache: dict[tuple[Any, ...], Any] = {}
         kinds: dict[str, registry.Kind | None] = {}
         plans: list[store.PlannedOccurrence] = []
@@ -117,7 +118,7 @@ def plan_once(limit: int | None = None) -> PlanReport:
                 "recurrences paused: kind or rule unusable", extra={"count": len(broken), "action": "paused"}
             )
         if created and min(c.in_seconds for c in created) <= settings.claim_interval_seconds:
-            store.notify_due(claim.NOTIFY_CHANNEL)
+            core_store.notify_due(claim.NOTIFY_CHANNEL)
         report = PlanReport(len(rows), len(created), len(ended), len(cache), len(rows) >= batch)
         for name, value in dataclasses.asdict(report).items():
             span.set(name, value)

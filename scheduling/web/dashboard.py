@@ -29,8 +29,9 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import api
-from scheduling.core import exceptions, store
-from scheduling.web import health, svg
+from scheduling.core import exceptions
+from scheduling.core import store as core_store
+from scheduling.web import health, store, svg
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def gather(range_name: str | None = None) -> dict[str, Any]:
     """Every number and chart the dashboard shows, over the history range ``range_name``."""
     key = range_key(range_name)
     window = RANGES[key]
-    now = store.database_now()
+    now = core_store.database_now()
     status = api.status()  # with the broker's counts (None when Redis does not answer)
     beat = store.beat_heartbeat("beat")
     broker = status["broker"]

@@ -36,7 +36,9 @@ from django.views.decorators.http import require_safe
 from django_celery_beat.models import PeriodicTask
 from kombu import exceptions as kombu_exceptions
 
-from scheduling.core import broker, conf, registry, store
+from scheduling.core import broker, conf, registry
+from scheduling.core import store as core_store
+from scheduling.web import store
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class Part:
 def check_database() -> Part:
     started = time.monotonic()
     try:
-        store.database_now()
+        core_store.database_now()
     except db.Error as exc:
         logger.warning("health: database unreachable", extra={"part": "database", "error": type(exc).__name__})
         return Part(FAILING, {"error": f"{type(exc).__name__}: {str(exc).strip()[:200]}"})

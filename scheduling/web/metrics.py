@@ -54,7 +54,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from scheduling import api
-from scheduling.core import conf, store, tasknames
+from scheduling.core import conf, tasknames
+from scheduling.web import store
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from scheduling.core import store
+from scheduling.jobs import store
 from tests.e2e import harness
 
 DATABASE = "timekeeper"
@@ -303,7 +303,7 @@ class Stack:
             "priority": 0,
             **store.NO_OVERRIDES.params(),
         }
-        return int(self.sql(store.queries()["insert_job"], params)[0][0])
+        return int(self.sql(store.SQL["insert_job"], params)[0][0])
 
     def manage(self, *args: str, timeout: float = 120) -> str:
         """Run ``manage.py <args>`` against the private servers (as the processes see them); its stdout."""

@@ -19,7 +19,7 @@ import pytest
 from celery import Celery
 from django.conf import settings
 
-from scheduling.core import store
+from scheduling.jobs import store
 from tests.e2e import private_services
 from tests.e2e.harness import wait_for, wait_ready
 from tests.e2e.private_services import Stack, record_result
@@ -92,7 +92,7 @@ def test_postgres_restart_during_claims_and_completions(private_stack: Stack) ->
     ]  # due over ~18 s, so claims and completions are going on when the server restarts
     cancelled = [stack.schedule("demo.record", {}, delay=5, lease_seconds=8) for _ in range(20)]
     for job_id in cancelled:  # cancel() commits synchronously: a crash must never bring these back
-        assert stack.sql(store.queries()["cancel_job"], {"id": job_id})
+        assert stack.sql(store.SQL["cancel_job"], {"id": job_id})
 
     wait_for(lambda: stack.states().get("done", 0) >= total // 4, 60, message="a quarter of the jobs done")
     committed_before = dict(stack.sql("SELECT id, finished_at FROM scheduling_scheduledjob WHERE state = 'done'"))
@@ -285,9 +285,9 @@ def _claim_with_lost_messages(stack: Stack, count: int, lease: int) -> list[list
     with conn, conn.cursor() as cur:
         inserted = set()
         for _ in range(count):
-            cur.execute(store.queries()["insert_job"], params)
+            cur.execute(store.SQL["insert_job"], params)
             inserted.add(cur.fetchone()[0])
-        cur.execute(store.queries()["claim_due_jobs"], store.claim_params(count))
+        cur.execute(store.SQL["claim_due_jobs"], store.claim_params(count))
         claims = [[row[0], row[1]] for row in cur.fetchall()]
     conn.close()
     assert {c[0] for c in claims} == inserted

@@ -132,7 +132,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (built,) = out.glob("*.whl")
     names = zipfile.ZipFile(built).namelist()
     assert {name.split("/")[0] for name in names} == {"scheduling", built.name.split("-")[0] + "-0.1.0.dist-info"}
-    assert {"scheduling/core/sql/queries.sql", "scheduling/templates/scheduling/dashboard.html"} <= set(names)
+    statements = {path.relative_to(ROOT).as_posix() for path in (ROOT / "scheduling").rglob("*.sql")}
+    assert len(statements) > 1  # every mechanism's sql/ folder ships, not only the core's
+    assert statements | {"scheduling/templates/scheduling/dashboard.html"} <= set(names)
     assert any(name.startswith("scheduling/migrations/0001_") for name in names)
     (sdist,) = out.glob("*.tar.gz")
     with tarfile.open(sdist) as archive:

@@ -16,7 +16,8 @@ from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from scheduling import api
-from scheduling.core import store
+from scheduling.core import store as core_store
+from scheduling.jobs import store as jobs_store
 from scheduling.models import ApiToken, JobState, ScheduledJob, SchedulePolicy, ScheduleRun
 from scheduling.web import auth
 
@@ -54,7 +55,7 @@ def jobs() -> dict[str, int]:
     made = {name: api.schedule("demo.noop", {"n": name}, delay=3600).id for name in ("p1", "p2", "bystander")}
     claimed = api.schedule("demo.noop", {"n": "claimed"}, delay=0)
     done = api.schedule("demo.noop", {"n": "done"}, delay=0)
-    assert {c.id for c in store.claim_due_jobs(10)} == {claimed.id, done.id}
+    assert {c.id for c in jobs_store.claim_due_jobs(10)} == {claimed.id, done.id}
     ScheduledJob.objects.filter(pk=done.id).update(state=JobState.DONE, finished_at=timezone.now(), token=None)
     dead = api.schedule("demo.noop", {"n": "dead"}, delay=3600)
     ScheduledJob.objects.filter(pk=dead.id).update(state=JobState.DEAD, finished_at=timezone.now(), attempts=5)
@@ -94,7 +95,7 @@ def test_run_now_action_makes_pending_jobs_due_and_reports_one_not_touched(admin
     messages, _updates = _act(admin, "run_now_selected", [jobs["p1"], jobs["dead"]])
     assert messages[0] == "1 job is due now; a worker takes it within a second."
     assert messages[1] == "1 job was not touched: only pending jobs can be run now (it was 1 dead)."
-    assert ScheduledJob.objects.get(pk=jobs["p1"]).due_at <= store.database_now()
+    assert ScheduledJob.objects.get(pk=jobs["p1"]).due_at <= core_store.database_now()
     assert _snapshot([jobs["dead"], jobs["p2"]]) == before
 
 
@@ -264,7 +265,7 @@ def test_change_moves_a_pending_job_through_reschedule(admin):
 def test_change_page_of_a_running_job_is_read_only(admin):
     """A claimed job's page has no editable due time, and a forged post changes nothing."""
     job = api.schedule("demo.noop", {}, delay=0)
-    store.claim_due_jobs(10)
+    jobs_store.claim_due_jobs(10)
     page = admin.get(f"{CHANGELIST}{job.id}/change/")
     assert b'name="due_at"' not in page.content
     before = _snapshot([job.id])

@@ -10,8 +10,9 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.utils import timezone
 
 from scheduling import api, registry
-from scheduling.core import store
+from scheduling.core import store as core_store
 from scheduling.jobs import runner
+from scheduling.jobs import store as jobs_store
 from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulePolicy
 from scheduling.web.admin import bulk_actions, common, job_forms
 
@@ -32,7 +33,7 @@ def _dead(run_sql: Any) -> int:
     job = api.schedule("demo.fail", {"secret": "do-not-show"}, delay=0)
     for _ in range(3):
         run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [job.id])
-        (claim,) = store.claim_due_jobs(10)
+        (claim,) = jobs_store.claim_due_jobs(10)
         runner.run_batch([(claim.id, claim.token)])
     assert ScheduledJob.objects.get(pk=job.id).state == JobState.DEAD
     return job.id
@@ -57,7 +58,7 @@ registry.handler("test.quotes_payload", schema={"type": "object"}, timeout=10, m
 def test_a_traceback_keeps_where_it_broke_but_not_a_message_quoting_the_payload(run_sql):
     """An exception whose message quotes the payload: the frames and type are kept, its message is not."""
     job = api.schedule("test.quotes_payload", {"email": "someone@example.org"}, delay=0)
-    (claim,) = store.claim_due_jobs(10)
+    (claim,) = jobs_store.claim_due_jobs(10)
     runner.run_batch([(claim.id, claim.token)])
     (attempt,) = JobAttempt.objects.filter(job_id=job.id)
     assert "_quote_payload" in attempt.traceback
@@ -94,8 +95,8 @@ def test_run_now_says_when_a_paused_or_full_kind_holds_the_job_back(admin_client
     api.set_max_running("demo.record", 1)
     response = admin_client.post(f"{CHANGELIST}{capped.id}/act/run_now/", follow=True)
     assert len(response.context["messages"]) == 1, "capped but with room: nothing to add"
-    api.schedule("demo.record", {}, due_at=store.database_now() - dt.timedelta(hours=1))  # claimed first
-    assert len(store.claim_due_jobs(10)) == 1  # the cap is taken: one demo.record claimed
+    api.schedule("demo.record", {}, due_at=core_store.database_now() - dt.timedelta(hours=1))  # claimed first
+    assert len(jobs_store.claim_due_jobs(10)) == 1  # the cap is taken: one demo.record claimed
     response = admin_client.post(f"{CHANGELIST}{paused.id}/act/run_now/", follow=True)
     assert [str(m) for m in response.context["messages"]] == [
         "1 job is due now; a worker takes it within a second.",
@@ -137,7 +138,7 @@ def test_the_list_puts_dead_stuck_and_overdue_first_and_finished_last(admin_clie
     soon = api.schedule("demo.noop", {"n": "soon"}, delay=3600).id
     done = api.schedule("demo.noop", {"n": "done"}, delay=60).id
     stuck = api.schedule("demo.noop", {"n": "stuck"}, delay=0).id
-    store.claim_due_jobs(10)
+    jobs_store.claim_due_jobs(10)
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '1 hour' WHERE id = %s", [stuck])
     overdue = api.schedule("demo.noop", {"n": "overdue"}, delay=60).id
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 minute' WHERE id = %s", [overdue])

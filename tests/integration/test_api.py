@@ -11,8 +11,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduling import api, exceptions
-from scheduling.core import store, validation
+from scheduling.core import store as core_store
+from scheduling.core import validation
 from scheduling.jobs import claim
+from scheduling.jobs import store as jobs_store
 from scheduling.models import JobState, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -177,7 +179,7 @@ def test_payload_depth_limit():
 def _claimed_and_dead() -> tuple[int, int]:
     """One claimed job and one dead job (each the only row of its state)."""
     claimed = api.schedule("demo.noop", {}, delay=0)
-    assert [c.id for c in store.claim_due_jobs(10)] == [claimed.id]
+    assert [c.id for c in jobs_store.claim_due_jobs(10)] == [claimed.id]
     dead = api.schedule("demo.noop", {}, delay=3600)
     ScheduledJob.objects.filter(pk=dead.id).update(state=JobState.DEAD, finished_at=timezone.now(), attempts=5)
     return claimed.id, dead.id
@@ -217,7 +219,7 @@ def test_retry_dead_many_revives_dead_jobs_with_a_fresh_budget():
     assert (result.changed, dict(result.untouched)) == ((dead,), {pending.id: JobState.PENDING})
     revived = ScheduledJob.objects.get(pk=dead)
     assert (revived.state, revived.attempts, revived.finished_at) == (JobState.PENDING, 0, None)
-    assert revived.due_at <= store.database_now()
+    assert revived.due_at <= core_store.database_now()
 
 
 def _notifications(conn: Any, at_least: int) -> int:
@@ -237,7 +239,7 @@ def test_a_bulk_change_making_jobs_due_now_wakes_the_claim_loop_when_it_commits(
     job = api.schedule("demo.noop", {}, delay=3600)
     if change == "retry_dead_many":
         ScheduledJob.objects.filter(pk=job.id).update(state=JobState.DEAD, finished_at=timezone.now())
-    arguments = {"due_at": store.database_now()} if change == "reschedule_many" else {}
+    arguments = {"due_at": core_store.database_now()} if change == "reschedule_many" else {}
     listener = raw_connect(autocommit=True)
     listener.cursor().execute(f"LISTEN {claim.NOTIFY_CHANNEL}")
 

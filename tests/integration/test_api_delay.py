@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, transaction
 
 from scheduling import api
-from scheduling.core import store
+from scheduling.jobs import store
 from scheduling.models import ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)

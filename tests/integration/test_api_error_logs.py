@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from scheduling.core import store
+from scheduling.core import store as core_store
+from scheduling.jobs import store as jobs_store
 from scheduling.web import auth
 
 pytestmark = [
@@ -35,7 +36,7 @@ def _explode(*args: Any, **kwargs: Any) -> Any:
 
 def test_a_500_logs_no_payload_text(client: Any, token_headers: dict[str, str], monkeypatch: Any, caplog: Any):
     """A bug in POST /api/jobs/ is a generic 500; the log has the traceback but not the payload."""
-    monkeypatch.setattr(store, "insert_job", _explode)
+    monkeypatch.setattr(jobs_store, "insert_job", _explode)
     caplog.set_level(logging.DEBUG)
     response = client.post(
         "/api/jobs/",
@@ -61,7 +62,7 @@ def test_a_500_on_a_job_logs_its_id(client: Any, token_headers: dict[str, str], 
         content_type="application/json",
         **token_headers,
     ).json()["job"]
-    monkeypatch.setattr(store, "database_clock", _explode)  # a delay counts from the call's clock
+    monkeypatch.setattr(core_store, "database_clock", _explode)  # a delay counts from the call's clock
     caplog.set_level(logging.DEBUG)
     response = client.post(
         f"/api/jobs/{created['id']}/reschedule",

@@ -16,8 +16,7 @@ import pytest
 from django.db import connection, transaction
 
 from scheduling import api, exceptions, registry
-from scheduling.core import store
-from scheduling.jobs import runner
+from scheduling.jobs import runner, store
 from scheduling.models import AttemptOutcome, JobState, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -83,14 +82,14 @@ def _chunk_holding(raw_connect: Callable[..., Any], started: store.StartedJob, t
     chunk = raw_connect()
     cursor = chunk.cursor()
     claims = {"ids": [started.id], "tokens": [started.token]}
-    cursor.execute(store.queries()["lock_claims"], claims)
+    cursor.execute(store.SQL["lock_claims"], claims)
     assert cursor.fetchall() == [(started.id,)]
     now = dt.datetime.now(dt.UTC)
     if then == "done":
-        cursor.execute(store.queries()["complete_jobs"], {**claims, "started": [now], "finished": [now]})
+        cursor.execute(store.SQL["complete_jobs"], {**claims, "started": [now], "finished": [now]})
     elif then == "failed":
         outcome = {"outcomes": ["failed"], "errors": ["boom"], "delays": [0.0], "tracebacks": [""]}
-        cursor.execute(store.queries()["fail_jobs"], {**claims, "started": [now], "finished": [now], **outcome})
+        cursor.execute(store.SQL["fail_jobs"], {**claims, "started": [now], "finished": [now], **outcome})
     return chunk
 
 

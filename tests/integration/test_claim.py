@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from scheduling import api, exceptions
-from scheduling.core import store
+from scheduling.jobs import store
 from scheduling.models import JobState, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,7 +26,7 @@ def _make_due(run_sql, n: int, kind: str = "demo.noop") -> None:
 def test_two_connections_claim_disjoint_rows(raw_connect, run_sql):
     """Two open transactions claiming at once get disjoint rows (SKIP LOCKED), neither waits."""
     _make_due(run_sql, 10)
-    claim_sql = store.queries()["claim_due_jobs"]
+    claim_sql = store.SQL["claim_due_jobs"]
     a, b = raw_connect(), raw_connect()
     with a.cursor() as ca, b.cursor() as cb:
         ca.execute(claim_sql, store.claim_params(6))
@@ -44,7 +44,7 @@ def test_two_connections_claim_disjoint_rows(raw_connect, run_sql):
 def test_four_claimers_over_10000_rows_claim_each_exactly_once(raw_connect, run_sql):
     """Four concurrent claimers drain 10,000 due rows; every row is claimed once and only once."""
     _make_due(run_sql, 10_000)
-    claim_sql = store.queries()["claim_due_jobs"]
+    claim_sql = store.SQL["claim_due_jobs"]
     conns = [raw_connect(autocommit=True) for _ in range(4)]
     results: list[list[int]] = [[] for _ in conns]
     barrier = threading.Barrier(len(conns))
@@ -96,7 +96,7 @@ def test_cancel_racing_a_claim_ends_in_exactly_one(raw_connect, run_sql, repeat)
     """A cancel and a claim racing on one due row: exactly one of them wins, and the loser says so."""
     job = api.schedule("demo.noop", {}, delay=0)
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 s' WHERE id = %s", [job.id])
-    claim_sql = store.queries()["claim_due_jobs"]
+    claim_sql = store.SQL["claim_due_jobs"]
     conn = raw_connect(autocommit=True)
     barrier = threading.Barrier(2)
     outcome: dict[str, object] = {}

@@ -12,8 +12,8 @@ from django.db import transaction
 from django.test import override_settings
 
 from scheduling import api, registry
-from scheduling.core import broker, conf, store
-from scheduling.jobs import claim, control, runner, sweep
+from scheduling.core import broker, conf
+from scheduling.jobs import claim, control, runner, store, sweep
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
 from tests.e2e.harness import wait_for

@@ -9,11 +9,12 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from scheduling import api
 from scheduling import tasks as celery_tasks
-from scheduling.core import store
 from scheduling.deferrals import countdowns
 from scheduling.jobs import claim
+from scheduling.jobs import store as jobs_store
 from scheduling.models import SchedulePolicy
 from scheduling.web import dashboard
+from scheduling.web import store as web_store
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -39,7 +40,7 @@ def test_backlog_counts_claimed_jobs_no_worker_started(admin_client, run_sql):
     """Jobs claimed but not started are waiting work: the backlog card and the kind's row count them."""
     api.schedule_many("demo.noop", [{}, {}, {}], delay=0)
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms'")
-    store.claim_due_jobs(2)
+    jobs_store.claim_due_jobs(2)
     page = admin_client.get(FRAGMENT).content.decode()
     assert _card(page, "backlog") == "3"
     assert "1 pending · 2 claimed, waiting" in page
@@ -106,7 +107,7 @@ def test_waiting_history_keeps_a_claim_waiting_until_a_worker_starts_it(run_sql)
     """A job claimed ten minutes ago and never started is still waiting at every sample since its due time."""
     api.schedule("demo.noop", {}, delay=0)
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '20 minutes'")
-    store.claim_due_jobs(1)
+    jobs_store.claim_due_jobs(1)
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes'")
-    history = store.waiting_history(900, 15)
+    history = web_store.waiting_history(900, 15)
     assert [p.waiting for p in history] == [1] * 16

@@ -24,8 +24,9 @@ from django.utils import timezone
 from scheduling import api, exceptions, registry
 from scheduling import tasks as celery_tasks
 from scheduling.core import broker as core_broker
-from scheduling.core import conf, store
+from scheduling.core import conf
 from scheduling.deferrals import countdowns
+from scheduling.jobs import store
 from scheduling.models import JobState, ScheduledJob
 from tasks import payments
 from tasks.models import Execution, Payment, PaymentState

@@ -14,7 +14,8 @@ from django.test import Client
 from django.utils import timezone
 
 from scheduling import api
-from scheduling.core import store
+from scheduling.core import store as core_store
+from scheduling.jobs import store as jobs_store
 from scheduling.models import ApiToken, JobState, ScheduledJob
 from scheduling.web import auth
 from tasks.models import Trial
@@ -102,7 +103,7 @@ def test_create_with_delay_uses_the_database_clock(alice):
     response = post_json(logged_in(alice), URL, {"kind": "demo.noop", "delay": 120, "max_attempts": 2})
     assert response.status_code == 201
     job = ScheduledJob.objects.get(pk=response.json()["job"]["id"])
-    ahead = (job.due_at - store.database_clock()).total_seconds()
+    ahead = (job.due_at - core_store.database_clock()).total_seconds()
     assert 110 < ahead <= 120
     assert job.max_attempts == 2
 
@@ -355,7 +356,7 @@ def test_cancel_a_pending_job_then_409_naming_its_state(alice):
 def test_cancel_and_reschedule_of_a_claimed_job_are_409_and_change_nothing(alice):
     """A claimed (running) job cannot be cancelled or moved: 409 with state=claimed."""
     job = api.schedule("demo.noop", {}, delay=0, owner=alice)
-    assert [c.id for c in store.claim_due_jobs(10)] == [job.id]
+    assert [c.id for c in jobs_store.claim_due_jobs(10)] == [job.id]
     before = _snapshot()
     client = logged_in(alice)
     response = client.post(f"/api/jobs/{job.id}/cancel", content_type="application/json")

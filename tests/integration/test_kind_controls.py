@@ -12,8 +12,7 @@ import pytest
 from django.db import connection
 
 from scheduling import api, exceptions
-from scheduling.core import store
-from scheduling.jobs import runner
+from scheduling.jobs import runner, store
 from scheduling.models import JobState, KindControl, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,7 +69,7 @@ def test_the_claim_is_one_indexed_statement_walking_priorities(run_sql):
     api.set_max_running("demo.noop", 5)
     run_sql("ANALYZE scheduling_scheduledjob")
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (FORMAT JSON) " + store.queries()["claim_due_jobs"], store.claim_params(500))
+        cursor.execute("EXPLAIN (FORMAT JSON) " + store.SQL["claim_due_jobs"], store.claim_params(500))
         plan = json.dumps(cursor.fetchone()[0])
     indexes = set(re.findall(r'"Index Name": "([a-z_]+)"', plan))
     assert "scheduledjob_pending_prio_idx" in indexes, indexes

@@ -1,4 +1,4 @@
-"""/metrics and /healthz against real PostgreSQL and Redis, and the history queries behind the dashboard charts."""
+"""/metrics and /healthz against real PostgreSQL and Redis."""
 
 from __future__ import annotations
 
@@ -217,51 +217,6 @@ def test_metrics_and_healthz_are_exempt_from_the_https_redirect(client):
         assert client.get("/admin/").status_code == 301
         assert client.get("/metrics", HTTP_AUTHORIZATION="x").status_code != 301
         assert client.get("/healthz").status_code in {200, 503}
-
-
-# --- the history behind the dashboard charts ------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_backlog_history_is_rebuilt_from_timestamps():
-    """Waiting spans (attempts, cancelled, still pending) become the backlog at each minute of the last hour."""
-    now = store.database_now()
-
-    def ago(minutes: float) -> dt.datetime:
-        return now - dt.timedelta(minutes=minutes)
-
-    ran = api.schedule("demo.noop", {}, delay=3600)
-    attempt(ran, due=ago(30.5), started=ago(19.5))  # waiting -30.5 .. -19.5 min: samples 30..40
-    cancelled = api.schedule("demo.noop", {}, delay=3600)
-    ScheduledJob.objects.filter(pk=cancelled.pk).update(
-        state=JobState.CANCELLED, due_at=ago(50.5), finished_at=ago(45.5)
-    )  # samples 10..14
-    api.schedule("demo.noop", {}, due_at=ago(5.5))  # still waiting: samples 55..60
-    api.schedule("demo.noop", {}, due_at=ago(-5))  # not due: never in the backlog
-    history = store.backlog_history(3600, 60)
-    assert [point.at for point in history] == [ago(60 - i) for i in range(61)]
-    expected = [0] * 61
-    for first, last in ((30, 40), (10, 14), (55, 60)):
-        for i in range(first, last + 1):
-            expected[i] += 1
-    assert [point.backlog for point in history] == expected
-
-
-@pytest.mark.django_db
-def test_lag_by_minute_summarises_each_minute():
-    """Each minute with attempts reports their count, median, p95 and maximum lag."""
-    now = store.database_now()
-    job = api.schedule("demo.noop", {}, delay=3600)
-    minute = now.replace(second=0, microsecond=0) - dt.timedelta(minutes=10)
-    for lag in (0.1, 0.2, 0.3, 10.0):
-        attempt(job, due=minute + dt.timedelta(seconds=5 - lag), started=minute + dt.timedelta(seconds=5))
-    rows = store.attempt_lag_by_minute(3600)
-    assert len(rows) == 1
-    row = rows[0]
-    assert (row.minute, row.attempts) == (minute, 4)
-    assert row.p50 == pytest.approx(0.25)
-    assert row.max == pytest.approx(10.0)
-    assert 0.3 < row.p95 < 10.0
 
 
 # --- issue #13 item 5 and 8: /metrics closed in production, cached; /healthz details not for anonymous callers

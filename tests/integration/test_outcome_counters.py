@@ -8,8 +8,10 @@ import pytest
 from django.db import connection, transaction
 
 from scheduling import api, schedules
-from scheduling.core import store
+from scheduling.core import store as core_store
+from scheduling.fixed import store as fixed_store
 from scheduling.jobs import runner, sweep
+from scheduling.jobs import store as jobs_store
 from scheduling.models import JobState, OutcomeCounter, RunState, RunTrigger, ScheduledJob, SchedulePolicy
 from tests.integration.test_metrics import scrape
 
@@ -20,9 +22,9 @@ def counters() -> dict[tuple[str, str, str], int]:
     return {(c.metric, c.label, c.outcome): c.value for c in OutcomeCounter.objects.all()}
 
 
-def claim_due(run_sql, ids: list[int]) -> list[store.Claim]:
+def claim_due(run_sql, ids: list[int]) -> list[jobs_store.Claim]:
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = ANY(%s)", [ids])
-    return store.claim_due_jobs(100)
+    return jobs_store.claim_due_jobs(100)
 
 
 def test_each_outcome_is_counted_once_by_kind_in_the_recording_statement(run_sql):
@@ -58,13 +60,13 @@ def test_each_outcome_is_counted_once_by_kind_in_the_recording_statement(run_sql
 def test_a_rolled_back_outcome_is_not_counted(run_sql):
     """The counter is in the outcome's transaction: rolled back together, nothing counted."""
     (claim,) = claim_due(run_sql, [api.schedule("demo.record", {}, delay=60).id])
-    store.start_jobs([(claim.id, claim.token)], "w:1")
-    now = store.database_now()
+    jobs_store.start_jobs([(claim.id, claim.token)], "w:1")
+    now = core_store.database_now()
     seen_inside: list[int] = []
 
     def record_then_fail() -> None:
         with transaction.atomic():
-            store.complete_jobs([store.Outcome(claim.id, claim.token, now, now, "succeeded")])
+            jobs_store.complete_jobs([jobs_store.Outcome(claim.id, claim.token, now, now, "succeeded")])
             seen_inside.append(counters()[("jobs_finished", "demo.record", "done")])
             raise RuntimeError("the batch's transaction fails after recording")
 
@@ -97,16 +99,16 @@ def test_fixed_runs_are_counted_when_they_end_or_are_born_final():
     schedules.sync(declarations=[schedules.make(name="counted", kind="demo.record", every=60)])
     policy = SchedulePolicy.objects.get(periodic_task__name="counted")
     tick = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
-    first = store.insert_schedule_run(policy.pk, tick, RunTrigger.BEAT, "w:1", "t1")
-    second = store.insert_schedule_run(policy.pk, tick + dt.timedelta(minutes=1), RunTrigger.BEAT, "w:1", "t2")
+    first = fixed_store.insert_schedule_run(policy.pk, tick, RunTrigger.BEAT, "w:1", "t1")
+    second = fixed_store.insert_schedule_run(policy.pk, tick + dt.timedelta(minutes=1), RunTrigger.BEAT, "w:1", "t2")
     assert first is not None
     assert second is not None
-    assert store.insert_schedule_run(policy.pk, tick, RunTrigger.BEAT, "w:2", "t3") is not None  # a duplicate
+    assert fixed_store.insert_schedule_run(policy.pk, tick, RunTrigger.BEAT, "w:2", "t3") is not None  # a duplicate
     assert counters() == {}, "running runs are not counted yet"
-    assert store.finish_schedule_run(first.id, RunState.SUCCEEDED)
-    assert store.finish_schedule_run(second.id, RunState.FAILED, "boom")
-    assert not store.finish_schedule_run(second.id, RunState.SUCCEEDED), "already finished: no second count"
-    store.record_missed_ticks(policy.pk, [tick + dt.timedelta(minutes=m) for m in (2, 3)], "missed")
+    assert fixed_store.finish_schedule_run(first.id, RunState.SUCCEEDED)
+    assert fixed_store.finish_schedule_run(second.id, RunState.FAILED, "boom")
+    assert not fixed_store.finish_schedule_run(second.id, RunState.SUCCEEDED), "already finished: no second count"
+    fixed_store.record_missed_ticks(policy.pk, [tick + dt.timedelta(minutes=m) for m in (2, 3)], "missed")
     assert counters() == {
         ("fixed_runs", "counted", "succeeded"): 1,
         ("fixed_runs", "counted", "failed"): 1,
@@ -118,14 +120,14 @@ def test_the_triggers_aggregate_per_statement_not_per_row(run_sql):
     """A batch of 20 successes leaves one counter row per (metric, kind, outcome), updated by one upsert."""
     ids = [api.schedule("demo.record", {"label": f"s-{i}"}, delay=60).id for i in range(20)]
     claims = claim_due(run_sql, ids)
-    store.start_jobs([(c.id, c.token) for c in claims], "w:1")
-    now = store.database_now()
+    jobs_store.start_jobs([(c.id, c.token) for c in claims], "w:1")
+    now = core_store.database_now()
     with connection.cursor() as cursor:
         cursor.execute("SELECT n_tup_upd + n_tup_ins FROM pg_stat_xact_user_tables WHERE relname = %s",
                        ["scheduling_outcomecounter"])  # fmt: skip
         assert cursor.fetchone() in (None, (0,))
     with transaction.atomic():
-        store.complete_jobs([store.Outcome(c.id, c.token, now, now, "succeeded") for c in claims])
+        jobs_store.complete_jobs([jobs_store.Outcome(c.id, c.token, now, now, "succeeded") for c in claims])
         with connection.cursor() as cursor:
             cursor.execute("SELECT n_tup_upd + n_tup_ins FROM pg_stat_xact_user_tables WHERE relname = %s",
                            ["scheduling_outcomecounter"])  # fmt: skip

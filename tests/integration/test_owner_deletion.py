@@ -9,6 +9,7 @@ from django.test import Client
 
 from scheduling import api
 from scheduling.core import exceptions, registry, store
+from scheduling.jobs import store as jobs_store
 from scheduling.jobs import runner
 from scheduling.models import JobAttempt, JobState, Recurrence, ScheduledJob
 from tasks.models import Payment
@@ -62,7 +63,7 @@ def test_deleting_a_user_in_the_admin_cancels_their_waiting_work_and_keeps_who_o
     assert after[system] == (JobState.PENDING, None, "")
     assert not Recurrence.objects.filter(pk=recurrence.id).exists()
     assert backlog(admin_client) == 1, "her jobs did not join the system's backlog"
-    claimed = {claim.id for claim in store.claim_due_jobs(100)}
+    claimed = {claim.id for claim in jobs_store.claim_due_jobs(100)}
     assert claimed == {his, system}
 
 
@@ -80,7 +81,7 @@ def test_deleting_users_through_the_orm_cancels_only_their_pending_jobs(django_u
     assert after[jobs["carol"]] == (JobState.CANCELLED, None, f"carol (#{ids['carol']})")
     assert after[jobs["dave"]] == (JobState.CANCELLED, None, f"dave (#{ids['dave']})")
     assert after[jobs["erin"]] == (JobState.PENDING, erin.pk, "")
-    assert {claim.id for claim in store.claim_due_jobs(100)} == {jobs["erin"]}
+    assert {claim.id for claim in jobs_store.claim_due_jobs(100)} == {jobs["erin"]}
 
 
 def test_a_claimed_job_of_a_deleted_owner_fails_its_last_attempt_instead_of_running_as_the_system(
@@ -91,7 +92,7 @@ def test_a_claimed_job_of_a_deleted_owner_fails_its_last_attempt_instead_of_runn
     payment = Payment.objects.create(reference="pay-frank", amount_cents=100, owner=frank)
     job = api.schedule("payments.retry", {"reference": "pay-frank"}, delay=0, owner=frank)
     overdue(run_sql, [job.id])
-    [claim] = store.claim_due_jobs(10)
+    [claim] = jobs_store.claim_due_jobs(10)
 
     frank_id = frank.pk
     frank.delete()

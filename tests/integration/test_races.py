@@ -18,7 +18,7 @@ import pytest
 from django.db import connection
 
 from scheduling import api, exceptions
-from scheduling.core import store
+from scheduling.jobs import store
 from scheduling.models import JobState, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)

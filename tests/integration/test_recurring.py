@@ -11,9 +11,10 @@ import pytest
 from django.db import connection, transaction
 
 from scheduling import api, exceptions
-from scheduling.core import store
+from scheduling.jobs import store as jobs_store
 from scheduling.models import JobState, Recurrence, RecurrenceState, ScheduledJob
 from scheduling.recurring import planner
+from scheduling.recurring import store as recurring_store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -322,9 +323,9 @@ def test_the_same_plan_written_twice_at_once_creates_one_occurrence(run_sql, raw
     """Two connections run the same planned insert at once (a stale planner): the unique record keeps one."""
     ids = [api.recur("demo.noop", {}, key=f"k{i}", every=3600).id for i in range(20)]
     finish_current(run_sql, ids, back="1 hour")
-    rows = {r.id: r for r in store.pick_recurrences_to_plan(100)}
+    rows = {r.id: r for r in recurring_store.pick_recurrences_to_plan(100)}
     plan = [
-        store.PlannedOccurrence(
+        recurring_store.PlannedOccurrence(
             rid,
             rows[rid].current_at,
             rows[rid].current_at + dt.timedelta(hours=1),
@@ -335,7 +336,7 @@ def test_the_same_plan_written_twice_at_once_creates_one_occurrence(run_sql, raw
         )
         for rid in ids
     ]
-    sql = store.queries()["plan_occurrences"]
+    sql = recurring_store.SQL["plan_occurrences"]
     params = {
         "ids": [p.recurrence_id for p in plan],
         "prevs": [p.prev for p in plan],
@@ -384,7 +385,7 @@ def test_pruning_a_recurrences_latest_occurrence_is_allowed(run_sql):
     run_sql(
         "UPDATE scheduling_scheduledjob SET finished_at = now() - interval '30 days' WHERE recurrence_id = %s", [rec.id]
     )
-    assert store.prune_finished_jobs(days=14, limit=100) == 1
+    assert jobs_store.prune_finished_jobs(days=14, limit=100) == 1
     assert occurrences(rec.id) == []
     assert planner.plan_once().created == 1
     assert len(pending(rec.id)) == 1

@@ -21,8 +21,7 @@ from django.db import DatabaseError, IntegrityError, OperationalError, connectio
 from django.test import override_settings
 
 from scheduling import api, registry
-from scheduling.core import store
-from scheduling.jobs import lease, runner
+from scheduling.jobs import lease, runner, store
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution, Notification
 from tests.e2e.harness import wait_for

@@ -12,8 +12,8 @@ from django.db import connection
 
 from scheduling import api, backends, exceptions, registry
 from scheduling.core import exceptions as core_exceptions
-from scheduling.core import store, validation
-from scheduling.jobs import claim, runner, sweep
+from scheduling.core import validation
+from scheduling.jobs import claim, runner, store, sweep
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
 from tests.taskkit import tasks

@@ -8,8 +8,9 @@ import pytest
 from django.test import override_settings
 
 from scheduling import api
-from scheduling.core import store
+from scheduling.core import store as core_store
 from scheduling.jobs import claim, runner, sweep
+from scheduling.jobs import store as jobs_store
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
 
@@ -20,10 +21,10 @@ def _due(run_sql, job_id: int) -> None:
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [job_id])
 
 
-def _claim_one(run_sql, kind: str = "demo.record", payload: dict | None = None) -> store.Claim:
+def _claim_one(run_sql, kind: str = "demo.record", payload: dict | None = None) -> jobs_store.Claim:
     job = api.schedule(kind, payload or {}, delay=60)
     _due(run_sql, job.id)
-    (claim,) = store.claim_due_jobs(10)
+    (claim,) = jobs_store.claim_due_jobs(10)
     return claim
 
 
@@ -53,18 +54,18 @@ def test_a_claim_runs_at_most_once(run_sql):
 def test_stale_completion_is_rejected(run_sql):
     """An outcome presented with an old token changes nothing and records no attempt."""
     claim = _claim_one(run_sql)
-    started = store.start_jobs([(claim.id, claim.token)], "w:1")
+    started = jobs_store.start_jobs([(claim.id, claim.token)], "w:1")
     assert len(started) == 1
     # The sweeper takes it back and someone else claims it: a new token.
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", [claim.id])
     assert sweep.reclaim_expired() == (1, 0)
     _due(run_sql, claim.id)
-    (again,) = store.claim_due_jobs(1)
+    (again,) = jobs_store.claim_due_jobs(1)
     assert again.token != claim.token
     now = started[0].db_now
-    stale = store.Outcome(claim.id, claim.token, now, now, AttemptOutcome.SUCCEEDED)
-    assert store.complete_jobs([stale]) == []
-    assert store.fail_jobs([stale]) == []
+    stale = jobs_store.Outcome(claim.id, claim.token, now, now, AttemptOutcome.SUCCEEDED)
+    assert jobs_store.complete_jobs([stale]) == []
+    assert jobs_store.fail_jobs([stale]) == []
     job = ScheduledJob.objects.get(pk=claim.id)
     assert job.state == JobState.CLAIMED
     assert str(job.token) == again.token
@@ -91,7 +92,7 @@ def test_failure_at_max_attempts_is_dead(run_sql):
     """The attempt that spends max_attempts leaves the job dead, not pending."""
     job = api.schedule("demo.fail", {}, delay=60, max_attempts=1)
     _due(run_sql, job.id)
-    (claim,) = store.claim_due_jobs(1)
+    (claim,) = jobs_store.claim_due_jobs(1)
     runner.run_batch([(claim.id, claim.token)])
     stored = ScheduledJob.objects.get(pk=job.id)
     assert stored.state == JobState.DEAD
@@ -101,7 +102,7 @@ def test_failure_at_max_attempts_is_dead(run_sql):
 def test_sweeper_reclaims_after_the_lease_only(run_sql):
     """A claim with a fresh heartbeat is kept; one older than its lease goes back to pending."""
     claim = _claim_one(run_sql)
-    store.start_jobs([(claim.id, claim.token)], "w:1")
+    jobs_store.start_jobs([(claim.id, claim.token)], "w:1")
     assert sweep.reclaim_expired() == (0, 0)
     assert ScheduledJob.objects.get(pk=claim.id).state == JobState.CLAIMED
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '61 seconds' WHERE id = %s", [claim.id])
@@ -118,7 +119,7 @@ def test_sweeper_kills_after_max_attempts(run_sql):
     """A stranded claim whose attempts are spent becomes dead instead of pending."""
     job = api.schedule("demo.record", {}, delay=60, max_attempts=1)
     _due(run_sql, job.id)
-    store.claim_due_jobs(1)
+    jobs_store.claim_due_jobs(1)
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '2 minutes' WHERE id = %s", [job.id])
     assert sweep.reclaim_expired() == (0, 1)
     assert ScheduledJob.objects.get(pk=job.id).state == JobState.DEAD
@@ -167,8 +168,8 @@ def test_status_counts_backlog_and_stuck(run_sql):
 def test_released_claims_go_back_to_pending(run_sql):
     """A worker shutting down can give back its claims: pending again, attempt recorded as reclaimed."""
     claim = _claim_one(run_sql)
-    assert store.release_jobs([(claim.id, claim.token)], "worker shutting down") == [
-        store.MovedJob(claim.id, JobState.PENDING)
+    assert jobs_store.release_jobs([(claim.id, claim.token)], "worker shutting down") == [
+        jobs_store.MovedJob(claim.id, JobState.PENDING)
     ]
     job = ScheduledJob.objects.get(pk=claim.id)
     assert job.state == JobState.PENDING
@@ -179,13 +180,13 @@ def test_released_claims_go_back_to_pending(run_sql):
 # --- Crash isolation: a batch that died with its process -------------------------------------------
 
 
-def _crashed_batch(run_sql, n: int, *, max_attempts: int = 3, worker: str = "host:4242") -> list[store.Claim]:
+def _crashed_batch(run_sql, n: int, *, max_attempts: int = 3, worker: str = "host:4242") -> list[jobs_store.Claim]:
     """Claim ``n`` demo.record jobs as one batch, start it on ``worker``, then let its heartbeat go stale."""
     ids = api.schedule_many("demo.record", [{}] * n, delay=60, max_attempts=max_attempts)
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = ANY(%s)", [ids])
-    claims = store.claim_due_jobs(n)
+    claims = jobs_store.claim_due_jobs(n)
     assert sorted(c.id for c in claims) == sorted(ids)
-    assert len(store.start_jobs([(c.id, c.token) for c in claims], worker)) == n
+    assert len(jobs_store.start_jobs([(c.id, c.token) for c in claims], worker)) == n
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '61 seconds' WHERE id = ANY(%s)", [ids])
     return claims
 
@@ -202,7 +203,7 @@ def test_a_batch_that_died_together_is_charged_nothing_and_runs_alone_later(run_
         assert attempt.outcome == AttemptOutcome.RECLAIMED
         assert "a batch of 10 jobs; not counted" in attempt.error
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE state = 'pending'")
-    again = store.claim_due_jobs(50, messages=50, batch_sizes={"demo.record": 50})
+    again = jobs_store.claim_due_jobs(50, messages=50, batch_sizes={"demo.record": 50})
     assert len(again) == 10
     assert all(c.run_alone for c in again)
     assert [len(b) for b in claim.batches_for(again)] == [1] * 10, "each sent in a batch of its own"
@@ -215,8 +216,8 @@ def test_a_job_that_crashes_alone_is_charged_until_dead(run_sql):
     job = ScheduledJob.objects.get(pk=first.id)
     assert (job.attempts, job.max_attempts, job.run_alone) == (1, 2, True)
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [first.id])
-    (second,) = store.claim_due_jobs(1)
-    store.start_jobs([(second.id, second.token)], "host:4343")
+    (second,) = jobs_store.claim_due_jobs(1)
+    jobs_store.start_jobs([(second.id, second.token)], "host:4343")
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '61 seconds' WHERE id = %s", [first.id])
     assert sweep.reclaim_expired() == (0, 1)
     job = ScheduledJob.objects.get(pk=first.id)
@@ -227,8 +228,10 @@ def test_a_job_that_crashes_alone_is_charged_until_dead(run_sql):
 def test_the_last_unfinished_job_of_a_batch_is_charged_and_the_finished_ones_untouched(run_sql):
     """Of a batch of 3, two finished before the process died: the third is the suspect, charged and flagged."""
     claims = _crashed_batch(run_sql, 3)
-    now = store.database_now()
-    assert store.complete_jobs([store.Outcome(c.id, c.token, now, now, AttemptOutcome.SUCCEEDED) for c in claims[:2]])
+    now = core_store.database_now()
+    assert jobs_store.complete_jobs(
+        [jobs_store.Outcome(c.id, c.token, now, now, AttemptOutcome.SUCCEEDED) for c in claims[:2]]
+    )
     assert sweep.reclaim_expired() == (1, 0)
     suspect = ScheduledJob.objects.get(pk=claims[2].id)
     assert (suspect.state, suspect.attempts, suspect.max_attempts, suspect.run_alone) == (JobState.PENDING, 1, 3, True)
@@ -239,7 +242,7 @@ def test_a_claim_whose_message_was_lost_keeps_its_due_time_and_is_not_flagged(ru
     """Never started (its message lost): pending again at its due time, charged as before, not run_alone."""
     job = api.schedule("demo.record", {}, delay=60)
     _due(run_sql, job.id)
-    assert len(store.claim_due_jobs(1)) == 1
+    assert len(jobs_store.claim_due_jobs(1)) == 1
     due_at = ScheduledJob.objects.get(pk=job.id).due_at
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '2 minutes' WHERE id = %s", [job.id])
     assert sweep.reclaim_expired() == (1, 0)

@@ -1,4 +1,4 @@
-"""Every named statement parses and plans in PostgreSQL."""
+"""Every named statement of every store's .sql files parses and plans in PostgreSQL."""
 
 from __future__ import annotations
 
@@ -7,17 +7,26 @@ import re
 import pytest
 from django.db import connection, transaction
 
-from scheduling.core import store
+from scheduling.core import store as core_store
+from scheduling.deferrals import store as deferrals_store
+from scheduling.fixed import store as fixed_store
+from scheduling.jobs import store
+from scheduling.recurring import store as recurring_store
+from scheduling.web import store as web_store
 
 pytestmark = pytest.mark.django_db
 
 UTILITY = {"check_deferred_constraints", "defer_constraints"}  # SET CONSTRAINTS: run, not planned
 
 
-@pytest.mark.parametrize("name", sorted(store.queries()))
-def test_statement_plans(name):
+STORES = [core_store, store, fixed_store, deferrals_store, recurring_store, web_store]
+STATEMENTS = [(s, name) for s in STORES for name in sorted(s.SQL.queries)]
+
+
+@pytest.mark.parametrize(("owner", "name"), STATEMENTS, ids=[f"{s.__name__.split('.')[1]}:{n}" for s, n in STATEMENTS])
+def test_statement_plans(owner, name):
     """EXPLAIN accepts the statement with every parameter NULL (types come from the casts in the SQL)."""
-    sql = store.queries()[name]
+    sql = owner.SQL[name]
     params = {p: None for p in re.findall(r"%\((\w+)\)s", sql)}
     with transaction.atomic(), connection.cursor() as cursor:
         if name in UTILITY:  # a utility statement has no plan: PostgreSQL must accept it as it is
@@ -32,6 +41,6 @@ def test_statement_plans(name):
 def test_claim_uses_the_partial_index(run_sql):
     """The claim's plan reads the pending-only partial indexes (not the whole table)."""
     run_sql("SET enable_seqscan = off")
-    plan = "\n".join(row[0] for row in run_sql("EXPLAIN " + store.queries()["claim_due_jobs"], store.claim_params(10)))
+    plan = "\n".join(row[0] for row in run_sql("EXPLAIN " + store.SQL["claim_due_jobs"], store.claim_params(10)))
     assert "scheduledjob_pending_prio_idx" in plan or "scheduledjob_pending_due_idx" in plan
     assert "Seq Scan on scheduling_scheduledjob" not in plan

@@ -42,7 +42,7 @@ from hypothesis.stateful import (
 )
 
 from scheduling import api, exceptions
-from scheduling.core import store
+from scheduling.jobs import store
 from scheduling.models import AttemptOutcome, JobState
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,40 +1,82 @@
-"""The named-SQL loader: every block found, names unique."""
+"""The named-SQL runner and the stores: blocks loaded, names unique, rows built by name, cursors in stores only."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import datetime as dt
 import re
 from pathlib import Path
 
 import pytest
 
-from scheduling.core import store
+from scheduling.core import db
+from scheduling.core import store as core_store
+from scheduling.deferrals import store as deferrals_store
+from scheduling.fixed import store as fixed_store
+from scheduling.jobs import store as jobs_store
+from scheduling.models import JobState
+from scheduling.recurring import store as recurring_store
+from scheduling.web import store as web_store
+
+STORES = [core_store, jobs_store, fixed_store, deferrals_store, recurring_store, web_store]
+PACKAGE = Path(db.__file__).parents[1]
 
 
-def test_every_named_block_is_loaded():
-    """Each `-- name:` line in queries.sql becomes one entry with a statement body."""
-    text = store.SQL_FILE.read_text()
-    names = re.findall(r"^--\s*name:\s*(\w+)\s*$", text, flags=re.MULTILINE)
-    loaded = store.queries()
+@pytest.mark.parametrize("store", STORES, ids=lambda s: s.__name__)
+def test_every_named_block_is_loaded(store):
+    """Each `-- name:` line of a store's .sql files becomes one entry with a statement body."""
+    names = []
+    for path in store.SQL.files():
+        names += re.findall(r"^--\s*name:\s*(\w+)\s*$", path.read_text(), flags=re.MULTILINE)
+    loaded = store.SQL.queries
+    assert names
     assert sorted(loaded) == sorted(names)
     for name, sql in loaded.items():
         assert re.search(r"\b(SELECT|INSERT|UPDATE|DELETE|WITH|SET CONSTRAINTS)\b", sql), name
         assert not sql.rstrip().endswith(";"), name
 
 
+def test_every_sql_file_belongs_to_a_store():
+    """Every .sql file under scheduling/ sits in the sql/ folder of a store that loads it."""
+    loaded = {path for store in STORES for path in store.SQL.files()}
+    assert set(PACKAGE.rglob("*.sql")) == loaded
+
+
 def test_duplicate_names_are_refused():
     """Two blocks with one name are a loading error, not a silent override."""
     with pytest.raises(ValueError, match="defined twice"):
-        store.parse_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+        db.parse_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
 
 
 def test_comments_before_first_name_are_ignored():
     """Text before the first named block belongs to no query."""
-    assert store.parse_queries("-- header\n-- name: q\nSELECT 1;\n") == {"q": "SELECT 1"}
+    assert db.parse_queries("-- header\n-- name: q\nSELECT 1;\n") == {"q": "SELECT 1"}
 
 
-# Modules that may open a cursor besides the store: lock, leadership and LISTEN sessions on their own psycopg2
-# connections, which read or write no table (see the store's docstring).
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    id: int
+    state: JobState
+    payload: db.Json = None
+    due_at: dt.datetime | None = None
+
+
+def test_rows_are_built_by_column_name():
+    """Columns map to fields by name in any order; enums and jsonb text are converted, missing fields take defaults."""
+    row = db.build(_Row, {"payload": '{"a": 1}', "state": "dead", "id": 7})
+    assert row == _Row(id=7, state=JobState.DEAD, payload={"a": 1})
+    assert isinstance(row.state, JobState)
+
+
+def test_a_column_without_a_field_is_refused():
+    """A column the dataclass has no field for is an error naming it, not a silent drop."""
+    with pytest.raises(ValueError, match="'oops'"):
+        db.build(_Row, {"id": 1, "state": "dead", "oops": 2})
+
+
+# Modules that may open a cursor besides the stores and the runner: lock, leadership and LISTEN sessions
+# on their own psycopg2 connections, which read or write no table (see the core store's docstring).
 SESSION_MODULES = {"core/locks.py", "core/leadership.py"}
 
 
@@ -47,16 +89,18 @@ def _cursor_calls(path: Path) -> list[int]:
     ]
 
 
-def test_only_the_store_holds_a_cursor_on_djangos_connection():
-    """No module but the store opens a cursor; the lock and LISTEN sessions use their own connections only."""
-    package = Path(store.__file__).parents[1]
+def test_only_a_store_holds_a_cursor_on_djangos_connection():
+    """Only a store.py (and the runner, core/db.py) opens a cursor; lock and LISTEN sessions have their own."""
     found = {
-        str(path.relative_to(package)): lines
-        for path in sorted(package.rglob("*.py"))
-        if "migrations" not in path.parts and (lines := _cursor_calls(path))
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "migrations" not in path.parts and _cursor_calls(path)
     }
-    assert set(found) - {"core/store.py"} == SESSION_MODULES
+    allowed = {str(Path(store.__file__).relative_to(PACKAGE)) for store in STORES} | {"core/db.py"}
+    assert found - allowed == SESSION_MODULES
     for name in SESSION_MODULES:
-        source = (package / name).read_text()
+        source = (PACKAGE / name).read_text()
         assert "from django.db import connection" not in source, name
         assert "dedicated_connection" in source, name
+    stores = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("store.py")}
+    assert stores == {str(Path(store.__file__).relative_to(PACKAGE)) for store in STORES}

@@ -19,7 +19,7 @@ from django.utils.translation import ngettext
 from django_celery_beat import admin as beat_admin
 from django_celery_beat.models import PeriodicTask
 
-from scheduling.core import exceptions, store
+from scheduling.core import exceptions
 from scheduling.fixed import edits
 from scheduling.models import (
     RunState,
@@ -28,6 +28,7 @@ from scheduling.models import (
     ScheduleRun,
 )
 from scheduling.templatetags.timekeeper_admin import relative
+from scheduling.web import store
 from scheduling.web.admin import common, fixed_forms
 
 RECENT_RUNS_SHOWN = 10  # runs listed on a schedule's page (the full history is linked)

@@ -1,0 +1,186 @@
+"""The one runner of Timekeeper's hand-written SQL: named blocks in, typed rows out.
+
+Each mechanism keeps its statements beside the code that decides (``jobs/sql/*.sql``,
+``fixed/sql``, ``deferrals/sql``, ``recurring/sql``, ``web/sql``; the core's own in ``core/sql``)
+and runs them through its ``store.py`` with a ``Statements`` of its folder. A file holds named
+blocks (``-- name: claim_due_jobs``) with the comment that says why; a folder's files are loaded
+once, on first use, and a name defined twice is a loading error.
+
+Rows come back by column name, never by position: ``fetch_all(Claim, "claim_due_jobs", params)``
+builds a frozen dataclass per row from ``cursor.description``. Every column must be a field (a
+column without one is an error naming it), a field without a column takes its default. A field
+typed as an enum (``JobState``, ``RunState``: the models' ``TextChoices``) gets the enum; a field
+typed ``Json`` is decoded when the driver hands jsonb back as text (Django's psycopg2 connections
+do). Statements run on Django's connection for the current thread, so they join the caller's
+transaction when there is one. Only this module and the stores (``*/store.py``) open a cursor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, TypeVar, cast
+
+from django.db import connection
+
+R = TypeVar("R")
+Params = Mapping[str, Any] | Sequence[Any] | None
+
+_JSON = "jsonb"
+Json = Annotated[Any, _JSON]  # a field holding a decoded jsonb value
+_NAME = re.compile(r"^--\s*name:\s*(?P<name>\w+)\s*$")
+
+
+def parse_queries(text: str, source: str = "") -> dict[str, str]:
+    """Split a file of ``-- name: x`` blocks into {name: statement}; comments stay in the text."""
+    queries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        match = _NAME.match(line)
+        if match:
+            name = match["name"]
+            if name in queries:
+                raise ValueError(f"query {name!r} is defined twice in {source or 'the file'}")
+            current = queries[name] = []
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines).strip().rstrip(";") for name, lines in queries.items()}
+
+
+class Statements:
+    """The named statements of a folder of ``.sql`` files, loaded once; run them by name."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def files(self) -> list[Path]:
+        return sorted(self.folder.glob("*.sql"))
+
+    @functools.cached_property
+    def queries(self) -> dict[str, str]:
+        """Every named statement of the folder, {name: SQL}."""
+        loaded: dict[str, str] = {}
+        for path in self.files():
+            for name, sql in parse_queries(path.read_text(), path.name).items():
+                if name in loaded:
+                    raise ValueError(f"query {name!r} is defined twice in {self.folder}")
+                loaded[name] = sql
+        return loaded
+
+    def __getitem__(self, name: str) -> str:
+        return self.queries[name]
+
+    def fetch_all(self, cls: type[R], name: str, params: Params = None, *, prefix: str = "") -> list[R]:
+        """The rows of statement ``name`` as ``cls`` instances, built by column name."""
+        return fetch_all_sql(cls, prefix + self[name], params)
+
+    def fetch_one(self, cls: type[R], name: str, params: Params = None) -> R | None:
+        """The first row of statement ``name`` as a ``cls`` (None: no row)."""
+        rows = self.fetch_all(cls, name, params)
+        return rows[0] if rows else None
+
+    def fetch_values(self, name: str, params: Params = None, *, prefix: str = "") -> list[Any]:
+        """The single column of every row of statement ``name``."""
+        columns, rows = run(prefix + self[name], params)
+        if len(columns) != 1:
+            raise ValueError(f"{name} returns {len(columns)} columns, not one")
+        return [row[0] for row in rows]
+
+    def fetch_value(self, name: str, params: Params = None) -> Any:
+        """The single column of the first row of statement ``name`` (None: no row)."""
+        values = self.fetch_values(name, params)
+        return values[0] if values else None
+
+    def fetch_pairs(self, name: str, params: Params = None) -> dict[Any, Any]:
+        """{first column: second column} over the rows of a two-column statement."""
+        columns, rows = run(self[name], params)
+        if len(columns) != 2:
+            raise ValueError(f"{name} returns {len(columns)} columns, not two")
+        return {row[0]: row[1] for row in rows}
+
+    def execute(self, name: str, params: Params = None) -> None:
+        """Run statement ``name`` for its effect (its rows, if any, are not read)."""
+        with connection.cursor() as cursor:
+            cursor.execute(self[name], params)
+
+    def explain_json(self, name: str) -> Any:
+        """The planner's JSON plan of statement ``name`` (EXPLAIN only: the statement does not run)."""
+        _, rows = run("EXPLAIN (FORMAT JSON) " + self[name], None)
+        plan = rows[0][0]
+        return json.loads(plan) if isinstance(plan, str) else plan
+
+
+def run(sql: str, params: Params) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run ``sql`` (several statements joined: the rows are the last one's); its column names and rows."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if cursor.description is None:
+            return [], []
+        return [column[0] for column in cursor.description], cursor.fetchall()
+
+
+def fetch_all_sql(cls: type[R], sql: str, params: Params) -> list[R]:
+    """The rows of ``sql`` as ``cls`` instances, built by column name."""
+    columns, rows = run(sql, params)
+    make: Callable[[Sequence[Any]], R] = _builder(cast(Hashable, cls), tuple(columns))
+    return [make(row) for row in rows]
+
+
+def build(cls: type[R], record: Mapping[str, Any]) -> R:
+    """A ``cls`` from {column: value}, by name (see the module docstring)."""
+    columns = tuple(record)
+    made: R = _builder(cast(Hashable, cls), columns)(tuple(record[c] for c in columns))
+    return made
+
+
+@functools.cache
+def _fields(key: Hashable) -> dict[str, Any]:
+    """{field name: converter or None} of a dataclass, from its resolved type hints."""
+    cls = cast(type[Any], key)
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls.__name__} is not a dataclass")
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {field.name: _converter(hints[field.name]) for field in dataclasses.fields(cls)}
+
+
+def _converter(hint: Any) -> Any:
+    """What turns a column's value into the field's: an enum's constructor, a JSON decoder, or None."""
+    if typing.get_origin(hint) is Annotated and _JSON in typing.get_args(hint)[1:]:
+        return _decode_json
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return _converter(inner[0]) if len(inner) == 1 else None
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint
+    return None
+
+
+def _decode_json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@functools.cache
+def _builder(key: Hashable, columns: tuple[str, ...]) -> Any:
+    """A maker of ``key`` (a dataclass) instances from rows of ``columns``, built once per column list."""
+    cls = cast(type[Any], key)
+    fields = _fields(key)
+    unknown = [column for column in columns if column not in fields]
+    if unknown:
+        raise ValueError(f"columns {unknown} have no field in {cls.__name__}")
+    converters = [fields[column] for column in columns]
+
+    def make(row: Sequence[Any]) -> Any:
+        values = {
+            column: convert(value) if convert is not None and value is not None else value
+            for column, convert, value in zip(columns, converters, row, strict=True)
+        }
+        return cls(**values)
+
+    return make

@@ -1,0 +1,105 @@
+-- Fixed-time schedules: the run ledger (the exactly-once gate), history limits, beat's progress.
+-- Loaded once by scheduling.fixed.store.
+-- Times come from the database clock (now(), clock_timestamp()) only.
+-- Every state change is conditional on the state (and claim token) the caller believes in.
+
+-- name: insert_schedule_run
+-- The exactly-once gate. The unique (schedule, tick) constraint admits the first delivery of a
+-- tick; any later one (a second beat, a redelivered message, a re-sent tick) lands in ON CONFLICT,
+-- which counts it on the existing row and returns inserted = false (xmax is 0 only for a row this
+-- statement inserted). A tick at or before the schedule's pruned_through watermark had its row
+-- pruned: no row comes back and the caller refuses it too. Lateness is measured on the database clock.
+WITH policy AS (
+    SELECT id, pruned_through FROM scheduling_schedulepolicy WHERE id = %(schedule_id)s
+)
+INSERT INTO scheduling_schedulerun AS r
+    (schedule_id, tick, state, trigger, attempt, worker, task_id, started_at, error, duplicates_refused)
+SELECT policy.id, coalesce(%(tick)s, now()), 'running', %(trigger)s, 1, %(worker)s, %(task_id)s, now(), '', 0
+FROM policy
+WHERE policy.pruned_through IS NULL OR coalesce(%(tick)s, now()) > policy.pruned_through
+ON CONFLICT (schedule_id, tick) DO UPDATE SET duplicates_refused = r.duplicates_refused + 1
+RETURNING r.id, (r.xmax = 0) AS inserted, r.tick, r.state, extract(epoch FROM now() - r.tick)::float8 AS late_seconds;
+
+-- name: finish_schedule_run
+-- A run's outcome, recorded only if it is still running: a run marked replaced (or closed as
+-- orphaned) meanwhile keeps that state.
+UPDATE scheduling_schedulerun
+SET state = %(state)s, error = %(error)s, finished_at = now()
+WHERE id = %(id)s AND state = 'running'
+RETURNING id;
+
+-- name: set_schedule_run_attempt
+UPDATE scheduling_schedulerun
+SET attempt = %(attempt)s
+WHERE id = %(id)s AND state = 'running'
+RETURNING id;
+
+-- name: running_schedule_runs
+-- Other runs of the schedule still marked running (replace stops them by their Celery task id).
+SELECT id, task_id, worker, tick
+FROM scheduling_schedulerun
+WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
+ORDER BY tick;
+
+-- name: close_other_running_runs
+-- Called by a run that holds the schedule's advisory lock: any other run still marked running
+-- cannot be running (it would hold the lock), so its process died or was stopped. Replace marks
+-- them 'replaced'; forbid marks them 'failed' with the reason.
+UPDATE scheduling_schedulerun
+SET state = %(state)s, error = %(error)s, finished_at = now()
+WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
+RETURNING id;
+
+-- name: record_missed_ticks
+-- Ticks beat was not there to send in time (or that missed_policy leaves out), recorded as missed
+-- so that the history shows them. A tick that already has a row keeps it.
+INSERT INTO scheduling_schedulerun
+    (schedule_id, tick, state, trigger, attempt, worker, task_id, started_at, finished_at, error, duplicates_refused)
+SELECT p.id, t.tick, 'missed', 'beat', 1, '', '', now(), now(), %(error)s, 0
+FROM scheduling_schedulepolicy AS p
+CROSS JOIN unnest(%(ticks)s::timestamptz[]) AS t(tick)
+WHERE p.id = %(schedule_id)s AND (p.pruned_through IS NULL OR t.tick > p.pruned_through)
+ON CONFLICT (schedule_id, tick) DO NOTHING
+RETURNING tick;
+
+-- name: prune_schedule_runs
+-- History limits: keep the latest `successful` succeeded runs and the latest `failed` runs of the
+-- other final states; running rows are never pruned. The watermark pruned_through moves to the
+-- latest pruned tick, so a late delivery of a pruned tick is still refused by the gate.
+WITH ranked AS (
+    SELECT id, tick,
+           row_number() OVER (PARTITION BY (state = 'succeeded') ORDER BY tick DESC) AS position,
+           state = 'succeeded' AS ok
+    FROM scheduling_schedulerun
+    WHERE schedule_id = %(schedule_id)s AND state <> 'running'
+), victims AS (
+    DELETE FROM scheduling_schedulerun AS r
+    USING ranked
+    WHERE r.id = ranked.id
+      AND ranked.position > CASE WHEN ranked.ok THEN %(successful)s::int ELSE %(failed)s::int END
+    RETURNING r.tick
+), watermark AS (
+    UPDATE scheduling_schedulepolicy AS p
+    SET pruned_through = greatest(p.pruned_through, (SELECT max(tick) FROM victims))
+    WHERE p.id = %(schedule_id)s AND EXISTS (SELECT 1 FROM victims)
+    RETURNING p.id
+)
+SELECT count(*) FROM victims;
+
+-- name: advance_last_tick
+-- Beat has handled every tick up to `tick` (sent, or recorded as missed). Never moves backwards,
+-- so a slow former leader cannot undo a newer one's progress.
+UPDATE scheduling_schedulepolicy
+SET last_tick = %(tick)s
+WHERE id = %(schedule_id)s AND (last_tick IS NULL OR last_tick < %(tick)s)
+RETURNING id;
+
+-- name: move_anchor_for_timing
+-- Safe edits: when the timing of a schedule changes (expression, zone, interval, DST rule,
+-- suspension, enabled), ticks at or before the moment of the change must neither fire nor count as
+-- missed, and the next tick of the new timing must. Moving anchor_at forward to that moment does
+-- both. Conditional on the stored fingerprint, so it happens once per change whoever notices it.
+UPDATE scheduling_schedulepolicy
+SET timing_key = %(key)s, anchor_at = greatest(anchor_at, coalesce(%(at)s, now()))
+WHERE id = %(schedule_id)s AND timing_key IS DISTINCT FROM %(key)s
+RETURNING anchor_at;

@@ -1,0 +1,148 @@
+-- Recurrences (scheduling.recurring): recurring per-entity work as rows, run as due_at occurrences.
+-- Loaded once by scheduling.recurring.store.
+-- Times come from the database clock (now(), clock_timestamp()) only.
+-- Every state change is conditional on the state (and claim token) the caller believes in.
+
+-- name: insert_recurrence
+-- One recurrence; its key is unique per owner (coalesce(owner_id, 0), as for jobs). No row back:
+-- the key is taken, and the caller applies on_conflict to the existing one.
+INSERT INTO scheduling_recurrence
+    (kind, payload, key, owner_id, expression, every_seconds, timezone, dst_gap, missed, starts_at, ends_at,
+     anchor_at, state, priority, max_attempts, current_at, current_job_id, created_at, updated_at)
+VALUES (%(kind)s, %(payload)s::jsonb, %(key)s, %(owner_id)s, %(expression)s, %(every_seconds)s, %(timezone)s,
+        %(dst_gap)s, %(missed)s, %(starts_at)s, %(ends_at)s, coalesce(%(anchor_at)s, now()), 'active',
+        %(priority)s, %(max_attempts)s, NULL, NULL, now(), now())
+ON CONFLICT ((coalesce(owner_id, 0)), key) DO NOTHING
+RETURNING id;
+
+-- name: insert_recurrences
+-- Bulk create (recur_many): one statement for many keys of one kind and rule; keys already taken
+-- are left alone and not returned.
+INSERT INTO scheduling_recurrence
+    (kind, payload, key, owner_id, expression, every_seconds, timezone, dst_gap, missed, starts_at, ends_at,
+     anchor_at, state, priority, max_attempts, current_at, current_job_id, created_at, updated_at)
+SELECT %(kind)s, t.payload::jsonb, t.key, t.owner_id, %(expression)s, %(every_seconds)s, t.timezone,
+       %(dst_gap)s, %(missed)s, %(starts_at)s, %(ends_at)s, coalesce(%(anchor_at)s, now()), 'active',
+       %(priority)s, %(max_attempts)s, NULL, NULL, now(), now()
+FROM unnest(%(payloads)s::text[], %(keys)s::text[], %(owner_ids)s::bigint[], %(timezones)s::text[])
+     AS t(payload, key, owner_id, timezone)
+ON CONFLICT ((coalesce(owner_id, 0)), key) DO NOTHING
+RETURNING id, key, owner_id, timezone;
+
+-- name: lock_recurrence
+-- The recurrence's row, locked: every write of its occurrences (api and planner) holds this lock,
+-- so they happen one after the other. `current_state` is its latest occurrence's job state.
+SELECT r.id, r.kind, r.payload, r.key, r.owner_id, r.expression, r.every_seconds, r.timezone, r.dst_gap,
+       r.missed, r.starts_at, r.ends_at, r.anchor_at, r.state, r.priority, r.max_attempts, r.current_at,
+       r.current_job_id, j.state AS current_state
+FROM scheduling_recurrence AS r
+LEFT JOIN scheduling_scheduledjob AS j ON j.id = r.current_job_id
+WHERE r.id = %(id)s
+FOR UPDATE OF r;
+
+-- name: recurrence_id_by_key
+SELECT id FROM scheduling_recurrence WHERE coalesce(owner_id, 0) = coalesce(%(owner_id)s, 0) AND key = %(key)s;
+
+-- name: update_recurrence_rule
+-- A change of rule, payload or policy (api.change_recurrence), under the row lock taken before.
+UPDATE scheduling_recurrence
+SET kind = %(kind)s, payload = %(payload)s::jsonb, expression = %(expression)s, every_seconds = %(every_seconds)s,
+    timezone = %(timezone)s, dst_gap = %(dst_gap)s, missed = %(missed)s, starts_at = %(starts_at)s,
+    ends_at = %(ends_at)s, anchor_at = %(anchor_at)s, priority = %(priority)s, max_attempts = %(max_attempts)s,
+    updated_at = now()
+WHERE id = %(id)s
+RETURNING id;
+
+-- name: last_run_occurrence_at
+-- The latest occurrence instant that left pending (claimed, done, dead; cancelled ones never ran):
+-- a changed or resumed rule plans strictly after it. Walks the unique occurrence index backwards.
+SELECT max(occurrence_at) FROM scheduling_scheduledjob
+WHERE recurrence_id = %(id)s AND state IN ('claimed', 'done', 'dead');
+
+-- name: move_pending_occurrence
+-- The pending occurrence moves to the changed rule's next instant (and takes the new payload):
+-- one conditional UPDATE, nothing if it has been claimed meanwhile.
+UPDATE scheduling_scheduledjob AS j
+SET occurrence_at = %(occurrence_at)s, due_at = %(due_at)s, payload = r.payload, kind = r.kind,
+    updated_at = now()
+FROM scheduling_recurrence AS r
+WHERE r.id = %(id)s AND j.id = r.current_job_id AND j.state = 'pending'
+RETURNING j.id, j.due_at, extract(epoch FROM j.due_at - now())::float8 AS in_seconds;
+
+-- name: set_recurrence_current
+UPDATE scheduling_recurrence
+SET current_at = %(current_at)s, updated_at = now()
+WHERE id = %(id)s
+RETURNING id;
+
+-- name: set_recurrences_state
+-- Pause, resume, cancel or end a selection: only rows in one of `from_states` change. Their
+-- pending occurrence (if any) is cancelled by cancel_pending_occurrences in the same transaction.
+UPDATE scheduling_recurrence
+SET state = %(state)s, updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = ANY(%(from_states)s::text[])
+RETURNING id;
+
+-- name: cancel_pending_occurrences
+-- The pending occurrences of the given recurrences are cancelled (a claimed one runs on).
+UPDATE scheduling_scheduledjob AS j
+SET state = 'cancelled', finished_at = now(), updated_at = now()
+FROM scheduling_recurrence AS r
+WHERE r.id = ANY(%(ids)s::bigint[]) AND j.id = r.current_job_id AND j.state = 'pending'
+RETURNING j.id;
+
+-- name: recurrence_states
+SELECT id, state FROM scheduling_recurrence WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: pick_recurrences_to_plan
+-- The planner's pick (leader only, but safe with two): active recurrences whose latest occurrence
+-- has left pending (claimed, finished, cancelled by hand, or pruned). Its occurrence instant has
+-- passed unless it was run early, so the partial index on current_at bounds the walk to the due
+-- ones. SKIP LOCKED: a row an API call or another planner holds is planned on the next pass.
+SELECT r.id, r.kind, r.expression, r.every_seconds, r.timezone, r.dst_gap, r.missed, r.starts_at, r.ends_at,
+       r.anchor_at, r.current_at, r.priority, r.max_attempts
+FROM scheduling_recurrence AS r
+LEFT JOIN scheduling_scheduledjob AS j ON j.id = r.current_job_id
+WHERE r.state = 'active' AND r.current_at <= now() AND (j.id IS NULL OR j.state <> 'pending')
+ORDER BY r.current_at
+LIMIT %(limit)s
+FOR UPDATE OF r SKIP LOCKED;
+
+-- name: plan_occurrences
+-- Create the next occurrence of many recurrences and advance them, in one statement. Each plan
+-- row says the instant the caller read as the latest (`prev`, NULL for a new recurrence): the
+-- insert happens only while the recurrence still says so, and the unique (recurrence,
+-- occurrence_at) index refuses an instant that exists (ON CONFLICT DO NOTHING), so an occurrence
+-- is created at most once whatever two planners or an API call do. current_at only moves forward.
+WITH plan AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(prevs)s::timestamptz[], %(ats)s::timestamptz[],
+                         %(dues)s::timestamptz[], %(leases)s::int[], %(attempts)s::int[], %(priorities)s::int[])
+         AS p(id, prev, at, due, lease, attempts, priority)
+), inserted AS (
+    INSERT INTO scheduling_scheduledjob
+        (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+         claimed_by, created_at, updated_at, priority, recurrence_id, occurrence_at)
+    SELECT r.kind, r.payload, p.due, 'pending', p.lease, 0, p.attempts, '', NULL, r.owner_id, '', now(), now(),
+           p.priority, r.id, p.at
+    FROM plan AS p
+    JOIN scheduling_recurrence AS r ON r.id = p.id
+    WHERE r.state = 'active' AND r.current_at IS NOT DISTINCT FROM p.prev
+      AND (r.current_at IS NULL OR p.at > r.current_at)
+    ON CONFLICT (recurrence_id, occurrence_at) WHERE recurrence_id IS NOT NULL AND NOT state = 'cancelled'
+        DO NOTHING
+    RETURNING id, recurrence_id, occurrence_at, due_at
+)
+UPDATE scheduling_recurrence AS r
+SET current_at = i.occurrence_at, current_job_id = i.id, updated_at = now()
+FROM inserted AS i
+WHERE r.id = i.recurrence_id
+RETURNING r.id AS recurrence_id, i.id AS job_id, i.occurrence_at, i.due_at,
+          extract(epoch FROM i.due_at - now())::float8 AS in_seconds;
+
+-- name: end_recurrences
+-- Recurrences with no occurrence left before their end: ended (only while still at `prev`).
+UPDATE scheduling_recurrence AS r
+SET state = 'ended', updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(prevs)s::timestamptz[]) AS p(id, prev)
+WHERE r.id = p.id AND r.state = 'active' AND r.current_at IS NOT DISTINCT FROM p.prev
+RETURNING r.id;

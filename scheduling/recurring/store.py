@@ -1,0 +1,203 @@
+"""Every statement of recurrences: the named blocks of ``recurring/sql/recurrences.sql``.
+
+Recurrences are rows with a rule; each occurrence is a due_at job the planner creates when the
+previous one has left pending. Rows come back by column name (``core.db``); decisions live in
+``api.py``, ``planner.py`` and ``rules.py``. Only ``scheduling.recurring`` imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scheduling.core import db
+from scheduling.models import JobState
+
+SQL = db.Statements(Path(__file__).with_name("sql"))
+
+
+@dataclasses.dataclass(frozen=True)
+class NewRecurrence:
+    kind: str
+    payload: Any
+    key: str
+    owner_id: int | None
+    expression: str
+    every_seconds: float | None
+    timezone: str
+    dst_gap: str
+    missed: str
+    starts_at: dt.datetime | None
+    ends_at: dt.datetime | None
+    anchor_at: dt.datetime | None
+    priority: int | None
+    max_attempts: int | None
+
+
+def _recurrence_params(new: NewRecurrence) -> dict[str, Any]:
+    params = dataclasses.asdict(new)
+    params["payload"] = json.dumps(new.payload)
+    return params
+
+
+@dataclasses.dataclass(frozen=True)
+class RecurrenceRow:
+    """A recurrence as the planner and the API read it (locked)."""
+
+    id: int
+    kind: str
+    expression: str
+    every_seconds: float | None
+    timezone: str
+    dst_gap: str
+    missed: str
+    starts_at: dt.datetime | None
+    ends_at: dt.datetime | None
+    anchor_at: dt.datetime
+    current_at: dt.datetime | None
+    priority: int | None
+    max_attempts: int | None
+    payload: db.Json = None
+    key: str = ""
+    owner_id: int | None = None
+    state: str = "active"
+    current_job_id: int | None = None
+    current_state: JobState | None = None
+
+
+def insert_recurrence(new: NewRecurrence) -> int | None:
+    """Insert a recurrence; None when its owner already has the key."""
+    recurrence_id: int | None = SQL.fetch_value("insert_recurrence", _recurrence_params(new))
+    return recurrence_id
+
+
+@dataclasses.dataclass(frozen=True)
+class CreatedRecurrence:
+    id: int
+    key: str
+    owner_id: int | None
+    timezone: str
+
+
+def insert_recurrences(
+    new: NewRecurrence,
+    payloads: Sequence[str],
+    keys: Sequence[str],
+    owner_ids: Sequence[int | None],
+    zones: Sequence[str],
+) -> list[CreatedRecurrence]:
+    """Insert many recurrences sharing ``new``'s rule (payloads already JSON); taken keys are skipped."""
+    params = _recurrence_params(new)
+    params.update(payloads=list(payloads), keys=list(keys), owner_ids=list(owner_ids), timezones=list(zones))
+    return SQL.fetch_all(CreatedRecurrence, "insert_recurrences", params)
+
+
+def lock_recurrence(recurrence_id: int) -> RecurrenceRow | None:
+    """The recurrence's row, locked until the transaction ends (None: no such recurrence)."""
+    return SQL.fetch_one(RecurrenceRow, "lock_recurrence", {"id": recurrence_id})
+
+
+def recurrence_id_by_key(key: str, owner_id: int | None) -> int | None:
+    recurrence_id: int | None = SQL.fetch_value("recurrence_id_by_key", {"key": key, "owner_id": owner_id})
+    return recurrence_id
+
+
+def update_recurrence_rule(row: RecurrenceRow) -> bool:
+    params = dataclasses.asdict(row)
+    params["payload"] = json.dumps(row.payload)
+    return bool(SQL.fetch_values("update_recurrence_rule", params))
+
+
+def last_run_occurrence_at(recurrence_id: int) -> dt.datetime | None:
+    last: dt.datetime | None = SQL.fetch_value("last_run_occurrence_at", {"id": recurrence_id})
+    return last
+
+
+@dataclasses.dataclass(frozen=True)
+class MovedOccurrence:
+    """The job of a recurrence's pending occurrence, moved: its due time and how far off by the database clock."""
+
+    id: int
+    due_at: dt.datetime
+    in_seconds: float
+
+
+def move_pending_occurrence(
+    recurrence_id: int, occurrence_at: dt.datetime, due_at: dt.datetime
+) -> MovedOccurrence | None:
+    """Move the recurrence's pending occurrence (None: it is no longer pending)."""
+    params = {"id": recurrence_id, "occurrence_at": occurrence_at, "due_at": due_at}
+    return SQL.fetch_one(MovedOccurrence, "move_pending_occurrence", params)
+
+
+def set_recurrence_current(recurrence_id: int, current_at: dt.datetime | None) -> bool:
+    return bool(SQL.fetch_values("set_recurrence_current", {"id": recurrence_id, "current_at": current_at}))
+
+
+def set_recurrences_state(ids: Sequence[int], state: str, from_states: Sequence[str]) -> list[int]:
+    params = {"ids": list(ids), "state": state, "from_states": list(from_states)}
+    return SQL.fetch_values("set_recurrences_state", params)
+
+
+def cancel_pending_occurrences(recurrence_ids: Sequence[int]) -> list[int]:
+    """Cancel the pending occurrence of each recurrence; returns the jobs cancelled."""
+    return SQL.fetch_values("cancel_pending_occurrences", {"ids": list(recurrence_ids)})
+
+
+def recurrence_states(ids: Sequence[int]) -> dict[int, str]:
+    return SQL.fetch_pairs("recurrence_states", {"ids": list(ids)})
+
+
+def pick_recurrences_to_plan(limit: int) -> list[RecurrenceRow]:
+    """Lock up to ``limit`` active recurrences whose latest occurrence has left pending (SKIP LOCKED)."""
+    return SQL.fetch_all(RecurrenceRow, "pick_recurrences_to_plan", {"limit": limit})
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedOccurrence:
+    """The next occurrence of a recurrence, as the planner or the API computed it."""
+
+    recurrence_id: int
+    prev: dt.datetime | None  # the latest occurrence instant the caller read
+    occurrence_at: dt.datetime
+    due_at: dt.datetime
+    lease_seconds: int
+    max_attempts: int
+    priority: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CreatedOccurrence:
+    recurrence_id: int
+    job_id: int
+    occurrence_at: dt.datetime
+    due_at: dt.datetime
+    in_seconds: float
+
+
+def plan_occurrences(plans: Sequence[PlannedOccurrence]) -> list[CreatedOccurrence]:
+    """Create the planned occurrences and advance their recurrences in one statement (at most once each)."""
+    if not plans:
+        return []
+    params = {
+        "ids": [p.recurrence_id for p in plans],
+        "prevs": [p.prev for p in plans],
+        "ats": [p.occurrence_at for p in plans],
+        "dues": [p.due_at for p in plans],
+        "leases": [p.lease_seconds for p in plans],
+        "attempts": [p.max_attempts for p in plans],
+        "priorities": [p.priority for p in plans],
+    }
+    return SQL.fetch_all(CreatedOccurrence, "plan_occurrences", params)
+
+
+def end_recurrences(ends: Sequence[tuple[int, dt.datetime | None]]) -> list[int]:
+    """Mark ended the recurrences (id, latest instant read) with no occurrence left before their end."""
+    if not ends:
+        return []
+    params = {"ids": [e[0] for e in ends], "prevs": [e[1] for e in ends]}
+    return SQL.fetch_values("end_recurrences", params)
