@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Permission
 
-from scheduling.models import KindControl
+from scheduling.models import KindControl, Recurrence
 from scheduling.web import auth
 from tests.e2e import harness
 
@@ -100,9 +100,9 @@ def run_schemathesis(server: str, token: str, report_dir: Path, *selection: str)
 def test_fuzzed_requests_never_get_a_server_error(server: str, django_user_model: Any, tmp_path: Path):
     """Examples, coverage (negative data), fuzzing and stateful (links) phases: zero 5xx responses.
 
-    Twice: every operation with an ordinary user's token, then the kinds API (``/api/kinds/``) with
-    an operator's (staff with ``scheduling.change_kindcontrol``), so its bodies are judged past the
-    permission check instead of all being 403.
+    Twice: every operation (jobs, recurrences, kinds) with an ordinary user's token, then the kinds
+    API (``/api/kinds/``) with an operator's (staff with ``scheduling.change_kindcontrol``), so its
+    bodies are judged past the permission check instead of all being 403.
     """
     # The seed is random on purpose (more of the input space over many runs); a failure prints it,
     # and `st run ... --seed <it>` replays the run.
@@ -110,6 +110,9 @@ def test_fuzzed_requests_never_get_a_server_error(server: str, django_user_model
     _, token = auth.issue_token(user, "schemathesis")
     result = run_schemathesis(server, token, tmp_path / "jobs")
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-4000:]
+    for operation in ("POST /api/recurrences/", "PATCH /api/recurrences/{recurrence_id}", "GET /api/kinds/"):
+        assert operation in result.stdout, f"{operation} was not fuzzed"
+    assert Recurrence.objects.filter(owner=user).exists(), "fuzzed creates got past validation and made recurrences"
     operator = django_user_model.objects.create_user("fuzz-operator", password="pw-fuzz", is_staff=True)
     operator.user_permissions.add(Permission.objects.get(codename="change_kindcontrol"))
     _, operator_token = auth.issue_token(operator, "schemathesis-kinds")
