@@ -189,6 +189,8 @@ def test_every_subcommand_and_argument_has_help():
                 missing.append(f"{path} {action.dest}")
 
     walk(parser, "timekeeper")
+    top = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(top.choices) == list(timekeeper.SUBCOMMANDS), "--help lists them in the declared order"
     assert seen >= 10 + 4 + 6  # the subcommands, kinds' verbs and recurrences' verbs
     assert missing == []
 

@@ -190,7 +190,7 @@ class Command(BaseCommand):
             else:
                 RUNNERS[subcommand](self, options)
         except DatabaseError as exc:
-            raise CommandError(f"Cannot read the job table: {exc}. Is PostgreSQL up and DATABASES right?") from exc
+            raise CommandError(f"Cannot reach the database: {exc}. Is PostgreSQL up and DATABASE_URL right?") from exc
         except exceptions.SchedulingError as exc:
             raise CommandError(str(exc)) from exc
 
