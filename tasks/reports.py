@@ -1,7 +1,7 @@
 """Fixed-time examples: a nightly settlement, a minutely metrics aggregation and a cache rebuild.
 
 Each handler is registered like any job kind and its schedule is declared beside it; the
-platform's start runs ``manage.py sync_schedules``, which writes them into django-celery-beat's
+platform's start runs ``manage.py timekeeper sync``, which writes them into django-celery-beat's
 tables. The handlers only do their work: the gate (``scheduling.fixed``) has already made sure
 the tick runs once, applied the overlap policy and set the timeout. They key their side effects
 on ``job.idempotency_key`` (``fixed:<schedule>@<tick>``), stable across retries within a tick.

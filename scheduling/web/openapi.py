@@ -1,9 +1,10 @@
-"""The OpenAPI 3 document of the jobs and kinds APIs, served (without authentication) at ``/api/jobs/openapi.json``.
+"""The OpenAPI 3 document of all of ``/api/`` (jobs, kinds, recurrences), served at ``/api/jobs/openapi.json``.
 
-Built in Python from the same constants the views check (fields, states, page sizes, id pattern),
-so the document and ``jobs_api`` cannot drift apart on them. It describes shapes only: no kind
-users or jobs (its one example names a kind any signed-in user may schedule), which is why it is
-public: tools fetch it before they hold a token.
+One document, served without authentication. Built in Python from the same constants the views
+check (fields, states, page sizes, id pattern), so the document and the views cannot drift apart on
+them; the recurrences' part is ``openapi_recurrences.py``, the shared error answers
+``openapi_parts.py``. It describes shapes only: no kind users or jobs (its examples name a kind any
+signed-in user may schedule), which is why it is public: tools fetch it before they hold a token.
 ``tests/integration/test_openapi.py`` validates it with openapi-spec-validator, and
 ``tests/integration/test_api_fuzz.py`` fuzzes a real server with schemathesis against it.
 """
@@ -19,50 +20,16 @@ from django.views.decorators.http import require_GET
 from scheduling.core import exceptions, registry, validation
 from scheduling.jobs import api as jobs_api_functions
 from scheduling.models import AttemptOutcome, JobState
-from scheduling.web import jobs_api, kinds_api
+from scheduling.web import jobs_api, kinds_api, openapi_parts, openapi_recurrences
 
-JSON = "application/json"
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _error(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {JSON: {"schema": _ref("Error")}}}
-
-
-_ERRORS = {
-    "400": _error("The request is wrong; `error.message` says why."),
-    "401": {
-        "description": "No credentials, or a bad or revoked token.",
-        "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}},
-        "content": {JSON: {"schema": _ref("Error")}},
-    },
-    "403": _error(
-        "CSRF check failed (session callers), or the caller may not change this job, or may not schedule this kind "
-        "(`kind_not_allowed`: an unknown kind gets the same answer, judged before the payload is read)."
-    ),
-    "404": _error("No such job for this caller (another owner's job is a 404 too)."),
-    "409": _error("The job's state forbids the change, or `on_conflict: error` met the caller's live job for the key."),
-    "413": _error("The body, or the payload, is over the limit."),
-    "415": _error("The body is not `application/json`."),
-    "429": {
-        "description": (
-            "Too many: `rate_limited` (the owner's creations are over SCHEDULING_API_CREATE_BURST at once or "
-            "SCHEDULING_API_CREATE_RATE_PER_SECOND) or `quota_exceeded` (over SCHEDULING_API_MAX_PENDING_JOBS "
-            "pending jobs). Superusers are exempt. `Retry-After` (and `error.retry_after`) says when to try again."
-        ),
-        "headers": {
-            "Retry-After": {"description": "Whole seconds to wait.", "schema": {"type": "integer", "minimum": 1}}
-        },
-        "content": {JSON: {"schema": _ref("Error")}},
-    },
-}
+JSON = openapi_parts.JSON
+_ref = openapi_parts.ref
+_error = openapi_parts.error
+_ERRORS = openapi_parts.ERRORS
 
 
 def _responses(ok: dict[str, Any], *codes: str) -> dict[str, Any]:
-    return {**ok, **{code: _ERRORS[code] for code in codes}}
+    return openapi_parts.responses(ok, *codes)
 
 
 def _job_response(description: str) -> dict[str, Any]:
@@ -367,7 +334,7 @@ def _kind_paths() -> dict[str, Any]:
 
 
 def document() -> dict[str, Any]:
-    """The OpenAPI 3.0 document of the jobs API (paths are absolute: the API lives under /api/jobs/)."""
+    """The OpenAPI 3.0 document of /api/ (paths are absolute: /api/jobs/, /api/kinds/, /api/recurrences/)."""
     list_parameters = [
         {
             "name": "state",
@@ -403,13 +370,15 @@ def document() -> dict[str, Any]:
     return {
         "openapi": "3.0.3",
         "info": {
-            "title": "Timekeeper jobs API (and kinds API)",
+            "title": "Timekeeper JSON API: jobs, recurrences and kinds",
             "version": "1",
             "description": (
                 "Schedule, list, cancel and reschedule due_at jobs. Callers see and change only their own "
                 "jobs; staff need the admin's job permissions. A session caller sends the CSRF token on writes. "
                 "A method an operation does not list is answered 405 with an `Allow` header. Under /api/kinds/, "
-                "staff with the kind-control permission pause, resume and cap kinds."
+                "staff with the kind-control permission pause, resume and cap kinds. Under /api/recurrences/, callers "
+                "recur kinds they may schedule on a cron expression or an interval, and list, change, pause, resume "
+                "and cancel their recurrences."
             ),
         },
         "servers": [{"url": "/"}],
@@ -498,6 +467,7 @@ def document() -> dict[str, Any]:
                 },
             },
             **_kind_paths(),
+            **openapi_recurrences.paths(example_kind),
         },
         "components": {
             "securitySchemes": {
@@ -513,7 +483,7 @@ def document() -> dict[str, Any]:
                     "description": "A browser session; writes also need the CSRF token (X-CSRFToken header).",
                 },
             },
-            "schemas": _schemas(),
+            "schemas": {**_schemas(), **openapi_recurrences.schemas()},
         },
     }
 

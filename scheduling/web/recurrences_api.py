@@ -23,6 +23,7 @@ from django.urls import reverse
 from scheduling import api
 from scheduling.core import exceptions, registry, validation
 from scheduling.models import Recurrence, RecurrenceState
+from scheduling.recurring import api as recurring_api
 from scheduling.web import jobs_api
 from scheduling.web.jobs_api import ApiError
 
@@ -32,6 +33,9 @@ RULE_FIELDS = frozenset(
 CREATE_FIELDS = RULE_FIELDS | {"kind", "key", "on_conflict"}
 CHANGE_FIELDS = RULE_FIELDS | {"kind"}
 LIST_PARAMETERS = frozenset({"state", "kind", "key", "timezone", "page", "page_size"})
+MAX_EVERY_SECONDS = validation.MAX_DELAY_SECONDS  # ten years: a longer interval is a unit mistake
+DEFAULT_NEXT = 10  # GET .../next without ?n=
+DETAIL_NEXT = 5  # the next occurrences in a recurrence's own answers (not in the list)
 
 
 def recurrence_json(recurrence: Recurrence, *, upcoming: int = 0) -> dict[str, Any]:
@@ -80,6 +84,11 @@ def _error(exc: exceptions.SchedulingError) -> ApiError:
 
 
 def _datetime(data: dict[str, Any], name: str) -> dt.datetime | None:
+    """``starts_at`` or ``ends_at``: ISO-8601 with an offset, within the jobs' window (2000-01-01 to ten years ahead).
+
+    The window keeps every computed occurrence (at most ``MAX_PREVIEW`` intervals of at most ten
+    years past it) inside what a datetime can hold.
+    """
     value = data.get(name)
     if value is None:
         return None
@@ -91,7 +100,16 @@ def _datetime(data: dict[str, Any], name: str) -> dt.datetime | None:
         raise ApiError(400, "invalid_schedule", f"{name} {value!r} is not a valid ISO-8601 date-time.") from None
     if parsed.utcoffset() is None:
         raise ApiError(400, "invalid_schedule", f"{name} must have a UTC offset (a naive time is ambiguous).")
-    return parsed
+    try:
+        return validation.check_due_at(parsed)
+    except (exceptions.InvalidSchedule, OverflowError, ValueError):
+        raise ApiError(
+            400,
+            "invalid_schedule",
+            f"{name} must be from {validation.EARLIEST_DUE_AT:%Y-%m-%d} to ten years ahead, with a UTC offset in "
+            f"whole minutes within ±15:59; got {value!r}.",
+            field=name,
+        ) from None
 
 
 def _rule_arguments(data: dict[str, Any]) -> dict[str, Any]:
@@ -107,6 +125,8 @@ def _rule_arguments(data: dict[str, Any]) -> dict[str, Any]:
         every = data["every"]
         if every is not None and (isinstance(every, bool) or not isinstance(every, int | float)):
             raise ApiError(400, "invalid_schedule", "every must be a number of seconds.")
+        if every is not None and every > MAX_EVERY_SECONDS:
+            raise ApiError(400, "invalid_schedule", f"every must be at most {MAX_EVERY_SECONDS} seconds (ten years).")
         out["every"] = every
     for name in ("starts_at", "ends_at"):
         if name in data:
@@ -194,7 +214,7 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
     except exceptions.SchedulingError as exc:
         raise _error(exc) from None
     outcome = "kept" if existed and data.get("on_conflict") == "keep" else "replaced" if existed else "created"
-    shown = recurrence_json(recurrence, upcoming=5)
+    shown = recurrence_json(recurrence, upcoming=DETAIL_NEXT)
     body = {"outcome": outcome, "recurrence": shown}
     if not existed:
         return jobs_api.ok(body, status=201, Location=shown["url"])
@@ -210,7 +230,7 @@ def _exists(key: str, user: Any) -> bool:
 def detail(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
     """GET: one recurrence with its next occurrences. PATCH: change its rule, zone, payload or policies."""
     if request.method != "PATCH":
-        return jobs_api.ok(recurrence_json(_visible(user, recurrence_id), upcoming=5))
+        return jobs_api.ok(recurrence_json(_visible(user, recurrence_id), upcoming=DETAIL_NEXT))
     data = jobs_api.read_json(request)
     jobs_api._check_fields(data, CHANGE_FIELDS)
     recurrence = _visible(user, recurrence_id, change=True)
@@ -224,7 +244,7 @@ def detail(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
             changed = api.change_recurrence(recurrence_id, **arguments)
     except exceptions.SchedulingError as exc:
         raise _error(exc) from None
-    return jobs_api.ok(recurrence_json(changed, upcoming=5))
+    return jobs_api.ok(recurrence_json(changed, upcoming=DETAIL_NEXT))
 
 
 def _verb(call: Any) -> Any:
@@ -237,7 +257,7 @@ def _verb(call: Any) -> Any:
                 call(recurrence_id)
         except exceptions.SchedulingError as exc:
             raise _error(exc) from None
-        return jobs_api.ok(recurrence_json(_visible(user, recurrence_id), upcoming=5))
+        return jobs_api.ok(recurrence_json(_visible(user, recurrence_id), upcoming=DETAIL_NEXT))
 
     view.__name__ = call.__name__
     return jobs_api._endpoint(("POST",))(view)
@@ -251,7 +271,7 @@ cancel = _verb(api.cancel_recurrence)
 @jobs_api._endpoint(("GET", "HEAD"))
 def upcoming(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
     """The next ``n`` occurrence instants (``?n=``, 1-100, default 10)."""
-    n = jobs_api._positive_int(request.GET.get("n", "10"), "n", 100)
+    n = jobs_api._positive_int(request.GET.get("n", str(DEFAULT_NEXT)), "n", recurring_api.MAX_PREVIEW)
     _visible(user, recurrence_id)
     try:
         instants = api.next_occurrences(recurrence_id, n=n)

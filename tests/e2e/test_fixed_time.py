@@ -126,7 +126,7 @@ def test_kill_9_of_a_worker_mid_run_releases_the_lock_and_the_next_tick_runs(clu
 
 
 def test_day_seven_schedules_sync_as_crontabs_celery_reads_and_a_real_beat_fires_them(cluster):
-    """0 3 * * 7 and 0 3 * * 1-7 sync (sync_schedules) into crontabs Celery reads; a real beat keeps and fires both."""
+    """0 3 * * 7 and 0 3 * * 1-7 sync (timekeeper sync) into crontabs Celery reads; a real beat keeps and fires both."""
     expressions = {"sundays-0300": ("0 3 * * 7", "0", {0}), "every-day-1-7": ("0 3 * * 1-7", "0-6", set(range(7)))}
     schedules.declared()  # import tasks/ first, so the test's own declarations are the only extra ones
     try:
@@ -136,7 +136,7 @@ def test_day_seven_schedules_sync_as_crontabs_celery_reads_and_a_real_beat_fires
                 name=name, kind="demo.record", cron=expression, timezone="Europe/Lisbon", missed_policy="run_once",
                 starting_deadline_seconds=8 * 86_400, failed_history_limit=20,
             )  # fmt: skip
-        call_command("sync_schedules", *expressions, stdout=io.StringIO())
+        call_command("timekeeper", "sync", *expressions, stdout=io.StringIO())
     finally:
         for name in expressions:
             declarations._declared.pop(name, None)

@@ -247,7 +247,7 @@ def test_fresh_project_with_the_standard_celery_setup_runs_all_three_mechanisms(
     check = run([str(python), "manage.py", "check"], site, env)
     assert "System check identified no issues" in check.stdout, check.stdout + check.stderr
     run([str(python), "manage.py", "migrate", "--no-input"], site, env)
-    run([str(python), "manage.py", "sync_schedules"], site, env)
+    run([str(python), "manage.py", "timekeeper", "sync"], site, env)
     shown = run([str(python), "manage.py", "shell", "-c", SHELL_DASHBOARD], site, env).stdout
     assert shown.splitlines()[-1] == "dashboard", shown
 

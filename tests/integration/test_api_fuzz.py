@@ -9,11 +9,12 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 from django.contrib.auth.models import Permission
 
-from scheduling.models import KindControl
+from scheduling.models import KindControl, Recurrence
 from scheduling.web import auth
 from tests.e2e import harness
 
@@ -97,12 +98,21 @@ def run_schemathesis(server: str, token: str, report_dir: Path, *selection: str)
     )
 
 
+def operations_in_report(report_dir: Path) -> set[str]:
+    """The operations ("POST /api/recurrences/") schemathesis's JUnit report lists as tested."""
+    names = set()
+    for report in report_dir.glob("junit-*.xml"):
+        tree = ElementTree.parse(report)  # noqa: S314 - the report our own schemathesis run just wrote
+        names |= {case.get("name", "") for case in tree.iter("testcase")}
+    return names
+
+
 def test_fuzzed_requests_never_get_a_server_error(server: str, django_user_model: Any, tmp_path: Path):
     """Examples, coverage (negative data), fuzzing and stateful (links) phases: zero 5xx responses.
 
-    Twice: every operation with an ordinary user's token, then the kinds API (``/api/kinds/``) with
-    an operator's (staff with ``scheduling.change_kindcontrol``), so its bodies are judged past the
-    permission check instead of all being 403.
+    Twice: every operation (jobs, recurrences, kinds) with an ordinary user's token, then the kinds
+    API (``/api/kinds/``) with an operator's (staff with ``scheduling.change_kindcontrol``), so its
+    bodies are judged past the permission check instead of all being 403.
     """
     # The seed is random on purpose (more of the input space over many runs); a failure prints it,
     # and `st run ... --seed <it>` replays the run.
@@ -110,6 +120,10 @@ def test_fuzzed_requests_never_get_a_server_error(server: str, django_user_model
     _, token = auth.issue_token(user, "schemathesis")
     result = run_schemathesis(server, token, tmp_path / "jobs")
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-4000:]
+    fuzzed = operations_in_report(tmp_path / "jobs")
+    for operation in ("POST /api/recurrences/", "PATCH /api/recurrences/{recurrence_id}", "GET /api/kinds/"):
+        assert operation in fuzzed, f"{operation} was not fuzzed: {sorted(fuzzed)}"
+    assert Recurrence.objects.filter(owner=user).exists(), "fuzzed creates got past validation and made recurrences"
     operator = django_user_model.objects.create_user("fuzz-operator", password="pw-fuzz", is_staff=True)
     operator.user_permissions.add(Permission.objects.get(codename="change_kindcontrol"))
     _, operator_token = auth.issue_token(operator, "schemathesis-kinds")

@@ -195,9 +195,9 @@ def test_management_commands_refuse_bad_arguments() -> None:
     before_tasks = list(PeriodicTask.objects.order_by("id").values_list("id", "name", "enabled"))
     before_jobs = _snapshot()
     with pytest.raises(CommandError, match="no-such-schedule"):
-        call_command("sync_schedules", "no-such-schedule")
+        call_command("timekeeper", "sync", "no-such-schedule")
     with pytest.raises(CommandError):
-        call_command("scheduling_status", "--format=xml")
+        call_command("timekeeper", "status", "--format=xml")
     for owner in ["", "x" * 151]:
         with pytest.raises(CommandError, match="--owner"):
             call_command("seed_demo", owner=owner)

@@ -371,15 +371,15 @@ def test_counts_are_none_when_redis_does_not_answer(monkeypatch):
 
 
 def test_status_command_shows_table_and_broker_counts(broker, capsys):
-    """scheduling_status prints the backlog and the broker counts, as text and as JSON."""
+    """timekeeper status prints the backlog and the broker counts, as text and as JSON."""
     api.defer("demo.noop", {}, 60)
     api.schedule("demo.noop", {}, delay=3600)
-    call_command("scheduling_status", "--json")
+    call_command("timekeeper", "status", "--json")
     data = json.loads(capsys.readouterr().out)
     assert data["pending"] == 1
     assert data["broker"]["delayed"] == 1
     assert data["broker"]["visible"] == 0
-    call_command("scheduling_status")
+    call_command("timekeeper", "status")
     text = capsys.readouterr().out
     assert "backlog (pending and due)" in text
     assert "delayed (countdown not yet due)" in text

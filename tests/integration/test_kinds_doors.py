@@ -1,4 +1,4 @@
-"""The doors over kind controls: the kinds JSON API, the admin's Kinds page, ``manage.py timekeeper_kinds``."""
+"""The doors over kind controls: the kinds JSON API, the admin's Kinds page, ``manage.py timekeeper kinds``."""
 
 from __future__ import annotations
 
@@ -162,28 +162,28 @@ def test_admin_kinds_page_refuses_changes_without_the_permission(django_user_mod
 
 
 def test_command_pauses_caps_resumes_and_lists():
-    """timekeeper_kinds pause/cap/resume change the controls; list --json shows them."""
+    """timekeeper kinds pause/cap/resume change the controls; list --json shows them."""
     out = io.StringIO()
-    call_command("timekeeper_kinds", "pause", "demo.noop", stdout=out)
-    call_command("timekeeper_kinds", "cap", "demo.noop", "4", stdout=out)
+    call_command("timekeeper", "kinds", "pause", "demo.noop", stdout=out)
+    call_command("timekeeper", "kinds", "cap", "demo.noop", "4", stdout=out)
     assert _control("demo.noop") == (True, 4)
-    call_command("timekeeper_kinds", "resume", "demo.noop", stdout=out)
-    call_command("timekeeper_kinds", "cap", "demo.noop", "none", stdout=out)
+    call_command("timekeeper", "kinds", "resume", "demo.noop", stdout=out)
+    call_command("timekeeper", "kinds", "cap", "demo.noop", "none", stdout=out)
     assert _control("demo.noop") == (False, None)
     listing = io.StringIO()
-    call_command("timekeeper_kinds", "list", "--json", stdout=listing)
+    call_command("timekeeper", "kinds", "list", "--json", stdout=listing)
     assert "demo.noop" in {k["kind"] for k in json.loads(listing.getvalue())}
     table = io.StringIO()
-    call_command("timekeeper_kinds", "list", stdout=table)
+    call_command("timekeeper", "kinds", "list", stdout=table)
     assert table.getvalue().splitlines()[0].split()[:3] == ["kind", "paused", "cap"]
 
 
 @pytest.mark.parametrize(
     ("args", "says"),
-    [(("pause", "no.such"), "timekeeper_kinds list"), (("cap", "demo.noop", "zero"), "whole number")],
+    [(("pause", "no.such"), "timekeeper kinds list"), (("cap", "demo.noop", "zero"), "whole number")],
 )
 def test_command_refuses_unknown_kinds_and_bad_caps(args, says):
     """An unknown kind or a cap that is not a number is a CommandError a person can act on."""
     with pytest.raises(CommandError, match=says):
-        call_command("timekeeper_kinds", *args)
+        call_command("timekeeper", "kinds", *args)
     assert not KindControl.objects.exists()

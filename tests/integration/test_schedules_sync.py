@@ -95,10 +95,10 @@ def test_changing_a_declaration_updates_it_and_moves_the_anchor_only_for_timing(
     assert moved.suspend
 
 
-def test_sync_schedules_command_syncs_the_examples_twice_the_same():
-    """sync_schedules creates the examples in tasks/ (Lisbon settlement, forbid, replace), then finds them in sync."""
+def test_sync_command_syncs_the_examples_twice_the_same():
+    """timekeeper sync creates the examples in tasks/ (Lisbon settlement, forbid, replace), then finds them in sync."""
     out = io.StringIO()
-    call_command("sync_schedules", stdout=out)
+    call_command("timekeeper", "sync", stdout=out)
     assert "created: " in out.getvalue()
     settlement = SchedulePolicy.objects.select_related("periodic_task__crontab").get(
         periodic_task__name="nightly-settlement"
@@ -108,7 +108,7 @@ def test_sync_schedules_command_syncs_the_examples_twice_the_same():
     assert SchedulePolicy.objects.get(periodic_task__name="metrics-aggregation").concurrency_policy == "forbid"
     assert SchedulePolicy.objects.get(periodic_task__name="cache-rebuild").concurrency_policy == "replace"
     again = io.StringIO()
-    call_command("sync_schedules", stdout=again)
+    call_command("timekeeper", "sync", stdout=again)
     assert "created" not in again.getvalue()
     assert "updated" not in again.getvalue()
     assert "unchanged: " in again.getvalue()
@@ -123,7 +123,7 @@ def test_sync_schedules_command_syncs_the_examples_twice_the_same():
         ({"active_deadline_seconds": 90_000}, "must be shorter than the schedule's shortest interval"),
     ],
 )
-def test_sync_schedules_command_refuses_an_invalid_declaration(extra_declaration, fields, message):
+def test_sync_command_refuses_an_invalid_declaration(extra_declaration, fields, message):
     """An invalid expression, zone, kind or timeout stops the command with a CommandError that says which."""
     base = {
         "name": "broken", "kind": "demo.noop", "cron": "0 3 * * *", "every": None, "timezone": "UTC",
@@ -133,14 +133,14 @@ def test_sync_schedules_command_refuses_an_invalid_declaration(extra_declaration
     }  # fmt: skip
     add(extra_declaration, schedules.Declaration(**{**base, **fields}))
     with pytest.raises(CommandError, match=message):
-        call_command("sync_schedules", stdout=io.StringIO())
+        call_command("timekeeper", "sync", stdout=io.StringIO())
     assert not PeriodicTask.objects.filter(name="broken").exists(), "nothing is written"
 
 
-def test_sync_schedules_command_refuses_an_unknown_name():
+def test_sync_command_refuses_an_unknown_name():
     """Naming a schedule nobody declared is a CommandError."""
     with pytest.raises(CommandError, match="No schedule is declared with the name"):
-        call_command("sync_schedules", "no-such-schedule", stdout=io.StringIO())
+        call_command("timekeeper", "sync", "no-such-schedule", stdout=io.StringIO())
 
 
 def test_validate_policy_refuses_a_timeout_not_shorter_than_the_interval():

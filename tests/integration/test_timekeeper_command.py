@@ -1,7 +1,8 @@
-"""``manage.py timekeeper``: list, cancel, retry, reschedule and status, through scheduling.api."""
+"""``manage.py timekeeper``: every subcommand's happy path and bad input, and the old names as aliases."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import io
 import json
@@ -9,9 +10,12 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
+from django_celery_beat.models import PeriodicTask
 
 from scheduling import api
-from scheduling.models import JobState, ScheduledJob
+from scheduling.management import aliases
+from scheduling.management.commands import timekeeper
+from scheduling.models import JobState, KindControl, Recurrence, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -98,12 +102,23 @@ def test_reschedule_with_at_and_in(jobs):
         (["reschedule", "1"], "one of the arguments --at --in is required"),
         (["jobs", "--state", "lost"], "invalid choice"),
         (["jobs", "--limit", "0"], "must be positive"),
+        (["kinds", "cap", "demo.noop", "zero"], "whole number from 1 to 1000000"),
+        (["kinds", "pause", "no.such"], "timekeeper kinds list"),
+        (["schedules", "no-such-schedule"], "No fixed-time schedule is named no-such-schedule"),
+        (["schedules", "--next", "99"], "--next must be from 0 to 20"),
+        (["sync", "no-such-schedule"], "No schedule is declared with the name"),
+        (["status", "--format=xml"], "unrecognized arguments"),
+        (["probe", "bogus"], "invalid choice"),
+        (["recurrences", "next", "abc"], "is not a recurrence id"),
+        (["nonesuch"], "invalid choice"),
     ],
 )
-def test_bad_input_is_a_command_error_naming_the_problem(args, says):
-    """Each malformed argument is refused with a message a person can act on, before anything changes."""
+def test_bad_input_is_a_command_error_naming_the_problem(jobs, args, says):
+    """Each malformed argument of each subcommand is refused with a message a person can act on; nothing changes."""
+    before = stored()
     with pytest.raises(CommandError, match=says):
         run(*args)
+    assert stored() == before
 
 
 def test_status_json_is_api_status(jobs):
@@ -111,3 +126,115 @@ def test_status_json_is_api_status(jobs):
     data = json.loads(run("status", "--json")[0])
     assert (data["backlog"], data["pending"]) == (1, 2)
     assert "backlog (pending and due)" in run("status")[0]
+
+
+def stored() -> tuple[list[tuple[object, ...]], ...]:
+    """What the commands could change: jobs, kind controls, periodic tasks, recurrences."""
+    return (
+        list(ScheduledJob.objects.order_by("id").values_list("id", "state", "due_at", "attempts")),
+        list(KindControl.objects.order_by("kind").values_list("kind", "paused", "max_running")),
+        list(PeriodicTask.objects.order_by("id").values_list("id", "name", "enabled")),
+        list(Recurrence.objects.order_by("id").values_list("id", "state")),
+    )
+
+
+def test_kinds_pauses_caps_and_lists():
+    """kinds pause and cap change the kind's control row; kinds list --json shows them."""
+    run("kinds", "pause", "demo.noop")
+    run("kinds", "cap", "demo.noop", "3")
+    assert KindControl.objects.values_list("paused", "max_running").get(kind="demo.noop") == (True, 3)
+    listed = {k["kind"]: k for k in json.loads(run("kinds", "list", "--json")[0])}
+    assert (listed["demo.noop"]["paused"], listed["demo.noop"]["max_running"]) == (True, 3)
+
+
+def test_sync_then_schedules_lists_what_was_written():
+    """sync writes the declared examples; schedules lists them with their timing and next run, in JSON and text."""
+    assert "created: " in run("sync")[0]
+    assert "unchanged: " in run("sync")[0]
+    listed = {row["name"]: row for row in json.loads(run("schedules", "--json", "--next", "2")[0])}
+    settlement = listed["nightly-settlement"]
+    assert (settlement["kind"], settlement["enabled"]) == ("reports.settlement", True)
+    assert len(settlement["next_runs"]) == 2
+    assert settlement["next_runs"][0].endswith(("+00:00", "+01:00"))  # Lisbon's wall clock
+    only = json.loads(run("schedules", "nightly-settlement", "--json", "--next", "0")[0])
+    assert [(row["name"], row["next_runs"]) for row in only] == [("nightly-settlement", [])]
+    text = run("schedules")[0]
+    assert text.splitlines()[0].split()[:3] == ["name", "kind", "enabled"]
+    assert "nightly-settlement" in text
+
+
+def test_schedules_says_so_when_there_are_none():
+    """With no fixed-time schedule in the database, schedules says how to write them."""
+    assert not PeriodicTask.objects.filter(policy__isnull=False).exists()
+    assert "timekeeper sync" in run("schedules")[0]
+
+
+def test_every_subcommand_and_argument_has_help():
+    """Each subcommand, nested verb and argument of `timekeeper` carries help text."""
+    parser = timekeeper.Command().create_parser("manage.py", "timekeeper")
+    missing: list[str] = []
+    seen = 0
+
+    def walk(node: argparse.ArgumentParser, path: str) -> None:
+        nonlocal seen
+        for action in node._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {choice.dest: choice.help for choice in action._choices_actions}
+                for name, child in action.choices.items():
+                    seen += 1
+                    if not helps.get(name):
+                        missing.append(f"{path} {name}")
+                    walk(child, f"{path} {name}")
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                missing.append(f"{path} {action.dest}")
+
+    walk(parser, "timekeeper")
+    top = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(top.choices) == list(timekeeper.SUBCOMMANDS), "--help lists them in the declared order"
+    assert seen >= 10 + 4 + 6  # the subcommands, kinds' verbs and recurrences' verbs
+    assert missing == []
+
+
+ALIAS_CALLS = [
+    ("scheduling_status", ["--json"]),
+    ("sync_schedules", []),
+    ("timekeeper_kinds", ["list", "--json"]),
+]
+
+
+def same(data: object) -> object:
+    """A listing without the readings that move with the clock (status's oldest overdue age)."""
+    return {k: v for k, v in data.items() if k != "oldest_overdue_seconds"} if isinstance(data, dict) else data
+
+
+@pytest.mark.parametrize(("old", "args"), ALIAS_CALLS)
+def test_an_old_name_says_it_is_an_alias_and_does_the_same(jobs, old, args):
+    """Each old command prints one deprecation line naming the new form on stderr, and the new form's output."""
+    assert "timekeeper status" in aliases.deprecation("scheduling_status")
+    run("sync")  # so sync's output is the steady one either way
+    new_out, new_err = run(aliases.ALIASES[old], *args)
+    out, err = io.StringIO(), io.StringIO()
+    call_command(old, *args, stdout=out, stderr=err)
+    assert err.getvalue().splitlines() == [aliases.deprecation(old)]
+    assert f"manage.py timekeeper {aliases.ALIASES[old]}" in err.getvalue()
+    assert new_err == ""
+    if "--json" in args:
+        assert same(json.loads(out.getvalue())) == same(json.loads(new_out))
+    else:
+        assert out.getvalue() == new_out
+
+
+@pytest.mark.parametrize(
+    ("old", "args", "says"),
+    [
+        ("scheduling_status", ["--format=xml"], "unrecognized arguments"),
+        ("sync_schedules", ["no-such-schedule"], "No schedule is declared with the name"),
+        ("timekeeper_kinds", ["cap", "demo.noop", "-1"], "whole number"),
+    ],
+)
+def test_an_old_name_refuses_bad_input_as_the_new_form_does(jobs, old, args, says):
+    """An alias given bad input raises the subcommand's CommandError and changes nothing."""
+    before = stored()
+    with pytest.raises(CommandError, match=says):
+        call_command(old, *args, stdout=io.StringIO(), stderr=io.StringIO())
+    assert stored() == before

@@ -102,11 +102,11 @@ def test_beat_runs_two_replicas_and_every_deployment_has_a_disruption_budget():
 
 
 def test_the_migration_job_migrates_directly_then_syncs_schedules():
-    """The Job runs migrate on the direct URL (DDL locks need a session) and then sync_schedules."""
+    """The Job runs migrate on the direct URL (DDL locks need a session) and then `timekeeper sync`."""
     job = by_name("Job", "timekeeper-migrate")
     command = " ".join(job["spec"]["template"]["spec"]["containers"][0]["command"])
     assert 'DATABASE_URL="$SCHEDULING_DIRECT_DATABASE_URL" python manage.py migrate' in command
-    assert command.index("migrate") < command.index("sync_schedules")
+    assert command.index("migrate") < command.index("manage.py timekeeper sync")
 
 
 def test_the_secret_separates_the_pooled_and_the_direct_database():

@@ -1,11 +1,15 @@
-"""``manage.py timekeeper``: look at and change jobs from a shell, through ``scheduling.api``.
+"""``manage.py timekeeper``: Timekeeper's one command, a subcommand per thing it operates.
 
 Subcommands: ``jobs`` (list, with filters), ``cancel ID...`` (pending jobs), ``retry ID...`` (dead
-jobs), ``reschedule ID... --at ISO | --in SECONDS`` (pending jobs), ``status`` and ``probe worker|beat``
-(a liveness probe: exit 0 while the pod's loop turns, 1 when it does not; no database needed). Changes go
-through the same bulk calls as the admin's actions (one statement each): only jobs in the state the
-change is for are touched; the others are listed with the state that kept them out. A change that
-touches no job at all is an error (exit status 1), so a script notices.
+jobs), ``reschedule ID... --at ISO | --in SECONDS`` (pending jobs), ``kinds list|pause|resume|cap``
+(``kinds_cli``), ``schedules`` and ``sync`` (fixed-time schedules: list them, write the declared ones;
+``schedules_cli``), ``status`` (``status_cli``), ``recurrences ...`` (``recurrences_cli``) and
+``probe worker|beat`` (a liveness probe: exit 0 while the pod's loop turns, 1 when it does not; no
+database needed). Job changes go through the same bulk calls as the admin's actions (one statement
+each): only jobs in the state the change is for are touched; the others are listed with the state
+that kept them out. A change that touches no job at all is an error (exit status 1), so a script
+notices. The old command names (``scheduling_status``, ``sync_schedules``, ``timekeeper_kinds``) are
+aliases (``scheduling.management.aliases``) that say so and run the same code.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -22,8 +27,7 @@ from django.utils import timezone
 
 from scheduling import api, exceptions
 from scheduling.core import liveness
-from scheduling.management import recurrences_cli
-from scheduling.management.commands import scheduling_status
+from scheduling.management import kinds_cli, recurrences_cli, schedules_cli, status_cli
 from scheduling.models import JobState, ScheduledJob
 
 DEFAULT_LIMIT = 50  # jobs listed unless --limit says otherwise
@@ -86,17 +90,15 @@ def parse_seconds(text: str) -> float:
 
 class Command(BaseCommand):
     help = (
-        "Operate Timekeeper's jobs from a shell: list them (jobs), cancel pending ones (cancel), retry dead ones "
-        "(retry), move pending ones (reschedule), show the backlog and broker counts (status), probe a "
-        "worker's or beat's liveness (probe), or list and change recurrences (recurrences). "
+        "Operate Timekeeper from a shell: list jobs (jobs), cancel pending ones (cancel), retry dead ones "
+        "(retry), move pending ones (reschedule), pause, resume or cap job kinds (kinds), list the fixed-time "
+        "schedules (schedules) and write the declared ones (sync), show the backlog and broker counts (status), "
+        "list and change recurrences (recurrences), probe a worker's or beat's liveness (probe). "
         "Run `manage.py timekeeper <subcommand> --help` for each one's options."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        commands = parser.add_subparsers(
-            dest="subcommand", required=True, metavar="{jobs,cancel,retry,reschedule,status,probe,recurrences}"
-        )
-        recurrences_cli.add_parser(commands)
+        commands = parser.add_subparsers(dest="subcommand", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
 
         jobs = commands.add_parser("jobs", help="List jobs, most urgent first (by due time, then id).")
         jobs.add_argument(
@@ -137,8 +139,29 @@ class Command(BaseCommand):
             "--in", dest="in_seconds", type=parse_seconds, help="The new due time as seconds from now (0: due now)."
         )
 
-        status = commands.add_parser("status", help="The due_at backlog, claimed and stuck jobs, and broker counts.")
-        status.add_argument("--json", action="store_true", help="Print one JSON object (scheduling.api.status()).")
+        for name, short, long, adder in (
+            ("kinds", "Pause, resume or cap job kinds, or list them.", kinds_cli.HELP, kinds_cli.add_arguments),
+            (
+                "schedules",
+                "List the fixed-time schedules and their next runs.",
+                schedules_cli.SCHEDULES_HELP,
+                schedules_cli.add_schedules_arguments,
+            ),
+            (
+                "sync",
+                "Write the fixed-time schedules declared in code (at every deploy).",
+                schedules_cli.SYNC_HELP,
+                schedules_cli.add_sync_arguments,
+            ),
+            (
+                "status",
+                "The due_at backlog, claimed and stuck jobs, and broker counts.",
+                status_cli.HELP,
+                status_cli.add_arguments,
+            ),
+        ):
+            adder(commands.add_parser(name, help=short, description=long))
+        recurrences_cli.add_parser(commands)
 
         probe = commands.add_parser(
             "probe",
@@ -162,14 +185,12 @@ class Command(BaseCommand):
         try:
             if subcommand == "jobs":
                 self.list_jobs(options)
-            elif subcommand == "status":
-                self.status(options)
-            elif subcommand == "recurrences":
-                recurrences_cli.run(self, options)
-            else:
+            elif subcommand in ("cancel", "retry", "reschedule"):
                 self.change(subcommand, options)
+            else:
+                RUNNERS[subcommand](self, options)
         except DatabaseError as exc:
-            raise CommandError(f"Cannot read the job table: {exc}. Is PostgreSQL up and DATABASES right?") from exc
+            raise CommandError(f"Cannot reach the database: {exc}. Is PostgreSQL up and DATABASE_URL right?") from exc
         except exceptions.SchedulingError as exc:
             raise CommandError(str(exc)) from exc
 
@@ -242,14 +263,27 @@ class Command(BaseCommand):
                 f"List them with `manage.py timekeeper jobs --state {wanted}`."
             )
 
-    # --- status -----------------------------------------------------------------------------------
 
-    def status(self, options: dict[str, Any]) -> None:
-        numbers = api.status()
-        if options["json"]:
-            self.stdout.write(json.dumps(numbers, sort_keys=True))
-        else:
-            self.stdout.write(scheduling_status.Command().render(numbers))
+# The subcommands in the order `--help` lists them; those not in RUNNERS are methods of Command.
+SUBCOMMANDS = (
+    "jobs",
+    "cancel",
+    "retry",
+    "reschedule",
+    "kinds",
+    "schedules",
+    "sync",
+    "status",
+    "recurrences",
+    "probe",
+)
+RUNNERS: dict[str, Callable[[BaseCommand, dict[str, Any]], None]] = {
+    "kinds": kinds_cli.run,
+    "schedules": schedules_cli.run_schedules,
+    "sync": schedules_cli.run_sync,
+    "status": status_cli.run,
+    "recurrences": recurrences_cli.run,
+}
 
 
 def _json_default(value: Any) -> str:

@@ -37,7 +37,7 @@ class Command(BaseCommand):
         owner_name = options["owner"]
         if not owner_name or len(owner_name) > 150:  # checked before anything is written
             raise CommandError("--owner must be a username of 1 to 150 characters.")
-        call_command("sync_schedules", verbosity=options["verbosity"])
+        call_command("timekeeper", "sync", verbosity=options["verbosity"])
         owner, created = get_user_model().objects.get_or_create(username=owner_name)
         if created:
             owner.set_unusable_password()
