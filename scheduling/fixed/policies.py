@@ -35,7 +35,7 @@ from zoneinfo import ZoneInfo
 from django.db import transaction
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-from scheduling.core import exceptions, registry, store
+from scheduling.core import exceptions, registry, store, validation
 from scheduling.fixed import cron, ticks
 from scheduling.models import ConcurrencyPolicy, DstGapPolicy, MissedPolicy, SchedulePolicy
 
@@ -181,7 +181,7 @@ def check(
     except exceptions.UnknownJobKind as exc:
         raise _invalid(exc, "kind") from None
     try:
-        handler.validate(payload)
+        validation.encode_payload(handler, payload)  # the kind's limits (size, depth) and schema, as every door
     except exceptions.InvalidPayload as exc:
         raise _invalid(exc, "payload") from None
     if concurrency_policy not in ConcurrencyPolicy.values:
