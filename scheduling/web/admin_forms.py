@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.forms.fields import InvalidJSONInput
 from django.utils import timezone
 
-from scheduling.core import conf, exceptions, registry, validation
+from scheduling.core import exceptions, registry, validation
 from scheduling.models import MAX_PRIORITY, MIN_PRIORITY, SchedulePolicy
 
 
@@ -30,8 +30,9 @@ class PayloadField(forms.JSONField):
     }
 
     def _limit(self) -> int:
-        # Typed JSON may carry indentation; the API's own check is on the compact encoding.
-        return 2 * conf.get().max_payload_bytes
+        # Before the kind is known: the largest kind's limit. Typed JSON may carry indentation; the
+        # kind's own check (validation.encode_payload, in the form's clean) is on the compact encoding.
+        return 2 * (registry.largest_limits().max_payload_bytes or 0)
 
     def to_python(self, value: Any) -> Any:
         if isinstance(value, str):
