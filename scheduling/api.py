@@ -30,38 +30,10 @@ from typing import Any
 
 from scheduling.core import registry, validation
 from scheduling.deferrals import countdowns
-from scheduling.jobs.api import (
-    BulkResult,
-    cancel,
-    cancel_many,
-    kind_controls,
-    kind_overview,
-    pause,
-    reschedule,
-    reschedule_many,
-    resume,
-    retry_dead_many,
-    run_now_many,
-    schedule,
-    schedule_many,
-    schedule_with_outcome,
-    set_max_running,
-)
-from scheduling.jobs.api import status as table_status
-from scheduling.recurring.api import (
-    NewEntry,
-    cancel_recurrence,
-    cancel_recurrences,
-    change_recurrence,
-    get_recurrence,
-    next_occurrences,
-    pause_recurrence,
-    pause_recurrences,
-    recur,
-    recur_many,
-    resume_recurrence,
-    resume_recurrences,
-)
+from scheduling.jobs import api as jobs_api
+from scheduling.jobs.api import *  # noqa: F403 -- the public names of the due_at engine: jobs/api.py's __all__
+from scheduling.recurring import api as recurring_api
+from scheduling.recurring.api import *  # noqa: F403 -- the recurrences' public names: recurring/api.py's __all__
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +56,7 @@ def defer(kind: str, payload: Any, delay: float | int | dt.timedelta, *, key: st
     seconds = validation.delay_seconds(delay)
     if key is None and seconds <= countdowns.ceiling_seconds():
         return countdowns.send(job_kind, payload, seconds)
-    job = schedule(kind, payload, delay=seconds, key=key)
+    job = jobs_api.schedule(kind, payload, delay=seconds, key=key)
     logger.info(
         "deferral stored as a due_at row",
         extra={
@@ -97,7 +69,7 @@ def defer(kind: str, payload: Any, delay: float | int | dt.timedelta, *, key: st
     return Deferral(mechanism="table", id=job.id, due_at=job.due_at)
 
 
-def retire_owner(owner: Any) -> BulkResult:
+def retire_owner(owner: Any) -> jobs_api.BulkResult:
     """Before ``owner`` (a user or its id) is deleted: cancel what waits for them, and mark their jobs as theirs.
 
     Called by the ``pre_delete`` of the user model, inside the deletion's transaction, so it holds
@@ -123,9 +95,10 @@ def retire_owner(owner: Any) -> BulkResult:
         user = users.first()
         label = f"{user.get_username()} (#{owner_id})" if user is not None else f"#{owner_id}"
         live = [RecurrenceState.ACTIVE, RecurrenceState.PAUSED, RecurrenceState.ENDED]
-        cancel_recurrences(Recurrence.objects.filter(owner_id=owner_id, state__in=live).values_list("pk", flat=True))
+        theirs = Recurrence.objects.filter(owner_id=owner_id, state__in=live).values_list("pk", flat=True)
+        recurring_api.cancel_recurrences(theirs)
         waiting = ScheduledJob.objects.filter(owner_id=owner_id, state=JobState.PENDING).values_list("pk", flat=True)
-        result = cancel_many(waiting)
+        result = jobs_api.cancel_many(waiting)
         # One statement: every job of theirs says who owned it; a claimed one's current attempt is its last.
         last_attempt = Case(When(state=JobState.CLAIMED, then=F("attempts")), default=F("max_attempts"))
         marked = ScheduledJob.objects.filter(owner_id=owner_id).update(
@@ -150,42 +123,11 @@ def status(*, include_broker: bool = True) -> dict[str, Any]:
     flight, unacked), or None when Redis does not answer; ``include_broker=False`` skips reading
     Redis (which reads every queued message to sort them by ETA) when only the table matters.
     """
-    numbers = table_status()
+    numbers = jobs_api.status()
     if include_broker:
         numbers["broker"] = countdowns.broker_counts()
     return numbers
 
 
-__all__ = [
-    "BulkResult",
-    "Deferral",
-    "NewEntry",
-    "cancel",
-    "cancel_many",
-    "cancel_recurrence",
-    "cancel_recurrences",
-    "change_recurrence",
-    "defer",
-    "get_recurrence",
-    "kind_controls",
-    "kind_overview",
-    "next_occurrences",
-    "pause",
-    "pause_recurrence",
-    "pause_recurrences",
-    "recur",
-    "recur_many",
-    "reschedule",
-    "reschedule_many",
-    "resume",
-    "resume_recurrence",
-    "resume_recurrences",
-    "retire_owner",
-    "retry_dead_many",
-    "run_now_many",
-    "schedule",
-    "schedule_many",
-    "schedule_with_outcome",
-    "set_max_running",
-    "status",
-]
+# Each public name is listed once, in the module that defines it (its ``__all__``); this facade adds its own.
+__all__ = sorted(["Deferral", "defer", "retire_owner", "status", *jobs_api.__all__, *recurring_api.__all__])

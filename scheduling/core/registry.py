@@ -132,6 +132,38 @@ class Access:
 
 
 @dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one payload of a kind may be; every door reads them from ``Kind.limits`` (never from settings).
+
+    ``@handler(..., limits=Limits(max_payload_bytes=...))`` sets a kind's own; a field left ``None``
+    is the setting's (``SCHEDULING_MAX_PAYLOAD_BYTES``, ``SCHEDULING_MAX_PAYLOAD_DEPTH``), read when
+    asked, so a changed setting applies at once. ``validation.encode_payload`` enforces them for the
+    Python API, the JSON API, the admin, the commands and fixed-time schedules alike.
+    """
+
+    max_payload_bytes: int | None = None  # the payload's compact JSON encoding, in bytes
+    max_payload_depth: int | None = None  # levels of nested lists/objects
+
+    def resolved(self) -> Limits:
+        """These limits with every ``None`` replaced by its setting."""
+        settings = conf.get()
+        return Limits(
+            max_payload_bytes=self.max_payload_bytes or settings.max_payload_bytes,
+            max_payload_depth=self.max_payload_depth or settings.max_payload_depth,
+        )
+
+    def check(self, name: str) -> None:
+        """Raise ``SchedulingError`` unless each limit given is a whole number above 0."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise exceptions.SchedulingError(
+                    f"Job kind {name!r}: Limits({field.name}=...) must be a whole number above 0 "
+                    f"or None, not {value!r}."
+                )
+
+
+@dataclasses.dataclass(frozen=True)
 class Kind:
     """A registered job kind and how it runs."""
 
@@ -148,6 +180,12 @@ class Kind:
     priority: int = 0  # 0-9, the default priority of its jobs: among due jobs, higher is claimed first
     api: Access | None = None  # None: not schedulable through the API (the admin: superusers only)
     critical: bool = False  # /healthz counts its overdue jobs, whoever owns them (and the system's jobs of any kind)
+    own_limits: Limits = Limits()  # as registered; the doors read ``limits`` (settings filled in)
+
+    @property
+    def limits(self) -> Limits:
+        """The kind's payload limits, every field set: its own, else the settings'. The one place doors read."""
+        return self.own_limits.resolved()
 
     def allows(self, user: Any, payload: dict[str, Any]) -> bool:
         """Whether ``user`` may schedule this kind from outside with ``payload`` (the kind's ``Access``)."""
@@ -228,6 +266,7 @@ def handler(
     priority: int = 0,
     api: Access | None = None,
     critical: bool = False,
+    limits: Limits | None = None,
 ) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -235,6 +274,7 @@ def handler(
     kind whose callers could hold workers longer than ``SCHEDULING_API_MAX_JOB_SECONDS`` (their
     most attempts x ``timeout``) is refused here. ``critical``: ``/healthz`` counts its overdue
     jobs in the backlog (besides the system's own jobs); other owners' jobs never flip it.
+    ``limits``: the kind's own payload limits (``Limits``; a field left ``None`` is the setting's).
 
     ``atomic`` (the default): on the due_at path the handler runs inside the transaction that
     records its outcome, so its database writes and the job's ``done`` commit together or not at
@@ -267,7 +307,9 @@ def handler(
             priority=priority,
             api=api,
             critical=critical,
+            own_limits=limits or Limits(),
         )
+        kind.own_limits.check(name)
         check_caller_bounds(kind)
         _kinds[name] = kind
         return func
@@ -362,15 +404,26 @@ def all_kinds() -> dict[str, Kind]:
     return dict(_kinds)
 
 
+def largest_limits() -> Limits:
+    """The largest of every kind's limits (and the settings'): what a door may read before it knows the kind."""
+    every = [Limits().resolved(), *(kind.limits for kind in all_kinds().values())]
+    return Limits(
+        max_payload_bytes=max(limits.max_payload_bytes or 0 for limits in every),
+        max_payload_depth=max(limits.max_payload_depth or 0 for limits in every),
+    )
+
+
 __all__ = [
     "PRIORITIZE_PERMISSION",
     "Access",
     "Backoff",
     "Job",
     "Kind",
+    "Limits",
     "all_kinds",
     "autodiscover",
     "get",
     "handler",
     "handler_modules",
+    "largest_limits",
 ]

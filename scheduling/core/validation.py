@@ -90,11 +90,13 @@ def payload_depth(payload: Any) -> int:
 def encode_payload(kind: registry.Kind, payload: Any) -> str:
     """Validate ``payload`` for ``kind`` and return its JSON text; raises ``InvalidPayload``.
 
-    Every door (Python, the API, the admin) goes through here, so they refuse the same payloads:
-    not JSON, nested deeper than ``SCHEDULING_MAX_PAYLOAD_DEPTH`` (a worker must be able to decode
-    and validate whatever was stored), over the size limit, or failing the kind's schema.
+    Every door (Python, the API, the admin, the commands, fixed-time declarations and policies) goes
+    through here, so they refuse the same payloads: not JSON, nested deeper than the kind's depth
+    limit (a worker must be able to decode and validate whatever was stored), over its size limit,
+    or failing the kind's schema. The limits are ``kind.limits`` (its own, else the settings').
     """
-    max_depth = conf.get().max_payload_depth
+    limits = kind.limits
+    max_depth = limits.max_payload_depth or 0
     if payload_depth(payload) > max_depth:
         raise exceptions.InvalidPayload(f"Payload for {kind.name} is nested deeper than {max_depth} levels.")
     problem = payload_text_problem(payload)
@@ -106,7 +108,7 @@ def encode_payload(kind: registry.Kind, payload: Any) -> str:
         raise exceptions.InvalidPayload(f"Payload for {kind.name} is not JSON: {exc}") from None
     except RecursionError:
         raise exceptions.InvalidPayload(f"Payload for {kind.name} is nested too deeply.") from None
-    limit = conf.get().max_payload_bytes
+    limit = limits.max_payload_bytes or 0
     size = len(encoded.encode())
     if size > limit:
         raise exceptions.PayloadTooLarge(size, limit)

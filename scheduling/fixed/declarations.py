@@ -31,31 +31,21 @@ from django.db import transaction
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from scheduling.core import exceptions, registry, tasknames
-from scheduling.fixed import cron, policies, ticks
-from scheduling.models import ConcurrencyPolicy, DstGapPolicy, MissedPolicy, SchedulePolicy
+from scheduling.fixed import cron, policies, spec, ticks
+from scheduling.models import SchedulePolicy
 
 logger = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
-class Declaration:
-    """One fixed-time schedule as declared in code."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Declaration(spec.PolicySpec):
+    """One fixed-time schedule as declared in code: its name, timing and description, and its policy
+    (every field of ``spec.PolicySpec``)."""
 
     name: str
-    kind: str
     cron: str | None
     every: float | None
     timezone: str
-    concurrency_policy: str
-    starting_deadline_seconds: int | None
-    active_deadline_seconds: int | None
-    backoff_limit: int
-    successful_history_limit: int
-    failed_history_limit: int
-    missed_policy: str
-    missed_window_seconds: int
-    dst_gap: str
-    payload: dict[str, Any]
     description: str
 
     @property
@@ -73,54 +63,46 @@ _lock = threading.Lock()
 def make(
     *,
     name: str,
-    kind: str,
     cron: str | None = None,
     every: float | None = None,
     timezone: str = "UTC",
-    concurrency_policy: str = ConcurrencyPolicy.FORBID,
-    starting_deadline_seconds: int | None = None,
-    active_deadline_seconds: int | None = None,
-    backoff_limit: int = 0,
-    successful_history_limit: int = 3,
-    failed_history_limit: int = 1,
-    missed_policy: str = MissedPolicy.SKIP,
-    missed_window_seconds: int = 3600,
-    dst_gap: str = DstGapPolicy.SHIFT,
-    payload: dict[str, Any] | None = None,
     description: str = "",
+    **policy: Any,
 ) -> Declaration:
     """A validated declaration, not registered (``declare()`` registers one; tests sync their own).
 
     ``cron`` is an expression or nickname on the wall clock of ``timezone``; ``every`` is a whole
-    number of seconds. Checks everything that does not need the handler (the kind and payload are
+    number of seconds. ``policy``: ``kind`` and any other field of ``spec.PolicySpec``
+    (``concurrency_policy``, ``active_deadline_seconds``, ``payload``, ...; the rest take the
+    model's defaults). Checks everything that does not need the handler (the kind and payload are
     checked by ``sync()``, when every handler module has been imported).
     """
     if not name or len(name) > 200:
         raise exceptions.InvalidPolicy(f"A schedule name must have 1 to 200 characters, got {name!r}.")
+    unknown = sorted(set(policy) - set(spec.PolicySpec.names()))
+    if unknown or "kind" not in policy:
+        problem = f"unknown argument(s) {', '.join(unknown)}" if unknown else "kind= is required"
+        raise exceptions.InvalidPolicy(
+            f"Schedule {name!r}: {problem}; a schedule takes name, cron or every, timezone, description "
+            f"and the policy's {', '.join(spec.PolicySpec.names())}."
+        )
     if (cron is None) == (every is None):
         raise exceptions.InvalidSchedule(f"Schedule {name!r}: give either cron= or every= (seconds), not both.")
     if every is not None and timezone != "UTC":
         raise exceptions.InvalidSchedule(f"Schedule {name!r}: an interval has no time zone; drop timezone=.")
     if every is not None and (float(every) != int(every) or int(every) < 1):
         raise exceptions.InvalidSchedule(f"Schedule {name!r}: every= must be a whole number of seconds >= 1.")
+    policy["payload"] = dict(policy.get("payload") or {})
+    policy.update([(field, str(value)) for field, value in policy.items() if isinstance(value, str)])  # TextChoices
     declaration = Declaration(
         name=name,
-        kind=kind,
         cron=" ".join(cron.split()) if isinstance(cron, str) else cron,
         every=float(every) if every is not None else None,
         timezone=timezone,
-        concurrency_policy=str(concurrency_policy),
-        starting_deadline_seconds=starting_deadline_seconds,
-        active_deadline_seconds=active_deadline_seconds,
-        backoff_limit=backoff_limit,
-        successful_history_limit=successful_history_limit,
-        failed_history_limit=failed_history_limit,
-        missed_policy=str(missed_policy),
-        missed_window_seconds=missed_window_seconds,
-        dst_gap=str(dst_gap),
-        payload=dict(payload or {}),
         description=description,
+        **policy,
     )
+    active_deadline_seconds = declaration.active_deadline_seconds
     timing = declaration.timing  # validates expression, zone, DST rule and interval
     if active_deadline_seconds is not None and active_deadline_seconds >= timing.min_interval_seconds():
         raise exceptions.InvalidPolicy(
@@ -175,7 +157,7 @@ def sync(
             raise exceptions.InvalidPolicy(f"No schedule is declared with the name(s) {', '.join(unknown)}.")
     chosen = [all_declared[name] for name in sorted(names if names is not None else all_declared)]
     for declaration in chosen:
-        _check(declaration)
+        policies.check(declaration.timing, declaration)
     report = SyncReport()
     with transaction.atomic():
         for declaration in chosen:
@@ -198,19 +180,6 @@ def sync(
         },
     )
     return report
-
-
-def _check(declaration: Declaration) -> None:
-    policies.check(
-        declaration.timing,
-        kind=declaration.kind,
-        payload=declaration.payload,
-        concurrency_policy=declaration.concurrency_policy,
-        missed_policy=declaration.missed_policy,
-        active_deadline_seconds=declaration.active_deadline_seconds,
-        starting_deadline_seconds=declaration.starting_deadline_seconds,
-        missed_window_seconds=declaration.missed_window_seconds,
-    )
 
 
 def _schedule_row(declaration: Declaration) -> CrontabSchedule | IntervalSchedule:
@@ -264,23 +233,6 @@ def apply_policy(task: PeriodicTask, policy: SchedulePolicy, timezone: str, ever
     return wrote
 
 
-def _policy_fields(declaration: Declaration) -> dict[str, Any]:
-    return {
-        "kind": declaration.kind,
-        "expression": declaration.cron or "",
-        "concurrency_policy": declaration.concurrency_policy,
-        "starting_deadline_seconds": declaration.starting_deadline_seconds,
-        "active_deadline_seconds": declaration.active_deadline_seconds,
-        "backoff_limit": declaration.backoff_limit,
-        "successful_history_limit": declaration.successful_history_limit,
-        "failed_history_limit": declaration.failed_history_limit,
-        "missed_policy": declaration.missed_policy,
-        "missed_window_seconds": declaration.missed_window_seconds,
-        "dst_gap": declaration.dst_gap,
-        "payload": declaration.payload,
-    }
-
-
 def _sync_one(declaration: Declaration) -> str:
     schedule_row = _schedule_row(declaration)
     is_cron = isinstance(schedule_row, CrontabSchedule)
@@ -306,7 +258,7 @@ def _sync_one(declaration: Declaration) -> str:
         task.save()
         task_updated = True
     policy = SchedulePolicy.objects.filter(periodic_task=task).first()
-    wanted = _policy_fields(declaration)
+    wanted = {"expression": declaration.cron or "", **declaration.columns()}
     policy_updated = False
     if policy is None:
         policy = SchedulePolicy(periodic_task=task, **wanted)

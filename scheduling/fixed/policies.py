@@ -35,8 +35,8 @@ from zoneinfo import ZoneInfo
 from django.db import transaction
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-from scheduling.core import exceptions, registry
-from scheduling.fixed import cron, store, ticks
+from scheduling.core import exceptions, registry, validation
+from scheduling.fixed import cron, spec, store, ticks
 from scheduling.models import ConcurrencyPolicy, DstGapPolicy, MissedPolicy, SchedulePolicy
 
 logger = logging.getLogger(__name__)
@@ -164,50 +164,46 @@ def _invalid(exc: exceptions.SchedulingError, field: str | None) -> exceptions.S
     return exc
 
 
-def check(
-    timing: ticks.Timing,
-    *,
-    kind: str,
-    payload: Any,
-    concurrency_policy: str,
-    missed_policy: str,
-    active_deadline_seconds: float | None,
-    starting_deadline_seconds: float | None,
-    missed_window_seconds: float,
-) -> None:
-    """Every rule a fixed-time schedule must pass, on plain values (declarations and the admin share it)."""
+def check(timing: ticks.Timing, policy: spec.PolicySpec) -> None:
+    """Every rule a fixed-time schedule's policy must pass with ``timing`` (declarations and the admin share it).
+
+    Raises the named error with ``.field``, the policy field it is about (or ``None``).
+    """
     try:
-        handler = registry.get(kind)
+        handler = registry.get(policy.kind)
     except exceptions.UnknownJobKind as exc:
         raise _invalid(exc, "kind") from None
     try:
-        handler.validate(payload)
+        validation.encode_payload(handler, policy.payload)  # the kind's limits (size, depth) and schema, as every door
     except exceptions.InvalidPayload as exc:
         raise _invalid(exc, "payload") from None
-    if concurrency_policy not in ConcurrencyPolicy.values:
+    if policy.concurrency_policy not in ConcurrencyPolicy.values:
         raise _invalid(
-            exceptions.InvalidPolicy(f"Unknown concurrency policy {concurrency_policy!r}."), "concurrency_policy"
+            exceptions.InvalidPolicy(f"Unknown concurrency policy {policy.concurrency_policy!r}."), "concurrency_policy"
         )
-    if missed_policy not in MissedPolicy.values:
-        raise _invalid(exceptions.InvalidPolicy(f"Unknown missed-tick policy {missed_policy!r}."), "missed_policy")
-    if active_deadline_seconds is not None:
+    if policy.missed_policy not in MissedPolicy.values:
+        raise _invalid(
+            exceptions.InvalidPolicy(f"Unknown missed-tick policy {policy.missed_policy!r}."), "missed_policy"
+        )
+    if policy.active_deadline_seconds is not None:
         shortest = timing.min_interval_seconds()
-        if active_deadline_seconds <= 0:
+        if policy.active_deadline_seconds <= 0:
             raise _invalid(exceptions.InvalidPolicy("The run timeout must be positive."), "active_deadline_seconds")
-        if active_deadline_seconds >= shortest:
+        if policy.active_deadline_seconds >= shortest:
             raise _invalid(
                 exceptions.InvalidPolicy(
-                    f"The run timeout ({active_deadline_seconds:g}s) must be shorter than the schedule's shortest "
-                    f"interval ({shortest:g}s: {timing.describe()}), or a run could still be going at the next tick."
+                    f"The run timeout ({policy.active_deadline_seconds:g}s) must be shorter than the schedule's "
+                    f"shortest interval ({shortest:g}s: {timing.describe()}), or a run could still be going at the "
+                    "next tick."
                 ),
                 "active_deadline_seconds",
             )
-    if starting_deadline_seconds is not None and starting_deadline_seconds <= 0:
+    if policy.starting_deadline_seconds is not None and policy.starting_deadline_seconds <= 0:
         raise _invalid(
             exceptions.InvalidPolicy("The starting deadline must be positive (or empty for none)."),
             "starting_deadline_seconds",
         )
-    if missed_policy == MissedPolicy.RUN_ALL and missed_window_seconds <= 0:
+    if policy.missed_policy == MissedPolicy.RUN_ALL and policy.missed_window_seconds <= 0:
         raise _invalid(
             exceptions.InvalidPolicy("run_all needs a positive missed-tick window."), "missed_window_seconds"
         )
@@ -243,16 +239,7 @@ def validate_policy(policy: SchedulePolicy, periodic_task: PeriodicTask | None =
         raise _invalid(exc, None) from None
     except (exceptions.InvalidCronExpression, exceptions.UnknownTimeZone, exceptions.InvalidSchedule) as exc:
         raise _invalid(exc, None) from None
-    check(
-        timing,
-        kind=policy.kind,
-        payload=policy.payload,
-        concurrency_policy=policy.concurrency_policy,
-        missed_policy=policy.missed_policy,
-        active_deadline_seconds=policy.active_deadline_seconds,
-        starting_deadline_seconds=policy.starting_deadline_seconds,
-        missed_window_seconds=policy.missed_window_seconds,
-    )
+    check(timing, spec.PolicySpec.of(policy))
 
 
 def describe(obj: PeriodicTask | SchedulePolicy) -> str:

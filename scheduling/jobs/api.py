@@ -502,5 +502,4 @@ __all__ = [
     "schedule_many",
     "schedule_with_outcome",
     "set_max_running",
-    "status",
-]
+]  # scheduling.api re-exports these; its own status() wraps this module's (adding the broker's counts)

@@ -537,3 +537,19 @@ def preview(recurrence: Recurrence, n: int) -> list[dt.datetime]:
 def on_recurrence_deleted(sender: Any, instance: Recurrence, **kwargs: Any) -> None:
     """``pre_delete`` of a recurrence (its owner deleted, CASCADE): its pending occurrence is cancelled."""
     store.cancel_pending_occurrences([instance.pk])
+
+
+__all__ = [
+    "NewEntry",
+    "cancel_recurrence",
+    "cancel_recurrences",
+    "change_recurrence",
+    "get_recurrence",
+    "next_occurrences",
+    "pause_recurrence",
+    "pause_recurrences",
+    "recur",
+    "recur_many",
+    "resume_recurrence",
+    "resume_recurrences",
+]

@@ -43,7 +43,7 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
 from scheduling import api
-from scheduling.core import conf, exceptions, executor, registry, validation
+from scheduling.core import exceptions, executor, registry, validation
 from scheduling.models import JobState, ScheduledJob
 from scheduling.web import auth
 
@@ -109,7 +109,8 @@ def from_scheduling_error(exc: exceptions.SchedulingError) -> ApiError:
 
 
 def max_body_bytes() -> int:
-    return conf.get().max_payload_bytes + ENVELOPE_ALLOWANCE_BYTES
+    """The largest body read: the largest kind's payload limit plus the envelope (the kind is not known yet)."""
+    return (registry.largest_limits().max_payload_bytes or 0) + ENVELOPE_ALLOWANCE_BYTES
 
 
 def read_json(request: HttpRequest, *, optional: bool = False) -> dict[str, Any]:

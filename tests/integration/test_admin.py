@@ -401,6 +401,21 @@ def test_policy_inline_refuses_a_timeout_not_shorter_than_the_interval(admin):
     assert task.policy.active_deadline_seconds == 30
 
 
+def test_policy_inline_refuses_a_payload_over_the_kinds_limit(admin, schedule, settings):
+    """A superuser's policy payload over the kind's size limit is a payload error on the page; the stored one stays."""
+    settings.SCHEDULING_MAX_PAYLOAD_BYTES = 1000
+    data = _schedule_post(schedule, **{"policy-0-payload": json.dumps({"label": "big", "blob": "x" * 1500})})
+    response = admin.post(f"/admin/django_celery_beat/periodictask/{schedule.pk}/change/", data)
+    assert response.status_code == 200
+    policy_form = response.context["inline_admin_formsets"][0].formset.forms[0]
+    assert "the limit is 1000 bytes" in " ".join(policy_form.errors["payload"])
+    assert SchedulePolicy.objects.get(pk=schedule.policy.pk).payload == {"label": "nightly"}
+    data["policy-0-payload"] = json.dumps({"label": "small", "blob": "x" * 100})
+    response = admin.post(f"/admin/django_celery_beat/periodictask/{schedule.pk}/change/", data)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert SchedulePolicy.objects.get(pk=schedule.policy.pk).payload["label"] == "small"
+
+
 def _schedule_post(task: PeriodicTask, **changes: Any) -> dict[str, Any]:
     """The change form of a schedule with a policy, as the page posts it, with ``changes`` applied."""
     policy = task.policy

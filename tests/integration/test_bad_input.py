@@ -376,6 +376,54 @@ def test_every_door_refuses_the_same_bad_job(
     assert ScheduledJob.objects.get(pk=bystander.id).state == JobState.PENDING
 
 
+@pytest.mark.django_db
+@pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  # whitenoise: collectstatic has not run here
+def test_a_kinds_own_payload_limit_holds_at_every_door(admin_client, django_user_model) -> None:
+    """A kind's Limits (200 bytes, under the setting's 64 KiB) refuse a 300-byte payload at every door; none stored."""
+    from django.test import Client
+    from django_celery_beat.models import PeriodicTask
+
+    from scheduling import registry, schedules, testing
+    from scheduling.models import Recurrence
+    from scheduling.web import auth
+
+    caller = django_user_model.objects.create_user("limited")
+    _token, raw = auth.issue_token(caller, "limits")
+    payload = {"blob": "x" * 300}
+    with testing.isolated_registry(keep_tasks=False):
+        registry.handler(
+            "limits.small", schema={"type": "object"}, timeout=10, api=registry.Access(),
+            limits=registry.Limits(max_payload_bytes=200),
+        )(lambda job: None)  # fmt: skip
+        python_doors: list[Callable[[], Any]] = [
+            lambda: api.schedule("limits.small", payload, delay=5),
+            lambda: api.schedule_many("limits.small", [payload], delay=5),
+            lambda: api.defer("limits.small", payload, 5),
+            lambda: api.recur("limits.small", payload, key="k", every=60),
+            lambda: schedules.sync(declarations=[schedules.make(name="limited", kind="limits.small", every=60,
+                                                                payload=payload)]),
+        ]  # fmt: skip
+        for door in python_doors:
+            with pytest.raises(exceptions.PayloadTooLarge, match="the limit is 200 bytes"):
+                door()
+        response = Client().post(
+            "/api/jobs/",
+            json.dumps({"kind": "limits.small", "payload": payload, "delay": 5}),
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {raw}",
+        )
+        assert (response.status_code, response.json()["error"]["limit"]) == (413, 200)
+        page = admin_client.post(
+            "/admin/scheduling/scheduledjob/add/",
+            {"kind": "limits.small", "payload": json.dumps(payload), "on_conflict": "error", "delay_seconds": "5"},
+        )
+        assert "the limit is 200 bytes" in str(page.context["adminform"].form.errors)
+        api.schedule("limits.small", {"blob": "x" * 100}, delay=5)  # under the kind's limit: stored
+    assert [row[1] for row in _snapshot()] == ["limits.small"]
+    assert not Recurrence.objects.exists()
+    assert not PeriodicTask.objects.filter(name="limited").exists()
+
+
 # --- Hostile requests at the API and admin doors -------------------------------------------------------
 
 

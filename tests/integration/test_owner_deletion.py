@@ -9,8 +9,8 @@ from django.test import Client
 
 from scheduling import api
 from scheduling.core import exceptions, registry, store
-from scheduling.jobs import store as jobs_store
 from scheduling.jobs import runner
+from scheduling.jobs import store as jobs_store
 from scheduling.models import JobAttempt, JobState, Recurrence, ScheduledJob
 from tasks.models import Payment
 

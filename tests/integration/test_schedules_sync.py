@@ -121,10 +121,13 @@ def test_sync_command_syncs_the_examples_twice_the_same():
         ({"cron": "0 3 * * *", "timezone": "Mars/Olympus_Mons"}, "no time zone 'Mars/Olympus_Mons'"),
         ({"kind": "reports.nope"}, "Unknown job kind 'reports.nope'"),
         ({"active_deadline_seconds": 90_000}, "must be shorter than the schedule's shortest interval"),
+        ({"payload": {"blob": "x" * 70_000}}, "the limit is 65536 bytes"),
+        ({"payload": json.loads("[" * 40 + "]" * 40)}, "nested deeper than 32 levels"),
     ],
 )
 def test_sync_command_refuses_an_invalid_declaration(extra_declaration, fields, message):
-    """An invalid expression, zone, kind or timeout stops the command with a CommandError that says which."""
+    """An invalid expression, zone, kind, timeout or payload (over the kind's size or depth limit) stops the command
+    with a CommandError that says which."""
     base = {
         "name": "broken", "kind": "demo.noop", "cron": "0 3 * * *", "every": None, "timezone": "UTC",
         "concurrency_policy": "forbid", "starting_deadline_seconds": None, "active_deadline_seconds": None,

@@ -104,3 +104,29 @@ def test_every_registered_api_kind_keeps_a_callers_worst_case_within_ten_minutes
     assert record.schema["properties"]["sleep"]["maximum"] <= record.timeout_seconds
     with pytest.raises(exceptions.InvalidPayload, match="sleep"):
         record.validate({"sleep": 3600})
+
+
+def test_a_kinds_limits_are_its_own_else_the_settings(settings):
+    """Kind.limits fills each limit the kind did not set from the settings, read when asked."""
+    from scheduling import testing
+
+    with testing.isolated_registry(keep_tasks=False):
+        registry.handler("test.small", limits=registry.Limits(max_payload_bytes=100))(lambda job: None)
+        registry.handler("test.plain")(lambda job: None)
+        settings.SCHEDULING_MAX_PAYLOAD_BYTES = 5000
+        settings.SCHEDULING_MAX_PAYLOAD_DEPTH = 7
+        small, plain = registry.get("test.small").limits, registry.get("test.plain").limits
+        assert (small.max_payload_bytes, small.max_payload_depth) == (100, 7)
+        assert (plain.max_payload_bytes, plain.max_payload_depth) == (5000, 7)
+        assert (registry.largest_limits().max_payload_bytes, registry.largest_limits().max_payload_depth) == (5000, 7)
+        registry.handler("test.big", limits=registry.Limits(max_payload_bytes=9000))(lambda job: None)
+        assert registry.largest_limits().max_payload_bytes == 9000
+
+
+@pytest.mark.parametrize("limits", [registry.Limits(max_payload_bytes=0), registry.Limits(max_payload_depth=True)])
+def test_limits_that_are_not_whole_numbers_above_zero_are_refused(limits):
+    """A kind registered with a zero or boolean limit is a registration error, and is not registered."""
+    with pytest.raises(exceptions.SchedulingError, match="must be a whole number above 0"):
+        registry.handler("test.limits", limits=limits)(lambda job: None)
+    with pytest.raises(exceptions.UnknownJobKind):
+        registry.get("test.limits")

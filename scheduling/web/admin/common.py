@@ -20,7 +20,7 @@ from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils import timezone
 
-from scheduling.core import conf, exceptions, registry, validation
+from scheduling.core import exceptions, registry, validation
 
 
 def seconds_text(value: Any) -> str:
@@ -62,8 +62,9 @@ class PayloadField(forms.JSONField):
     }
 
     def _limit(self) -> int:
-        # Typed JSON may carry indentation; the API's own check is on the compact encoding.
-        return 2 * conf.get().max_payload_bytes
+        # Before the kind is known: the largest kind's limit. Typed JSON may carry indentation; the
+        # kind's own check (validation.encode_payload, in the form's clean) is on the compact encoding.
+        return 2 * (registry.largest_limits().max_payload_bytes or 0)
 
     def to_python(self, value: Any) -> Any:
         if isinstance(value, str):

@@ -45,22 +45,7 @@ class SchedulePolicyInline(admin.StackedInline):
     verbose_name = "fixed-time policy"
     verbose_name_plural = "fixed-time policy (runs through Timekeeper's exactly-once gate)"
     readonly_fields = ("anchor_at", "last_tick")
-    fieldsets = (
-        (None, {"fields": ("kind", "payload", "expression", "timezone", "every_seconds")}),
-        (
-            "Overlap and deadlines",
-            {
-                "fields": (
-                    "concurrency_policy",
-                    "starting_deadline_seconds",
-                    "active_deadline_seconds",
-                    "backoff_limit",
-                )
-            },
-        ),
-        ("Missed ticks and clock changes", {"fields": ("missed_policy", "missed_window_seconds", "dst_gap")}),
-        ("History", {"fields": ("successful_history_limit", "failed_history_limit", "anchor_at", "last_tick")}),
-    )
+    fieldsets = fixed_forms.policy_fieldsets(readonly=readonly_fields)  # the policy spec's groups
 
     def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
         """The policy form offers the kinds the person may use (every kind to a superuser)."""

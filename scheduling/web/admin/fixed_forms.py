@@ -12,6 +12,7 @@ from typing import Any, cast
 from django import forms
 
 from scheduling.core import exceptions, registry, tasknames, validation
+from scheduling.fixed import spec
 from scheduling.models import (
     SchedulePolicy,
 )
@@ -47,20 +48,7 @@ class SchedulePolicyForm(forms.ModelForm):
 
     class Meta:
         model = SchedulePolicy
-        fields = [
-            "kind",
-            "payload",
-            "expression",
-            "concurrency_policy",
-            "starting_deadline_seconds",
-            "active_deadline_seconds",
-            "backoff_limit",
-            "successful_history_limit",
-            "failed_history_limit",
-            "missed_policy",
-            "missed_window_seconds",
-            "dst_gap",
-        ]
+        fields = ["expression", *spec.PolicySpec.names()]
 
     def __init__(self, *args: Any, periodic_task: Any = None, user: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -107,16 +95,7 @@ class SchedulePolicyForm(forms.ModelForm):
                     data.get("every_seconds"),
                     candidate.dst_gap,
                 )
-                policies.check(
-                    timing,
-                    kind=candidate.kind,
-                    payload=candidate.payload,
-                    concurrency_policy=candidate.concurrency_policy,
-                    missed_policy=candidate.missed_policy,
-                    active_deadline_seconds=candidate.active_deadline_seconds,
-                    starting_deadline_seconds=candidate.starting_deadline_seconds,
-                    missed_window_seconds=candidate.missed_window_seconds,
-                )
+                policies.check(timing, spec.PolicySpec.of(candidate))
             else:
                 policies.validate_policy(candidate, periodic_task=self.periodic_task)
                 timing = policies.timing_of(self.periodic_task, candidate)
@@ -133,6 +112,16 @@ class SchedulePolicyForm(forms.ModelForm):
             field = getattr(exc, "field", None)
             self.add_error(field if field in self.fields else None, str(exc))
         return data
+
+
+POLICY_TIMING_FIELDS = ("expression", "timezone", "every_seconds")  # the form's own, beside the spec's
+
+
+def policy_fieldsets(readonly: tuple[str, ...] = ()) -> Any:
+    """The policy inline's fieldsets, ``((title, {"fields": names}), ...)``: the spec's groups
+    (``spec.GROUPS``), the timing after what runs, ``readonly`` (the anchor and last tick) with the history."""
+    extra: dict[str | None, tuple[str, ...]] = {spec.RUN: POLICY_TIMING_FIELDS, spec.HISTORY: readonly}
+    return tuple((group, {"fields": (*spec.PolicySpec.grouped(group), *extra.get(group, ()))}) for group in spec.GROUPS)
 
 
 class PolicyFormSet(forms.BaseInlineFormSet):
