@@ -54,24 +54,29 @@ DJANGO60_MIN_PYTHON = (3, 12)
 # APIs and their OpenAPI document, migrations, the system checks and settings, and the unit tests.
 DJANGO60_TESTS = [
     "tests/unit",
-    "tests/integration/test_backends.py",
-    "tests/integration/test_testing.py",
-    "tests/e2e/test_backends_worker.py",
-    "tests/integration/test_admin.py",
-    "tests/integration/test_admin_job_page.py",
-    "tests/integration/test_admin_permissions.py",
-    "tests/integration/test_dashboard.py",
-    "tests/integration/test_http_api.py",
-    "tests/integration/test_kinds_doors.py",
-    "tests/integration/test_authorization.py",
-    "tests/integration/test_openapi.py",
-    "tests/integration/test_api.py",
-    "tests/integration/test_migrations.py",
-    "tests/integration/test_security.py",
-    "tests/integration/test_preflight.py",
+    "tests/integration/backends/test_backends.py",
+    "tests/integration/jobs/test_testing.py",
+    "tests/e2e/backends/test_backends_worker.py",
+    "tests/integration/web/test_admin.py",
+    "tests/integration/web/test_admin_job_page.py",
+    "tests/integration/web/test_admin_permissions.py",
+    "tests/integration/web/test_dashboard.py",
+    "tests/integration/web/test_jobs_api.py",
+    "tests/integration/web/test_kinds_doors.py",
+    "tests/integration/web/test_authorization.py",
+    "tests/integration/web/test_jobs_api_openapi.py",
+    "tests/integration/jobs/test_api.py",
+    "tests/integration/core/test_migrations.py",
+    "tests/integration/project/test_security.py",
+    "tests/e2e/project/test_security.py",
+    "tests/integration/project/test_preflight.py",
+    "tests/integration/project/test_settings_production.py",
+    "tests/integration/project/test_compose.py",
+    "tests/integration/project/test_dev.py",
+    "tests/integration/project/test_prometheus.py",
 ]
 # Pure Python with no Django in it, and pinned to cronsim's behaviour: the 5.2 run covers it.
-DJANGO60_IGNORED = ["--ignore=tests/unit/test_cron_differential.py"]
+DJANGO60_IGNORED = ["--ignore=tests/unit/fixed/test_cron_differential.py"]
 
 
 def say(message: str) -> None:

@@ -12,15 +12,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT, wait_for  # wait_for re-exported: the e2e tests call harness.wait_for
+
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CELERY = [sys.executable, "-m", "celery", "-A", "project"]
 
@@ -139,18 +138,6 @@ class Cluster:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.2, message: str = "") -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
-        time.sleep(interval)
 
 
 def wait_ready(proc: Proc, text: str = "ready.", timeout: float = 60) -> None:

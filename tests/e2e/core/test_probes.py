@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 
 import pytest
 
 from scheduling.models import SchedulerHeartbeat
+from tests import support
 from tests.e2e import harness, private_services
 from tests.e2e.harness import wait_for, wait_ready
 
@@ -18,10 +18,8 @@ MAX_AGE = "8"  # seconds: above the 5 s write period, so only a frozen process f
 
 
 def probe(env: dict[str, str], role: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", "timekeeper", "probe", role, "--max-age", MAX_AGE],
-        cwd=harness.ROOT, env=harness.base_env(env), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    """``manage.py timekeeper probe <role>`` as the processes see the services."""
+    return support.manage("timekeeper", "probe", role, "--max-age", MAX_AGE, env=harness.base_env(env), timeout=120)
 
 
 @pytest.mark.parametrize("role", ["worker", "beat"])

@@ -10,7 +10,7 @@ from django.test import Client
 from scheduling import api
 from scheduling.models import JobState, ScheduledJob
 from tests.e2e.harness import wait_for, wait_ready
-from tests.integration.test_metrics import scrape
+from tests.integration.web.test_metrics import scrape
 
 pytestmark = [pytest.mark.e2e]
 

@@ -20,10 +20,10 @@ from django.conf import settings
 from psycopg2 import sql
 
 from tests.e2e import harness
+from tests.support import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN_ID = os.getpid()
 SECRET = f"s3cret-devrun-{RUN_ID}"  # unique: the ps check sees every process on the machine
 

@@ -28,10 +28,10 @@ import pytest
 import redis
 
 from tests.e2e import harness
+from tests.support import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 POSTGRES = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
 REDIS_URL = "redis://127.0.0.1:6379/15"
 FIXED_EVERY_SECONDS = 2

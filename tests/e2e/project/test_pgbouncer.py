@@ -10,8 +10,6 @@ statistics show that the work really went through it.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +24,7 @@ from scheduling import checks as scheduling_checks
 from scheduling.core import locks
 from scheduling.models import JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
+from tests import support
 from tests.e2e import fixed_soak, harness, private_services
 from tests.e2e.harness import wait_for, wait_ready
 
@@ -126,10 +125,7 @@ def test_fixed_time_leader_handover_through_pgbouncer_runs_each_tick_once(pooled
 
 
 def _check(env: dict[str, str]) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", "check", "--database", "default"],
-        cwd=harness.ROOT, env=harness.base_env(env), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = support.manage("check", "--database", "default", env=harness.base_env(env), timeout=120)
     return done.stdout + done.stderr
 
 

@@ -5,11 +5,8 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -29,11 +26,11 @@ from scheduling.deferrals import countdowns
 from scheduling.models import JobState, ScheduledJob
 from tasks import payments
 from tasks.models import Execution, Payment, PaymentState
+from tests import support
 from tests.celeryconf import override_celery
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
 PREFIX = settings.CELERY_BROKER_KEYPREFIX
 DEFERRED = f"{PREFIX}{countdowns.QUEUE}"
 DEFAULT = f"{PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
@@ -390,10 +387,8 @@ def test_status_command_shows_table_and_broker_counts(broker, capsys):
 
 
 def run_manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings", "DEBUG": "1", **env}
-    return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120
-    )
+    """``manage.py <args>`` under the project's settings with ``env`` on top."""
+    return support.manage(*args, env={"DJANGO_SETTINGS_MODULE": "project.settings", "DEBUG": "1", **env}, timeout=120)
 
 
 def test_misconfigured_ceiling_fails_the_system_check():

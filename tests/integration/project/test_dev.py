@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import dev
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 # What `dev.py test` runs, as a newcomer would look for it in the usage text and the README.
 TEST_STEPS = ["ruff", "makemigrations --check", "mypy", "apt-get", "chromium", "faketime", "pytest", "Django 6.0"]
 
@@ -118,7 +118,7 @@ def test_django60_leg_checks_migrations_and_runs_tests_that_exist() -> None:
     assert steps[-1][1][3:] == dev.DJANGO60_TESTS + dev.DJANGO60_IGNORED
     for path in dev.DJANGO60_TESTS:
         assert (ROOT / path).exists(), path
-    assert "tests/e2e/test_backends_worker.py" in dev.DJANGO60_TESTS
+    assert "tests/e2e/backends/test_backends_worker.py" in dev.DJANGO60_TESTS
 
 
 def test_django60_venv_is_installed_once_and_again_when_its_file_changes(

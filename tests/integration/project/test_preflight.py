@@ -11,14 +11,13 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from project import preflight
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "s3cretpw"
 
 

@@ -12,8 +12,8 @@ import yaml
 
 from scheduling.web import metrics
 from tests import system_packages
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 METRIC_NAME = re.compile(r"\btimekeeper_[a-z0-9_]+\b")
 REQUIRED_ALERTS = {  # the list: backlog, oldest overdue, stuck, dead rate, no beat leader, no control leader

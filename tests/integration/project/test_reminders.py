@@ -45,7 +45,7 @@ def _reminders(count: int, refused_at: int) -> list[int]:
     return ids
 
 
-@override_settings(EMAIL_BACKEND="tests.integration.test_reminders.RefusingBackend")
+@override_settings(EMAIL_BACKEND="tests.integration.project.test_reminders.RefusingBackend")
 def test_fifty_reminders_with_one_refused_address_send_49_emails_none_twice(run_sql):
     """One batch of 50 reminders, the 6th address refused by the mail server: 49 emails, each once; all 50 jobs done."""
     ids = _reminders(50, refused_at=5)

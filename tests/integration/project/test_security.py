@@ -1,49 +1,28 @@
-"""Security settings: JSON only, no anonymous admin or Flower, no payloads in logs, a clean deploy check.
+"""Security settings: JSON only, no anonymous admin, a clean deploy check, a password for compose's Redis.
 
 Configuration is checked the way it is used: ``manage.py check`` in a subprocess with the
-production environment (or a settings module that turns pickle on), Flower started for real with
-``--basic-auth``, and a job carrying a secret marker run through a real worker whose log is read.
+production environment (or a settings module that turns pickle on). The parts that need a real
+worker or Flower are in ``tests/e2e/project/test_security.py``.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
 import secrets
-import subprocess
-import sys
-import urllib.error
-import urllib.request
-from base64 import b64encode
 from pathlib import Path
 
 import pytest
-from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.test import Client
 
 from project.celery import app as celery_app
 from scheduling import api, checks
 from scheduling.models import JobState, ScheduledJob
+from tests import support
 from tests.celeryconf import override_celery
-from tests.e2e import conftest as e2e_fixtures
-from tests.e2e import harness
-from tests.e2e.private_services import free_port
+from tests.support import ROOT
 
-broker = e2e_fixtures.broker  # the real-worker fixtures of tests/e2e, used here too
-cluster = e2e_fixtures.cluster
-ROOT = Path(__file__).resolve().parents[2]
 yaml = pytest.importorskip("yaml")
 
 
-def _manage(args: list[str], env: dict[str, str], extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``manage.py <args>`` in a fresh interpreter with ``env`` on top of a clean environment."""
-    environ = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "DEBUG", "SECRET_KEY"}}
-    environ.update({"PYTHONPATH": os.pathsep.join(filter(None, [str(extra_path or ""), str(ROOT)])), **env})
-    return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=180
-    )
+UNSET = ("DJANGO_SETTINGS_MODULE", "DEBUG", "SECRET_KEY")  # the test run's own; each test says what it wants
 
 
 # --- Only JSON ---------------------------------------------------------------------------------------
@@ -83,30 +62,14 @@ def test_manage_check_fails_with_pickle_settings(tmp_path: Path) -> None:
     (tmp_path / "pickle_settings.py").write_text(
         "from project.settings import *  # noqa\nCELERY_ACCEPT_CONTENT = ['json', 'pickle']\n"
     )
-    bad = _manage(["check"], {"DJANGO_SETTINGS_MODULE": "pickle_settings", "DEBUG": "1"}, tmp_path)
+    bad = support.manage(
+        "check", env={"DJANGO_SETTINGS_MODULE": "pickle_settings", "DEBUG": "1"}, drop=UNSET, python_path=[tmp_path]
+    )
     assert bad.returncode != 0
     assert "scheduling.E002" in bad.stderr
-    good = _manage(["check"], {"DJANGO_SETTINGS_MODULE": "project.settings", "DEBUG": "1"})
+    good = support.manage("check", env={"DJANGO_SETTINGS_MODULE": "project.settings", "DEBUG": "1"}, drop=UNSET)
     assert good.returncode == 0, good.stderr
     assert "scheduling.E002" not in good.stdout + good.stderr
-
-
-@pytest.mark.e2e
-def test_worker_refuses_to_start_when_pickle_is_accepted(tmp_path: Path, cluster) -> None:
-    """A celery worker under settings that accept pickle exits at start naming scheduling.E002, consuming nothing."""
-    (tmp_path / "pickle_worker_settings.py").write_text(
-        "from project.settings import *  # noqa\nCELERY_ACCEPT_CONTENT = ['json', 'pickle']\n"
-    )
-    pythonpath = os.pathsep.join([str(tmp_path), str(ROOT)])
-    env = {
-        "DJANGO_SETTINGS_MODULE": "pickle_worker_settings",
-        "PYTHONPATH": pythonpath,
-        "C_FORCE_ROOT": "1",  # as root Celery refuses pickle by itself; this test is about Timekeeper's refusal
-    }
-    worker = cluster.worker(env=env)
-    assert worker.popen.wait(60) != 0
-    assert "scheduling.E002" in worker.log()
-    assert "ready." not in worker.log()
 
 
 # --- Production mode -----------------------------------------------------------------------------
@@ -120,7 +83,7 @@ def test_check_deploy_is_clean_in_production_mode() -> None:
         "SECRET_KEY": secrets.token_urlsafe(64),
         "ALLOWED_HOSTS": "example.com",
     }
-    done = _manage(["check", "--deploy", "--fail-level", "WARNING"], env)
+    done = support.manage("check", "--deploy", "--fail-level", "WARNING", env=env, drop=UNSET)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues" in done.stdout
     assert "WARNINGS" not in done.stdout + done.stderr
@@ -129,7 +92,7 @@ def test_check_deploy_is_clean_in_production_mode() -> None:
 
 def test_production_mode_refuses_to_start_without_a_secret_key() -> None:
     """With DEBUG off and no SECRET_KEY, every command fails instead of running with a known key."""
-    done = _manage(["check"], {"DJANGO_SETTINGS_MODULE": "project.settings", "DEBUG": "0"})
+    done = support.manage("check", env={"DJANGO_SETTINGS_MODULE": "project.settings", "DEBUG": "0"}, drop=UNSET)
     assert done.returncode != 0
     assert "SECRET_KEY" in done.stderr
 
@@ -177,98 +140,3 @@ def test_admin_refuses_anonymous_access(client) -> None:
     assert response.status_code == 302
     assert response["Location"].startswith("/admin/login/")
     assert ScheduledJob.objects.get(pk=job.id).state == JobState.PENDING
-
-
-def _get(url: str, auth: str | None = None) -> int:
-    request = urllib.request.Request(url)  # noqa: S310 - always http://127.0.0.1 (our Flower)
-    if auth is not None:
-        request.add_header("Authorization", "Basic " + b64encode(auth.encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - our own local URL
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return int(error.code)
-
-
-@pytest.mark.e2e
-def test_flower_requires_basic_auth(tmp_path: Path) -> None:
-    """Flower with FLOWER_BASIC_AUTH answers 401 to anonymous and wrong credentials, 200 to the right ones."""
-    port = free_port()
-    user, password = "ops", secrets.token_urlsafe(16)
-    proc = harness.Proc(
-        "flower",
-        [*harness.CELERY, "flower", f"--port={port}", "--address=127.0.0.1"],
-        harness.base_env({"CELERY_BROKER_URL": settings.CELERY_BROKER_URL, "FLOWER_BASIC_AUTH": f"{user}:{password}"}),
-        tmp_path,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        harness.wait_for(lambda: proc.popen.poll() is not None or _port_open(port), 60, message="Flower to listen")
-        assert proc.popen.poll() is None, proc.log()
-        for path in ["/", "/workers", "/tasks", "/api/workers", "/api/tasks", "/broker"]:
-            assert _get(base + path) == 401, path
-            assert _get(base + path, f"{user}:wrong") == 401, path
-        assert _get(f"{base}/", f"{user}:{password}") == 200
-    finally:
-        proc.stop()
-
-
-def _port_open(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-# --- No payloads in logs ------------------------------------------------------------------------
-
-
-@pytest.mark.e2e
-@pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  # whitenoise: collectstatic has not run here
-def test_payload_contents_never_reach_the_logs(cluster, caplog) -> None:
-    """Jobs and deferrals carrying a secret marker run (and fail) through a real worker; no log shows it."""
-    caplog.set_level(logging.DEBUG)
-    marker = f"SECRET-{secrets.token_hex(8)}"
-    worker = cluster.worker()
-    beat = cluster.beat()
-    harness.wait_ready(worker)
-    ok = api.schedule("demo.record", {"label": marker, "note": marker}, delay=1)
-    failing = api.schedule("demo.fail", {"card": marker}, delay=1, max_attempts=2)
-    deferred = api.defer("demo.record", {"label": marker}, 1)
-    deferred_failing = api.defer("demo.fail", {"card": marker}, 1)
-    # Through the HTTP API too: a payload its schema refuses (the 400 answers the caller) and one it takes.
-    user = get_user_model().objects.create_user("logs-check")
-    web = Client()
-    web.force_login(user)
-    refused = web.post(
-        "/api/jobs/",
-        json.dumps({"kind": "reminders.trial_ending", "payload": {"user_id": marker, "trial_id": 1}, "delay": 1}),
-        content_type="application/json",
-    )
-    assert refused.status_code == 400
-    created = web.post(
-        "/api/jobs/",
-        json.dumps({"kind": "demo.record", "payload": {"label": marker}, "delay": 1}),
-        content_type="application/json",
-    )
-    assert created.status_code == 201
-
-    harness.wait_for(lambda: ScheduledJob.objects.get(pk=ok.id).state == JobState.DONE, 60, message="the job")
-    harness.wait_for(lambda: ScheduledJob.objects.get(pk=failing.id).state == JobState.DEAD, 60, message="the failure")
-    harness.wait_for(
-        lambda: ScheduledJob.objects.filter(key=f"broker:{deferred_failing.id}", state=JobState.DEAD).exists(),
-        90,
-        message="the failing deferral to be recorded dead",
-    )
-    from tasks.models import Execution
-
-    assert Execution.objects.filter(idempotency_key=f"broker:{deferred.id}").count() == 1
-    # The marker did travel (it is stored and was handed to the handlers) ...
-    assert ScheduledJob.objects.get(pk=ok.id).payload["label"] == marker
-    # ... but no log line anywhere shows it.
-    logs = {"worker": worker.log(), "beat": beat.log(), "test process": caplog.text}
-    assert "deferral" in logs["test process"] or "scheduled" in logs["test process"]
-    assert "deferral dead" in logs["worker"], "the worker log covers the failing deferral"
-    for where, text in logs.items():
-        assert marker not in text, f"the payload marker appears in the {where} log"

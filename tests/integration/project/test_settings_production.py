@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from django.conf import settings
 from django.test import override_settings
 
 from project import error_reports
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
 
 
 def _settings_in(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

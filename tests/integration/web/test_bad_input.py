@@ -7,19 +7,14 @@ into the Redis queue a real worker consumes is refused, and its payload never ru
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import json
 import math
-import pickle
-import uuid
 import zoneinfo
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django_celery_beat.models import PeriodicTask
@@ -27,12 +22,7 @@ from django_celery_beat.models import PeriodicTask
 from scheduling import api, exceptions
 from scheduling.core import conf
 from scheduling.models import JobState, ScheduledJob
-from tasks.models import Execution
-from tests.e2e import conftest as e2e_fixtures
-from tests.e2e import harness
 
-broker = e2e_fixtures.broker  # the real-worker fixtures of tests/e2e, used here too
-cluster = e2e_fixtures.cluster
 UTC = dt.UTC
 LISBON = zoneinfo.ZoneInfo("Europe/Lisbon")
 
@@ -203,82 +193,6 @@ def test_management_commands_refuse_bad_arguments() -> None:
             call_command("seed_demo", owner=owner)
     assert list(PeriodicTask.objects.order_by("id").values_list("id", "name", "enabled")) == before_tasks
     assert _snapshot() == before_jobs
-
-
-# --- The broker: a pickle message is refused ----------------------------------------------------------
-
-
-class _Touch:
-    """Unpickling this creates a file: the side effect a pickle payload could have."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (open, (str(self.path), "w"))
-
-
-def pickle_message(task: str, args: list[Any], queue: str) -> bytes:
-    """A Celery protocol-2 message as kombu's Redis transport stores it, with a pickled body."""
-    task_id = str(uuid.uuid4())
-    body = pickle.dumps((args, {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}))
-    envelope = {
-        "body": base64.b64encode(body).decode(),
-        "content-encoding": "binary",
-        "content-type": "application/x-python-serialize",
-        "headers": {
-            "lang": "py",
-            "task": task,
-            "id": task_id,
-            "root_id": task_id,
-            "parent_id": None,
-            "group": None,
-            "retries": 0,
-            "eta": None,
-            "expires": None,
-            "argsrepr": "()",
-            "kwargsrepr": "{}",
-            "origin": "test_bad_input",
-        },
-        "properties": {
-            "correlation_id": task_id,
-            "reply_to": "",
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": 0,
-            "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
-        },
-    }
-    return json.dumps(envelope).encode()
-
-
-@pytest.mark.e2e
-def test_pickle_message_in_the_queue_is_refused_and_never_runs(cluster, broker, tmp_path: Path) -> None:
-    """A pickled message LPUSHed onto the worker's queue is refused by content type; its payload never runs."""
-    worker = cluster.worker()
-    cluster.beat()  # claims the JSON job queued behind the pickles
-    harness.wait_ready(worker)
-    evidence = tmp_path / "unpickled"
-    prefix = getattr(settings, "CELERY_BROKER_KEYPREFIX", "")
-    for queue in ["celery", "timekeeper.deferred"]:
-        task = "scheduling.run_deferred" if queue == "timekeeper.deferred" else "scheduling.sweep"
-        broker.lpush(f"{prefix}{queue}", pickle_message(task, [_Touch(evidence)], queue))
-    # A JSON job queued behind them runs: the worker consumed past the pickles and is healthy.
-    job = api.schedule("demo.record", {"label": "after the pickles"}, delay=0)
-
-    harness.wait_for(lambda: Execution.objects.filter(idempotency_key=f"job:{job.id}").exists(), 60, message="the job")
-    harness.wait_for(
-        lambda: worker.log().count("Refusing to deserialize untrusted content of type pickle") >= 2,
-        30,
-        message="the worker to refuse both pickles",
-    )
-    assert not evidence.exists(), "the pickled payload was unpickled"
-    assert worker.popen.poll() is None
-    for queue in ["celery", "timekeeper.deferred"]:
-        assert broker.llen(f"{prefix}{queue}") == 0, f"the pickle is not left waiting on {queue}"
-    assert not broker.hlen(f"{prefix}unacked"), "nor held for redelivery"
-    assert not Execution.objects.exclude(idempotency_key=f"job:{job.id}").exists()
 
 
 # --- The same bad job at every door: schedule(), the jobs API (token), the admin add form ---------------

@@ -26,7 +26,7 @@ from scheduling.models import ScheduledJob
 from scheduling.web import auth
 from tasks.models import Payment
 from tests.e2e import harness
-from tests.integration import test_api_fuzz
+from tests.integration.web import test_jobs_api_fuzz as test_api_fuzz
 
 pytestmark = pytest.mark.filterwarnings("ignore:No directory at:UserWarning")  # whitenoise: no collectstatic here
 

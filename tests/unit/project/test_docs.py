@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from scheduling.core import conf
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README_LIMIT_BYTES = 12_000
 # Every way project/settings.py and project/env.py read a variable: os.environ.get("X"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -11,8 +10,8 @@ import yaml
 
 from project import settings as project_settings
 from scheduling.jobs import control
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.30.0"  # the oldest version still in common support the manifests must pass
 GRACE_MARGIN_SECONDS = 10  # Celery's own exit after the soft shutdown and the control loop's stop

@@ -4,14 +4,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from project import env
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
 
 
 @pytest.mark.parametrize("raw", ["1", "true", "TRUE", " yes ", "on"])
