@@ -18,6 +18,7 @@ from scheduling import api, exceptions
 from scheduling.core import broker, tracing
 from scheduling.jobs import claim, runner
 from scheduling.models import JobState, ScheduledJob
+from tests import support
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,7 +56,7 @@ def queue() -> Iterator[None]:
 
 def _schedule_claim_run(run_sql) -> int:
     job = api.schedule("demo.record", {"label": MARKER}, delay=60)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [job.id])
+    support.make_due(job.id)
     report = claim.claim_and_dispatch()
     assert (report.claimed, report.batches) == (1, 1)
     token = str(ScheduledJob.objects.get(pk=job.id).token)

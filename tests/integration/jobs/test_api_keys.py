@@ -19,6 +19,7 @@ from scheduling import api, exceptions, registry
 from scheduling.core import store
 from scheduling.jobs import runner
 from scheduling.models import AttemptOutcome, JobState, ScheduledJob
+from tests import support
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,10 +60,6 @@ registry.handler(
 )(_chain("replace"))
 
 
-def _due(run_sql: Callable[..., Any], job_id: int) -> None:
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [job_id])
-
-
 def _keyed(key: str, **kwargs: Any) -> list[tuple[int, str, int]]:
     """(id, state, attempts) of every job with ``key``, oldest first."""
     return list(ScheduledJob.objects.filter(key=key, **kwargs).order_by("id").values_list("id", "state", "attempts"))
@@ -71,7 +68,7 @@ def _keyed(key: str, **kwargs: Any) -> list[tuple[int, str, int]]:
 def _running(run_sql: Callable[..., Any], key: str) -> store.StartedJob:
     """A keyed job claimed and started by a worker: running."""
     job = api.schedule("demo.noop", {"v": 0}, delay=HOUR, key=key)
-    _due(run_sql, job.id)
+    support.make_due(job.id)
     (claim,) = store.claim_due_jobs(10)
     (started,) = store.start_jobs([(claim.id, claim.token)], "worker:1")
     return started
@@ -143,7 +140,7 @@ def test_replace_keep_and_error_act_on_the_waiting_successor(run_sql, raw_connec
 def test_replace_takes_back_a_claim_not_yet_started(run_sql):
     """A claim not yet started is still waiting: replace takes it back, and its queued message runs nothing."""
     job = api.schedule("demo.noop", {"v": 1}, delay=HOUR, key="acct:3")
-    _due(run_sql, job.id)
+    support.make_due(job.id)
     (claim,) = store.claim_due_jobs(10)
     moved, outcome = api.schedule_with_outcome("demo.noop", {"v": 2}, delay=HOUR, key="acct:3")
     assert (moved.id, outcome) == (job.id, "replaced")
@@ -190,7 +187,7 @@ def test_a_handler_schedules_its_own_keys_next_run(run_sql, kind):
     """The chain recipe through the real runner: the job ends done, leaving exactly one successor due a delay later."""
     owner_key = f"chain:{kind}"
     first = api.schedule(kind, {"n": 0}, delay=HOUR, key=owner_key)
-    _due(run_sql, first.id)
+    support.make_due(first.id)
     (claim,) = store.claim_due_jobs(10)
     report = runner.run_batch([(claim.id, claim.token)])
     assert (report.succeeded, report.failed) == (1, 0)
@@ -210,7 +207,7 @@ def test_a_chain_whose_first_attempt_fails_still_leaves_one_successor(run_sql, k
     owner_key = f"chain-fail:{kind}"
     first = api.schedule(kind, {"n": 0, "fail_first": True}, delay=HOUR, key=owner_key)
     for _ in range(2):
-        _due(run_sql, first.id)
+        support.make_due(first.id)
         (claim,) = store.claim_due_jobs(10)
         runner.run_batch([(claim.id, claim.token)])
     assert ScheduledJob.objects.get(pk=first.id).state == JobState.DONE

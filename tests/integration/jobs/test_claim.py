@@ -9,11 +9,12 @@ import pytest
 from scheduling import api, exceptions
 from scheduling.core import store
 from scheduling.models import JobState, ScheduledJob
+from tests import support
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _make_due(run_sql, n: int, kind: str = "demo.noop") -> None:
+def _insert_due(run_sql, n: int, kind: str = "demo.noop") -> None:
     run_sql(
         "INSERT INTO scheduling_scheduledjob (kind, payload, due_at, state, lease_seconds, attempts, max_attempts,"
         " last_error, claimed_by, created_at, updated_at)"
@@ -25,7 +26,7 @@ def _make_due(run_sql, n: int, kind: str = "demo.noop") -> None:
 
 def test_two_connections_claim_disjoint_rows(raw_connect, run_sql):
     """Two open transactions claiming at once get disjoint rows (SKIP LOCKED), neither waits."""
-    _make_due(run_sql, 10)
+    _insert_due(run_sql, 10)
     claim_sql = store.queries()["claim_due_jobs"]
     a, b = raw_connect(), raw_connect()
     with a.cursor() as ca, b.cursor() as cb:
@@ -43,7 +44,7 @@ def test_two_connections_claim_disjoint_rows(raw_connect, run_sql):
 
 def test_four_claimers_over_10000_rows_claim_each_exactly_once(raw_connect, run_sql):
     """Four concurrent claimers drain 10,000 due rows; every row is claimed once and only once."""
-    _make_due(run_sql, 10_000)
+    _insert_due(run_sql, 10_000)
     claim_sql = store.queries()["claim_due_jobs"]
     conns = [raw_connect(autocommit=True) for _ in range(4)]
     results: list[list[int]] = [[] for _ in conns]
@@ -77,13 +78,13 @@ def test_claim_respects_the_database_clock(run_sql):
     """A row due a second from now (database clock) is not claimed yet."""
     api.schedule("demo.noop", {}, delay=5)
     assert store.claim_due_jobs(10) == []
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms'")
+    support.make_due()
     assert len(store.claim_due_jobs(10)) == 1
 
 
 def test_each_claim_gets_a_new_token(run_sql):
     """A reclaimed job gets a different token (fencing)."""
-    _make_due(run_sql, 1)
+    _insert_due(run_sql, 1)
     (first,) = store.claim_due_jobs(1)
     run_sql("UPDATE scheduling_scheduledjob SET state = 'pending', token = NULL, claimed_at = NULL")
     (second,) = store.claim_due_jobs(1)
@@ -95,7 +96,7 @@ def test_each_claim_gets_a_new_token(run_sql):
 def test_cancel_racing_a_claim_ends_in_exactly_one(raw_connect, run_sql, repeat):
     """A cancel and a claim racing on one due row: exactly one of them wins, and the loser says so."""
     job = api.schedule("demo.noop", {}, delay=0)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 s' WHERE id = %s", [job.id])
+    support.make_due(job.id, ago="1 s")
     claim_sql = store.queries()["claim_due_jobs"]
     conn = raw_connect(autocommit=True)
     barrier = threading.Barrier(2)
@@ -142,7 +143,7 @@ def test_claim_waits_while_the_queue_is_full(run_sql):
     from scheduling.core import broker, conf
     from scheduling.jobs import claim
 
-    _make_due(run_sql, 3)
+    _insert_due(run_sql, 3)
     key = f"{settings.CELERY_BROKER_KEYPREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
     client = broker.client()
     client.delete(key)
@@ -220,7 +221,7 @@ def test_a_batch_size_1_kind_is_claimed_one_row_per_free_message(run_sql):
 
     routine = api.schedule_many("demo.sleep", [{}] * 100, delay=60)
     urgent = api.schedule("demo.sleep", {}, delay=60, priority=9)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 minute'")
+    support.make_due(ago="1 minute")
     client = broker.client()
     key = _queue_key()
     client.delete(key)

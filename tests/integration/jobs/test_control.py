@@ -16,6 +16,7 @@ from scheduling.core import broker, conf, store
 from scheduling.jobs import claim, control, runner, sweep
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
+from tests import support
 from tests.e2e.harness import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,10 +55,6 @@ def queue() -> Iterator[str]:
     client.delete(key)
 
 
-def _due_now(run_sql) -> None:
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE state = 'pending'")
-
-
 def _claimed_batches(queue: str) -> list[list[list]]:
     """The claims carried by the run_batch messages waiting in the queue, oldest first."""
     raw = broker.client().lrange(queue, 0, -1)
@@ -70,7 +67,7 @@ def test_a_claim_never_sends_more_batches_than_the_queue_has_room_for(queue, run
     broker.client().rpush(queue, *[b"placeholder"] * (bound - 2))
     for _ in range(5):
         api.schedule("test.one_per_batch", {}, delay=60)
-    _due_now(run_sql)
+    support.make_due(state="pending")
     report = claim.claim_and_dispatch()
     assert (report.claimed, report.batches, report.given_back) == (2, 2, 0), "whole batches for the room"
     assert report.more_due
@@ -87,7 +84,7 @@ def test_a_claim_is_sized_to_the_room_in_rows(queue, run_sql):
     bound = conf.get().max_queued_batches
     broker.client().rpush(queue, *[b"placeholder"] * (bound - 1))
     api.schedule_many("test.atomic_write", [{}] * 25, delay=60)
-    _due_now(run_sql)
+    support.make_due(state="pending")
     with override_settings(SCHEDULING_DEFAULT_BATCH_SIZE=10):
         report = claim.claim_and_dispatch()
     assert (report.claimed, report.batches) == (10, 1)
@@ -97,7 +94,7 @@ def test_a_claim_is_sized_to_the_room_in_rows(queue, run_sql):
 def test_an_unstarted_claim_is_swept_only_once_its_message_is_gone(queue, run_sql):
     """A claim waiting in the queue past its lease stays; once its message is lost it goes back to pending."""
     job = api.schedule("test.atomic_write", {}, delay=60)
-    _due_now(run_sql)
+    support.make_due(state="pending")
     assert claim.claim_and_dispatch().batches == 1
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
     assert sweep.reclaim_expired() == (0, 0), "its message is still queued: it is waiting, not lost"
@@ -110,7 +107,7 @@ def test_an_unstarted_claim_is_swept_only_once_its_message_is_gone(queue, run_sq
 def test_the_lease_of_a_claim_starts_when_its_batch_starts(queue, run_sql):
     """Claimed: no heartbeat. Started: heartbeat set, and the sweeper judges it by the heartbeat from then on."""
     job = api.schedule("test.atomic_write", {}, delay=60)
-    _due_now(run_sql)
+    support.make_due(state="pending")
     (claimed,) = store.claim_due_jobs(10)
     assert ScheduledJob.objects.get(pk=job.id).heartbeat_at is None
     assert len(store.start_jobs([(claimed.id, claimed.token)], "test:1")) == 1
@@ -122,7 +119,7 @@ def test_the_lease_of_a_claim_starts_when_its_batch_starts(queue, run_sql):
 
 
 def _run_claimed(run_sql) -> runner.BatchReport:
-    _due_now(run_sql)
+    support.make_due(state="pending")
     claims = store.claim_due_jobs(100)
     return runner.run_batch([(c.id, c.token) for c in claims])
 
@@ -150,7 +147,7 @@ def test_a_non_atomic_kind_keeps_the_writes_of_a_failed_job(run_sql):
 def test_an_atomic_chunk_skips_a_claim_taken_back_before_it_ran(run_sql):
     """A claim swept between start and its chunk runs nothing: no write, no outcome under the old token."""
     job = api.schedule("test.atomic_write", {}, delay=60)
-    _due_now(run_sql)
+    support.make_due(state="pending")
     (claimed,) = store.claim_due_jobs(10)
     (started,) = store.start_jobs([(claimed.id, claimed.token)], "test:1")
     run_sql("UPDATE scheduling_scheduledjob SET token = gen_random_uuid() WHERE id = %s", [job.id])
@@ -188,7 +185,7 @@ def test_the_leader_sweeps_on_schedule_while_the_queue_is_full(queue, run_sql):
     bound = conf.get().max_queued_batches
     broker.client().rpush(queue, *[b"placeholder"] * bound)
     job = api.schedule("test.atomic_write", {}, delay=60)
-    _due_now(run_sql)
+    support.make_due(state="pending")
     (claimed,) = store.claim_due_jobs(10)
     store.start_jobs([(claimed.id, claimed.token)], "gone:1")
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '10 minutes' WHERE id = %s", [job.id])

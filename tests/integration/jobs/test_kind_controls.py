@@ -15,12 +15,9 @@ from scheduling import api, exceptions
 from scheduling.core import store
 from scheduling.jobs import runner
 from scheduling.models import JobState, KindControl, ScheduledJob
+from tests import support
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _due_now(run_sql) -> None:
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE state = 'pending'")
 
 
 def _locked_scans(node: object) -> list[str]:
@@ -41,7 +38,7 @@ def _locked_scans(node: object) -> list[str]:
 def test_a_higher_priority_is_claimed_first_among_due_jobs(run_sql):
     """Three low-priority jobs due earlier, two high ones due later: a claim of two takes the high ones."""
     low = api.schedule_many("demo.record", [{}, {}, {}], delay=60)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 hour'")
+    support.make_due(ago="1 hour")
     high = api.schedule_many("demo.record", [{}, {}], delay=60, priority=7)
     run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 minute' WHERE priority = 7")
     claimed = store.claim_due_jobs(2)
@@ -65,7 +62,7 @@ def test_the_claim_is_one_indexed_statement_walking_priorities(run_sql):
     api.schedule_many("demo.record", [{}] * 3000, delay=60)
     api.schedule_many("demo.record", [{}] * 20, delay=60, priority=5)
     api.schedule_many("demo.noop", [{}] * 1000, delay=60)  # a capped kind with a backlog of its own
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 hour'")
+    support.make_due(ago="1 hour")
     api.schedule_many("demo.record", [{}] * 3000, delay=3600)  # and rows not due yet
     api.set_max_running("demo.noop", 5)
     run_sql("ANALYZE scheduling_scheduledjob")
@@ -85,7 +82,7 @@ def test_a_paused_kind_stays_pending_counts_as_paused_and_runs_on_resume(run_sql
     """Paused: due jobs of the kind are not claimed and count as paused, not backlog; resumed, they are claimed."""
     paused_jobs = api.schedule_many("demo.record", [{}, {}], delay=60)
     other = api.schedule("demo.noop", {}, delay=60)
-    _due_now(run_sql)
+    support.make_due(state="pending")
     api.pause("demo.record")
     claimed = store.claim_due_jobs(10)
     assert [c.id for c in claimed] == [other.id]
@@ -99,7 +96,7 @@ def test_a_paused_kind_stays_pending_counts_as_paused_and_runs_on_resume(run_sql
 def test_a_capped_kind_has_at_most_its_cap_claimed_or_running(run_sql):
     """max_running=2 with five due: two claimed; when one finishes, one more; the rest stay pending."""
     ids = api.schedule_many("demo.record", [{}] * 5, delay=60)
-    _due_now(run_sql)
+    support.make_due(state="pending")
     api.set_max_running("demo.record", 2)
     first = store.claim_due_jobs(10)
     assert len(first) == 2
@@ -158,7 +155,7 @@ def test_a_capped_kind_of_higher_priority_still_goes_first(run_sql):
 def test_two_overlapping_claims_never_exceed_a_cap(run_sql, raw_connect):
     """Cap 3: a claim waits for an overlapping one to commit, then counts its claims; 3 claimed in all, not 6."""
     api.schedule_many("demo.record", [{}] * 20, delay=60)
-    _due_now(run_sql)
+    support.make_due(state="pending")
     api.set_max_running("demo.record", 3)
     sql = store.claim_statement()
     params = store.claim_params(10)
@@ -216,7 +213,7 @@ def test_strict_priorities_let_lower_priorities_wait_while_higher_ones_fill_the_
     # A cap bounds a kind's share: capped, the urgent kind leaves room for the others.
     api.schedule_many("demo.record", [{}] * 8, delay=60, priority=5)
     later_old = api.schedule_many("demo.noop", [{}] * 3, delay=60)
-    _due_now(run_sql)
+    support.make_due(state="pending")
     api.set_max_running("demo.record", 2)
     claimed = store.claim_due_jobs(4)
     assert sorted(c.kind for c in claimed) == ["demo.noop", "demo.noop", "demo.record", "demo.record"]

@@ -11,6 +11,7 @@ from scheduling import api, schedules
 from scheduling.core import store
 from scheduling.jobs import runner, sweep
 from scheduling.models import JobState, OutcomeCounter, RunState, RunTrigger, ScheduledJob, SchedulePolicy
+from tests import support
 from tests.integration.web.test_metrics import scrape
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -21,7 +22,7 @@ def counters() -> dict[tuple[str, str, str], int]:
 
 
 def claim_due(run_sql, ids: list[int]) -> list[store.Claim]:
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = ANY(%s)", [ids])
+    support.make_due(ids)
     return store.claim_due_jobs(100)
 
 

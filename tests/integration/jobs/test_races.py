@@ -20,6 +20,7 @@ from django.db import connection
 from scheduling import api, exceptions
 from scheduling.core import store
 from scheduling.models import JobState, ScheduledJob
+from tests import support
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,7 +32,7 @@ tally: dict[str, Counter[str]] = {}  # which side won, per race, printed at the 
 def _due_job(run_sql) -> ScheduledJob:
     """A pending job already due by the database clock (scheduled far ahead, so no wake-up is sent)."""
     job = api.schedule("demo.noop", {}, delay=3600)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 s' WHERE id = %s", [job.id])
+    support.make_due(job.id, ago="1 s")
     return ScheduledJob.objects.get(pk=job.id)
 
 

@@ -25,6 +25,7 @@ from scheduling.core import store
 from scheduling.jobs import lease, runner
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution, Notification
+from tests import support
 from tests.e2e.harness import wait_for
 
 pytestmark = [
@@ -133,7 +134,7 @@ def _clean() -> Iterator[None]:
 
 def _run(run_sql, kind: str, payloads: list[dict]) -> tuple[list[int], runner.BatchReport]:
     ids = api.schedule_many(kind, payloads, delay=60)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE state = 'pending'")
+    support.make_due(state="pending")
     claims = store.claim_due_jobs(500)
     assert len(claims) == len(ids)
     return ids, runner.run_batch([(c.id, c.token) for c in claims])
@@ -224,7 +225,7 @@ def test_one_raising_on_commit_callback_stops_no_other_and_shows_on_the_job_page
 def test_a_healthy_atomic_job_longer_than_its_lease_is_not_stuck(run_sql):
     """A job of a running chunk past its 1 s lease is locked, not stuck; unlocked and stale it is stuck."""
     ids = api.schedule_many("iso.hold", [{}], delay=60)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE state = 'pending'")
+    support.make_due(state="pending")
     claims = store.claim_due_jobs(10)
     batch = threading.Thread(target=_in_thread, args=(lambda: runner.run_batch([(c.id, c.token) for c in claims]),))
     batch.start()
@@ -249,7 +250,7 @@ def test_an_atomic_chunk_idle_past_its_timeout_loses_its_locks_and_gives_its_cla
     """A chunk idle in its transaction past timeout + margin is ended by PostgreSQL: nothing commits, claims go back."""
     monkeypatch.setattr(runner, "STALL_MARGIN_SECONDS", 0.5)
     ids = api.schedule_many("iso.stall", [{}, {}], delay=60)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE state = 'pending'")
+    support.make_due(state="pending")
     claims = [(c.id, c.token) for c in store.claim_due_jobs(10)]
     result: list[runner.BatchReport] = []
     # Off the main thread no SIGALRM stops the handler (as in a thread pool): only the database's limit does.

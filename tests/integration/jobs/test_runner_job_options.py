@@ -16,6 +16,7 @@ from scheduling.core import store, validation
 from scheduling.jobs import claim, runner, sweep
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
+from tests import support
 from tests.taskkit import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,7 +40,7 @@ registry.handler("opt.committing", schema={"type": "object"}, timeout=1, max_att
 
 
 def _run(run_sql) -> runner.BatchReport:
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE state = 'pending'")
+    support.make_due(state="pending")
     claims = store.claim_due_jobs(100)
     return runner.run_batch([(c.id, c.token) for c in claims])
 
@@ -91,7 +92,7 @@ def test_an_own_backoff_sets_the_retrys_due_time(run_sql):
 def test_the_sweepers_retry_uses_the_jobs_own_backoff(run_sql):
     """A started claim taken back from a dead worker is due again after the job's own backoff."""
     job = api.schedule("opt.committing", {}, delay=60, backoff=registry.Backoff(1000, 1000))
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() WHERE id = %s", [job.id])
+    support.make_due(job.id, ago="0 s")
     (c,) = store.claim_due_jobs(10)
     store.start_jobs([(c.id, c.token)], "w:1")
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", [job.id])
@@ -117,7 +118,7 @@ def test_the_claims_hard_limit_sums_each_jobs_own_timeout(run_sql):
     """Celery's limit for a batch counts a job's own timeout (100 s) and the kind's (1 s) for the others."""
     api.schedule("opt.atomic", {}, delay=60, timeout=100)
     api.schedule_many("opt.atomic", [{}, {}], delay=60)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms'")
+    support.make_due()
     claims = store.claim_due_jobs(10, batch_sizes={"opt.atomic": 10})
     (batch,) = claim.batches_for(claims)
     assert claim.hard_time_limit(batch) == 100 + 1 + 1 + claim.HARD_LIMIT_MARGIN_SECONDS

@@ -12,17 +12,14 @@ from scheduling.core import store
 from scheduling.jobs import claim, runner, sweep
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
+from tests import support
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _due(run_sql, job_id: int) -> None:
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [job_id])
-
-
 def _claim_one(run_sql, kind: str = "demo.record", payload: dict | None = None) -> store.Claim:
     job = api.schedule(kind, payload or {}, delay=60)
-    _due(run_sql, job.id)
+    support.make_due(job.id)
     (claim,) = store.claim_due_jobs(10)
     return claim
 
@@ -58,7 +55,7 @@ def test_stale_completion_is_rejected(run_sql):
     # The sweeper takes it back and someone else claims it: a new token.
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", [claim.id])
     assert sweep.reclaim_expired() == (1, 0)
-    _due(run_sql, claim.id)
+    support.make_due(claim.id)
     (again,) = store.claim_due_jobs(1)
     assert again.token != claim.token
     now = started[0].db_now
@@ -90,7 +87,7 @@ def test_failure_moves_due_at_by_backoff(run_sql):
 def test_failure_at_max_attempts_is_dead(run_sql):
     """The attempt that spends max_attempts leaves the job dead, not pending."""
     job = api.schedule("demo.fail", {}, delay=60, max_attempts=1)
-    _due(run_sql, job.id)
+    support.make_due(job.id)
     (claim,) = store.claim_due_jobs(1)
     runner.run_batch([(claim.id, claim.token)])
     stored = ScheduledJob.objects.get(pk=job.id)
@@ -117,7 +114,7 @@ def test_sweeper_reclaims_after_the_lease_only(run_sql):
 def test_sweeper_kills_after_max_attempts(run_sql):
     """A stranded claim whose attempts are spent becomes dead instead of pending."""
     job = api.schedule("demo.record", {}, delay=60, max_attempts=1)
-    _due(run_sql, job.id)
+    support.make_due(job.id)
     store.claim_due_jobs(1)
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '2 minutes' WHERE id = %s", [job.id])
     assert sweep.reclaim_expired() == (0, 1)
@@ -153,7 +150,7 @@ def test_status_counts_backlog_and_stuck(run_sql):
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '5 minutes' WHERE id = %s", [stuck.id])
     for _ in range(3):
         job = api.schedule("demo.noop", {}, delay=60)
-        run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '30 seconds' WHERE id = %s", [job.id])
+        support.make_due(job.id, ago="30 seconds")
     api.schedule("demo.noop", {}, delay=3600)
     status = api.status()
     assert status["backlog"] == 3
@@ -182,7 +179,7 @@ def test_released_claims_go_back_to_pending(run_sql):
 def _crashed_batch(run_sql, n: int, *, max_attempts: int = 3, worker: str = "host:4242") -> list[store.Claim]:
     """Claim ``n`` demo.record jobs as one batch, start it on ``worker``, then let its heartbeat go stale."""
     ids = api.schedule_many("demo.record", [{}] * n, delay=60, max_attempts=max_attempts)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = ANY(%s)", [ids])
+    support.make_due(ids)
     claims = store.claim_due_jobs(n)
     assert sorted(c.id for c in claims) == sorted(ids)
     assert len(store.start_jobs([(c.id, c.token) for c in claims], worker)) == n
@@ -201,7 +198,7 @@ def test_a_batch_that_died_together_is_charged_nothing_and_runs_alone_later(run_
         (attempt,) = JobAttempt.objects.filter(job_id=job.id)
         assert attempt.outcome == AttemptOutcome.RECLAIMED
         assert "a batch of 10 jobs; not counted" in attempt.error
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE state = 'pending'")
+    support.make_due(state="pending")
     again = store.claim_due_jobs(50, messages=50, batch_sizes={"demo.record": 50})
     assert len(again) == 10
     assert all(c.run_alone for c in again)
@@ -214,7 +211,7 @@ def test_a_job_that_crashes_alone_is_charged_until_dead(run_sql):
     assert sweep.reclaim_expired() == (1, 0), "the only job of its batch: charged"
     job = ScheduledJob.objects.get(pk=first.id)
     assert (job.attempts, job.max_attempts, job.run_alone) == (1, 2, True)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [first.id])
+    support.make_due(first.id)
     (second,) = store.claim_due_jobs(1)
     store.start_jobs([(second.id, second.token)], "host:4343")
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '61 seconds' WHERE id = %s", [first.id])
@@ -238,7 +235,7 @@ def test_the_last_unfinished_job_of_a_batch_is_charged_and_the_finished_ones_unt
 def test_a_claim_whose_message_was_lost_keeps_its_due_time_and_is_not_flagged(run_sql):
     """Never started (its message lost): pending again at its due time, charged as before, not run_alone."""
     job = api.schedule("demo.record", {}, delay=60)
-    _due(run_sql, job.id)
+    support.make_due(job.id)
     assert len(store.claim_due_jobs(1)) == 1
     due_at = ScheduledJob.objects.get(pk=job.id).due_at
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '2 minutes' WHERE id = %s", [job.id])

@@ -17,6 +17,7 @@ from scheduling.core import store
 from scheduling.jobs import runner
 from scheduling.models import JobState, ScheduledJob
 from tasks.models import Notification, Trial
+from tests import support
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,7 +50,7 @@ def _reminders(count: int, refused_at: int) -> list[int]:
 def test_fifty_reminders_with_one_refused_address_send_49_emails_none_twice(run_sql):
     """One batch of 50 reminders, the 6th address refused by the mail server: 49 emails, each once; all 50 jobs done."""
     ids = _reminders(50, refused_at=5)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = ANY(%s)", [ids])
+    support.make_due(ids)
     claims = store.claim_due_jobs(100)
     assert len(claims) == 50
     runner.run_batch([(c.id, c.token) for c in claims])

@@ -14,6 +14,7 @@ from scheduling.core import store
 from scheduling.jobs import runner
 from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulePolicy
 from scheduling.web import admin, admin_forms
+from tests import support
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -31,7 +32,7 @@ def _dead(run_sql: Any) -> int:
     """A demo.fail job run until it is dead (three failed attempts, each with its traceback)."""
     job = api.schedule("demo.fail", {"secret": "do-not-show"}, delay=0)
     for _ in range(3):
-        run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms' WHERE id = %s", [job.id])
+        support.make_due(job.id)
         (claim,) = store.claim_due_jobs(10)
         runner.run_batch([(claim.id, claim.token)])
     assert ScheduledJob.objects.get(pk=job.id).state == JobState.DEAD
@@ -140,7 +141,7 @@ def test_the_list_puts_dead_stuck_and_overdue_first_and_finished_last(admin_clie
     store.claim_due_jobs(10)
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '1 hour' WHERE id = %s", [stuck])
     overdue = api.schedule("demo.noop", {"n": "overdue"}, delay=60).id
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 minute' WHERE id = %s", [overdue])
+    support.make_due(overdue, ago="1 minute")
     dead = api.schedule("demo.noop", {"n": "dead"}, delay=60).id
     ScheduledJob.objects.filter(pk=dead).update(state=JobState.DEAD, finished_at=timezone.now())
     ScheduledJob.objects.filter(pk=done).update(state=JobState.DONE, finished_at=timezone.now())
@@ -199,7 +200,7 @@ def test_every_kinds_example_payload_passes_its_schema():
 def test_reschedule_counts_selected_jobs_that_came_due(admin_client, run_sql):
     """Jobs that came due after being ticked still count as selected and movable on the reschedule page."""
     job = api.schedule("demo.noop", {}, delay=3600)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 second' WHERE id = %s", [job.id])
+    support.make_due(job.id, ago="1 second")
     data = {"action": "reschedule_selected", ACTION_CHECKBOX_NAME: [str(job.id)], "index": "0"}
     page = admin_client.post(f"{CHANGELIST}?overdue=no", data).content.decode()
     assert "1 job selected; 1 of them can still be moved (pending, 1 of which came due meanwhile)" in page

@@ -14,6 +14,7 @@ from scheduling.deferrals import countdowns
 from scheduling.jobs import claim
 from scheduling.models import SchedulePolicy
 from scheduling.web import dashboard
+from tests import support
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -38,7 +39,7 @@ def _kind_row(page: str, kind: str) -> list[str]:
 def test_backlog_counts_claimed_jobs_no_worker_started(admin_client, run_sql):
     """Jobs claimed but not started are waiting work: the backlog card and the kind's row count them."""
     api.schedule_many("demo.noop", [{}, {}, {}], delay=0)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms'")
+    support.make_due()
     store.claim_due_jobs(2)
     page = admin_client.get(FRAGMENT).content.decode()
     assert _card(page, "backlog") == "3"
@@ -49,7 +50,7 @@ def test_backlog_counts_claimed_jobs_no_worker_started(admin_client, run_sql):
 def test_backlog_counts_a_claimed_job_once_though_its_batch_waits_on_the_broker(admin_client, run_sql, broker):
     """Claimed jobs whose batch message waits in the queue count once; another visible message adds one."""
     api.schedule_many("demo.noop", [{}, {}, {}], delay=0)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms'")
+    support.make_due()
     report = claim.claim_and_dispatch(limit=2)
     assert (report.claimed, report.batches) == (2, 1)
     celery_tasks.sweep.apply_async()  # a visible message that is not a batch
@@ -64,7 +65,7 @@ def test_backlog_counts_a_claimed_job_once_though_its_batch_waits_on_the_broker(
 def test_paused_work_is_shown_apart_from_the_backlog(admin_client, run_sql):
     """A paused kind's due jobs leave the backlog card and appear in the paused card and the kind's row."""
     api.schedule_many("demo.noop", [{}, {}], delay=0)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 ms'")
+    support.make_due()
     api.pause("demo.noop")
     page = admin_client.get(FRAGMENT).content.decode()
     assert (_card(page, "backlog"), _card(page, "paused")) == ("0", "2")
@@ -105,7 +106,7 @@ def test_an_every_minute_schedule_does_not_swamp_the_next_24_hours(admin_client)
 def test_waiting_history_keeps_a_claim_waiting_until_a_worker_starts_it(run_sql):
     """A job claimed ten minutes ago and never started is still waiting at every sample since its due time."""
     api.schedule("demo.noop", {}, delay=0)
-    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '20 minutes'")
+    support.make_due(ago="20 minutes")
     store.claim_due_jobs(1)
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes'")
     history = store.waiting_history(900, 15)
