@@ -16,7 +16,7 @@ from tests.support import ROOT
 
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 METRIC_NAME = re.compile(r"\btimekeeper_[a-z0-9_]+\b")
-REQUIRED_ALERTS = {  # the issue's list: backlog, oldest overdue, stuck, dead rate, no beat leader, no control leader
+REQUIRED_ALERTS = {  # paged on: backlog, oldest overdue, stuck, dead rate, no beat leader, no control leader
     "TimekeeperBacklogHigh",
     "TimekeeperOldestOverdue",
     "TimekeeperStuckJobs",
@@ -70,7 +70,7 @@ def test_promtool_unit_tests_of_the_alert_rules_pass(promtool):
     assert "SUCCESS" in done.stdout
 
 
-def test_every_alert_the_issue_asks_for_is_there_and_tested():
+def test_every_required_alert_is_there_and_fires_in_a_test():
     """The required alerts exist, and each has a firing case in alerts.test.yml."""
     alerts = {rule["alert"] for rule in alert_rules()}
     assert alerts >= REQUIRED_ALERTS

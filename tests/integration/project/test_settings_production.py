@@ -1,4 +1,4 @@
-"""Issue #13 item 8: no development key in production, proxy header only when told, credential URLs masked."""
+"""No development key in production, proxy header only when told, credential URLs masked."""
 
 from __future__ import annotations
 

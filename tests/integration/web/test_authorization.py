@@ -1,4 +1,4 @@
-"""Issue #13 items 1-4: per-kind authorization, handlers checking owners, owner-scoped keys, staff permissions."""
+"""Per-kind authorization, handlers checking owners, owner-scoped keys, staff permissions."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Bad input at every door: a clear, named error, and nothing stored or changed.
 
 The doors: ``scheduling.api.schedule()`` / ``defer()`` / ``reschedule()``, the management commands,
-the jobs API and the admin (issue 6), and the broker itself: a pickle message pushed straight
-into the Redis queue a real worker consumes is refused, and its payload never runs.
+the jobs API and the admin. The broker's door (a pickle message pushed straight into the queue a
+real worker consumes) is tested in ``tests/e2e/project/test_security.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #13 items 6-7: unstorable text, odd offsets, odd digits and absurd due times are 4xx, never 500."""
+"""Unstorable text, odd offsets, odd digits and absurd due times are 4xx, never 500."""
 
 from __future__ import annotations
 

@@ -264,7 +264,7 @@ def test_lag_by_minute_summarises_each_minute():
     assert 0.3 < row.p95 < 10.0
 
 
-# --- issue #13 item 5 and 8: /metrics closed in production, cached; /healthz details not for anonymous callers
+# --- /metrics closed in production, cached; /healthz details not for anonymous callers
 
 
 @pytest.mark.django_db

@@ -109,8 +109,8 @@ def test_report_write_replaces_only_the_table_between_the_markers(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["realistic", "failures", "burst", "rescue", "lag"])
-def test_issue_12_scenarios_import_and_take_quick(name):
-    """Each scenario of issues #12 and #20 imports without services; its main takes ``quick`` (what run passes)."""
+def test_scenarios_import_and_take_quick(name):
+    """Each of these scenarios imports without services; its main takes ``quick`` (what run passes)."""
     import importlib
     import inspect
 
@@ -119,8 +119,8 @@ def test_issue_12_scenarios_import_and_take_quick(name):
     assert list(inspect.signature(module.main).parameters) == ["quick"]
 
 
-def test_issue_12_targets():
-    """The targets printed beside the figures are the ones issue #12 sets."""
+def test_scenario_targets():
+    """The targets printed beside the figures: 2000 jobs/s and 2x Celery, 60 s, 45 s, 50 ms."""
     from bench import burst, lag, realistic, rescue
 
     assert (realistic.TARGET_JOBS_PER_S, realistic.TARGET_RATIO_VS_CELERY) == (2000, 2.0)
@@ -130,7 +130,7 @@ def test_issue_12_targets():
     assert (lag.RATE_PER_S, lag.HIGH_RATE_PER_S, lag.TARGET_P99_MS) == (200, 1000, 50)
 
 
-def test_report_knows_the_issue_12_scenarios(tmp_path, monkeypatch):
+def test_report_renders_the_realistic_burst_and_rescue_rows(tmp_path, monkeypatch):
     """The report renders realistic, burst and rescue rows from their result files."""
     from bench import report
 
@@ -156,7 +156,7 @@ def test_report_knows_the_issue_12_scenarios(tmp_path, monkeypatch):
 
 
 def test_failures_mix_and_targets():
-    """The failures mix: 2% raising, 1% past the timeout, 1% on_commit raising; its targets are the issue's."""
+    """The failures mix: 2% raising, 1% past the timeout, 1% on_commit raising; one call per attempt, 0.8x clean."""
     from bench import failures
 
     fates = [failures._fate(i) for i in range(10_000)]
@@ -165,7 +165,7 @@ def test_failures_mix_and_targets():
 
 
 def test_recurring_scenario_imports_and_takes_quick():
-    """The recurring scenario imports without services, takes ``quick``, and keeps the issue's targets."""
+    """The recurring scenario imports without services, takes ``quick``, and keeps its targets."""
     import inspect
 
     from bench import recurring
