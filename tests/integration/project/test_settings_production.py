@@ -1,4 +1,5 @@
-"""No development key in production, proxy header only when told, credential URLs masked."""
+"""The settings in production mode (each loaded in a fresh interpreter): a secret key required and never the
+development one, the proxy header only when told, credential URLs masked."""
 
 from __future__ import annotations
 
@@ -49,3 +50,32 @@ def test_error_page_masks_urls_with_credentials() -> None:
     for secret in ("hunter2", "s3cret", "user:pw"):
         assert secret not in text
     assert settings.DEFAULT_EXCEPTION_REPORTER_FILTER == "project.error_reports.ExceptionReporterFilter"
+
+
+def _load_settings(**overrides: str) -> subprocess.CompletedProcess[str]:
+    """Import project.settings in a fresh interpreter with a controlled environment."""
+    environ = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"SECRET_KEY", "DEBUG", "DATABASE_URL", "CELERY_BROKER_URL"}
+    }
+    environ.update(overrides)
+    return subprocess.run(
+        [sys.executable, "-c", "import project.settings as s; print(s.DEBUG, s.SECURE_SSL_REDIRECT)"],
+        cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_production_settings_refuse_missing_secret_key() -> None:
+    """With DEBUG=0 and no SECRET_KEY, loading the settings raises ImproperlyConfigured."""
+    result = _load_settings(DEBUG="0")
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert "SECRET_KEY" in result.stderr
+
+
+def test_production_settings_load_with_secret_key() -> None:
+    """With DEBUG=0 and a SECRET_KEY, the settings load in production mode (HTTPS redirect on)."""
+    result = _load_settings(DEBUG="0", SECRET_KEY="k" * 60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"]

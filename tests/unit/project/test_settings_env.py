@@ -1,15 +1,10 @@
-"""project.env parsing and the settings module's production-mode refusal."""
+"""project.env parsing (the settings module loaded in production mode is tested in tests/integration/project)."""
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from project import env
-from tests.support import ROOT
 
 
 @pytest.mark.parametrize("raw", ["1", "true", "TRUE", " yes ", "on"])
@@ -188,32 +183,3 @@ def test_sqlalchemy_url_socket() -> None:
     """A socket directory goes into ?host=, not the authority part."""
     database = env.parse_database_url("postgresql://postgres:@/timekeeper?host=/tmp/pg")
     assert env.sqlalchemy_url(database) == "db+postgresql+psycopg2://postgres@/timekeeper?host=/tmp/pg"
-
-
-def _load_settings(**overrides: str) -> subprocess.CompletedProcess[str]:
-    """Import project.settings in a fresh interpreter with a controlled environment."""
-    environ = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"SECRET_KEY", "DEBUG", "DATABASE_URL", "CELERY_BROKER_URL"}
-    }
-    environ.update(overrides)
-    return subprocess.run(
-        [sys.executable, "-c", "import project.settings as s; print(s.DEBUG, s.SECURE_SSL_REDIRECT)"],
-        cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60,
-    )
-
-
-def test_production_settings_refuse_missing_secret_key() -> None:
-    """With DEBUG=0 and no SECRET_KEY, loading the settings raises ImproperlyConfigured."""
-    result = _load_settings(DEBUG="0")
-    assert result.returncode != 0
-    assert "ImproperlyConfigured" in result.stderr
-    assert "SECRET_KEY" in result.stderr
-
-
-def test_production_settings_load_with_secret_key() -> None:
-    """With DEBUG=0 and a SECRET_KEY, the settings load in production mode (HTTPS redirect on)."""
-    result = _load_settings(DEBUG="0", SECRET_KEY="k" * 60)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False", "True"]
