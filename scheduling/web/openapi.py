@@ -4,8 +4,8 @@ Built in Python from the same constants the views check (fields, states, page si
 so the document and ``jobs_api`` cannot drift apart on them. It describes shapes only: no kind
 users or jobs (its one example names a kind any signed-in user may schedule), which is why it is
 public: tools fetch it before they hold a token.
-``tests/integration/test_openapi.py`` validates it with openapi-spec-validator, and
-``tests/integration/test_api_fuzz.py`` fuzzes a real server with schemathesis against it.
+``tests/integration/web/test_jobs_api_openapi.py`` validates it with openapi-spec-validator, and
+``tests/integration/web/test_jobs_api_fuzz.py`` fuzzes a real server with schemathesis against it.
 """
 
 from __future__ import annotations
