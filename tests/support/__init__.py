@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository's root (the folder holding manage.py, dev.py, docs/ and tests/)."""
@@ -49,7 +49,8 @@ def make_due(ids: int | Iterable[int] | None = None, *, ago: str = "1 ms", state
     """
     from django.db import connection  # imported here so that importing tests.support needs no settings
 
-    where, params = ["TRUE"], [ago]
+    where: list[str] = ["TRUE"]
+    params: list[Any] = [ago]
     if isinstance(ids, int):
         where.append("id = %s")
         params.append(ids)
