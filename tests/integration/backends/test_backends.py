@@ -1,7 +1,7 @@
 """The Django Tasks backend (scheduling.backends) on real PostgreSQL, in Django's own vocabulary.
 
 Tasks run in the test's process through ``scheduling.testing.run_due`` (the real claim and runner);
-``tests/e2e/test_backends_worker.py`` runs them on a real worker.
+``tests/e2e/backends/test_backends_worker.py`` runs them on a real worker.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Cancel, reschedule and claim racing on one row (threads on a barrier): one outcome wins, the API says which.
 
-``tests/integration/test_claim.py`` races cancel against the claim; these race reschedule against
+``tests/integration/jobs/test_claim.py`` races cancel against the claim; these race reschedule against
 the claim, cancel against reschedule, and all three at once. Every change is a conditional UPDATE
 on the row's state, so the row serialises them; the assertions check that the answers each caller
 got describe one serial order, and that the row ended in the state that order produces.
