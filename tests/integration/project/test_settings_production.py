@@ -62,7 +62,11 @@ def _load_settings(**overrides: str) -> subprocess.CompletedProcess[str]:
     environ.update(overrides)
     return subprocess.run(
         [sys.executable, "-c", "import project.settings as s; print(s.DEBUG, s.SECURE_SSL_REDIRECT)"],
-        cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
