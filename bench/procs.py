@@ -1,40 +1,20 @@
 """Starting and stopping the real processes a scenario measures: celery workers and beats.
 
-Each process gets its own session (so a stop takes its pool children with it), logs to
-``var/bench-logs/<scenario>/<name>.log`` and is stopped by its own pid at the end.
+Each process is a ``project.processes.Process`` in its own session (so a stop takes its pool
+children with it), logs to ``var/bench-logs/<scenario>/<name>.log`` (emptied at start: waits must
+not match a past run's text) and is stopped by its own pid at the end.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from bench import common
-from tests.e2e import harness
+from project import processes
 
 CELERY = [sys.executable, "-m", "celery"]
-
-
-class Proc(harness.Proc):
-    """A logged process in its own session (the e2e tests' kind), with the waits a scenario needs."""
-
-    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], log_dir: Path) -> None:
-        (log_dir / f"{name}.log").unlink(missing_ok=True)  # a fresh log: waits must not match a past run's
-        super().__init__(name, list(argv), env, log_dir)
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def wait_for_text(self, text: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.log():
-            if not self.alive():
-                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}:\n{self.log()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not print {text!r} within {timeout}s:\n{self.log()[-3000:]}")
-            time.sleep(0.1)
+Proc = processes.Process
 
 
 class Group:
@@ -51,7 +31,7 @@ class Group:
         self.stop()
 
     def start(self, name: str, argv: Sequence[str], env: dict[str, str]) -> Proc:
-        proc = Proc(name, argv, env, self.log_dir)
+        proc = Proc(name, argv, cwd=common.ROOT, env=env, log_path=self.log_dir / f"{name}.log", fresh_log=True)
         self.procs.append(proc)
         return proc
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -63,3 +64,39 @@ def broker() -> Iterator[redis.Redis]:
     yield client
     clean()
     client.close()
+
+
+# --- Each level holds what it needs ------------------------------------------------------------------
+
+SERVICE_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
+                    "live_server", "raw_connect", "broker", "cluster"}  # fmt: skip
+LEVEL_OF_MARKER = {"e2e": "e2e", "browser": "browser"}  # a test with this marker lives under tests/<level>/
+
+
+def misplaced(level: str, markers: set[str], fixtures: set[str]) -> str | None:
+    """Why a test at ``tests/<level>/`` with these markers and fixtures is in the wrong place, or None."""
+    if level == "unit":
+        used = sorted(fixtures & SERVICE_FIXTURES) + (["django_db"] if "django_db" in markers else [])
+        if used:
+            return f"a unit test touches no service, but it uses {', '.join(used)}: move it to tests/integration"
+    for marker, home in LEVEL_OF_MARKER.items():
+        if marker in markers and level != home:
+            return f"a test marked {marker} lives under tests/{home}/, not tests/{level}/"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse the run when a test sits at the wrong level (see ``misplaced``)."""
+    tests_dir = Path(__file__).resolve().parent
+    problems = []
+    for item in items:
+        try:
+            level = item.path.resolve().relative_to(tests_dir).parts[0]
+        except ValueError:
+            continue
+        markers = {mark.name for mark in item.iter_markers()}
+        why = misplaced(level, markers, set(getattr(item, "fixturenames", ())))
+        if why:
+            problems.append(f"{item.nodeid}: {why}")
+    if problems:
+        raise pytest.UsageError("tests at the wrong level:\n" + "\n".join(problems))

@@ -5,8 +5,8 @@ check (fields, states, page sizes, id pattern), so the document and the views ca
 them; the recurrences' part is ``openapi_recurrences.py``, the shared error answers
 ``openapi_parts.py``. It describes shapes only: no kind users or jobs (its examples name a kind any
 signed-in user may schedule), which is why it is public: tools fetch it before they hold a token.
-``tests/integration/test_openapi.py`` validates it with openapi-spec-validator, and
-``tests/integration/test_api_fuzz.py`` fuzzes a real server with schemathesis against it.
+``tests/integration/web/test_jobs_api_openapi.py`` validates it with openapi-spec-validator, and
+``tests/integration/web/test_jobs_api_fuzz.py`` fuzzes a real server with schemathesis against it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Built from the constants ``recurrences_api`` and ``scheduling.recurring`` check (fields, states,
 choices, page sizes, the preview's bound), so the document cannot drift from the views on them.
-``tests/integration/test_openapi.py`` validates real answers against these schemas.
+``tests/integration/web/test_jobs_api_openapi.py`` validates real answers against these schemas.
 """
 
 from __future__ import annotations

@@ -7,20 +7,18 @@ Faults are injected with signals on these pids only.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parents[2]
+from project import processes
+from tests.support import ROOT
+from tests.support import wait_for as wait_for  # re-exported: the e2e tests call harness.wait_for
+
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CELERY = [sys.executable, "-m", "celery", "-A", "project"]
 
@@ -54,45 +52,11 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-class Proc:
-    """A started Celery process: its Popen, its log file, and signals to send it."""
+class Proc(processes.Process):
+    """A process of an e2e test: started from the root in its own session, its output in ``log_dir/<name>.log``."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("ab")
-        self.popen = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def children(self) -> list[int]:
-        """Pids of the process's direct children (a prefork worker's pool processes)."""
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.pid)], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
-
-    def signal(self, sig: int) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.pid, sig)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """TERM, wait, then KILL the whole process group."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        self.popen.wait(5)
-        self._log.close()
+        super().__init__(name, argv, cwd=ROOT, env=env, log_path=log_dir / f"{name}.log")
 
 
 class Cluster:
@@ -141,20 +105,8 @@ class Cluster:
             proc.stop()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.2, message: str = "") -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
-        time.sleep(interval)
-
-
 def wait_ready(proc: Proc, text: str = "ready.", timeout: float = 60) -> None:
     """Wait until the process's log shows ``text`` (celery worker prints "ready.")."""
-    wait_for(lambda: text in proc.log() or proc.popen.poll() is not None, timeout, message=f"{proc.name}: {text!r}")
-    if proc.popen.poll() is not None:
-        raise AssertionError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-4000:]}")
+    proc.wait_for_text(text, timeout)
+    if not proc.alive():
+        raise processes.ProcessFailed(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-4000:]}")

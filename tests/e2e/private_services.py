@@ -47,6 +47,7 @@ import redis
 from django.conf import settings
 
 from scheduling.jobs import store
+from tests import support
 from tests.e2e import harness
 
 DATABASE = "timekeeper"
@@ -307,10 +308,7 @@ class Stack:
 
     def manage(self, *args: str, timeout: float = 120) -> str:
         """Run ``manage.py <args>`` against the private servers (as the processes see them); its stdout."""
-        done = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=harness.ROOT, env=harness.base_env(self.cluster.env), capture_output=True, text=True, timeout=timeout,
-        )  # fmt: skip
+        done = support.manage(*args, env=harness.base_env(self.cluster.env), timeout=timeout)
         if done.returncode != 0:
             raise RuntimeError(f"manage.py {args[0]} failed ({done.returncode}):\n{done.stderr[-4000:]}")
         return done.stdout

@@ -1,4 +1,4 @@
-"""Helpers for the worker fault tests (issue 7): test job kinds, worker settings, measurements.
+"""Helpers for the worker fault tests: test job kinds, worker settings, measurements.
 
 - ``kinds``: a handler package with job kinds that hold, crash or kill their own process; workers
   load it through ``worker_settings`` and the test process by importing ``kinds.handlers``.

@@ -1,0 +1,357 @@
+"""The Django Tasks backend (scheduling.backends) on real PostgreSQL, in Django's own vocabulary.
+
+Tasks run in the test's process through ``scheduling.testing.run_due`` (the real claim and runner);
+``tests/e2e/backends/test_backends_worker.py`` runs them on a real worker.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import django
+import pytest
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from scheduling import api, backends, exceptions, registry, testing
+from scheduling.backends import InvalidTask, TaskResultDoesNotExist, TaskResultStatus
+from scheduling.models import JobState, ScheduledJob
+from tasks.models import Execution
+from tests.taskkit import tasks
+
+try:
+    from django.tasks import default_task_backend, signals, task_backends
+    from django.tasks.exceptions import TaskResultMismatch
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import default_task_backend, signals, task_backends
+    from django_tasks.exceptions import TaskResultMismatch
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def sent():
+    """Every task signal sent during the test, as (signal name, status, result id)."""
+    seen: list[tuple[str, str, str]] = []
+    receivers = {}
+    for name in ("task_enqueued", "task_started", "task_finished"):
+
+        def receiver(sender, task_result, name=name, **kwargs):
+            seen.append((name, str(task_result.status), task_result.id))
+
+        receivers[name] = receiver
+        getattr(signals, name).connect(receiver, weak=False)
+    yield seen
+    for name, receiver in receivers.items():
+        getattr(signals, name).disconnect(receiver)
+
+
+def test_the_setting_gives_timekeepers_backend_with_every_feature():
+    """TASKS["default"] is TimekeeperBackend, and it supports defer, get_result, priority and async tasks."""
+    backend = task_backends["default"]
+    assert isinstance(backend, backends.TimekeeperBackend)
+    assert (backend.supports_defer, backend.supports_get_result, backend.supports_priority) == (True, True, True)
+    assert backend.supports_async_task is True
+    assert default_task_backend.alias == "default"
+
+
+def test_enqueue_writes_a_row_in_the_callers_transaction(sent):
+    """enqueue is a pending due_at row of the task's kind, READY, gone with a rollback; task_enqueued is sent."""
+    with transaction.atomic():
+        tasks.add.enqueue(1, 2)
+        assert ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add").count() == 1
+        transaction.set_rollback(True)
+    assert not ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add").exists()
+    sent.clear()
+    result = tasks.add.enqueue(2, b=3)
+    job = ScheduledJob.objects.get(pk=int(result.id))
+    assert (job.kind, job.state, job.priority) == ("tests.taskkit.tasks.add", JobState.PENDING, 0)
+    assert job.payload == {"args": [2], "kwargs": {"b": 3}, "queue_name": "default", "priority": 0}
+    assert result.status == TaskResultStatus.READY
+    assert (result.args, result.kwargs, result.backend) == ([2], {"b": 3}, "default")
+    assert result.enqueued_at == job.created_at
+    assert (result.started_at, result.finished_at, result.last_attempted_at) == (None, None, None)
+    assert (result.errors, result.worker_ids, result.attempts) == ([], [], 0)
+    assert sent == [("task_enqueued", "READY", result.id)]
+    with pytest.raises(ValueError, match="not finished"):
+        _ = result.return_value
+
+
+def test_run_keeps_the_return_value_and_fills_the_result(sent):
+    """The worker's run: RUNNING then SUCCESSFUL signals, the JSON return value, times, one worker id."""
+    result = tasks.add.enqueue(2, 3)
+    sent.clear()
+    report = testing.run_due()
+    assert (report.started, report.succeeded) == (1, 1)
+    done = tasks.add.get_result(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL
+    assert done.return_value == 5
+    assert ScheduledJob.objects.get(pk=int(result.id)).return_value == 5
+    assert done.enqueued_at <= done.started_at <= done.finished_at
+    assert done.last_attempted_at == done.started_at
+    assert done.attempts == 1
+    assert len(done.worker_ids) == 1
+    assert done.worker_ids[0]
+    assert done.errors == []
+    assert sent == [("task_started", "RUNNING", result.id), ("task_finished", "SUCCESSFUL", result.id)]
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+
+
+def test_failures_are_retried_with_one_error_per_attempt_and_the_context_counts_them(sent):
+    """A task failing twice: READY between attempts, then SUCCESSFUL with two TaskErrors; context.attempt is 1, 2, 3."""
+    result = tasks.flaky.enqueue(fail_until=3)
+    testing.run_due(max_rounds=1)
+    between = backends.TimekeeperBackend.get_result(task_backends["default"], result.id)
+    assert between.status == TaskResultStatus.READY
+    assert [e.exception_class_path for e in between.errors] == ["builtins.ValueError"]
+    testing.run_due(include_future=True)
+    done = tasks.flaky.get_result(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL
+    assert done.return_value == {"attempt": 3, "id": result.id, "status": "RUNNING"}
+    assert done.attempts == 3
+    assert [e.exception_class for e in done.errors] == [ValueError, ValueError]
+    assert "ValueError" in done.errors[0].traceback
+    assert "in flaky" in done.errors[0].traceback
+    assert [s for s, _, _ in sent if s != "task_enqueued"] == ["task_started", "task_finished"] * 3
+    assert [status for s, status, _ in sent if s == "task_finished"] == ["FAILED", "FAILED", "SUCCESSFUL"]
+
+
+def test_a_task_out_of_attempts_is_failed():
+    """max_attempts per call: one failure is FAILED, return_value raises, the error names the exception class."""
+    result = tasks.flaky.options(max_attempts=1).enqueue(fail_until=99)
+    assert ScheduledJob.objects.get(pk=int(result.id)).max_attempts == 1
+    testing.run_due()
+    failed = tasks.flaky.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert failed.is_finished
+    assert failed.finished_at is not None
+    with pytest.raises(ValueError, match="failed"):
+        _ = failed.return_value
+    assert [e.exception_class for e in failed.errors] == [ValueError]
+    assert ScheduledJob.objects.get(pk=int(result.id)).state == JobState.DEAD
+
+
+def test_a_coroutine_task_runs_on_the_worker():
+    """An async def task is supported: the worker runs the coroutine and keeps its value."""
+    result = tasks.async_double.enqueue(21)
+    testing.run_due()
+    assert tasks.async_double.get_result(result.id).return_value == 42
+
+
+def test_a_return_value_json_cannot_hold_fails_the_task():
+    """Returning an object JSON cannot hold fails the attempt with TypeError; nothing is kept."""
+    result = tasks.not_json.options(max_attempts=1).enqueue()
+    testing.run_due()
+    failed = tasks.not_json.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in failed.errors] == ["builtins.TypeError"]
+    assert ScheduledJob.objects.get(pk=int(result.id)).return_value is None
+
+
+def test_the_task_timeout_stops_it_and_names_job_timeout():
+    """A task past its per-task timeout (1 s) is stopped: FAILED with scheduling.core.executor.JobTimeout."""
+    result = tasks.sleepy.enqueue(30)
+    testing.run_due()
+    failed = tasks.sleepy.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in failed.errors] == ["scheduling.core.executor.JobTimeout"]
+    assert registry.get("tests.taskkit.tasks.sleepy").atomic is False
+
+
+def test_an_atomic_task_commits_its_effect_with_its_value():
+    """An atomic task's database write and its return value are both there after the run, once."""
+    result = tasks.record.enqueue("once")
+    testing.run_due()
+    done = tasks.record.get_result(result.id)
+    assert Execution.objects.filter(idempotency_key="once").count() == 1
+    assert done.return_value["execution"] == Execution.objects.get(idempotency_key="once").id
+
+
+def test_run_after_is_the_due_time_and_must_be_aware():
+    """run_after becomes due_at (the job waits for it); a naive run_after is InvalidTask and stores nothing."""
+    later = timezone.now() + dt.timedelta(hours=1)
+    result = tasks.add.using(run_after=later).enqueue(1, 1)
+    job = ScheduledJob.objects.get(pk=int(result.id))
+    assert abs(job.due_at - later) < dt.timedelta(milliseconds=1)
+    assert testing.run_due().started == 0
+    assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
+    with pytest.raises(InvalidTask, match="aware"):
+        tasks.add.using(run_after=dt.datetime(2030, 1, 1, 9, 0)).enqueue(1, 1)
+    assert ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add").count() == 1
+
+
+def test_an_unknown_queue_and_a_priority_out_of_range_are_invalid():
+    """queue_name must be one of QUEUES and priority within -100..100: InvalidTask, as Django says."""
+    with pytest.raises(InvalidTask, match="Queue 'reports' is not valid"):
+        tasks.add.using(queue_name="reports")
+    with pytest.raises(InvalidTask, match="priority"):
+        tasks.add.using(priority=101)
+    with override_settings(
+        TASKS={"default": {"BACKEND": "scheduling.backends.TimekeeperBackend", "QUEUES": ["default", "reports"]}}
+    ):
+        result = tasks.add.using(queue_name="reports").enqueue(1, 2)
+        assert ScheduledJob.objects.get(pk=int(result.id)).payload["queue_name"] == "reports"
+        assert tasks.add.get_result(result.id).task.queue_name == "reports"
+
+
+def test_django_priority_maps_onto_the_claim_order():
+    """-100..0 -> 0 (the default), 1..100 -> ceil(p*9/100): monotone, 100 -> 9; the row gets the mapped priority."""
+    mapped = [backends.job_priority(p) for p in range(-100, 101)]
+    assert mapped == sorted(mapped)
+    assert {p: backends.job_priority(p) for p in (-100, -1, 0, 1, 11, 12, 50, 89, 100)} == {
+        -100: 0,
+        -1: 0,
+        0: 0,
+        1: 1,
+        11: 1,
+        12: 2,
+        50: 5,
+        89: 9,
+        100: 9,
+    }
+    result = tasks.record.enqueue("prio")  # @task(priority=50)
+    assert ScheduledJob.objects.get(pk=int(result.id)).priority == 5
+    assert tasks.record.get_result(result.id).task.priority == 50
+
+
+def test_higher_priority_tasks_are_claimed_first():
+    """Among due tasks, Django priority 100 is claimed before priority 0 (the claim's order)."""
+    low = tasks.add.enqueue(0, 0)
+    high = tasks.add.using(priority=100).enqueue(0, 1)
+    from scheduling.jobs import store
+
+    (first,) = store.claim_due_jobs(1)
+    assert first.id == int(high.id)
+    assert int(low.id) in testing.run_due().job_ids
+
+
+def test_unknown_ids_and_other_jobs_are_not_task_results():
+    """TaskResultDoesNotExist for a missing id, a non-number and a job of a plain kind; another task's id mismatches."""
+    backend = task_backends["default"]
+    plain = api.schedule("demo.record", {"label": "x"}, delay=60)
+    for missing in ("999999999", "not-a-number", str(plain.id)):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(missing)
+    added = tasks.add.enqueue(1, 2)
+    with pytest.raises(TaskResultMismatch):
+        tasks.flaky.get_result(added.id)
+    assert async_to_sync(backend.aget_result)(added.id).id == added.id
+    with pytest.raises(TaskResultDoesNotExist):
+        async_to_sync(backend.aget_result)("999999999")
+
+
+def test_cancel_and_reschedule_go_through_scheduling_api():
+    """A READY task can be cancelled (FAILED, never runs) or moved; a finished one is not cancellable."""
+    moved = tasks.add.enqueue(1, 1)
+    later = timezone.now() + dt.timedelta(days=1)
+    assert abs(backends.reschedule(moved, later) - later) < dt.timedelta(milliseconds=1)
+    cancelled = tasks.add.enqueue(2, 2)
+    assert backends.cancel(cancelled) == int(cancelled.id)
+    assert testing.run_due().started == 0
+    assert tasks.add.get_result(cancelled.id).status == TaskResultStatus.FAILED
+    assert ScheduledJob.objects.get(pk=int(cancelled.id)).state == JobState.CANCELLED
+    ran = tasks.add.enqueue(3, 3)
+    testing.run_due()
+    with pytest.raises(exceptions.JobNotCancellable):
+        backends.cancel(ran.id)
+
+
+def test_per_call_keys_replace_keep_or_refuse():
+    """options(key=...): a second enqueue replaces the pending task, or keeps it, or raises KeyConflict."""
+    first = tasks.add.options(key="sum:1").enqueue(1, 1)
+    replaced = tasks.add.options(key="sum:1").enqueue(1, 2)
+    assert replaced.id == first.id
+    assert replaced.args == [1, 2]
+    kept = tasks.add.options(key="sum:1", on_conflict="keep").enqueue(9, 9)
+    assert kept.args == [1, 2]
+    with pytest.raises(exceptions.KeyConflict):
+        tasks.add.options(key="sum:1", on_conflict="error").enqueue(3, 3)
+    assert ScheduledJob.objects.filter(key="sum:1").count() == 1
+    with pytest.raises(InvalidTask, match="on_conflict"):
+        tasks.add.options(key="sum:2", on_conflict="merge")
+    with pytest.raises(InvalidTask, match="api"):
+        tasks.add.options(api=registry.Access())
+
+
+def test_per_task_options_make_the_kind_contract():
+    """@backends.task(max_attempts=, timeout=, atomic=, api=) are the kind's; plain @task gets the defaults."""
+    sleepy, open_kind, plain = (registry.get(f"tests.taskkit.tasks.{n}") for n in ("sleepy", "open_to_users", "add"))
+    assert (sleepy.max_attempts, sleepy.timeout_seconds, sleepy.atomic) == (1, 1.0, False)
+    assert open_kind.max_attempts == 2
+    assert (plain.max_attempts, plain.atomic, plain.api) == (5, True, None)
+    with pytest.raises(InvalidTask, match="Unknown task options"):
+        backends.task(retries=3)(tasks.add.func)
+
+
+def test_a_task_is_api_schedulable_only_when_it_says_who_may():
+    """The doors ask the kind: a plain @task is closed to API users; api=registry.Access() opens it."""
+    user = User.objects.create_user("ada", password="pw")
+    payload = {"args": ["hi"], "kwargs": {}}
+    assert registry.get("tests.taskkit.tasks.add").allows(user, payload) is False
+    assert registry.get("tests.taskkit.tasks.open_to_users").allows(user, payload) is True
+
+
+def test_pause_holds_tasks_and_resume_lets_them_run():
+    """A task's kind can be paused like any kind: its due task stays READY until resumed."""
+    result = tasks.add.enqueue(4, 4)
+    api.pause("tests.taskkit.tasks.add")
+    assert testing.run_due().started == 0
+    assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
+    api.resume("tests.taskkit.tasks.add")
+    assert testing.run_due().succeeded == 1
+    assert tasks.add.get_result(result.id).return_value == 8
+
+
+def test_a_reclaimed_attempt_is_a_worker_lost_error(run_sql):
+    """A claim taken back from a dead worker shows as a TaskError of scheduling.backends.WorkerLost."""
+    from scheduling.jobs import store, sweep
+
+    result = tasks.add.enqueue(5, 5)
+    (claim,) = store.claim_due_jobs(10)
+    store.start_jobs([(claim.id, claim.token)], "dead:1")
+    assert tasks.add.get_result(result.id).status == TaskResultStatus.RUNNING
+    assert tasks.add.get_result(result.id).worker_ids == ["dead:1"]
+    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", [claim.id])
+    assert sweep.reclaim_expired() == (1, 0)
+    again = tasks.add.get_result(result.id)
+    assert again.status == TaskResultStatus.READY
+    assert [e.exception_class for e in again.errors] == [backends.WorkerLost]
+    testing.run_due(include_future=True)
+    assert tasks.add.get_result(result.id).return_value == 10
+    assert tasks.add.get_result(result.id).attempts == 2
+
+
+def test_the_backend_check_names_bad_queues_and_options():
+    """scheduling.E009: a Timekeeper TASKS entry with no queues, or with OPTIONS it does not read."""
+    bad = backends.TimekeeperBackend("bad", {"QUEUES": [], "OPTIONS": {"retries": 3}})
+    assert [m.id for m in bad.check()] == ["scheduling.E009", "scheduling.E009"]
+    assert list(task_backends["default"].check()) == []
+
+
+@pytest.mark.skipif(django.VERSION >= (6, 0), reason="the backport's app matters only before Django 6.0")
+def test_the_backport_missing_from_installed_apps_is_a_warning():
+    """scheduling.W006: on Django 5.2, TASKS with Timekeeper's backend and no 'django_tasks' app."""
+    from scheduling import checks as scheduling_checks
+
+    assert scheduling_checks.check_tasks_backport() == []
+    without = [app for app in settings.INSTALLED_APPS if app != "django_tasks"]
+    with override_settings(INSTALLED_APPS=without):
+        assert [m.id for m in scheduling_checks.check_tasks_backport()] == ["scheduling.W006"]
+
+
+def test_a_cap_on_the_tasks_kind_limits_how_many_are_claimed():
+    """api.set_max_running on a task's kind: of two due tasks one is claimed, the other waits READY."""
+    from scheduling.jobs import store
+
+    first, second = tasks.add.enqueue(1, 0), tasks.add.enqueue(2, 0)
+    api.set_max_running("tests.taskkit.tasks.add", 1)
+    assert len(store.claim_due_jobs(10)) == 1
+    assert store.claim_due_jobs(10) == []
+    statuses = {tasks.add.get_result(r.id).status for r in (first, second)}
+    assert statuses == {TaskResultStatus.READY}  # claimed but not started is still READY
+    assert ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add", state=JobState.PENDING).count() == 1

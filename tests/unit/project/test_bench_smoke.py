@@ -1,0 +1,175 @@
+"""The benchmark package stays importable and its printing helpers work (no services, no timings)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench import __main__ as bench_main
+from bench import common
+
+
+def test_table_aligns_numbers_and_text():
+    """The table prints a title, a header, a rule and one line per row, numbers with separators."""
+    text = common.table("Title", ["system", "jobs/s"], [["timekeeper", 3456.7], ["celery", 12.5], ["none", math.nan]])
+    lines = text.splitlines()
+    assert lines[0] == "Title"
+    assert lines[1].split() == ["system", "jobs/s"]
+    assert "3,457" in lines[3]
+    assert lines[4].rstrip().endswith("12.50")
+    assert lines[5].rstrip().endswith("-")
+
+
+def test_summary_and_percentiles_on_tiny_inputs():
+    """Percentiles interpolate; an empty list gives NaN rather than an error."""
+    assert common.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert math.isnan(common.percentile([], 99))
+    summary = common.summary_ms([1.0, 2.0, 3.0])
+    assert summary["n"] == 3
+    assert summary["p50_ms"] == 2.0
+    assert summary["max_ms"] == 3.0
+    assert common.ratio(6.0, 2.0) == 3.0
+
+
+def test_emit_writes_the_json_file_and_prints_it_last(tmp_path, monkeypatch, capsys):
+    """emit() writes results/<scenario>.json and prints the same object as its last line (NaN as null)."""
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(common, "git_commit", lambda: "abc1234")
+    result = common.emit("smoke", {"jobs_per_s": 1.5, "p99_ms": math.nan}, quick=True)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last) == result == json.loads((tmp_path / "smoke.json").read_text())
+    assert result["jobs_per_s"] == 1.5
+    assert result["p99_ms"] is None
+    assert result["quick"] is True
+
+
+def test_cli_lists_every_scenario():
+    """The command line knows every scenario and refuses an unknown one."""
+    assert set(bench_main.SCENARIOS) == {
+        "throughput",
+        "realistic",
+        "failures",
+        "burst",
+        "lag",
+        "rescue",
+        "scale",
+        "sweep",
+        "memory",
+        "beat",
+        "recurring",
+    }
+    with pytest.raises(SystemExit):
+        bench_main.main(["no-such-scenario"])
+
+
+def test_report_renders_a_markdown_table_even_without_results(tmp_path, monkeypatch):
+    """The bench/README.md table renders; a scenario with no results file says so instead of failing."""
+    from bench import report
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    (tmp_path / "sweep.json").write_text(
+        json.dumps(
+            {
+                "rows": 10,
+                "stranded_claims": 2,
+                "past_retention": 3,
+                "reclaim_s": 0.1,
+                "prune_s": 0.2,
+                "max_statement_ms": 12.5,
+                "reclaim_batch_size": 200,
+                "prune_batch_size": 200,
+                "target_met": True,
+            }
+        )
+    )
+    text = report.markdown()
+    assert text.startswith("| scenario |")
+    assert "| throughput | not measured |" in text
+    assert "longest statement 12.5 ms" in text
+
+
+def test_report_write_replaces_only_the_table_between_the_markers(tmp_path):
+    """--write swaps the text between the markers of bench/README.md and keeps the rest; no markers is an error."""
+    from bench import report
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Benchmarks\n\nbefore\n{report.START}\nold table\n{report.END}\n\nafter\n")
+    assert report.write(readme) is True
+    text = readme.read_text()
+    assert text.startswith("# Benchmarks\n\nbefore\n")
+    assert text.endswith(f"{report.END}\n\nafter\n")
+    assert "old table" not in text
+    assert report.markdown() in text
+    assert report.write(readme) is False  # already up to date
+    readme.write_text("no markers here\n")
+    with pytest.raises(ValueError, match="markers"):
+        report.write(readme)
+
+
+@pytest.mark.parametrize("name", ["realistic", "failures", "burst", "rescue", "lag"])
+def test_scenarios_import_and_take_quick(name):
+    """Each of these scenarios imports without services; its main takes ``quick`` (what run passes)."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"bench.{name}")
+    assert name == module.SCENARIO
+    assert list(inspect.signature(module.main).parameters) == ["quick"]
+
+
+def test_scenario_targets():
+    """The targets printed beside the figures: 2000 jobs/s and 2x Celery, 60 s, 45 s, 50 ms."""
+    from bench import burst, lag, realistic, rescue
+
+    assert (realistic.TARGET_JOBS_PER_S, realistic.TARGET_RATIO_VS_CELERY) == (2000, 2.0)
+    assert realistic.TARGET_RATIO_VS_CELERY_DEFAULT == 1.0
+    assert burst.TARGET_DRAIN_S == 60.0
+    assert rescue.TARGET_S == 45.0
+    assert (lag.RATE_PER_S, lag.HIGH_RATE_PER_S, lag.TARGET_P99_MS) == (200, 1000, 50)
+
+
+def test_report_renders_the_realistic_burst_and_rescue_rows(tmp_path, monkeypatch):
+    """The report renders realistic, burst and rescue rows from their result files."""
+    from bench import report
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    (tmp_path / "rescue.json").write_text(
+        json.dumps(
+            {
+                "rounds": 3,
+                "lease_seconds": 30,
+                "heartbeat_seconds": 5.0,
+                "sweep_interval_seconds": 5.0,
+                "rescue_s_median": 33.1,
+                "rescue_s_max": 34.0,
+                "duplicate_effects": 0,
+                "target_met": True,
+            }
+        )
+    )
+    text = report.markdown()
+    assert "| realistic | not measured |" in text
+    assert "| burst | not measured |" in text
+    assert "started again 33.1 s after the kill" in text
+
+
+def test_failures_mix_and_targets():
+    """The failures mix: 2% raising, 1% past the timeout, 1% on_commit raising; one call per attempt, 0.8x clean."""
+    from bench import failures
+
+    fates = [failures._fate(i) for i in range(10_000)]
+    assert (fates.count("raise"), fates.count("timeout"), fates.count("callback")) == (200, 100, 100)
+    assert (failures.TARGET_CALLS_PER_ATTEMPT, failures.TARGET_RATIO_VS_CLEAN) == (1.0, 0.8)
+
+
+def test_recurring_scenario_imports_and_takes_quick():
+    """The recurring scenario imports without services, takes ``quick``, and keeps its targets."""
+    import inspect
+
+    from bench import recurring
+
+    assert recurring.SCENARIO == "recurring"
+    assert list(inspect.signature(recurring.main).parameters) == ["quick"]
+    assert (recurring.TARGET_RATIO, recurring.TARGET_SPIKE_S, len(recurring.ZONES)) == (1.2, 60.0, 30)
