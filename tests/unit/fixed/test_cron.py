@@ -1,4 +1,4 @@
-"""Unit tests for scheduling.fixed.cron: parsing, DST-correct cron ticks and interval ticks (no database)."""
+"""Unit tests for scheduling.fixed.cron and cron_fields: parsing, DST-correct cron ticks, interval ticks."""
 from __future__ import annotations
 
 import functools
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduling import exceptions
-from scheduling.fixed import cron
+from scheduling.fixed import cron, cron_fields
 from scheduling.fixed.cron import CronSchedule
 
 LISBON = "Europe/Lisbon"
@@ -321,7 +321,7 @@ def test_leading_zeros_and_large_steps_are_still_numbers() -> None:
     ).next_n(reference, 3)
 
 
-_FIELD_BOUNDS = ((0, 59, ()), (0, 23, ()), (1, 31, ()), (1, 12, cron._MONTH_NAMES), (0, 7, cron._DAY_NAMES))
+_FIELD_BOUNDS = ((0, 59, ()), (0, 23, ()), (1, 31, ()), (1, 12, cron_fields.MONTH_NAMES), (0, 7, cron_fields.DAY_NAMES))
 
 
 @st.composite
@@ -350,7 +350,7 @@ def test_every_expanded_field_is_read_by_celery_as_the_same_values(fields: tuple
     """Celery's crontab parser reads each field of expand() as exactly the values Timekeeper fires on."""
     expression = " ".join(fields)
     try:
-        expanded, parsed = cron._parse(expression)  # the value sets behind the public API
+        expanded, parsed = cron_fields.parse(expression)  # the value sets behind the public API
     except exceptions.InvalidCronExpression as exc:  # only a day no listed month has may be refused
         message = str(exc)
     else:
