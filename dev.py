@@ -58,7 +58,7 @@ DJANGO60_MIN_PYTHON = (3, 12)
 DJANGO60_TESTS = [
     "tests/unit",
     "tests/integration/backends/test_backends.py",
-    "tests/integration/jobs/test_testing.py",
+    "tests/integration/due_at/test_testing.py",
     "tests/e2e/backends/test_backends_worker.py",
     "tests/integration/web/test_admin.py",
     "tests/integration/web/test_admin_job_page.py",
@@ -68,7 +68,7 @@ DJANGO60_TESTS = [
     "tests/integration/web/test_kinds_doors.py",
     "tests/integration/web/test_authorization.py",
     "tests/integration/web/test_jobs_api_openapi.py",
-    "tests/integration/jobs/test_api.py",
+    "tests/integration/due_at/test_api.py",
     "tests/integration/core/test_migrations.py",
     "tests/integration/project/test_security.py",
     "tests/e2e/project/test_security.py",

@@ -93,7 +93,7 @@ def run_timekeeper(seconds: float, idle_jobs: int, rng: random.Random) -> dict[s
 
     common.reset_state()
     with procs.Group(SCENARIO) as group:
-        # No beat: the worker's main process runs the control loop that claims (scheduling.jobs.control).
+        # No beat: the worker's main process runs the control loop that claims (scheduling.due_at.control).
         worker = group.worker("tk-w1", concurrency=WORKER_CONCURRENCY)
         group.wait_ready(worker)
         time.sleep(2.0)

@@ -43,7 +43,7 @@ def main(which: str) -> dict[str, object]:
             scheduler.tick()
             ticks_ms.append((time.perf_counter() - start) * 1000)
     else:
-        from scheduling.jobs import store
+        from scheduling.due_at import store
         from scheduling.models import Recurrence
         from scheduling.recurring import planner
 

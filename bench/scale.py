@@ -55,7 +55,7 @@ def add_rows(n: int, state: str) -> float:
 def claim_plan() -> list[str]:
     from django.db import connection
 
-    from scheduling.jobs import store
+    from scheduling.due_at import store
 
     with connection.cursor() as cur:
         sql = cur.mogrify(store.SQL["claim_due_jobs"], store.claim_params(CLAIM_LIMIT)).decode()
@@ -77,7 +77,7 @@ def measure_level(pending: int) -> dict[str, Any]:
 
     from scheduling import api
     from scheduling.core import leadership
-    from scheduling.jobs import store
+    from scheduling.due_at import store
     from scheduling.models import ScheduledJob
 
     plan = claim_plan()

@@ -105,7 +105,7 @@ def claim_latencies_ms(samples: int) -> list[float]:
     """Time ``samples`` probe claims, each rolled back (nothing is taken from the workers)."""
     from django.db import transaction
 
-    from scheduling.jobs import store
+    from scheduling.due_at import store
 
     took = []
     for _ in range(samples):

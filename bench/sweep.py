@@ -83,7 +83,7 @@ class StatementTimer:
         self.samples: list[tuple[str, float]] = []
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        from scheduling.jobs import store
+        from scheduling.due_at import store
 
         name = next((n for n, q in store.SQL.queries.items() if q == sql), sql.split()[0].lower())
         start = time.perf_counter()
@@ -106,7 +106,7 @@ def timed(fn: Any) -> tuple[Any, float, list[tuple[str, float]]]:
 def main(quick: bool = False) -> dict[str, Any]:
     common.setup()
     from scheduling.core import conf
-    from scheduling.jobs import sweep
+    from scheduling.due_at import sweep
 
     total = 300_000 if quick else 1_000_000
     common.reset_state()

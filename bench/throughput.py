@@ -187,7 +187,7 @@ def _insert_due(cur: Any, n: int) -> None:
 
 def run_raw(jobs: int, batch: int) -> dict[str, Any]:
     """Claim ``batch`` rows and complete them, one transaction per batch, on one connection."""
-    from scheduling.jobs import store
+    from scheduling.due_at import store
 
     common.reset_state()
     conn = common.admin_connect(common.BENCH_DB)

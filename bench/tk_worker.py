@@ -19,4 +19,4 @@ __all__ = ["app"]
 
 @signals.worker_ready.connect
 def _log_sweeps(**kwargs: Any) -> None:
-    logging.getLogger("scheduling.jobs.control").setLevel(logging.DEBUG)
+    logging.getLogger("scheduling.due_at.control").setLevel(logging.DEBUG)

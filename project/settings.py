@@ -193,7 +193,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_DB_REUSE_MAX = 1_000_000
 # Soft shutdown: with REMAP_SIGTERM=SIGQUIT in a worker's environment, SIGTERM stops taking messages,
 # gives running tasks this long to finish, then stops the rest, whose claims their pool processes
-# give back at once (scheduling.jobs.runner). Keep it below the orchestrator's grace period (30 s in k8s).
+# give back at once (scheduling.due_at.runner). Keep it below the orchestrator's grace period (30 s in k8s).
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(env.get_int("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT_SECONDS", 20))
 CELERY_WORKER_SEND_TASK_EVENTS = True  # Flower
 CELERY_TASK_SEND_SENT_EVENT = True

@@ -1,6 +1,6 @@
 """Timekeeper's public contract, one import for application code: ``from scheduling import api``.
 
-Per-entity future work (``scheduling.jobs``): ``schedule()`` writes a row in the caller's
+Per-entity future work (``scheduling.due_at``): ``schedule()`` writes a row in the caller's
 transaction; ``cancel()`` and ``reschedule()`` change it only while it is pending;
 ``schedule_many()`` loads many in one statement. ``cancel_many()``, ``reschedule_many()``,
 ``run_now_many()`` and ``retry_dead_many()`` change a selection of ids in one statement each and
@@ -30,8 +30,8 @@ from typing import Any
 
 from scheduling.core import registry, validation
 from scheduling.deferrals import countdowns
-from scheduling.jobs import api as jobs_api
-from scheduling.jobs.api import *  # noqa: F403 -- the public names of the due_at engine: jobs/api.py's __all__
+from scheduling.due_at import api as jobs_api
+from scheduling.due_at.api import *  # noqa: F403 -- the public names of the due_at engine: due_at/api.py's __all__
 from scheduling.recurring import api as recurring_api
 from scheduling.recurring.api import *  # noqa: F403 -- the recurrences' public names: recurring/api.py's __all__
 
@@ -66,7 +66,7 @@ def defer(kind: str, payload: Any, delay: float | int | dt.timedelta, *, key: st
             "reason": "key" if key is not None else "over_ceiling",
         },
     )
-    return Deferral(mechanism="table", id=job.id, due_at=job.due_at)
+    return Deferral(mechanism=registry.Mechanism.DUE_AT, id=job.id, due_at=job.due_at)
 
 
 def retire_owner(owner: Any) -> jobs_api.BulkResult:

@@ -62,7 +62,7 @@ from django.utils.module_loading import import_string
 
 from scheduling import api
 from scheduling.core import exceptions, executor, registry
-from scheduling.jobs.api import ON_CONFLICT_CHOICES
+from scheduling.due_at.api import ON_CONFLICT_CHOICES
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 
 if TYPE_CHECKING:  # one set of names for the type checker; at run time, whichever framework is installed

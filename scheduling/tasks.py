@@ -4,7 +4,7 @@ Found by Celery's standard ``app.autodiscover_tasks()`` (this is the app's ``tas
 
 - ``scheduling.run_batch``: run a batch of claimed jobs.
 - ``scheduling.claim`` / ``scheduling.sweep``: one claim pass / one sweep, for a person or a script
-  (``celery call scheduling.sweep``); routinely both run in the control loop (``jobs.control``),
+  (``celery call scheduling.sweep``); routinely both run in the control loop (``due_at.control``),
   which every worker starts in its main process when it is ready and stops when it shuts down.
 - ``scheduling.run_deferred``: run a short broker deferral (``deferrals.countdowns``), retried with countdowns.
 - ``scheduling.run_fixed``: one tick of a fixed-time schedule, through the gate (``fixed.gate``).
@@ -24,10 +24,10 @@ from django import db
 
 from scheduling.core import reconnect, tracing
 from scheduling.deferrals import countdowns
+from scheduling.due_at import claim as claim_module
+from scheduling.due_at import control, liveness, runner
+from scheduling.due_at import sweep as sweep_module
 from scheduling.fixed import gate, messages
-from scheduling.jobs import claim as claim_module
-from scheduling.jobs import control, liveness, runner
-from scheduling.jobs import sweep as sweep_module
 from scheduling.models import RunTrigger
 from scheduling.recurring import planner
 

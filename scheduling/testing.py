@@ -20,7 +20,7 @@ In a test of your project (pytest-django or Django's ``TestCase``; PostgreSQL as
 - ``isolated_registry()``: a block with an empty registry of kinds (handlers declared inside it
   vanish after it), with the Django tasks already declared kept unless ``keep_tasks=False``.
 - ``inline_deferrals()``: a block in which ``api.defer()`` stores every deferral as a due_at row
-  (``mechanism == "table"``) instead of sending a Celery countdown, so ``run_due(include_future=True)``
+  (``mechanism == "due_at"``) instead of sending a Celery countdown, so ``run_due(include_future=True)``
   runs it inline; also as a decorator. Without it, a short deferral is a message to Redis that only
   a worker runs.
 
@@ -41,7 +41,7 @@ from django.test.utils import override_settings
 
 from scheduling import api, backends
 from scheduling.core import registry
-from scheduling.jobs import claim, runner
+from scheduling.due_at import claim, runner
 from scheduling.models import JobState, ScheduledJob
 
 ANY: Any = object()  # "any value" for assert_scheduled's filters

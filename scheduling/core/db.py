@@ -1,6 +1,6 @@
 """The one runner of Timekeeper's hand-written SQL: named blocks in, typed rows out.
 
-Each mechanism keeps its statements beside the code that decides (``jobs/sql/*.sql``,
+Each mechanism keeps its statements beside the code that decides (``due_at/sql/*.sql``,
 ``fixed/sql``, ``deferrals/sql``, ``recurring/sql``, ``web/sql``; the core's own in ``core/sql``)
 and runs them through its ``store.py`` with a ``Statements`` of its folder. A file holds named
 blocks (``-- name: claim_due_jobs``) with the comment that says why; a folder's files are loaded

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import enum
 import functools
 import importlib
 import logging
@@ -46,6 +47,17 @@ class Backoff:
         return step / 2 + (rng or random).uniform(0, step / 2)
 
 
+class Mechanism(enum.StrEnum):
+    """Which mechanism ran a job: its value is the name of the package that owns it."""
+
+    DUE_AT = "due_at"  # a scheduled_job row claimed from the table (scheduling.due_at)
+    DEFERRALS = "deferrals"  # a broker countdown (scheduling.deferrals)
+    FIXED = "fixed"  # a fixed-time schedule's run (scheduling.fixed)
+
+
+_IDEMPOTENCY_PREFIX: dict[str, str] = {Mechanism.DEFERRALS: "broker"}  # a deferral's key: "broker:<id>"
+
+
 @dataclasses.dataclass(frozen=True)
 class Job:
     """What a handler receives: a claimed table row or a broker deferral, read-only."""
@@ -57,7 +69,7 @@ class Job:
     due_at: dt.datetime | None
     id: int | None = None  # the ScheduledJob id on the table path
     token: str | None = None  # the claim's fencing token on the table path
-    mechanism: str = "table"  # "table", "broker" or "fixed"
+    mechanism: str = Mechanism.DUE_AT  # a Mechanism value: due_at, deferrals or fixed
     ref: str = ""  # the deferral's task id, or the fixed-time run id
 
     @functools.cached_property
@@ -67,7 +79,7 @@ class Job:
         Read from the job's row on first use (one primary-key lookup, only for handlers that ask).
         ``OwnerDeleted`` when its owner was deleted after it was claimed: it is nobody's, not the system's.
         """
-        if self.mechanism != "table" or self.id is None:
+        if self.mechanism != Mechanism.DUE_AT or self.id is None:
             return None
         from scheduling.core import store
 
@@ -85,7 +97,7 @@ class Job:
         The chain recipe: a handler schedules its entity's next run under its own key
         (``api.schedule(job.kind, payload, key=job.key, owner=job.owner_id, delay=...)``).
         """
-        if self.mechanism != "table" or self.id is None:
+        if self.mechanism != Mechanism.DUE_AT or self.id is None:
             return None
         from scheduling.core import store
 
@@ -94,9 +106,10 @@ class Job:
     @property
     def idempotency_key(self) -> str:
         """Stable across re-runs of the same job (not of the same attempt): key side effects on it."""
-        if self.mechanism == "table":
+        if self.mechanism == Mechanism.DUE_AT:
             return f"job:{self.id}"
-        return f"{self.mechanism}:{self.ref}"
+        # The prefixes predate the mechanisms' names and stay: keys already stored by handlers still match.
+        return f"{_IDEMPOTENCY_PREFIX.get(self.mechanism, self.mechanism)}:{self.ref}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,8 +367,8 @@ SKIPPED_IN_PACKAGES = {"models", "admin", "apps", "views", "urls", "migrations",
 def autodiscover() -> None:
     """Import every handler module once, so their decorators run.
 
-    The ``jobs`` module of each installed app (Timekeeper's own app is skipped: its ``jobs`` is the
-    due_at engine, not handlers), then every module of each ``SCHEDULING_HANDLER_PACKAGES`` package.
+    The ``jobs`` module of each installed app (Timekeeper's own app has none: its engine is
+    ``scheduling.due_at``), then every module of each ``SCHEDULING_HANDLER_PACKAGES`` package.
     An error inside a handler module propagates: a missing handler must not look like a missing module.
     """
     global _loaded
@@ -377,7 +390,7 @@ def handler_modules() -> list[str]:
     names = [
         f"{app_config.name}.{JOBS_MODULE}"
         for app_config in apps.get_app_configs()
-        if app_config.name != "scheduling" and module_has_submodule(app_config.module, JOBS_MODULE)
+        if module_has_submodule(app_config.module, JOBS_MODULE)
     ]
     for package_name in conf.get().handler_packages:
         package = importlib.import_module(package_name)

@@ -1,6 +1,6 @@
 """The core's statements on Django's connection: the named blocks of ``sql/queries.sql``.
 
-The mechanisms keep their own statements and stores (``jobs/store.py``, ``fixed/store.py``,
+The mechanisms keep their own statements and stores (``due_at/store.py``, ``fixed/store.py``,
 ``deferrals/store.py``, ``recurring/store.py``, and the web's readings in ``web/store.py``), all run
 through ``scheduling.core.db``, which maps rows by column name into frozen dataclasses. What stays
 here is what every layer shares: the database clock, the leaders' heartbeats, whether an advisory

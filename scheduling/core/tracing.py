@@ -12,8 +12,8 @@ otherwise a new one that exports with OTLP over HTTP when ``OTEL_EXPORTER_OTLP_E
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set and to the console otherwise. The exporter reads
 the rest of the standard ``OTEL_*`` environment (service name, headers, sampler) itself.
 
-Spans: ``timekeeper.schedule`` and ``timekeeper.schedule_many`` (``jobs/api.py``),
-``timekeeper.claim`` (``jobs/claim.py``), ``timekeeper.run_batch`` (``jobs/runner.py``) and
+Spans: ``timekeeper.schedule`` and ``timekeeper.schedule_many`` (``due_at/api.py``),
+``timekeeper.claim`` (``due_at/claim.py``), ``timekeeper.run_batch`` (``due_at/runner.py``) and
 ``timekeeper.run_job`` (``core/executor.py``: every handler call, whatever the mechanism).
 The Celery hop is instrumented by opentelemetry-instrumentation-celery, switched on with the
 provider: a message carries its trace context in its headers, so a claim, the ``run_batch`` it

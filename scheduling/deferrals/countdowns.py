@@ -31,7 +31,7 @@ nothing run or stored. A signed payload that no longer passes its kind's schema 
 while it waited) is recorded dead at once. Messages sent by a version before signing are refused
 too: drain the deferral queue before upgrading (docs/security.md, "Broker deferrals").
 
-Runs: the handler gets a ``registry.Job`` with ``mechanism="broker"`` and ``ref`` the deferral id
+Runs: the handler gets a ``registry.Job`` with ``mechanism="deferrals"`` and ``ref`` the deferral id
 (the Celery task id, the same across retries), so ``job.idempotency_key`` is stable across
 redeliveries and retries. A failure is retried with the kind's backoff up to its max_attempts; the
 last failure is recorded as a ``dead`` ScheduledJob row (key ``broker:<deferral id>``) where a
@@ -77,7 +77,7 @@ class Deferral:
     message's ETA) and by the database clock on the table path.
     """
 
-    mechanism: str  # "broker" | "table"
+    mechanism: str  # registry.Mechanism: "deferrals" (a broker countdown) or "due_at" (a row)
     id: str | int
     due_at: dt.datetime
 
@@ -155,7 +155,7 @@ def send(job_kind: registry.Kind, payload: Any, seconds: float) -> Deferral:
         )
 
     transaction.on_commit(publish)
-    return Deferral(mechanism="broker", id=deferral_id, due_at=due_at)
+    return Deferral(mechanism=registry.Mechanism.DEFERRALS, id=deferral_id, due_at=due_at)
 
 
 # --- Signing --------------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def run(kind_name: str, payload: Any, attempt: int, deferral_id: str, due_at: dt
             attempt=attempt,
             max_attempts=max_attempts,
             due_at=due_at,
-            mechanism="broker",
+            mechanism=registry.Mechanism.DEFERRALS,
             ref=deferral_id,
         )
         result = executor.invoke(kind, job, kind.timeout_seconds)

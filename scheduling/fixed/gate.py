@@ -224,7 +224,7 @@ def _execute(
                     attempt=attempt,
                     max_attempts=max_attempts,
                     due_at=entry.tick,
-                    mechanism="fixed",
+                    mechanism=registry.Mechanism.FIXED,
                     ref=ref,
                 )
                 result = executor.invoke(kind, job, None)

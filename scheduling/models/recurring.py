@@ -8,8 +8,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import Coalesce, Now
 
+from scheduling.models.due_at import MAX_PRIORITY, ScheduledJob
 from scheduling.models.fixed import DstGapPolicy
-from scheduling.models.jobs import MAX_PRIORITY, ScheduledJob
 
 __all__ = [
     "Recurrence",

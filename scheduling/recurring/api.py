@@ -23,7 +23,7 @@ from django.db import transaction
 
 from scheduling.core import conf, exceptions, registry, tracing, validation
 from scheduling.core import store as core_store
-from scheduling.jobs import claim
+from scheduling.due_at import claim
 from scheduling.models import Recurrence, RecurrenceState
 from scheduling.recurring import rules, store
 

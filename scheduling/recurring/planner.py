@@ -28,7 +28,7 @@ from django.db import DatabaseError, transaction
 
 from scheduling.core import conf, exceptions, registry, tracing
 from scheduling.core import store as core_store
-from scheduling.jobs import claim
+from scheduling.due_at import claim
 from scheduling.models import RecurrenceState
 from scheduling.recurring import rules, store
 

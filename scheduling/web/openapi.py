@@ -18,7 +18,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
 from scheduling.core import exceptions, registry, validation
-from scheduling.jobs import api as jobs_api_functions
+from scheduling.due_at import api as jobs_api_functions
 from scheduling.models import AttemptOutcome, JobState
 from scheduling.web import jobs_api, kinds_api, openapi_parts, openapi_recurrences
 

@@ -46,7 +46,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from scheduling.jobs import store
+from scheduling.due_at import store
 from tests import support
 from tests.e2e import harness
 

@@ -19,7 +19,7 @@ import pytest
 from celery import Celery
 from django.conf import settings
 
-from scheduling.jobs import store
+from scheduling.due_at import store
 from tests.e2e import private_services
 from tests.e2e.harness import wait_for, wait_ready
 from tests.e2e.private_services import Stack, record_result

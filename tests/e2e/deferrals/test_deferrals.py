@@ -47,7 +47,7 @@ def test_200_short_deferrals_run_once_each_on_time(cluster):
     worker = cluster.worker(concurrency=2)
     wait_ready(worker)
     handles = [api.defer("demo.record", {"label": f"d{i}"}, 1 + 2 * i / 199) for i in range(200)]
-    assert {h.mechanism for h in handles} == {"broker"}
+    assert {h.mechanism for h in handles} == {"deferrals"}
     assert ScheduledJob.objects.count() == 0
     keys = [f"broker:{h.id}" for h in handles]
     wait_for(lambda: len(executions(keys)) == 200, RUN_WAIT_SECONDS, interval=0.5, message="all 200 deferrals to run")
@@ -73,7 +73,7 @@ def test_past_the_ceiling_is_a_row_that_runs_or_is_cancelled_and_failures_retry_
         runs = api.defer("demo.record", {"label": "row"}, 3)
         cancelled = api.defer("demo.record", {"label": "cancelled"}, 3)
     failing = api.defer("demo.fail", {}, 1)  # demo.fail: 3 attempts, backoff 1 s
-    assert (runs.mechanism, cancelled.mechanism, failing.mechanism) == ("table", "table", "broker")
+    assert (runs.mechanism, cancelled.mechanism, failing.mechanism) == ("due_at", "due_at", "deferrals")
     api.cancel(cancelled.id)
 
     wait_for(lambda: ScheduledJob.objects.get(pk=runs.id).state == JobState.DONE, 60, message="the row to run")
@@ -146,7 +146,7 @@ def test_killed_worker_loses_no_countdown(cluster):
     )
     assert per_payment == {f"payment:kill-{i}": 1 for i in range(10)}, "each payment charged exactly once"
     assert ScheduledJob.objects.count() == 0, "nothing failed for good"
-    assert {h.mechanism for h in records + paying + slow} == {"broker"}
+    assert {h.mechanism for h in records + paying + slow} == {"deferrals"}
 
 
 def test_worker_refuses_to_start_with_an_unsafe_ceiling(cluster):

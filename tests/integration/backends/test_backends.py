@@ -223,7 +223,7 @@ def test_higher_priority_tasks_are_claimed_first():
     """Among due tasks, Django priority 100 is claimed before priority 0 (the claim's order)."""
     low = tasks.add.enqueue(0, 0)
     high = tasks.add.using(priority=100).enqueue(0, 1)
-    from scheduling.jobs import store
+    from scheduling.due_at import store
 
     (first,) = store.claim_due_jobs(1)
     assert first.id == int(high.id)
@@ -309,7 +309,7 @@ def test_pause_holds_tasks_and_resume_lets_them_run():
 
 def test_a_reclaimed_attempt_is_a_worker_lost_error(run_sql):
     """A claim taken back from a dead worker shows as a TaskError of scheduling.backends.WorkerLost."""
-    from scheduling.jobs import store, sweep
+    from scheduling.due_at import store, sweep
 
     result = tasks.add.enqueue(5, 5)
     (claim,) = store.claim_due_jobs(10)
@@ -346,7 +346,7 @@ def test_the_backport_missing_from_installed_apps_is_a_warning():
 
 def test_a_cap_on_the_tasks_kind_limits_how_many_are_claimed():
     """api.set_max_running on a task's kind: of two due tasks one is claimed, the other waits READY."""
-    from scheduling.jobs import store
+    from scheduling.due_at import store
 
     first, second = tasks.add.enqueue(1, 0), tasks.add.enqueue(2, 0)
     api.set_max_running("tests.taskkit.tasks.add", 1)

@@ -9,8 +9,8 @@ from django.db import connection, transaction
 
 from scheduling.core import store as core_store
 from scheduling.deferrals import store as deferrals_store
+from scheduling.due_at import store
 from scheduling.fixed import store as fixed_store
-from scheduling.jobs import store
 from scheduling.recurring import store as recurring_store
 from scheduling.web import store as web_store
 

@@ -12,7 +12,7 @@ from django.conf import settings
 
 from scheduling import api
 from scheduling.core import tasknames
-from scheduling.jobs import claim
+from scheduling.due_at import claim
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from scheduling import api, exceptions
 from scheduling.core import broker, tracing
-from scheduling.jobs import claim, runner
+from scheduling.due_at import claim, runner
 from scheduling.models import JobState, ScheduledJob
 from tests import support
 
@@ -90,7 +90,7 @@ def test_schedule_claim_and_run_are_spans_with_ids_and_kinds(run_sql, spans, que
     assert ran.attributes["timekeeper.job_id"] == job_id
     assert ran.attributes["timekeeper.kind"] == "demo.record"
     assert ran.attributes["timekeeper.attempt"] == 1
-    assert ran.attributes["timekeeper.mechanism"] == "table"
+    assert ran.attributes["timekeeper.mechanism"] == "due_at"
     assert ran.attributes["timekeeper.outcome"] == "succeeded"
     assert ran.parent is not None
     assert ran.parent.span_id == named["timekeeper.run_batch"].context.span_id
@@ -104,7 +104,7 @@ def test_no_span_holds_the_payload(run_sql, spans, queue):
         api.schedule("demo.record", {"label": MARKER * 20}, delay=60)  # too long: the error quotes it
     api.schedule_many("demo.record", [{"label": MARKER}], delay=60)
     deferral = api.defer("demo.record", {"label": MARKER}, delay=300)  # a Celery message carrying the payload
-    assert deferral.mechanism == "broker"
+    assert deferral.mechanism == "deferrals"
     finished = spans.get_finished_spans()
     assert {"timekeeper.schedule_many", "apply_async/scheduling.run_deferred"} <= {s.name for s in finished}
     for recorded in finished:

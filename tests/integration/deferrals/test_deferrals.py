@@ -23,7 +23,7 @@ from scheduling import tasks as celery_tasks
 from scheduling.core import broker as core_broker
 from scheduling.core import conf
 from scheduling.deferrals import countdowns
-from scheduling.jobs import store
+from scheduling.due_at import store
 from scheduling.models import JobState, ScheduledJob
 from tasks import payments
 from tasks.models import Execution, Payment, PaymentState
@@ -51,7 +51,7 @@ def test_short_delay_is_a_countdown_message_and_no_row(broker):
     """A 30 s deferral is one run_deferred message on the deferral queue with its ETA; nothing in the table."""
     before = timezone.now()
     handle = api.defer("demo.record", {"label": "soon"}, 30)
-    assert handle.mechanism == "broker"
+    assert handle.mechanism == "deferrals"
     assert before + dt.timedelta(seconds=30) <= handle.due_at <= timezone.now() + dt.timedelta(seconds=30)
     [message] = queued(broker)
     assert message["headers"]["task"] == "scheduling.run_deferred"
@@ -66,14 +66,14 @@ def test_short_delay_is_a_countdown_message_and_no_row(broker):
 def test_delay_at_the_ceiling_stays_on_the_broker(broker):
     """Exactly the ceiling (900 s) still goes to the broker; a timedelta is accepted."""
     handle = api.defer("demo.record", {}, dt.timedelta(seconds=900))
-    assert handle.mechanism == "broker"
+    assert handle.mechanism == "deferrals"
     assert len(queued(broker)) == 1
 
 
 def test_delay_past_the_ceiling_is_a_row(broker, run_sql):
     """901 s is over the ceiling: a pending due_at row (database clock), no message."""
     handle = api.defer("demo.record", {"label": "later"}, 901)
-    assert handle.mechanism == "table"
+    assert handle.mechanism == "due_at"
     job = ScheduledJob.objects.get(pk=handle.id)
     assert job.state == JobState.PENDING
     assert job.payload == {"label": "later"}
@@ -87,7 +87,7 @@ def test_key_asks_for_a_row_that_a_second_defer_moves(broker):
     """With a key even 5 s becomes a row; deferring the same key again moves that row (schedule's replace)."""
     first = api.defer("demo.record", {"n": 1}, 5, key="deferral-test:1")
     second = api.defer("demo.record", {"n": 2}, 60, key="deferral-test:1")
-    assert first.mechanism == second.mechanism == "table"
+    assert first.mechanism == second.mechanism == "due_at"
     assert first.id == second.id
     job = ScheduledJob.objects.get(pk=first.id)
     assert job.payload == {"n": 2}
@@ -112,8 +112,8 @@ def test_delay_that_breaks_the_visibility_guard_is_refused(broker):
         api.defer("demo.record", {}, 400)
     assert queued(broker) == []
     assert ScheduledJob.objects.count() == 0
-    assert api.defer("demo.record", {}, 299).mechanism == "broker", "299 s + 300 s still ends before 600 s"
-    assert api.defer("demo.record", {}, 1000).mechanism == "table", "past the ceiling the guard does not apply"
+    assert api.defer("demo.record", {}, 299).mechanism == "deferrals", "299 s + 300 s still ends before 600 s"
+    assert api.defer("demo.record", {}, 1000).mechanism == "due_at", "past the ceiling the guard does not apply"
 
 
 @pytest.mark.parametrize(
@@ -271,7 +271,7 @@ def charges(reference: str) -> int:
 def test_payment_declined_twice_succeeds_on_the_third_attempt_and_is_charged_once(broker):
     """fail_times=2: two declines (retries), a charge on attempt 3, and replays charge nothing more."""
     handle = payments.retry_later("pay-1", 1999, "card declined", fail_times=2)
-    assert handle.mechanism == "broker"
+    assert handle.mechanism == "deferrals"
     [message] = queued(broker)
     assert message["args"][:3] == ["payments.retry", {"reference": "pay-1", "fail_times": 2}, 1]
     assert 29 <= (handle.due_at - timezone.now()).total_seconds() <= 30

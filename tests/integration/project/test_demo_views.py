@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from scheduling.jobs import store
+from scheduling.due_at import store
 from scheduling.models import JobState, ScheduledJob
 from tasks.models import Trial
 

@@ -13,7 +13,7 @@ from django.core.mail.backends.locmem import EmailBackend
 from django.test import override_settings
 
 from scheduling import api
-from scheduling.jobs import runner, store
+from scheduling.due_at import runner, store
 from scheduling.models import JobState, ScheduledJob
 from tasks.models import Notification, Trial
 from tests import support

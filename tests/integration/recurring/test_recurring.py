@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, transaction
 
 from scheduling import api, exceptions
-from scheduling.jobs import store as jobs_store
+from scheduling.due_at import store as jobs_store
 from scheduling.models import JobState, Recurrence, RecurrenceState, ScheduledJob
 from scheduling.recurring import planner
 from scheduling.recurring import store as recurring_store

@@ -17,7 +17,7 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 
 from scheduling import api
 from scheduling.core import store as core_store
-from scheduling.jobs import store as jobs_store
+from scheduling.due_at import store as jobs_store
 from scheduling.models import ApiToken, JobState, ScheduledJob, SchedulePolicy, ScheduleRun
 from scheduling.web import auth
 

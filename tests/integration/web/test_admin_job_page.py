@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from scheduling import api, registry
 from scheduling.core import store as core_store
-from scheduling.jobs import runner
-from scheduling.jobs import store as jobs_store
+from scheduling.due_at import runner
+from scheduling.due_at import store as jobs_store
 from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulePolicy
 from scheduling.web.admin import bulk_actions, common, job_forms
 from tests import support

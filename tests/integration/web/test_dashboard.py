@@ -10,8 +10,8 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from scheduling import api
 from scheduling import tasks as celery_tasks
 from scheduling.deferrals import countdowns
-from scheduling.jobs import claim
-from scheduling.jobs import store as jobs_store
+from scheduling.due_at import claim
+from scheduling.due_at import store as jobs_store
 from scheduling.models import SchedulePolicy
 from scheduling.web import dashboard
 from scheduling.web import store as web_store

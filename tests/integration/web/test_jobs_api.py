@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from scheduling import api
 from scheduling.core import store as core_store
-from scheduling.jobs import store as jobs_store
+from scheduling.due_at import store as jobs_store
 from scheduling.models import ApiToken, JobState, ScheduledJob
 from scheduling.web import auth
 from tasks.models import Trial

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from scheduling.core import store as core_store
-from scheduling.jobs import store as jobs_store
+from scheduling.due_at import store as jobs_store
 from scheduling.web import auth
 
 pytestmark = [

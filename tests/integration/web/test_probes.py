@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 from scheduling import api
 from scheduling.core import liveness
-from scheduling.jobs import control
-from scheduling.jobs import liveness as worker_liveness
+from scheduling.due_at import control
+from scheduling.due_at import liveness as worker_liveness
 from scheduling.models import SchedulerHeartbeat
 
 

@@ -54,16 +54,26 @@ def test_idempotency_key_is_per_job_not_per_attempt():
     """Retries of the same job share an idempotency key; different mechanisms do not collide."""
     first = registry.Job(kind="k", payload={}, attempt=1, max_attempts=3, due_at=None, id=7)
     retry = registry.Job(kind="k", payload={}, attempt=2, max_attempts=3, due_at=None, id=7)
-    broker = registry.Job(kind="k", payload={}, attempt=1, max_attempts=3, due_at=None, mechanism="broker", ref="7")
+    broker = registry.Job(kind="k", payload={}, attempt=1, max_attempts=3, due_at=None, mechanism="deferrals", ref="7")
     assert first.idempotency_key == retry.idempotency_key == "job:7"
     assert broker.idempotency_key != first.idempotency_key
+    assert broker.idempotency_key == "broker:7", "the deferrals' prefix predates the mechanism's name and stays"
+
+
+def test_each_mechanism_is_named_for_the_package_that_owns_it():
+    """registry.Mechanism's values are the names of scheduling's mechanism packages (due_at, deferrals, fixed)."""
+    import importlib
+
+    for mechanism in registry.Mechanism:
+        package = importlib.import_module(f"scheduling.{mechanism.value}")
+        assert package.__path__, f"scheduling.{mechanism.value} is not a package"
 
 
 def test_handlers_are_found_in_each_installed_apps_jobs_module():
-    """The demo's tasks/jobs.py is discovered like admin.py; Timekeeper's own scheduling.jobs (the engine) is not."""
+    """The demo's tasks/jobs.py is discovered like admin.py; Timekeeper's own scheduling.due_at (the engine) is not."""
     modules = registry.handler_modules()
     assert "tasks.jobs" in modules
-    assert "scheduling.jobs" not in modules
+    assert "scheduling.due_at" not in modules
 
 
 def test_an_api_kind_whose_callers_could_hold_a_worker_too_long_is_refused_at_registration():

@@ -13,8 +13,8 @@ import pytest
 from scheduling.core import db
 from scheduling.core import store as core_store
 from scheduling.deferrals import store as deferrals_store
+from scheduling.due_at import store as jobs_store
 from scheduling.fixed import store as fixed_store
-from scheduling.jobs import store as jobs_store
 from scheduling.models import JobState
 from scheduling.recurring import store as recurring_store
 from scheduling.web import store as web_store

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from project import settings as project_settings
-from scheduling.jobs import control
+from scheduling.due_at import control
 from tests.support import ROOT
 
 MANIFESTS = ROOT / "deploy" / "kubernetes"

@@ -1,0 +1,506 @@
+"""Per-entity future work: schedule, cancel and reschedule rows with a ``due_at``.
+
+``schedule()`` writes a row in the caller's transaction: roll back and there is no job. Every
+check (kind, payload, due time) happens here, at schedule time, never at run time. Changes are
+conditional on the job being pending; any other state raises a named ``JobStateConflict``.
+
+The bulk changes (``cancel_many``, ``reschedule_many``, ``run_now_many``, ``retry_dead_many``) are
+one conditional UPDATE each over a selection of ids: the jobs in the state the change is for
+(pending; dead for a retry) change, the others are reported in a ``BulkResult`` with the state
+that kept them out, never raised about. A job that becomes due within the claim interval wakes the
+claim loop when the transaction commits. The admin's bulk actions call these.
+Application code imports all of them through ``scheduling.api``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from scheduling.core import conf, exceptions, registry, tracing, validation
+from scheduling.core import store as core_store
+from scheduling.due_at import claim, store
+from scheduling.models import JobState, ScheduledJob
+
+logger = logging.getLogger(__name__)
+
+ON_CONFLICT_CHOICES = ("replace", "keep", "error")
+
+
+def schedule(
+    kind: str,
+    payload: Any,
+    *,
+    due_at: dt.datetime | None = None,
+    delay: float | int | dt.timedelta | None = None,
+    key: str | None = None,
+    on_conflict: str = "replace",
+    max_attempts: int | None = None,
+    owner: Any = None,
+    priority: int | None = None,
+    timeout: float | dt.timedelta | None = None,
+    backoff: registry.Backoff | None = None,
+    atomic: bool | None = None,
+) -> ScheduledJob:
+    """Schedule ``kind`` with ``payload`` at ``due_at`` (aware) or after ``delay`` (by the database clock).
+
+    ``delay`` counts from this call (``clock_timestamp()``), even inside a transaction opened long
+    before; ``delay=0`` is due at once (the transaction's ``now()``, so a claim in the same
+    transaction sees it due). Keys belong to their owner (``owner=None``: the system's namespace): a key never
+    reaches another owner's job. A key names at most one *waiting* job: pending, or claimed and not
+    yet started by a worker. A second schedule for the key either moves that job (``replace``;
+    a claim not yet started is taken back), leaves it (``keep``: the waiting job is returned) or
+    raises ``KeyConflict`` (``error``), decided by one statement (no check-then-insert window).
+    A *running* job (started) is never touched and never waited for: with no job waiting, every
+    mode inserts the key's next job, which waits beside the running one (the chain recipe: a
+    handler schedules its own key's next run). ``priority`` (0-9, default the kind's): among due
+    jobs, a higher one is claimed first.
+
+    ``timeout`` (seconds above 0, at most a day), ``backoff`` (a ``registry.Backoff``, base <= cap)
+    and ``atomic`` are this job's own, in place of its kind's (None: the kind's): the worker stops
+    the handler past the job's timeout, waits its backoff between failed attempts (the sweeper's
+    retry after a lost worker too), and runs it atomic (its writes commit with its outcome) or
+    committing as it goes. Kept on the row; a ``replace`` sets them anew, a ``keep`` leaves the
+    waiting job's. Bad values raise ``InvalidSchedule`` before anything is stored.
+    """
+    return schedule_with_outcome(
+        kind,
+        payload,
+        due_at=due_at,
+        delay=delay,
+        key=key,
+        on_conflict=on_conflict,
+        max_attempts=max_attempts,
+        owner=owner,
+        priority=priority,
+        timeout=timeout,
+        backoff=backoff,
+        atomic=atomic,
+    )[0]
+
+
+def schedule_with_outcome(
+    kind: str,
+    payload: Any,
+    *,
+    due_at: dt.datetime | None = None,
+    delay: float | int | dt.timedelta | None = None,
+    key: str | None = None,
+    on_conflict: str = "replace",
+    max_attempts: int | None = None,
+    owner: Any = None,
+    priority: int | None = None,
+    timeout: float | dt.timedelta | None = None,
+    backoff: registry.Backoff | None = None,
+    atomic: bool | None = None,
+) -> tuple[ScheduledJob, str]:
+    """``schedule()``, also saying what happened: "created", "replaced" or "kept"."""
+    with tracing.span("timekeeper.schedule", kind=kind, mechanism=registry.Mechanism.DUE_AT) as span:
+        job_kind = registry.get(kind)
+        validation.encode_payload(job_kind, payload)
+        resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
+        validation.check_key(key)
+        if on_conflict not in ON_CONFLICT_CHOICES:
+            raise exceptions.InvalidSchedule(
+                f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, got {on_conflict!r}."
+            )
+        attempts = validation.check_max_attempts(job_kind, max_attempts)
+        job_priority = validation.check_priority(job_kind, priority)
+        overrides = _overrides(timeout, backoff, atomic)
+        owner_id = getattr(owner, "pk", owner)
+
+        new = store.NewJob(
+            kind=kind,
+            payload=payload,
+            due_at=resolved_due_at,
+            delay_seconds=resolved_delay,
+            lease_seconds=job_kind.lease_seconds,
+            max_attempts=attempts,
+            key=key,
+            owner_id=owner_id,
+            priority=job_priority,
+            overrides=overrides,
+        )
+        asked_at = time.monotonic()
+        outcome = "created"
+        if key is None:
+            row = store.insert_job(new, on_conflict)
+            assert row is not None
+            job_id, stored_due_at, in_seconds = row.id, row.due_at, row.in_seconds
+        else:
+            upserted = store.upsert_keyed_job(new, on_conflict)
+            if upserted is None:  # every branch of the statement returns its row: not expected
+                raise exceptions.KeyConflict(key, -1)
+            if not upserted.inserted and on_conflict == "error":
+                raise exceptions.KeyConflict(key, upserted.id)
+            if not upserted.inserted and on_conflict == "keep":
+                logger.info("schedule kept the key's waiting job", extra={"job_id": upserted.id, "action": "kept"})
+                span.set("job_id", upserted.id)
+                span.set("outcome", "kept")
+                return ScheduledJob.objects.get(pk=upserted.id), "kept"
+            outcome = "created" if upserted.inserted else "replaced"
+            job_id, stored_due_at, in_seconds = upserted.id, upserted.due_at, upserted.in_seconds
+        claim.wake_on_commit(in_seconds, asked_at)
+        logger.info("job scheduled", extra={"job_id": job_id, "kind": kind, "action": "scheduled"})
+        job = ScheduledJob(
+            id=job_id,
+            kind=kind,
+            payload=payload,
+            due_at=stored_due_at,
+            state=JobState.PENDING,
+            lease_seconds=job_kind.lease_seconds,
+            attempts=0,
+            max_attempts=attempts,
+            key=key,
+            owner_id=owner_id,
+            priority=job_priority,
+            timeout_seconds=overrides.timeout_seconds,
+            backoff_base_seconds=overrides.backoff_base_seconds,
+            backoff_cap_seconds=overrides.backoff_cap_seconds,
+            atomic=overrides.atomic,
+        )
+        job._state.adding = False
+        span.set("job_id", job_id)
+        span.set("outcome", outcome)
+        return job, outcome
+
+
+def schedule_many(
+    kind: str,
+    payloads: Sequence[Any],
+    *,
+    due_at: dt.datetime | None = None,
+    delay: float | int | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    owner: Any = None,
+    priority: int | None = None,
+    timeout: float | dt.timedelta | None = None,
+    backoff: registry.Backoff | None = None,
+    atomic: bool | None = None,
+) -> list[int]:
+    """Schedule one job of ``kind`` per payload, all at ``due_at`` or after ``delay``; returns their ids.
+
+    The same checks as ``schedule()`` (every payload is validated before anything is stored) and
+    the same transaction rules, in one statement: for bulk loads, where a row-per-call insert
+    dominates. No keys: a keyed job needs ``schedule()``'s conflict handling. ``timeout``,
+    ``backoff`` and ``atomic`` as in ``schedule()``, the same for every job of the call.
+    """
+    mechanism = registry.Mechanism.DUE_AT
+    with tracing.span("timekeeper.schedule_many", kind=kind, mechanism=mechanism, count=len(payloads)) as span:
+        job_kind = registry.get(kind)
+        encoded = [validation.encode_payload(job_kind, payload) for payload in payloads]
+        resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
+        attempts = validation.check_max_attempts(job_kind, max_attempts)
+        job_priority = validation.check_priority(job_kind, priority)
+        overrides = _overrides(timeout, backoff, atomic)
+        if not encoded:
+            return []
+        asked_at = time.monotonic()
+        rows = store.insert_jobs(
+            kind,
+            encoded,
+            due_at=resolved_due_at,
+            delay_seconds=resolved_delay,
+            lease_seconds=job_kind.lease_seconds,
+            max_attempts=attempts,
+            owner_id=getattr(owner, "pk", owner),
+            priority=job_priority,
+            overrides=overrides,
+        )
+        claim.wake_on_commit(min(row.in_seconds for row in rows), asked_at)  # one wake-up: all rows share the due time
+        logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
+        span.set("job_ids", [row.id for row in rows])
+        return [row.id for row in rows]
+
+
+def _overrides(timeout: Any, backoff: Any, atomic: Any) -> store.Overrides:
+    """The job's own timeout, backoff and atomicity, checked (``InvalidSchedule``); None fields: the kind's."""
+    own_backoff = validation.check_backoff(backoff)
+    return store.Overrides(
+        timeout_seconds=validation.check_timeout(timeout),
+        backoff_base_seconds=own_backoff.base_seconds if own_backoff else None,
+        backoff_cap_seconds=own_backoff.cap_seconds if own_backoff else None,
+        atomic=validation.check_atomic(atomic),
+    )
+
+
+def _from_now(delay: float) -> dt.datetime:
+    """The due time ``delay`` seconds from this call by the database clock (0: due at once, as in schedule())."""
+    if delay > 0:
+        return core_store.database_clock() + dt.timedelta(seconds=delay)
+    return core_store.database_now()
+
+
+def _find(job_id: int | None, key: str | None, owner: Any = None) -> int:
+    if (job_id is None) == (key is None):
+        raise exceptions.InvalidSchedule("Give exactly one of job_id and key.")
+    if job_id is not None:
+        return job_id
+    assert key is not None
+    validation.check_key(key)
+    live = store.live_job_by_key(key, getattr(owner, "pk", owner))
+    if live is None:
+        raise exceptions.JobNotFound(f"No pending or claimed job has key {key!r}.")
+    return live.id
+
+
+def cancel(job_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
+    """Cancel a pending job; returns its id. ``JobNotCancellable`` says which state it is in otherwise.
+
+    By ``key``, the job is the ``owner``'s (None: the system's namespace).
+    """
+    target = _find(job_id, key, owner)
+    if store.cancel_job(target):
+        logger.info("job cancelled", extra={"job_id": target, "action": "cancelled"})
+        return target
+    state = store.job_state(target)
+    if state is None:
+        raise exceptions.JobNotFound(f"No job {target}.")
+    raise exceptions.JobNotCancellable(target, state)
+
+
+def reschedule(
+    job_id: int | None = None,
+    *,
+    key: str | None = None,
+    due_at: dt.datetime | None = None,
+    delay: float | int | dt.timedelta | None = None,
+    owner: Any = None,
+) -> dt.datetime:
+    """Move a pending job to ``due_at`` (or ``delay`` from now); returns the stored due time.
+
+    By ``key``, the job is the ``owner``'s (None: the system's namespace).
+    """
+    resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
+    target = _find(job_id, key, owner)
+    if resolved_due_at is None:
+        assert resolved_delay is not None
+        resolved_due_at = _from_now(resolved_delay)
+    asked_at = time.monotonic()
+    row = store.reschedule_job(target, resolved_due_at)
+    if row is not None:
+        claim.wake_on_commit(row.in_seconds, asked_at)
+        logger.info("job rescheduled", extra={"job_id": target, "action": "rescheduled"})
+        return row.due_at
+    state = store.job_state(target)
+    if state is None:
+        raise exceptions.JobNotFound(f"No job {target}.")
+    raise exceptions.JobNotReschedulable(target, state)
+
+
+def status() -> dict[str, Any]:
+    """The table's numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck.
+
+    A dict (``store.BacklogStatus``'s fields; ``estimated`` a list) so that it serialises as it is.
+    """
+    settings = conf.get()
+    numbers = store.backlog_status(settings.stuck_after_seconds, settings.status_exact_limit)
+    return {**dataclasses.asdict(numbers), "estimated": list(numbers.estimated)}
+
+
+# --- Kind controls: pause, resume, cap ------------------------------------------------------------
+
+
+def pause(kind: str) -> store.KindControlRow:
+    """Pause ``kind``: its due jobs stay pending (counted as paused, not backlog) until ``resume``."""
+    registry.get(kind)
+    row = store.set_kind_paused(kind, True)
+    logger.info("kind paused", extra={"kind": kind, "action": "paused"})
+    return row
+
+
+def _registered_or_controlled(kind: str) -> None:
+    """``UnknownJobKind`` unless ``kind`` is registered or has a control row.
+
+    Lifting a control (resume, no cap) stays possible for a kind whose code is gone: its pending
+    jobs then run and fail as an unknown kind, visibly, instead of waiting unseen forever.
+    """
+    try:
+        registry.get(kind)
+    except exceptions.UnknownJobKind:
+        if not any(row.kind == kind for row in store.kind_controls()):
+            raise
+
+
+def resume(kind: str) -> store.KindControlRow:
+    """Resume ``kind``: its due jobs are claimed again (the control loop is woken on commit)."""
+    _registered_or_controlled(kind)
+    row = store.set_kind_paused(kind, False)
+    claim.wake_on_commit(0.0, time.monotonic())
+    logger.info("kind resumed", extra={"kind": kind, "action": "resumed"})
+    return row
+
+
+def set_max_running(kind: str, max_running: int | None) -> store.KindControlRow:
+    """Cap how many jobs of ``kind`` are claimed or running at once, cluster-wide (None: no cap).
+
+    The rest wait pending, not claimed. Raises ``InvalidSchedule`` for a cap that is not a whole
+    number of at least 1. A cap can be lifted (None) from a kind no longer registered.
+    """
+    if max_running is None:
+        _registered_or_controlled(kind)
+    else:
+        registry.get(kind)
+    if max_running is not None and (
+        isinstance(max_running, bool) or not isinstance(max_running, int) or not 1 <= max_running <= 1_000_000
+    ):
+        raise exceptions.InvalidSchedule(f"max_running must be a whole number from 1 to 1000000, got {max_running!r}.")
+    row = store.set_kind_max_running(kind, max_running)
+    claim.wake_on_commit(0.0, time.monotonic())
+    logger.info("kind capped", extra={"kind": kind, "max_running": max_running, "action": "capped"})
+    return row
+
+
+def kind_controls() -> list[store.KindControlRow]:
+    """Every kind with a control (paused or capped), with what waits behind it."""
+    return store.kind_controls()
+
+
+@dataclasses.dataclass(frozen=True)
+class KindOverview:
+    """A registered kind as an operator sees it: its controls and what it has due, in flight and dead."""
+
+    kind: str
+    description: str
+    paused: bool
+    max_running: int | None
+    priority: int  # the kind's default priority
+    due: int  # pending and due (held back while paused)
+    claimed: int  # claimed, waiting for a worker
+    running: int
+    dead_24h: int
+
+
+def kind_overview() -> list[KindOverview]:
+    """Every registered kind (and any kind with a control or live rows), with its controls and counts."""
+    kinds = registry.all_kinds()
+    controls = {row.kind: row for row in store.kind_controls()}
+    counts = {row.kind: row for row in store.kind_breakdown()}
+    out = []
+    for name in sorted(set(kinds) | set(controls) | set(counts)):
+        kind, control, count = kinds.get(name), controls.get(name), counts.get(name)
+        out.append(
+            KindOverview(
+                kind=name,
+                description=kind.description if kind else "not registered in this process",
+                paused=bool(control and control.paused),
+                max_running=control.max_running if control else None,
+                priority=kind.priority if kind else 0,
+                due=count.due if count else 0,
+                claimed=count.claimed if count else 0,
+                running=count.running if count else 0,
+                dead_24h=count.dead_24h if count else 0,
+            )
+        )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class BulkResult:
+    """What a bulk change did to a selection of job ids."""
+
+    changed: tuple[int, ...]  # the jobs it changed, in id order
+    untouched: Mapping[int, JobState]  # the others, with the state that kept them out
+    missing: tuple[int, ...] = ()  # ids of no job (never made, or pruned meanwhile)
+
+    @property
+    def selected(self) -> int:
+        return len(self.changed) + len(self.untouched) + len(self.missing)
+
+
+def _selection(ids: Iterable[int]) -> list[int]:
+    return sorted({int(job_id) for job_id in ids})
+
+
+def _bulk_result(selected: list[int], changed: Iterable[int], action: str) -> BulkResult:
+    """Report the change: the others' states are read after it (one SELECT, only when some were left)."""
+    done = sorted(set(changed))
+    others = sorted(set(selected) - set(done))
+    states = store.job_states(others) if others else {}
+    result = BulkResult(
+        changed=tuple(done),
+        untouched={job_id: states[job_id] for job_id in others if job_id in states},
+        missing=tuple(job_id for job_id in others if job_id not in states),
+    )
+    logger.info(
+        "bulk change",
+        extra={
+            "action": action,
+            "changed": len(result.changed),
+            "untouched": len(result.untouched),
+            "missing": len(result.missing),
+            "job_ids": list(result.changed[:100]),
+        },
+    )
+    return result
+
+
+def cancel_many(ids: Iterable[int]) -> BulkResult:
+    """Cancel the pending jobs among ``ids`` in one statement; the others are reported, not touched."""
+    selected = _selection(ids)
+    return _bulk_result(selected, store.cancel_jobs(selected) if selected else [], "cancelled")
+
+
+def reschedule_many(
+    ids: Iterable[int], *, due_at: dt.datetime | None = None, delay: float | int | dt.timedelta | None = None
+) -> BulkResult:
+    """Move the pending jobs among ``ids`` to ``due_at`` (aware) or ``delay`` from now, in one statement."""
+    resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
+    selected = _selection(ids)
+    if not selected:
+        return _bulk_result(selected, [], "rescheduled")
+    if resolved_due_at is None:
+        assert resolved_delay is not None
+        resolved_due_at = _from_now(resolved_delay)
+    asked_at = time.monotonic()
+    moved = store.reschedule_jobs(selected, resolved_due_at)
+    if moved:
+        claim.wake_on_commit(min(job.in_seconds for job in moved), asked_at)
+    return _bulk_result(selected, [job.id for job in moved], "rescheduled")
+
+
+def run_now_many(ids: Iterable[int]) -> BulkResult:
+    """Make the pending jobs among ``ids`` due now (one statement) and wake the claim loop on commit."""
+    selected = _selection(ids)
+    asked_at = time.monotonic()
+    changed = store.run_jobs_now(selected) if selected else []
+    if changed:
+        claim.wake_on_commit(0.0, asked_at)
+    return _bulk_result(selected, changed, "run_now")
+
+
+def retry_dead_many(ids: Iterable[int]) -> BulkResult:
+    """Make the dead jobs among ``ids`` pending again, due now, with a fresh attempts budget.
+
+    A dead job whose key a newer live job holds stays dead (reported untouched). One statement;
+    the claim loop is woken on commit.
+    """
+    selected = _selection(ids)
+    asked_at = time.monotonic()
+    changed = store.retry_dead_jobs(selected) if selected else []
+    if changed:
+        claim.wake_on_commit(0.0, asked_at)
+    return _bulk_result(selected, changed, "retried")
+
+
+__all__ = [
+    "BulkResult",
+    "cancel",
+    "cancel_many",
+    "kind_controls",
+    "kind_overview",
+    "pause",
+    "reschedule",
+    "reschedule_many",
+    "resume",
+    "retry_dead_many",
+    "run_now_many",
+    "schedule",
+    "schedule_many",
+    "schedule_with_outcome",
+    "set_max_running",
+]  # scheduling.api re-exports these; its own status() wraps this module's (adding the broker's counts)

@@ -1,0 +1,169 @@
+"""Claiming due rows and handing them to workers, never more than the queue has room for.
+
+A claim takes due rows in one statement (``store.claim_due_jobs``: ``FOR UPDATE SKIP LOCKED``),
+groups them by kind and sends each group as ``scheduling.run_batch`` messages of the kind's batch
+size (ids and tokens only): a message per batch instead of per job is what lets a table outrun a
+message-per-job queue, and a small batch size (1 for slow kinds) keeps a long job from holding up
+short ones. A job whose batch died with its process is sent alone from then on (``run_alone``,
+set by the sweeper), so a poison job cannot take its siblings with it again. Batches are sent
+most urgent first (highest priority, then earliest due): the queue is FIFO, so that is the order
+in which they start.
+
+Back-pressure is a hard bound: the job queue never holds more than
+``SCHEDULING_MAX_QUEUED_BATCHES`` messages sent by the claim. Each claim is sized to the room left:
+at most (room x the default batch size) rows, and only as many whole batches as there is room
+for, cut per kind by the statement itself, so a kind with small batches is claimed one batch per
+free message. Claims the broker refused are given back at once (``store.unclaim_jobs``), as if
+never taken. So at every moment of a burst at most (bound x batch size) rows are claimed and not
+started, and each waits at most for the messages ahead of it. A claimed row's lease starts when its batch
+starts (``store.start_jobs``); until then the sweeper leaves it alone while its message is still
+in the queue (``broker.queued_claim_ids``).
+
+Who claims: the control loop (``due_at.control``), one per cluster. ``wake_on_commit`` lets it know,
+by a NOTIFY sent when the caller's transaction commits, that a row is due soon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+
+import kombu.exceptions
+
+from scheduling.core import broker, conf, exceptions, registry, tasknames, tracing
+from scheduling.core import store as core_store
+from scheduling.due_at import store
+
+logger = logging.getLogger(__name__)
+
+NOTIFY_CHANNEL = "timekeeper_due"
+HARD_LIMIT_MARGIN_SECONDS = 30  # Celery kills a batch this long after the sum of its jobs' timeouts
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimReport:
+    """What one claim did: rows claimed and sent, messages sent, rows given back, whether more are due."""
+
+    claimed: int
+    batches: int
+    given_back: int
+    more_due: bool  # the claim was full (or the queue had no room): claim again soon
+    queue_full: bool = False  # nothing was claimed because the queue had no room
+
+
+def batch_size(kind_name: str) -> int:
+    """Jobs per run_batch message for ``kind_name`` (1 for a kind this process does not know)."""
+    try:
+        return registry.get(kind_name).batch_size
+    except exceptions.UnknownJobKind:
+        return 1  # the run records the failure per job
+
+
+def batch_sizes() -> dict[str, int]:
+    """Every registered kind's batch size, for the claim statement to cut batches as ``batches_for`` does."""
+    return {name: kind.batch_size for name, kind in registry.all_kinds().items()}
+
+
+def batches_for(claims: Sequence[store.Claim]) -> list[list[store.Claim]]:
+    """Cut claims (most urgent first) into batches, most urgent batch first.
+
+    Per kind, in the claims' order, the kind's batch size each; a ``run_alone`` claim (its batch
+    died with its process) goes in a batch of its own. A batch is as urgent as its first claim.
+    ``claim_due_jobs`` cuts the same batches when it decides how many rows fit the queue's room.
+    """
+    position = {c.id: i for i, c in enumerate(claims)}
+    by_kind: dict[str, list[store.Claim]] = defaultdict(list)
+    out: list[list[store.Claim]] = []
+    for c in claims:
+        if c.run_alone:
+            out.append([c])
+        else:
+            by_kind[c.kind].append(c)
+    for kind_name, items in by_kind.items():
+        size = batch_size(kind_name)
+        out.extend(items[i : i + size] for i in range(0, len(items), size))
+    out.sort(key=lambda batch: position[batch[0].id])
+    return out
+
+
+def hard_time_limit(batch: Sequence[store.Claim]) -> float:
+    """Celery's hard limit for a batch message: the sum of its jobs' timeouts plus a margin.
+
+    Each job counts with its own timeout when it was scheduled with one (``schedule(timeout=...)``),
+    else with its kind's: a job given a longer timeout than its kind's lengthens its batch's limit,
+    so Celery never kills a batch while one of its jobs is within its own timeout.
+    """
+    try:
+        per_job = registry.get(batch[0].kind).timeout_seconds
+    except exceptions.UnknownJobKind:
+        per_job = 1.0
+    total = sum(per_job if c.timeout_seconds is None else c.timeout_seconds for c in batch)
+    return total + HARD_LIMIT_MARGIN_SECONDS
+
+
+def room() -> int:
+    """How many more batch messages the job queue may hold now."""
+    return max(0, conf.get().max_queued_batches - broker.queued_messages())
+
+
+def claim_here(limit: int) -> list[store.Claim]:
+    """Claim up to ``limit`` due rows to run in this process, sending nothing (``scheduling.testing.run_due``)."""
+    return store.claim_due_jobs(limit)
+
+
+def claim_and_dispatch(limit: int | None = None) -> ClaimReport:
+    """Claim due rows, at most what the queue has room for, and send them to workers as batches."""
+    with tracing.span("timekeeper.claim", mechanism=registry.Mechanism.DUE_AT) as span:
+        report = _claim_and_dispatch(limit, span)
+        span.set("claimed", report.claimed)
+        span.set("batches", report.batches)
+        span.set("given_back", report.given_back)
+        return report
+
+
+def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
+    settings = conf.get()
+    free = room()
+    if free <= 0:
+        logger.debug("claim deferred: the queue is full", extra={"action": "claim_deferred"})
+        return ClaimReport(0, 0, 0, more_due=True, queue_full=True)
+    size = min(limit or settings.claim_batch_size, free * settings.default_batch_size)
+    claims = store.claim_due_jobs(size, messages=free, batch_sizes=batch_sizes())
+    span.set("job_ids", [c.id for c in claims])
+    span.set("kinds", sorted({c.kind for c in claims}))
+    batches = batches_for(claims)
+    sent = 0
+    try:
+        for batch in batches[:free]:
+            broker.send(
+                tasknames.RUN_BATCH,
+                args=[[[c.id, c.token] for c in batch]],
+                time_limit=hard_time_limit(batch),
+                shadow=tasknames.batch(batch[0].kind),  # Flower shows the kind (a batch holds one)
+            )
+            sent += 1
+    except kombu.exceptions.OperationalError:
+        logger.warning("cannot send batches: the broker is unreachable; claims given back", exc_info=True)
+    unsent = [(c.id, c.token) for batch in batches[sent:] for c in batch]
+    given_back = len(store.unclaim_jobs(unsent)) if unsent else 0
+    if claims:
+        logger.debug(
+            "claimed due jobs",
+            extra={"claimed": len(claims), "batches": sent, "given_back": given_back, "action": "claimed"},
+        )
+    # More may be due when the claim took all the rows or all the messages it was allowed.
+    more_due = len(claims) >= size or len(batches) >= free
+    return ClaimReport(len(claims) - given_back, sent, given_back, more_due=more_due)
+
+
+def wake_on_commit(in_seconds: float, asked_at: float) -> None:
+    """Tell the control loop, when the caller's transaction commits, that a row is due within its interval.
+
+    NOTIFY is transactional: sent only if the transaction commits, so a rolled-back job wakes no one.
+    Rows due later need no signal: the loop reads the next due time each time it goes to sleep.
+    """
+    if in_seconds > conf.get().claim_interval_seconds:
+        return
+    core_store.notify_due(NOTIFY_CHANNEL)

@@ -1,0 +1,213 @@
+"""The control loop: claiming and sweeping, apart from the work, led by one process in the cluster.
+
+Claiming and sweeping are small, frequent and urgent; jobs are many and may be slow. So they
+never share a queue and control never holds a seat a handler could use: every Celery worker
+starts this loop in a thread of its main process (``scheduling.tasks`` connects it to the worker's
+``worker_ready`` and ``worker_shutting_down`` signals), beside the pool, and one of them leads
+(``leadership.Leadership``, on a dedicated connection that is also its LISTEN session). The
+others stand by and take over within ``STANDBY_RETRY_SECONDS`` of the leader's death, or within
+``LEAD_SILENCE_SECONDS`` if it freezes (PostgreSQL ends its idle lock session).
+
+A turn of the leading loop: sweep when the sweep interval has passed (expired claims back to
+pending; history pruned less often, a bounded number of statements per turn), claim what is due
+and what the queue has room for (``claim.claim_and_dispatch``), then sleep until the next due
+time, a NOTIFY that a near row was committed, or ``WAIT_STEP_SECONDS`` (so a stop is noticed
+within it). A burst therefore cannot delay a sweep: the sweep runs on its clock in the same loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import select
+import threading
+import time
+from collections.abc import Callable
+
+import kombu.exceptions
+import psycopg2
+from django.db import DatabaseError, connection
+
+from scheduling.core import conf, leadership
+from scheduling.due_at import claim, store, sweep
+
+logger = logging.getLogger(__name__)
+
+ROLE = "control"  # the leadership role (advisory lock) of the control loop
+LEAD_SILENCE_SECONDS = 10  # PostgreSQL ends a frozen leader's lock session after this long idle
+STANDBY_RETRY_SECONDS = 1.0  # a standby tries to take the lead this often
+WAIT_STEP_SECONDS = 0.5  # the longest single sleep: a stop is noticed within this
+BACKPRESSURE_PAUSE_SECONDS = 0.02  # pause while the queue is full
+ERROR_PAUSE_SECONDS = 1.0  # pause after PostgreSQL or the broker failed a turn
+PRUNE_EVERY_SECONDS = 60.0  # history is pruned this often (sweeping expired claims: every sweep interval)
+PRUNE_BATCHES_PER_TURN = 20  # prune statements per turn at most (each ~10-20 ms), so claims are not held up
+STOP_JOIN_SECONDS = 2.0  # how long a stopping worker waits for the loop
+
+# Duties a higher layer adds to the leader's turn (scheduling.tasks adds the recurrence planner):
+# each is called once per turn, before the claim, and paces itself.
+EXTRA_DUTIES: list[Callable[[], object]] = []
+
+
+@dataclasses.dataclass
+class Counters:
+    """What the loop has done since it started (read by tests, logs and the status command)."""
+
+    turns: int = 0
+    claimed: int = 0
+    batches: int = 0
+    given_back: int = 0
+    sweeps: int = 0
+    reclaimed: int = 0
+    pruned: int = 0
+    led_turns: int = 0
+
+
+class ControlLoop:
+    """Claim and sweep on a thread; only the cluster's leader does work."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self.leadership = leadership.Leadership(ROLE, silence_seconds=LEAD_SILENCE_SECONDS)
+        self.counters = Counters()
+        self.thread: threading.Thread | None = None
+        self._listening = False
+        self._next_sweep = 0.0
+        self._next_prune = 0.0
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the loop's thread (a daemon: it never keeps a process alive on its own)."""
+        if self.thread is not None and self.thread.is_alive():
+            return
+        self.stopping.clear()
+        self.thread = threading.Thread(target=self.run, name="timekeeper-control", daemon=True)
+        self.thread.start()
+        logger.info("control loop started", extra={"action": "control_started"})
+
+    def stop(self, timeout: float = STOP_JOIN_SECONDS) -> bool:
+        """Ask the loop to stop and wait up to ``timeout`` seconds; True if it has stopped."""
+        self.stopping.set()
+        if self.thread is None:
+            return True
+        self.thread.join(timeout)
+        stopped = not self.thread.is_alive()
+        logger.info("control loop stopped" if stopped else "control loop still stopping", extra={"action": "stopped"})
+        return stopped
+
+    def run(self) -> None:
+        """The thread's body: lead or stand by until stopped; resign and close connections at the end."""
+        try:
+            while not self.stopping.is_set():
+                was_leading = self.leadership.leading
+                if not self.leadership.lead():
+                    self._listening = False
+                    self.stopping.wait(STANDBY_RETRY_SECONDS)
+                    continue
+                if not was_leading:
+                    logger.info("control loop leads here: claiming and sweeping", extra={"action": "control_leads"})
+                try:
+                    self.turn()
+                except (DatabaseError, psycopg2.Error, kombu.exceptions.OperationalError):
+                    logger.warning("control turn failed; trying again", exc_info=True)
+                    connection.close()
+                    self.stopping.wait(ERROR_PAUSE_SECONDS)
+        finally:
+            self.leadership.resign()
+            connection.close()  # this thread's Django connection
+
+    # --- one turn ------------------------------------------------------------------------------------
+
+    def turn(self) -> None:
+        """Sweep if due, claim, then wait for the next due time (leader only)."""
+        self.counters.turns += 1
+        self.counters.led_turns += 1
+        self._listen()
+        now = time.monotonic()
+        settings = conf.get()
+        if now >= self._next_sweep:
+            reclaimed, killed = sweep.reclaim_expired()
+            self.counters.sweeps += 1
+            self.counters.reclaimed += reclaimed + killed
+            logger.debug("sweep ran", extra={"reclaimed": reclaimed + killed, "action": "swept"})
+            self._next_sweep = now + settings.sweep_interval_seconds
+        if now >= self._next_prune:
+            pruned = sweep.prune(max_batches=PRUNE_BATCHES_PER_TURN)
+            self.counters.pruned += pruned
+            # More left: prune again on the next sweep, else in PRUNE_EVERY_SECONDS.
+            more = pruned >= PRUNE_BATCHES_PER_TURN * settings.prune_batch_size
+            self._next_prune = now + (settings.sweep_interval_seconds if more else PRUNE_EVERY_SECONDS)
+        for extra_duty in EXTRA_DUTIES:
+            extra_duty()
+        report = claim.claim_and_dispatch()
+        self.counters.claimed += report.claimed
+        self.counters.batches += report.batches
+        self.counters.given_back += report.given_back
+        if report.queue_full:
+            self._wait(BACKPRESSURE_PAUSE_SECONDS)
+        elif report.more_due and report.claimed:
+            return  # a backlog: claim the next rows at once
+        else:
+            self._wait(self._until_next_due(settings.claim_interval_seconds))
+
+    def _until_next_due(self, interval: float) -> float:
+        """Seconds to the next due row within ``interval`` (re-read at least that often), capped by a step."""
+        horizon = min(interval, WAIT_STEP_SECONDS, max(0.0, self._next_sweep - time.monotonic()))
+        upcoming = store.next_due_times(horizon, 1)
+        return horizon if not upcoming else min(horizon, max(0.0, upcoming[0].in_seconds))
+
+    def _listen(self) -> None:
+        if self._listening:
+            return
+        self.leadership.listen(claim.NOTIFY_CHANNEL)
+        self._listening = True
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, waking early on a NOTIFY or a stop."""
+        if seconds <= 0 or self.stopping.is_set():
+            return
+        conn = self.leadership.connection
+        if conn is None:
+            self.stopping.wait(min(seconds, WAIT_STEP_SECONDS))
+            return
+        try:
+            if conn.notifies:
+                conn.notifies.clear()
+                return
+            ready, _, _ = select.select([conn], [], [], min(seconds, WAIT_STEP_SECONDS))
+            if ready:
+                conn.poll()
+                conn.notifies.clear()
+        except (OSError, psycopg2.Error):
+            logger.warning("control loop lost the lead: its lock session died; standing by", exc_info=True)
+            self.leadership.resign()
+            self._listening = False
+
+
+_loop: ControlLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def start() -> ControlLoop | None:
+    """Start this process's control loop (once); None when ``SCHEDULING_CONTROL_IN_WORKERS`` is off."""
+    global _loop
+    if not conf.get().control_in_workers:
+        logger.info("control loop off in this worker (SCHEDULING_CONTROL_IN_WORKERS)", extra={"action": "off"})
+        return None
+    with _loop_lock:
+        if _loop is None:
+            _loop = ControlLoop()
+        _loop.start()
+        return _loop
+
+
+def stop() -> None:
+    """Stop this process's control loop, if it runs (within ``STOP_JOIN_SECONDS``)."""
+    with _loop_lock:
+        if _loop is not None:
+            _loop.stop()
+
+
+def current() -> ControlLoop | None:
+    """This process's control loop, if started."""
+    return _loop

@@ -1,0 +1,491 @@
+"""Running a batch of claimed jobs on a worker: start, run each handler, record the outcomes.
+
+The batch is started in one statement (only claims still held under their token and not run
+before are returned; the lease clock starts here), then the handlers run one after another under
+their timeouts (``executor.invoke``) while the heartbeat keeps the claims alive.
+
+A job may carry its own timeout, backoff and atomicity, chosen when it was scheduled
+(``schedule(timeout=, backoff=, atomic=)``, kept on its row and returned by ``start_jobs``); each
+is used in place of its kind's: a job scheduled ``atomic=False`` of an atomic kind runs in the
+committing path below, one scheduled ``atomic=True`` of a committing kind in the atomic path.
+
+Atomic kinds (the default, ``@registry.handler(atomic=True)``) run inside one transaction per
+chunk, with a savepoint per job. The chunk first locks its claims (so no sweeper can take them) and
+writes the outcomes in the same transaction: a job's effect and its ``done`` commit together, with
+one WAL flush per chunk. A job that fails, times out or leaves its transaction broken (a database
+error caught and ignored) is rolled back to its savepoint: its writes and its ``on_commit``
+callbacks go, its siblings' stay, and every handler runs exactly once per attempt whatever the
+others do. A chunk closes after ``ATOMIC_CHUNK_SECONDS`` or ``ATOMIC_CHUNK_JOBS`` jobs (or at the
+batch's end), so its locks are short. Each job's ``transaction.on_commit`` callbacks run after
+that commit, each guarded: one raising stops no other, and its failure is logged with the job id
+and kept on the job's attempt. A job's deferred constraints (Django's foreign keys) are checked
+inside its savepoint, so a bad reference fails that job, not the chunk's COMMIT. A chunk lost with
+its transaction (a stall past its idle limit, a deadlock, a database restart) costs a chunk of
+several jobs no attempt: they are refunded and run alone after their backoff (a chunk of one is
+charged); after a COMMIT whose answer was lost, the jobs found committed keep their outcomes and
+their callbacks run. The chunk's transaction may wait on this process for its jobs' longest
+(own or kind's) timeout plus ``STALL_MARGIN_SECONDS`` (``store.bound_transaction``): a stopped
+or hung process loses its locks, the sweeper takes the claims back after their lease, and what the late process
+then tries to write is refused by the claim token.
+
+What holds: a job's database effects commit exactly once; external effects sent from
+``on_commit`` happen at least once, repeated only after a crash or a stall (the job then runs
+again elsewhere, its callbacks with it).
+
+Other kinds commit as they go; their outcomes are written in one statement per kind of outcome,
+flushed at least every ``FLUSH_EVERY_SECONDS``. A job leaves the heartbeat as its outcome is
+written (``lease.release``), so only a claim really taken back is reported lost. Times recorded
+here are the database clock read at the start, advanced by a monotonic clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection, transaction
+
+from scheduling.core import exceptions, executor, leadership, registry, tracing
+from scheduling.core import store as core_store
+from scheduling.due_at import lease, store
+from scheduling.models import AttemptOutcome, JobState
+
+logger = logging.getLogger(__name__)
+
+FLUSH_EVERY_SECONDS = 1.0  # non-atomic kinds: finished jobs are written back at least this often
+ATOMIC_CHUNK_SECONDS = 0.5  # atomic kinds: a chunk's transaction (and its row locks) ends after this long
+ATOMIC_CHUNK_JOBS = 50  # atomic kinds: jobs (savepoints) per chunk, below PostgreSQL's 64 cached subtransactions
+STALL_MARGIN_SECONDS = 5.0  # a chunk's transaction idle longer than its longest timeout plus this is ended
+RECORD_RETRY_SECONDS = 60.0  # a finished job's outcome is retried this long while the database is unreachable
+UNKNOWN_KIND_RETRY_SECONDS = 60.0  # a job of a kind this worker does not know is retried this much later
+RELEASE_REASON = "released: the worker stopped before the job finished"
+LOST_REASON = "released: the database ended the batch's transaction before the job's outcome committed"
+BROKEN_TRANSACTION_ERROR = (
+    "TransactionManagementError: the handler caught a database error and went on, leaving its transaction "
+    "broken; its writes were rolled back (wrap the statement that may fail in transaction.atomic())"
+)
+
+T = TypeVar("T")
+Kinds = dict[str, registry.Kind | None]
+
+
+@dataclasses.dataclass
+class BatchReport:
+    started: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    stale: int = 0  # outcomes refused (or jobs not run) because the claim had been taken back
+    skipped: int = 0  # claims no longer ours (or already started) when the batch began
+    chunks: int = 0  # transactions that committed atomic jobs together with their outcomes
+
+
+class _DbClock:
+    """The database clock read once, advanced by the monotonic clock."""
+
+    def __init__(self, db_now: dt.datetime) -> None:
+        self.base = db_now
+        self.mono = time.monotonic()
+
+    def now(self) -> dt.datetime:
+        return self.base + dt.timedelta(seconds=time.monotonic() - self.mono)
+
+
+def _recording(write: Callable[[], T]) -> T:
+    """Run ``write`` (a token-conditional outcome statement), retrying while the database is unreachable.
+
+    The handler has run: giving up would leave the claim to the sweeper and run the job again.
+    Retrying is safe because the statement only changes rows still claimed under the token.
+    """
+    return core_store.while_unreachable(write, what="outcomes", seconds=RECORD_RETRY_SECONDS)
+
+
+def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:
+    """Run the claimed jobs (id, token) that are still ours; record every outcome."""
+    claims = [(int(i), str(t)) for i, t in claims]
+    ids = [i for i, _ in claims]
+    with tracing.span("timekeeper.run_batch", job_ids=ids, mechanism=registry.Mechanism.DUE_AT) as span:
+        report = _run_batch(claims, span)
+        for name, value in dataclasses.asdict(report).items():
+            span.set(name, value)
+        return report
+
+
+def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchReport:
+    started = store.start_jobs(claims, leadership.process_name())
+    span.set("kinds", sorted({j.kind for j in started}))
+    report = BatchReport(started=len(started), skipped=len(claims) - len(started))
+    if report.skipped:
+        logger.info(
+            "claims skipped: taken back, or already started by an earlier delivery (the sweeper owns those)",
+            extra={"skipped": report.skipped, "action": "skipped"},
+        )
+    if not started:
+        return report
+    clock = _DbClock(started[0].db_now)
+    kinds: Kinds = {}
+    for job in started:
+        if job.kind not in kinds:
+            try:
+                kinds[job.kind] = registry.get(job.kind)
+            except exceptions.UnknownJobKind:
+                kinds[job.kind] = None
+    atomic = [j for j in started if _is_atomic(j, kinds[j.kind])]
+    others = [j for j in started if not _is_atomic(j, kinds[j.kind])]
+    settled: set[int] = set()  # jobs whose outcome was committed (or that are no longer ours)
+    with lease.holding([(j.id, j.token) for j in started]):
+        try:
+            if atomic:
+                _run_atomic(atomic, kinds, clock, report, settled)
+            if others:
+                _run_committing(others, kinds, clock, report, settled)
+        except SystemExit:
+            # A shutdown is stopping this process mid-batch (billiard turns the SIGTERM of Celery's
+            # cold or soft shutdown into SystemExit): give back what did not finish now, not a lease later.
+            _give_back([(j.id, j.token) for j in started if j.id not in settled])
+            raise
+    return report
+
+
+def _is_atomic(job: store.StartedJob, kind: registry.Kind | None) -> bool:
+    """The job's own ``atomic`` (``schedule(atomic=...)``) if it has one, else its kind's; unknown kinds commit."""
+    if kind is None:
+        return False
+    return kind.atomic if job.overrides.atomic is None else job.overrides.atomic
+
+
+def _timeout(job: store.StartedJob, kind: registry.Kind) -> float:
+    """The job's own timeout (``schedule(timeout=...)``) if it has one, else its kind's (0: none)."""
+    own = job.overrides.timeout_seconds
+    return kind.timeout_seconds if own is None else own
+
+
+def _backoff(job: store.StartedJob, kind: registry.Kind) -> registry.Backoff:
+    """The job's own backoff (``schedule(backoff=...)``) if it has one, else its kind's."""
+    own = job.overrides
+    if own.backoff_base_seconds is None or own.backoff_cap_seconds is None:
+        return kind.backoff
+    return registry.Backoff(own.backoff_base_seconds, own.backoff_cap_seconds)
+
+
+def _job_for(job: store.StartedJob) -> registry.Job:
+    return registry.Job(
+        kind=job.kind,
+        payload=job.payload if isinstance(job.payload, dict) else {},
+        attempt=job.attempts,
+        max_attempts=job.max_attempts,
+        due_at=job.due_at,
+        id=job.id,
+        token=job.token,
+        mechanism=registry.Mechanism.DUE_AT,
+    )
+
+
+def _outcome(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock) -> store.Outcome:
+    """Run one job through the executor and say how it ended (nothing is written here)."""
+    started_at = clock.now()
+    if kind is None:
+        error = str(exceptions.UnknownJobKind(job.kind))
+        return store.Outcome(
+            job.id, job.token, started_at, clock.now(), AttemptOutcome.FAILED, error, UNKNOWN_KIND_RETRY_SECONDS
+        )
+    result = executor.invoke(kind, _job_for(job), _timeout(job, kind))
+    if result.ok:
+        return store.Outcome(job.id, job.token, started_at, clock.now(), AttemptOutcome.SUCCEEDED)
+    return store.Outcome(
+        job.id,
+        job.token,
+        started_at,
+        clock.now(),
+        result.outcome,
+        result.error,
+        _backoff(job, kind).delay(job.attempts),
+        traceback=result.traceback,
+    )
+
+
+def _record(report: BatchReport, successes: list[store.Outcome], failures: list[store.Outcome]) -> None:
+    """Write outcomes, conditional on the claim tokens; count what was kept and what was stale."""
+    done = store.complete_jobs(successes)
+    moved = store.fail_jobs(failures)
+    kept = set(done) | {m.id for m in moved}
+    stale = {o.id for o in successes + failures} - kept
+    for job_id in stale:
+        logger.warning(
+            "outcome refused: the claim token no longer matches (the job was taken back)",
+            extra={"job_id": job_id, "action": "stale_completion"},
+        )
+    for job in moved:
+        logger.info("job failed", extra={"job_id": job.id, "action": "dead" if job.state == JobState.DEAD else "retry"})
+    report.succeeded += len(done)
+    report.failed += len(moved)
+    report.stale += len(stale)
+
+
+def _run_atomic(
+    jobs: list[store.StartedJob], kinds: Kinds, clock: _DbClock, report: BatchReport, settled: set[int]
+) -> None:
+    """Run atomic jobs in chunks: one transaction each, a savepoint per job, the outcomes written inside it."""
+    pending = list(jobs)
+    while pending:
+        chunk: list[store.StartedJob] = []
+        callbacks: list[tuple[int, Callable[[], None]]] = []
+        counted = (report.succeeded, report.failed)
+        try:
+            pending = _run_chunk(pending, chunk, kinds, clock, report, settled, callbacks)
+        except DatabaseError as exc:
+            # The chunk's transaction ended without a known commit: a lost connection, this process
+            # stalled past the chunk's idle limit, a deadlock, or a constraint failing at COMMIT. The
+            # COMMIT's answer may have been lost after the server committed (an ambiguous commit):
+            # the jobs found done under their tokens did commit, and their callbacks run now.
+            ambiguous = isinstance(exc, (OperationalError, InterfaceError))
+            logger.warning(
+                "atomic chunk lost with its transaction: its writes were rolled back (unless its commit went through)",
+                extra={"job_ids": [j.id for j in chunk], "action": "chunk_lost"},
+                exc_info=True,
+            )
+            connection.close()
+            lost = [(j.id, j.token) for j in chunk]
+            lease.release(lost)
+            report.succeeded, report.failed = counted  # the chunk's outcomes did not commit (or are counted below)
+            committed = _recording(functools.partial(store.committed_jobs, lost)) if ambiguous else {}
+            if committed:
+                logger.warning(
+                    "atomic chunk committed although its COMMIT failed on the client: its outcomes stand",
+                    extra={"job_ids": sorted(committed), "action": "chunk_committed"},
+                )
+                report.succeeded += sum(committed.values())
+                report.failed += len(committed) - sum(committed.values())
+                report.chunks += 1
+                for job_id, callback in callbacks:
+                    if committed.get(job_id):
+                        callback()
+            rest = [j for j in chunk if j.id not in committed]
+            _recording(functools.partial(_give_back_lost, rest, kinds, report))
+            settled.update(j.id for j in chunk)
+            pending = pending[len(chunk) :]
+
+
+def _run_chunk(
+    pending: list[store.StartedJob],
+    chunk: list[store.StartedJob],
+    kinds: Kinds,
+    clock: _DbClock,
+    report: BatchReport,
+    settled: set[int],
+    callbacks: list[tuple[int, Callable[[], None]]],
+) -> list[store.StartedJob]:
+    """Run the next chunk of ``pending`` in one transaction (filling ``chunk``); returns what is left.
+
+    ``callbacks`` receives the chunk's guarded on_commit callbacks (job id, callback) just before
+    the commit: should the COMMIT's answer be lost, the caller runs those of the jobs that committed.
+
+    The chunk's transaction may sit idle (between statements, while a handler works) for at most the
+    longest timeout of its kinds plus ``STALL_MARGIN_SECONDS``: past that PostgreSQL ends it and its
+    row locks, so a stopped process cannot hold its claims for ever (the sweeper then takes them back
+    after their lease). Statements are bounded the same way.
+    """
+    with transaction.atomic():
+        limit = _stall_limit_seconds(pending, kinds)
+        if limit is not None:
+            store.bound_transaction(limit)
+        held = set(store.lock_claims([(j.id, j.token) for j in pending]))
+        for job in pending:
+            if job.id not in held:  # taken back before it ran: the sweeper recorded the attempt
+                logger.warning("claim lost before the job ran", extra={"job_id": job.id, "action": "lost"})
+                lease.release([(job.id, job.token)])
+                settled.add(job.id)
+                report.stale += 1
+        pending = [j for j in pending if j.id in held]
+        successes: list[store.Outcome] = []
+        failures: list[store.Outcome] = []
+        opened = time.monotonic()
+        while pending and len(chunk) < ATOMIC_CHUNK_JOBS:
+            if chunk and time.monotonic() - opened >= ATOMIC_CHUNK_SECONDS:
+                break
+            job = pending[0]
+            chunk.append(job)
+            outcome = _run_isolated(job, kinds[job.kind], clock)
+            (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
+            pending = pending[1:]
+        if pending:
+            # The heartbeat cannot renew rows this transaction locks: renew the batch's jobs still to
+            # run here, visible at the commit, so a batch of long chunks keeps their leases.
+            store.heartbeat_jobs([(j.id, j.token) for j in pending])
+        # The rows are locked by this transaction, so no outcome written here can be stale. They
+        # leave the heartbeat now: once this commits, their claims are over, not lost.
+        lease.release([(j.id, j.token) for j in chunk])
+        _record(report, successes, failures)
+        callbacks[:] = [(func.job_id, func) for _, func, _ in _commit_hooks() if isinstance(func, _Guarded)]
+    report.chunks += 1
+    settled.update(j.id for j in chunk)
+    return pending
+
+
+def _stall_limit_seconds(jobs: Sequence[store.StartedJob], kinds: Kinds) -> float | None:
+    """How long a chunk's transaction may wait on this process: its jobs' longest timeout plus the margin.
+
+    Each job's own timeout (``schedule(timeout=...)``) counts where it has one, else its kind's. None
+    when a job has no timeout (its kind's is 0): its handler may run for ever, so may the chunk.
+    """
+    timeouts = [_timeout(j, k) for j, k in ((j, kinds[j.kind]) for j in jobs) if k is not None]
+    if not timeouts or not all(timeouts):
+        return None
+    return max(timeouts) + STALL_MARGIN_SECONDS
+
+
+def _run_isolated(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock) -> store.Outcome:
+    """Run one job of a chunk behind its own savepoint: a failure rolls back this job's writes only.
+
+    The savepoint is never released (a release is a round trip, and the commit releases them all);
+    a chunk holds at most ``ATOMIC_CHUNK_JOBS`` of them. The job's ``on_commit`` callbacks stay
+    queued for the chunk's commit, each guarded so that one raising stops no other; a failed job's
+    callbacks are dropped with its writes.
+    """
+    callbacks_before = len(_commit_hooks())
+    savepoint = transaction.savepoint()
+    outcome = _outcome(job, kind, clock)
+    checked_failed = False
+    if outcome.outcome == AttemptOutcome.SUCCEEDED and not store.transaction_broken():
+        try:
+            # A deferred constraint (a foreign key to a row a sibling deleted) fails here, as this
+            # job's failure, not at the chunk's COMMIT, where it would take every sibling with it.
+            store.check_deferred_constraints()
+        except IntegrityError as exc:
+            checked_failed = True
+            outcome = dataclasses.replace(
+                outcome,
+                outcome=AttemptOutcome.FAILED,
+                error=executor.error_text(exc),
+                retry_delay_seconds=_retry(job, kind),
+            )
+    elif outcome.outcome == AttemptOutcome.SUCCEEDED:
+        # The handler caught a database error and went on: its transaction cannot be used, so its
+        # writes are lost. A failure (retried), never a success with half its writes missing.
+        outcome = dataclasses.replace(
+            outcome,
+            outcome=AttemptOutcome.FAILED,
+            error=BROKEN_TRANSACTION_ERROR,
+            retry_delay_seconds=_retry(job, kind),
+        )
+    if outcome.outcome != AttemptOutcome.SUCCEEDED:
+        transaction.set_rollback(False)  # Django refuses statements while it marks the block broken
+        transaction.savepoint_rollback(savepoint)
+        del _commit_hooks()[callbacks_before:]  # (the rollback replaced the list: it is read again)
+        if checked_failed:  # the savepoint's rollback may leave the constraints immediate
+            store.defer_constraints()
+        return outcome
+    hooks = _commit_hooks()
+    hooks[callbacks_before:] = [(sids, _guarded(func, job), robust) for sids, func, robust in hooks[callbacks_before:]]
+    return outcome
+
+
+def _commit_hooks() -> list[Any]:
+    """Django's queue of on_commit callbacks for this connection: (savepoint ids, callback, robust)."""
+    return connection.run_on_commit
+
+
+def _retry(job: store.StartedJob, kind: registry.Kind | None) -> float:
+    return _backoff(job, kind).delay(job.attempts) if kind is not None else UNKNOWN_KIND_RETRY_SECONDS
+
+
+class _Guarded:
+    """An on_commit callback that cannot stop the others: a failure is logged and kept on the attempt."""
+
+    def __init__(self, func: Callable[[], Any], job: store.StartedJob) -> None:
+        self.func = func
+        self.job_id = job.id
+        self.token = job.token
+
+    def __call__(self) -> None:
+        try:
+            self.func()
+        except Exception as exc:
+            logger.exception(
+                "an on_commit callback failed after its job committed",
+                extra={"job_id": self.job_id, "action": "on_commit_failed"},
+            )
+            try:
+                store.record_callback_failure(self.job_id, self.token, "on_commit failed: " + executor.error_text(exc))
+            except DatabaseError:
+                logger.warning("could not record the on_commit failure", extra={"job_id": self.job_id}, exc_info=True)
+
+
+def _guarded(func: Callable[[], Any], job: store.StartedJob) -> Callable[[], None]:
+    """``func`` as an on_commit callback that cannot stop the others (see ``_Guarded``)."""
+    return _Guarded(func, job)
+
+
+def _give_back_lost(jobs: list[store.StartedJob], kinds: Kinds, report: BatchReport) -> None:
+    """After a lost chunk: give back the claims still ours; the others were taken back, refused.
+
+    As for a batch that died together: a chunk of several jobs is refunded and its jobs run alone
+    next, after their backoff; a job alone in its chunk is charged (``store.release_lost_chunk``).
+    """
+    claims = [(j.id, j.token, _retry(j, kinds[j.kind])) for j in jobs]
+    released = {job.id for job in store.release_lost_chunk(claims, LOST_REASON)}
+    for job_id, _, _ in claims:
+        if job_id not in released:
+            logger.warning(
+                "outcome refused: the claim token no longer matches (the job was taken back)",
+                extra={"job_id": job_id, "action": "stale_completion"},
+            )
+            report.stale += 1
+
+
+def _run_committing(
+    jobs: list[store.StartedJob], kinds: Kinds, clock: _DbClock, report: BatchReport, settled: set[int]
+) -> None:
+    """Run jobs that commit as they go; write outcomes at least every ``FLUSH_EVERY_SECONDS``."""
+    successes: list[store.Outcome] = []
+    failures: list[store.Outcome] = []
+    last_flush = time.monotonic()
+
+    def flush() -> None:
+        nonlocal successes, failures, last_flush
+        finished_ok, finished_failed = successes, failures
+        lease.release([(o.id, o.token) for o in finished_ok + finished_failed])  # their claims end now, not lost
+        _recording(lambda: _record(report, finished_ok, finished_failed))
+        settled.update(o.id for o in finished_ok + finished_failed)
+        successes, failures = [], []
+        last_flush = time.monotonic()
+
+    try:
+        for job in jobs:
+            outcome = _outcome(job, kinds[job.kind], clock)
+            (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
+            if time.monotonic() - last_flush >= FLUSH_EVERY_SECONDS:
+                flush()
+        flush()
+    except SystemExit:
+        _write_known(successes, failures, settled)
+        raise
+
+
+def _write_known(successes: list[store.Outcome], failures: list[store.Outcome], settled: set[int]) -> None:
+    """While stopping: record the outcomes already known (those jobs ran and committed their work)."""
+    try:
+        store.complete_jobs(successes)
+        store.fail_jobs(failures)
+    except DatabaseError:
+        logger.warning("could not record outcomes while stopping; the sweeper will", exc_info=True)
+        return
+    settled.update(o.id for o in successes + failures)
+
+
+def _give_back(claims: Sequence[tuple[int, str]]) -> None:
+    """Release the claims that did not finish: pending again now, the attempt counted."""
+    try:
+        released = store.release_jobs(claims, RELEASE_REASON)
+    except DatabaseError:
+        logger.warning("could not give claims back while stopping; the sweeper will", exc_info=True)
+        return
+    for job in released:
+        logger.warning(
+            "claim released: the worker is stopping",
+            extra={"job_id": job.id, "action": "released" if job.state == JobState.PENDING else job.state},
+        )

@@ -1,0 +1,197 @@
+-- Scheduling due_at jobs: insert, upsert by key, look up, cancel, reschedule, run now, retry.
+-- Loaded once by scheduling.due_at.store.
+-- Times come from the database clock (now(), clock_timestamp()) only.
+-- Every state change is conditional on the state (and claim token) the caller believes in.
+
+-- name: insert_job
+-- A plain insert; the caller's transaction decides whether it survives. A delay counts from the
+-- call (clock_timestamp()), not from the start of the caller's transaction (now()). A delay of 0
+-- is "due at once": now(), so that a claim in the same transaction (a TestCase) sees it due too.
+INSERT INTO scheduling_scheduledjob
+    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+     claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
+VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
+        'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s, %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s)
+RETURNING id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds;
+
+-- name: insert_jobs
+-- Bulk insert for schedule_many: one statement for any number of rows of one kind (no keys), in
+-- the caller's transaction. The payloads come as one text array; ORDINALITY keeps their order.
+-- clock_timestamp() is read once (the scalar subquery), so every row gets the same due time.
+INSERT INTO scheduling_scheduledjob
+    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+     claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
+SELECT %(kind)s, t.payload::jsonb,
+       coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN (SELECT clock_timestamp()) + make_interval(secs => %(delay)s)
+                                 ELSE now() END), 'pending',
+       %(lease_seconds)s, 0, %(max_attempts)s, '', NULL, %(owner_id)s, '', now(), now(), %(priority)s,
+       %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s
+FROM unnest(%(payloads)s::text[]) WITH ORDINALITY AS t(payload, n)
+ORDER BY t.n
+RETURNING id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds;
+
+-- name: upsert_job_replace
+-- on_conflict="replace". Keys are per owner (NULL owner = the system's namespace), so this only
+-- ever meets the caller's own jobs. The key's job is its *waiting* one; a running job (claimed and
+-- started by a worker) is never touched, never even locked: its atomic chunk may hold its row for
+-- seconds, and a successor may wait beside it.
+--   1. The unique index scheduledjob_waiting_owner_key_uniq holds the key's first-attempt waiting
+--      job: pending and never run, or claimed and not yet started. ON CONFLICT meets it and moves it
+--      (new payload, due time, budget); a claim not yet started is taken back (pending, token
+--      cleared, its attempt given back: the queued message then finds no claim under its token and
+--      runs nothing). Two callers racing on a new key cannot both insert.
+--   2. A pending retry (attempts >= 1: a started attempt failed or was reclaimed) is outside the
+--      index, so `retry` finds it, the newest, when the index holds nothing for the key, and moves
+--      it keeping its attempts (the budget grows to allow one more try). Its lock is only ever held
+--      briefly (the claim statement, another schedule call's transaction), never by a running chunk.
+--   3. Otherwise a new row: the successor of a running job, or the key's first job.
+-- inserted (xmax = 0) tells a new row from a moved one.
+WITH retry AS (
+    SELECT r.id FROM scheduling_scheduledjob AS r
+    WHERE coalesce(r.owner_id, 0) = coalesce(%(owner_id)s::integer, 0) AND r.key = %(key)s
+      AND r.state = 'pending' AND r.attempts > 0
+      AND NOT EXISTS (
+          SELECT 1 FROM scheduling_scheduledjob AS w
+          WHERE coalesce(w.owner_id, 0) = coalesce(%(owner_id)s::integer, 0) AND w.key = %(key)s
+            AND ((w.state = 'pending' AND w.attempts = 0) OR (w.state = 'claimed' AND w.claimed_by = '' AND w.attempts = 1)))
+    ORDER BY r.id DESC
+    LIMIT 1
+    FOR UPDATE OF r
+), moved AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET kind = %(kind)s, payload = %(payload)s::jsonb,
+        due_at = coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
+        max_attempts = greatest(%(max_attempts)s, j.attempts + 1), lease_seconds = %(lease_seconds)s,
+        priority = %(priority)s, timeout_seconds = %(timeout_seconds)s,
+        backoff_base_seconds = %(backoff_base_seconds)s, backoff_cap_seconds = %(backoff_cap_seconds)s,
+        atomic = %(atomic)s, updated_at = now()
+    FROM retry
+    WHERE j.id = retry.id AND j.state = 'pending'
+    RETURNING j.id, j.due_at, false AS inserted
+), upserted AS (
+    INSERT INTO scheduling_scheduledjob
+        (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+         claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
+    SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
+           'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s,
+           %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s
+    WHERE NOT EXISTS (SELECT 1 FROM retry)
+    ON CONFLICT ((coalesce(owner_id, 0)), key)
+        WHERE key IS NOT NULL AND ((attempts = 0 AND state = 'pending')
+                                   OR (attempts = 1 AND claimed_by = '' AND state = 'claimed'))
+    DO UPDATE
+        SET kind = EXCLUDED.kind, payload = EXCLUDED.payload, due_at = EXCLUDED.due_at,
+            state = 'pending', token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
+            attempts = 0, max_attempts = EXCLUDED.max_attempts, lease_seconds = EXCLUDED.lease_seconds,
+            priority = EXCLUDED.priority, timeout_seconds = EXCLUDED.timeout_seconds,
+            backoff_base_seconds = EXCLUDED.backoff_base_seconds, backoff_cap_seconds = EXCLUDED.backoff_cap_seconds,
+            atomic = EXCLUDED.atomic, updated_at = now()
+    RETURNING id, due_at, (xmax = 0) AS inserted
+)
+SELECT id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds, inserted, 'pending' AS state
+FROM moved
+UNION ALL
+SELECT id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8, inserted, 'pending' FROM upserted;
+
+-- name: upsert_job_keep
+-- on_conflict="keep" and "error": the key's waiting job (found as in upsert_job_replace: the
+-- index's first-attempt waiting job by ON CONFLICT, else the newest pending retry) is returned
+-- unchanged and locked; with none (the key is free, or only a running job holds it) a new row is
+-- inserted. The no-op DO UPDATE exists so the one statement returns the waiting job's row instead
+-- of nothing: no second look-up that could find it gone or a stranger's.
+WITH retry AS (
+    SELECT r.id, r.due_at, r.state FROM scheduling_scheduledjob AS r
+    WHERE coalesce(r.owner_id, 0) = coalesce(%(owner_id)s::integer, 0) AND r.key = %(key)s
+      AND r.state = 'pending' AND r.attempts > 0
+      AND NOT EXISTS (
+          SELECT 1 FROM scheduling_scheduledjob AS w
+          WHERE coalesce(w.owner_id, 0) = coalesce(%(owner_id)s::integer, 0) AND w.key = %(key)s
+            AND ((w.state = 'pending' AND w.attempts = 0) OR (w.state = 'claimed' AND w.claimed_by = '' AND w.attempts = 1)))
+    ORDER BY r.id DESC
+    LIMIT 1
+    FOR UPDATE OF r
+), upserted AS (
+    INSERT INTO scheduling_scheduledjob
+        (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
+         claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
+    SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
+           'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s,
+           %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s
+    WHERE NOT EXISTS (SELECT 1 FROM retry)
+    ON CONFLICT ((coalesce(owner_id, 0)), key)
+        WHERE key IS NOT NULL AND ((attempts = 0 AND state = 'pending')
+                                   OR (attempts = 1 AND claimed_by = '' AND state = 'claimed'))
+    DO UPDATE SET key = scheduling_scheduledjob.key
+    RETURNING id, due_at, (xmax = 0) AS inserted, state
+)
+SELECT id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds, false AS inserted, state
+FROM retry
+UNION ALL
+SELECT id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8, inserted, state FROM upserted;
+
+-- name: live_job_by_key
+-- The owner's (NULL: the system's) job for a key, for cancel and reschedule by key: its newest
+-- pending job, else its newest claimed one (to name the state that refuses the change). A running
+-- job and a waiting successor may coexist; the successor is the key's job.
+SELECT id, state FROM scheduling_scheduledjob
+WHERE coalesce(owner_id, 0) = coalesce(%(owner_id)s::integer, 0) AND key = %(key)s
+  AND key IS NOT NULL AND state IN ('pending', 'claimed')
+ORDER BY state = 'pending' DESC, id DESC
+LIMIT 1;
+
+-- name: job_state
+SELECT state FROM scheduling_scheduledjob WHERE id = %(id)s;
+
+-- name: job_states
+SELECT id, state FROM scheduling_scheduledjob WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: cancel_job
+UPDATE scheduling_scheduledjob
+SET state = 'cancelled', finished_at = now(), updated_at = now()
+WHERE id = %(id)s AND state = 'pending'
+RETURNING id;
+
+-- name: cancel_jobs
+-- Bulk cancel (api.cancel_many): only pending rows change; the caller reports the rest.
+UPDATE scheduling_scheduledjob
+SET state = 'cancelled', finished_at = now(), updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+RETURNING id;
+
+-- name: reschedule_job
+UPDATE scheduling_scheduledjob
+SET due_at = %(due_at)s, updated_at = now()
+WHERE id = %(id)s AND state = 'pending'
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
+
+-- name: reschedule_jobs
+UPDATE scheduling_scheduledjob
+SET due_at = %(due_at)s, updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+RETURNING id, due_at, extract(epoch FROM due_at - now())::float8 AS in_seconds;
+
+-- name: run_jobs_now
+UPDATE scheduling_scheduledjob
+SET due_at = now(), updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+RETURNING id;
+
+-- name: retry_dead_jobs
+-- A dead job gets a fresh attempts budget and is due now, which makes it its key's waiting job.
+-- It stays dead while its key already has a waiting job (pending, or claimed and not started) and
+-- when a newer dead job of the same key is retried in the same statement: the NOT EXISTS and the
+-- max(id) keep the partial unique index happy. A running job does not hold the key back.
+UPDATE scheduling_scheduledjob AS j
+SET state = 'pending', attempts = 0, due_at = now(), finished_at = NULL, token = NULL, claimed_at = NULL,
+    heartbeat_at = NULL, claimed_by = '', updated_at = now()
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead'
+  AND (j.key IS NULL OR (
+        NOT EXISTS (
+            SELECT 1 FROM scheduling_scheduledjob AS o
+            WHERE coalesce(o.owner_id, 0) = coalesce(j.owner_id, 0) AND o.key = j.key
+              AND (o.state = 'pending' OR (o.state = 'claimed' AND o.claimed_by = '')))
+        AND j.id = (
+            SELECT max(d.id) FROM scheduling_scheduledjob AS d
+            WHERE d.id = ANY(%(ids)s::bigint[]) AND d.state = 'dead'
+              AND coalesce(d.owner_id, 0) = coalesce(j.owner_id, 0) AND d.key = j.key)))
+RETURNING j.id;

@@ -1,0 +1,596 @@
+"""Every statement of the due_at jobs: the named blocks of ``due_at/sql/*.sql``.
+
+Scheduling (``schedule.sql``), claiming and running (``claim.sql``), sweeping and the status
+numbers (``sweep.sql``) and the kind controls the claim reads (``kinds.sql``). Functions take plain
+values and return ids, counts, or frozen dataclasses built by column name (``core.db``), with
+states as the ``TextChoices`` of ``scheduling.models``. Decisions (what to claim, when to retry)
+live in ``claim.py``, ``runner.py``, ``sweep.py`` and ``api.py``; only this module of the package
+holds a cursor, and only ``scheduling.due_at`` imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+
+from scheduling.core import conf, db
+from scheduling.models import JobState
+
+SQL = db.Statements(Path(__file__).with_name("sql"))
+TRANSACTION_STATUS_INERROR = 3  # libpq's PQTRANS_INERROR: the (sub)transaction failed, statements are refused
+ASYNC_COMMIT = "SET LOCAL synchronous_commit = off;\n"
+
+
+def _claims(claims: Sequence[tuple[int, str]]) -> dict[str, Any]:
+    return {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
+
+
+def _async_commit_values(name: str, params: dict[str, Any]) -> list[Any]:
+    """Run a claim-path statement in its own transaction that commits without waiting for the WAL flush.
+
+    The claim, start and heartbeat statements are most of what the claim loop waits for (a flush
+    takes milliseconds on a busy disk). A PostgreSQL crash can undo their last fraction of a second:
+    those jobs are claimed and run again (at-least-once, as after a worker crash). Outcomes,
+    schedule() and cancel() commit synchronously, so nothing a caller was told is committed is lost.
+    Inside a caller's transaction the statement joins it. ``SCHEDULING_ASYNC_COMMIT = False``: off.
+    """
+    if not conf.get().async_commit or not connection.get_autocommit():
+        return SQL.fetch_values(name, params)
+    with transaction.atomic():
+        return SQL.fetch_values(name, params, prefix=ASYNC_COMMIT)
+
+
+# --- Scheduling ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Overrides:
+    """A job's own timeout, backoff and atomicity, set when it was scheduled; None fields are the kind's."""
+
+    timeout_seconds: float | None = None
+    backoff_base_seconds: float | None = None
+    backoff_cap_seconds: float | None = None
+    atomic: bool | None = None
+
+    def params(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+NO_OVERRIDES = Overrides()
+
+
+@dataclasses.dataclass(frozen=True)
+class NewJob:
+    kind: str
+    payload: Any
+    due_at: dt.datetime | None
+    delay_seconds: float | None
+    lease_seconds: int
+    max_attempts: int
+    key: str | None
+    owner_id: int | None
+    priority: int = 0
+    overrides: Overrides | None = None  # the call's timeout, backoff, atomic (None: the kind's)
+
+    def params(self) -> dict[str, Any]:
+        """The statement parameters of an insert or a keyed upsert."""
+        return {
+            "kind": self.kind,
+            "payload": json.dumps(self.payload),
+            "due_at": self.due_at,
+            "delay": self.delay_seconds or 0.0,
+            "lease_seconds": self.lease_seconds,
+            "max_attempts": self.max_attempts,
+            "key": self.key,
+            "owner_id": self.owner_id,
+            "priority": self.priority,
+            **(self.overrides or NO_OVERRIDES).params(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class DueJob:
+    """A pending row as a write left it: its due time, and how far off that is by the database clock."""
+
+    id: int
+    due_at: dt.datetime
+    in_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveJob:
+    """A key's job for cancel and reschedule by key: its newest pending one, else its newest claimed one."""
+
+    id: int
+    state: JobState
+
+
+def insert_job(job: NewJob, on_conflict: str) -> DueJob | None:
+    """Insert (or, with a key, upsert) a job; None when the key's live job was left alone."""
+    if job.key is None:
+        return SQL.fetch_one(DueJob, "insert_job", job.params())
+    upserted = upsert_keyed_job(job, on_conflict)
+    return None if upserted is None else DueJob(id=upserted.id, due_at=upserted.due_at, in_seconds=upserted.in_seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyedUpsert:
+    """What one keyed upsert did: the row it returned, and whether it was a new row."""
+
+    id: int
+    due_at: dt.datetime
+    in_seconds: float  # until due, by the database clock
+    inserted: bool  # False: the (owner, key)'s waiting job was moved or kept
+    state: str
+
+
+def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
+    """Insert a keyed job, or meet the owner's waiting job for the key: one statement, never waiting on a running job.
+
+    The key's waiting job is pending (or claimed and not yet started); a running job (started) is
+    left alone and a new row becomes its successor. ``replace`` moves the waiting job (a claim not
+    yet started is taken back); ``keep`` and ``error`` return it unchanged (``inserted`` False).
+    None only if the statement returned nothing (not expected: every branch returns its row).
+    """
+    assert job.key is not None
+    name = "upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep"
+    return SQL.fetch_one(KeyedUpsert, name, job.params())
+
+
+def insert_jobs(
+    kind: str,
+    payloads: Sequence[str],
+    *,
+    due_at: dt.datetime | None,
+    delay_seconds: float | None,
+    lease_seconds: int,
+    max_attempts: int,
+    owner_id: int | None,
+    priority: int = 0,
+    overrides: Overrides | None = None,
+) -> list[DueJob]:
+    """Insert many jobs of one kind (payloads already JSON text), in the payloads' order."""
+    params = {
+        "kind": kind,
+        "payloads": list(payloads),
+        "due_at": due_at,
+        "delay": delay_seconds or 0.0,
+        "lease_seconds": lease_seconds,
+        "max_attempts": max_attempts,
+        "owner_id": owner_id,
+        "priority": priority,
+        **(overrides or NO_OVERRIDES).params(),
+    }
+    return SQL.fetch_all(DueJob, "insert_jobs", params)
+
+
+def live_job_by_key(key: str, owner_id: int | None = None) -> LiveJob | None:
+    """``key``'s job for ``owner_id`` (None: the system's): its newest pending job, else its newest claimed one."""
+    return SQL.fetch_one(LiveJob, "live_job_by_key", {"key": key, "owner_id": owner_id})
+
+
+def job_state(job_id: int) -> JobState | None:
+    state = SQL.fetch_value("job_state", {"id": job_id})
+    return None if state is None else JobState(state)
+
+
+def job_states(ids: Sequence[int]) -> dict[int, JobState]:
+    """{id: state} of the jobs among ``ids`` that exist."""
+    return {row.id: row.state for row in SQL.fetch_all(LiveJob, "job_states", {"ids": list(ids)})}
+
+
+def cancel_job(job_id: int) -> bool:
+    return bool(SQL.fetch_values("cancel_job", {"id": job_id}))
+
+
+def reschedule_job(job_id: int, due_at: dt.datetime) -> DueJob | None:
+    """The moved job, or None when it is not pending."""
+    return SQL.fetch_one(DueJob, "reschedule_job", {"id": job_id, "due_at": due_at})
+
+
+def cancel_jobs(ids: Sequence[int]) -> list[int]:
+    return SQL.fetch_values("cancel_jobs", {"ids": list(ids)})
+
+
+def reschedule_jobs(ids: Sequence[int], due_at: dt.datetime) -> list[DueJob]:
+    """Move the pending ones of ``ids``; the others are left as they are (and not returned)."""
+    return SQL.fetch_all(DueJob, "reschedule_jobs", {"ids": list(ids), "due_at": due_at})
+
+
+def run_jobs_now(ids: Sequence[int]) -> list[int]:
+    return SQL.fetch_values("run_jobs_now", {"ids": list(ids)})
+
+
+def retry_dead_jobs(ids: Sequence[int]) -> list[int]:
+    return SQL.fetch_values("retry_dead_jobs", {"ids": list(ids)})
+
+
+# --- Claiming and running --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A row just claimed: enough to route and order it; the payload is read when it starts."""
+
+    id: int
+    token: str
+    kind: str
+    priority: int = 0
+    due_at: dt.datetime | None = None
+    run_alone: bool = False  # its batch died with its process once: it is sent in a batch of its own
+    timeout_seconds: float | None = None  # its own timeout (schedule(timeout=...)); None: the kind's
+
+
+@dataclasses.dataclass(frozen=True)
+class StartedJob:
+    id: int
+    token: str
+    kind: str
+    payload: Any
+    attempts: int
+    max_attempts: int
+    due_at: dt.datetime
+    db_now: dt.datetime
+    overrides: Overrides = NO_OVERRIDES  # the job's own timeout, backoff and atomicity (None fields: the kind's)
+
+
+@dataclasses.dataclass(frozen=True)
+class _StartedRow:
+    """A row of ``start_jobs`` as the statement returns it (the overrides flat)."""
+
+    id: int
+    token: str
+    kind: str
+    payload: db.Json
+    attempts: int
+    max_attempts: int
+    due_at: dt.datetime
+    db_now: dt.datetime
+    timeout_seconds: float | None
+    backoff_base_seconds: float | None
+    backoff_cap_seconds: float | None
+    atomic: bool | None
+
+    def started(self) -> StartedJob:
+        overrides = Overrides(self.timeout_seconds, self.backoff_base_seconds, self.backoff_cap_seconds, self.atomic)
+        return StartedJob(
+            id=self.id,
+            token=self.token,
+            kind=self.kind,
+            payload=self.payload,
+            attempts=self.attempts,
+            max_attempts=self.max_attempts,
+            due_at=self.due_at,
+            db_now=self.db_now,
+            overrides=NO_OVERRIDES if overrides == NO_OVERRIDES else overrides,
+        )
+
+
+def claim_params(
+    limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """The parameters of ``claim_due_jobs``: at most ``messages`` batches (default: ``limit``), cut by kind.
+
+    ``batch_sizes`` maps a kind to its batch size; a kind not in it is cut into batches of one.
+    """
+    sizes = dict(batch_sizes or {})
+    return {
+        "limit": limit,
+        "messages": limit if messages is None else messages,
+        "kinds": list(sizes),
+        "batch_sizes": list(sizes.values()),
+    }
+
+
+def claim_statement() -> str:
+    """The claim as one string: ``lock_capped_kinds`` then ``claim_due_jobs``; the rows are the claim's."""
+    return SQL["lock_capped_kinds"] + ";\n" + SQL["claim_due_jobs"]
+
+
+def claim_due_jobs(
+    limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
+) -> list[Claim]:
+    """Claim due rows: whole batches, at most ``messages`` of them, sorted most urgent first.
+
+    The capped kinds' control rows are locked first, in a statement of its own in the same
+    transaction (``lock_capped_kinds``): so the claim's count of a kind's claims sees every claim
+    committed before it, and caps hold exactly with any number of claimers.
+    """
+    sql = claim_statement()
+    params = claim_params(limit, messages=messages, batch_sizes=batch_sizes)
+    if not connection.get_autocommit():
+        return db.fetch_all_sql(Claim, sql, params)  # the caller's transaction holds the lock until it ends
+    with transaction.atomic():
+        prefix = ASYNC_COMMIT if conf.get().async_commit else ""
+        return db.fetch_all_sql(Claim, prefix + sql, params)  # see _async_commit_values
+
+
+@dataclasses.dataclass(frozen=True)
+class DueInstant:
+    """An upcoming due time and how far it is by the database clock."""
+
+    at: dt.datetime
+    in_seconds: float
+
+
+def next_due_times(horizon_seconds: float, limit: int) -> list[DueInstant]:
+    """Upcoming distinct due times, with their distance by the database clock."""
+    return SQL.fetch_all(DueInstant, "next_due_times", {"horizon": horizon_seconds, "limit": limit})
+
+
+def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJob]:
+    params = {**_claims(claims), "worker": worker}
+    if not conf.get().async_commit or not connection.get_autocommit():
+        rows = SQL.fetch_all(_StartedRow, "start_jobs", params)
+    else:
+        with transaction.atomic():
+            rows = SQL.fetch_all(_StartedRow, "start_jobs", params, prefix=ASYNC_COMMIT)  # see _async_commit_values
+    return [row.started() for row in rows]
+
+
+def heartbeat_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
+    """Refresh the claims; returns the ids still held (others were taken back)."""
+    return _async_commit_values("heartbeat_jobs", _claims(claims))
+
+
+def lock_claims(claims: Sequence[tuple[int, str]]) -> list[int]:
+    """Lock the claims still held under their tokens, in the caller's transaction; returns their ids."""
+    if not claims:
+        return []
+    return SQL.fetch_values("lock_claims", _claims(claims))
+
+
+def bound_transaction(seconds: float) -> None:
+    """Limit the current transaction: idle (waiting on this process) or one statement, ``seconds`` at most.
+
+    PostgreSQL ends the session past either limit, and with it the transaction's row locks: a stopped
+    or hung process cannot keep its claims locked for ever. ``SET LOCAL``: the limits end with it.
+    """
+    SQL.execute("bound_transaction", {"ms": str(max(1, round(seconds * 1000)))})
+
+
+def transaction_broken() -> bool:
+    """Whether the current transaction can take no more statements (a database error was caught and ignored).
+
+    Django's own flag (set when an ORM call failed inside ``atomic``), or the driver's transaction
+    status (a raw statement failed): neither costs a round trip.
+    """
+    if connection.needs_rollback:
+        return True
+    raw = connection.connection
+    info = getattr(raw, "info", None)
+    return info is not None and info.transaction_status == TRANSACTION_STATUS_INERROR
+
+
+def record_callback_failure(job_id: int, token: str, error: str) -> bool:
+    """Note on a job's attempt (under ``token``) that one of its on_commit callbacks failed; False if none matched."""
+    return bool(SQL.fetch_values("record_callback_failure", {"id": job_id, "token": token, "error": error}))
+
+
+def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
+    """Give back claims that were never sent: pending again, their attempt uncounted; returns their ids."""
+    if not claims:
+        return []
+    return _async_commit_values("unclaim_jobs", _claims(claims))
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How one job's attempt ended, as the runner saw it."""
+
+    id: int
+    token: str
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    outcome: str  # AttemptOutcome value
+    error: str = ""
+    retry_delay_seconds: float = 0.0
+    traceback: str = ""  # a failure's formatted traceback (bounded by the executor), kept on its attempt
+
+
+def complete_jobs(outcomes: Sequence[Outcome]) -> list[int]:
+    """Mark succeeded jobs done; returns the ids whose token still matched."""
+    if not outcomes:
+        return []
+    params = {
+        "ids": [o.id for o in outcomes],
+        "tokens": [o.token for o in outcomes],
+        "started": [o.started_at for o in outcomes],
+        "finished": [o.finished_at for o in outcomes],
+    }
+    # Outcomes commit synchronously: a completion the worker was told about survives a crash (and
+    # its flush makes every earlier asynchronous claim and start durable too).
+    return SQL.fetch_values("complete_jobs", params)
+
+
+@dataclasses.dataclass(frozen=True)
+class MovedJob:
+    """A job an outcome, a release or the sweeper moved: its id, its new state and due time."""
+
+    id: int
+    state: JobState
+    due_at: dt.datetime | None = None
+    refunded: bool = False  # the sweeper: its batch died together, the attempt was not counted
+    batch: str = ""  # the sweeper: the batch it was started in ("holder claimed_at")
+
+
+def fail_jobs(outcomes: Sequence[Outcome]) -> list[MovedJob]:
+    """Record failures; returns the jobs whose token still matched (pending again with a due time, or dead)."""
+    if not outcomes:
+        return []
+    params = {
+        "ids": [o.id for o in outcomes],
+        "tokens": [o.token for o in outcomes],
+        "started": [o.started_at for o in outcomes],
+        "finished": [o.finished_at for o in outcomes],
+        "outcomes": [o.outcome for o in outcomes],
+        "errors": [o.error for o in outcomes],
+        "delays": [o.retry_delay_seconds for o in outcomes],
+        "tracebacks": [o.traceback for o in outcomes],
+    }
+    return SQL.fetch_all(MovedJob, "fail_jobs", params)
+
+
+def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[MovedJob]:
+    """Give claims back (pending, or dead when their attempts are spent); the attempt is recorded as reclaimed."""
+    if not claims:
+        return []
+    return SQL.fetch_all(MovedJob, "release_jobs", {**_claims(claims), "reason": reason})
+
+
+def release_lost_chunk(claims: Sequence[tuple[int, str, float]], reason: str) -> list[MovedJob]:
+    """Give back the claims (id, token, backoff seconds) of an atomic chunk lost with its transaction.
+
+    A chunk of more than one job is refunded and its jobs run alone next (``refunded`` True); a job
+    alone in its chunk, or already running alone, is charged the attempt. Due again after the backoff.
+    """
+    if not claims:
+        return []
+    params = {
+        "ids": [c[0] for c in claims],
+        "tokens": [c[1] for c in claims],
+        "delays": [c[2] for c in claims],
+        "shared": len(claims) > 1,
+        "reason": reason,
+    }
+    return SQL.fetch_all(MovedJob, "release_lost_chunk", params)
+
+
+def committed_jobs(claims: Sequence[tuple[int, str]]) -> dict[int, bool]:
+    """The claims whose outcome committed under their tokens (a COMMIT whose answer was lost): id -> succeeded."""
+    if not claims:
+        return {}
+    return SQL.fetch_pairs("committed_jobs", _claims(claims))
+
+
+def defer_constraints() -> None:
+    """Defer the current transaction's deferrable constraints again (after a failed check)."""
+    SQL.execute("defer_constraints")
+
+
+def check_deferred_constraints() -> None:
+    """Check the current transaction's deferred constraints now (IntegrityError if one fails), then defer again."""
+    SQL.execute("check_deferred_constraints")
+
+
+# --- Sweeping and status ---------------------------------------------------------------------------
+
+
+def sweep_expired_claims(
+    *,
+    heartbeats: bool,
+    sweep_after_seconds: float,
+    limit: int,
+    queued_ids: Collection[int] | None,
+    backoffs: Mapping[str, tuple[float, float]] | None = None,
+    default_backoff: tuple[float, float] = (10.0, 3600.0),
+    shared_batches: Collection[str] = (),
+) -> list[MovedJob]:
+    """Take back expired claims; ``queued_ids`` are claims whose message is still queued (None: unknown).
+
+    With ``queued_ids`` None (the broker did not answer) claims never started are left alone.
+    ``backoffs`` maps a kind to its backoff (base, cap seconds): a started claim taken back is due
+    again after it (``default_backoff`` for a kind not in it). Jobs whose batch died together are
+    not charged the attempt and are flagged to run alone (``refunded``); ``shared_batches`` are the
+    batches an earlier statement of the same sweep found shared (``MovedJob.batch`` of refunded jobs).
+    """
+    table = dict(backoffs or {})
+    params = {
+        "heartbeats": heartbeats,
+        "sweep_after": sweep_after_seconds,
+        "limit": limit,
+        "check_unstarted": queued_ids is not None,
+        "covered": list(queued_ids or []),
+        "kinds": list(table),
+        "backoff_base": [base for base, _ in table.values()],
+        "backoff_cap": [cap for _, cap in table.values()],
+        "default_backoff_base": default_backoff[0],
+        "default_backoff_cap": default_backoff[1],
+        "shared_batches": list(shared_batches),
+    }
+    return SQL.fetch_all(MovedJob, "sweep_expired_claims", params)
+
+
+def prune_finished_jobs(*, days: int, limit: int) -> int:
+    return len(SQL.fetch_values("prune_finished_jobs", {"days": days, "limit": limit}))
+
+
+ESTIMATED_COUNTS = ("backlog", "paused", "pending", "due_next_24h")
+
+
+@dataclasses.dataclass(frozen=True)
+class BacklogStatus:
+    """The numbers operators watch; the counts named in ``estimated`` are planner estimates."""
+
+    backlog: int  # pending and due (kinds not paused)
+    oldest_overdue_seconds: float
+    paused: int  # pending and due, of paused kinds (waiting on purpose: not backlog)
+    pending: int
+    due_next_24h: int
+    claimed: int
+    stuck: int  # claimed past their lease, or claimed for longer than the stuck limit
+    dead_last_24h: int
+    estimated: tuple[str, ...] = ()
+
+
+def backlog_status(stuck_after_seconds: float, exact_limit: int = 10_000) -> BacklogStatus:
+    """The status numbers; pending counts past ``exact_limit`` are planner estimates, named in ``estimated``."""
+    params = {"stuck_after": stuck_after_seconds, "exact_limit": exact_limit}
+    status = SQL.fetch_all(BacklogStatus, "backlog_status", params)[0]
+    estimates: dict[str, Any] = {}
+    for name in ESTIMATED_COUNTS:
+        if getattr(status, name) > exact_limit:
+            plan = SQL.explain_json(f"estimate_{name}")
+            estimates[name] = max(exact_limit + 1, int(plan[0]["Plan"]["Plan Rows"]))
+    return dataclasses.replace(status, **estimates, estimated=tuple(estimates))
+
+
+# --- Kind controls ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class KindControlRow:
+    """A kind's controls and what waits behind them."""
+
+    kind: str
+    paused: bool
+    max_running: int | None
+    due: int = 0  # pending and due
+    claimed: int = 0  # claimed: queued or running
+
+
+def set_kind_paused(kind: str, paused: bool) -> KindControlRow:
+    """Pause or resume ``kind``; returns its controls."""
+    return SQL.fetch_all(KindControlRow, "set_kind_paused", {"kind": kind, "paused": paused})[0]
+
+
+def set_kind_max_running(kind: str, max_running: int | None) -> KindControlRow:
+    """Cap (None: uncap) how many jobs of ``kind`` may be claimed or running at once; returns its controls."""
+    return SQL.fetch_all(KindControlRow, "set_kind_max_running", {"kind": kind, "max_running": max_running})[0]
+
+
+def kind_controls() -> list[KindControlRow]:
+    """Every controlled kind with its due and claimed counts."""
+    return SQL.fetch_all(KindControlRow, "kind_controls")
+
+
+@dataclasses.dataclass(frozen=True)
+class KindCounts:
+    """What one kind has waiting, in flight and dead."""
+
+    kind: str
+    due: int  # pending, due time passed
+    claimed: int  # claimed, not started (waiting for a worker)
+    running: int  # claimed and started
+    dead_24h: int  # dead within the last 24 hours
+
+
+def kind_breakdown() -> list[KindCounts]:
+    """Per kind with anything due, in flight or recently dead: the counts (kinds with nothing are absent)."""
+    return SQL.fetch_all(KindCounts, "kind_breakdown")

@@ -1,0 +1,354 @@
+"""The tables of per-entity future work: ``ScheduledJob`` rows with a ``due_at``, each try a ``JobAttempt``.
+
+Also ``KindControl`` (an operator's pause and cap per kind), the jobs' and attempts' states as
+``TextChoices``, and the priority bounds. Invariants are database constraints; every state change
+is a conditional UPDATE in ``scheduling.due_at.store``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models.functions import Coalesce, Now
+
+__all__ = [
+    "FINAL_STATES",
+    "LIVE_STATES",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "AttemptOutcome",
+    "JobAttempt",
+    "JobState",
+    "KindControl",
+    "ScheduledJob",
+    "ScheduledJobQuerySet",
+]
+
+
+class JobState(models.TextChoices):
+    PENDING = "pending", "pending"
+    CLAIMED = "claimed", "claimed"
+    DONE = "done", "done"
+    CANCELLED = "cancelled", "cancelled"
+    DEAD = "dead", "dead"
+
+
+LIVE_STATES = (JobState.PENDING, JobState.CLAIMED)
+FINAL_STATES = (JobState.DONE, JobState.CANCELLED, JobState.DEAD)
+
+
+class AttemptOutcome(models.TextChoices):
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    TIMED_OUT = "timed_out", "timed out"
+    RECLAIMED = "reclaimed", "reclaimed"
+
+
+MIN_PRIORITY, MAX_PRIORITY = 0, 9  # the claim walks priorities MAX_PRIORITY..MIN_PRIORITY
+
+
+class ScheduledJobQuerySet(models.QuerySet["ScheduledJob"]):
+    def pending(self) -> ScheduledJobQuerySet:
+        return self.filter(state=JobState.PENDING)
+
+    def due(self) -> ScheduledJobQuerySet:
+        """Pending rows whose due time has passed by the database clock (the backlog)."""
+        return self.filter(state=JobState.PENDING, due_at__lte=Now())
+
+    def live(self) -> ScheduledJobQuerySet:
+        return self.filter(state__in=LIVE_STATES)
+
+    def for_owner(self, user: Any) -> ScheduledJobQuerySet:
+        """What ``user`` may see: every row with the admin's view permission, their own rows otherwise.
+
+        The staff flag alone grants nothing: the API asks for the same model permissions as the admin.
+        """
+        if getattr(user, "is_active", False) and user.has_perm("scheduling.view_scheduledjob"):
+            return self
+        return self.filter(owner_id=getattr(user, "pk", None))
+
+
+class ScheduledJob(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField("kind", max_length=100, help_text="The registered handler that runs this job.")
+    payload = models.JSONField("payload", default=dict, help_text="Arguments for the handler, checked by its schema.")
+    due_at = models.DateTimeField("due at", help_text="When the job becomes due (database clock).")
+    state = models.CharField(
+        "state",
+        max_length=16,
+        choices=JobState.choices,
+        default=JobState.PENDING,
+        help_text="Where the job is in its life.",
+    )
+    token = models.UUIDField(
+        "claim token", null=True, blank=True, help_text="Fencing token, new at every claim; completion must present it."
+    )
+    claimed_at = models.DateTimeField(
+        "claimed at", null=True, blank=True, help_text="When the current claim was taken."
+    )
+    heartbeat_at = models.DateTimeField(
+        "heartbeat at", null=True, blank=True, help_text="Last sign of life from the worker holding the claim."
+    )
+    claimed_by = models.CharField(
+        "claimed by", max_length=200, blank=True, default="", help_text="host:pid of the worker running the claim."
+    )
+    lease_seconds = models.PositiveIntegerField(
+        "lease (seconds)", help_text="A claim whose heartbeat is older than this is taken back by the sweeper."
+    )
+    attempts = models.PositiveIntegerField("attempts", default=0, help_text="Claims taken so far.")
+    max_attempts = models.PositiveIntegerField("max attempts", help_text="After this many attempts the job is dead.")
+    priority = models.PositiveSmallIntegerField(
+        "priority",
+        default=0,
+        db_default=0,
+        help_text=f"{MIN_PRIORITY}-{MAX_PRIORITY}: among due jobs, a higher priority is claimed first.",
+    )
+    last_error = models.TextField("last error", blank=True, default="", help_text="The latest failure's error text.")
+    run_alone = models.BooleanField(
+        "run alone",
+        default=False,
+        db_default=False,
+        help_text="Set when the job's batch died with its process: from then on it is sent in a batch of its own, "
+        "so a crash is charged to the job that causes it.",
+    )
+    key = models.CharField(
+        "key",
+        max_length=200,
+        null=True,
+        blank=True,
+        help_text="Optional business key: at most one job waiting to run per owner and key "
+        "(e.g. trial-ending:42), beside any running one; jobs without an owner share the system's namespace.",
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        verbose_name="owner",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="scheduled_jobs",
+        help_text="The user the job belongs to; others cannot see it through the API.",
+    )
+    # Written when the owner is deleted (scheduling.api.retire_owner): owner is then empty, and this keeps the
+    # job from reading as the system's (a handler asking job.owner_id gets OwnerDeleted).
+    former_owner = models.CharField(
+        "former owner",
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The deleted user this job belonged to (username and id); empty while the owner exists "
+        "and for the system's jobs.",
+    )
+    created_at = models.DateTimeField("created at", db_default=Now(), help_text="When the job was scheduled.")
+    updated_at = models.DateTimeField("updated at", db_default=Now(), help_text="Last state change.")
+    finished_at = models.DateTimeField(
+        "finished at", null=True, blank=True, help_text="When the job reached done, cancelled or dead."
+    )
+    return_value = models.JSONField(
+        "return value",
+        null=True,
+        blank=True,
+        help_text="What a Django task (scheduling.backends) returned, written with its outcome; empty for other kinds.",
+    )
+    recurrence = models.ForeignKey(
+        "Recurrence",
+        verbose_name="recurrence",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        db_index=False,  # the unique (recurrence, occurrence_at) index serves look-ups by recurrence
+        related_name="occurrences",
+        help_text="The recurrence this job is an occurrence of, if any.",
+    )
+    occurrence_at = models.DateTimeField(
+        "occurrence",
+        null=True,
+        blank=True,
+        help_text="The recurrence's scheduled instant this job is for (its due time unless moved by run now).",
+    )
+    # Per-call overrides of the kind's contract (scheduling.api.schedule(timeout=, backoff=, atomic=)):
+    # empty means the kind's; the runner, the claim's hard limit and the sweeper read these first.
+    timeout_seconds = models.FloatField(
+        "timeout (seconds)",
+        null=True,
+        blank=True,
+        help_text="This job's timeout, chosen when it was scheduled; empty: its kind's.",
+    )
+    backoff_base_seconds = models.FloatField(
+        "backoff base (seconds)",
+        null=True,
+        blank=True,
+        help_text="This job's backoff between failed attempts (first step), chosen when it was scheduled; "
+        "empty: its kind's.",
+    )
+    backoff_cap_seconds = models.FloatField(
+        "backoff cap (seconds)",
+        null=True,
+        blank=True,
+        help_text="This job's longest wait between failed attempts; empty: its kind's.",
+    )
+    atomic = models.BooleanField(
+        "atomic",
+        null=True,
+        blank=True,
+        help_text="Whether this job's writes commit with its outcome (yes) or as it goes (no); empty: its kind's.",
+    )
+
+    objects = ScheduledJobQuerySet.as_manager()
+
+    class Meta:
+        db_table = "scheduling_scheduledjob"
+        verbose_name = "scheduled job"
+        ordering = ["due_at", "id"]
+        # The JSON API lets a caller holding it ask any priority, past the kind's bound for callers.
+        permissions = [("prioritize_job", "Can schedule jobs through the API above a kind's caller priority")]
+        indexes = [
+            # The claim's only access path: small, because finished rows are not in it.
+            models.Index(fields=["due_at"], name="scheduledjob_pending_due_idx", condition=models.Q(state="pending")),
+            # The claim walks it one priority at a time, highest first (a range of due_at per priority).
+            models.Index(
+                fields=["priority", "due_at"], name="scheduledjob_pending_prio_idx", condition=models.Q(state="pending")
+            ),
+            # A capped kind's claim takes its room of rows from this, most urgent first, whatever else is due.
+            models.Index(
+                fields=["kind", "-priority", "due_at"],
+                name="scheduledjob_pending_kind_idx",
+                condition=models.Q(state="pending"),
+            ),
+            models.Index(
+                fields=["heartbeat_at"], name="scheduledjob_claimed_hb_idx", condition=models.Q(state="claimed")
+            ),
+            models.Index(
+                fields=["finished_at"],
+                name="scheduledjob_finished_idx",
+                condition=models.Q(state__in=["done", "cancelled", "dead"]),
+            ),
+            models.Index(fields=["kind", "state"], name="scheduledjob_kind_state_idx"),
+            models.Index(fields=["owner", "state"], name="scheduledjob_owner_state_idx"),
+        ]
+        constraints = [
+            # Keys are per owner: one waiting job per (owner, key), NULL owner = the system's namespace
+            # (coalesce to 0, no user has that id). Waiting: pending and never run, or claimed on its
+            # first attempt and not yet started by a worker. A started (running) job is outside the
+            # index, so schedule(key=K) never meets its row lock and a successor can wait beside it;
+            # the rows a failed, released or swept attempt returns to pending (attempts >= 1) are
+            # outside it too, so those paths never meet a unique violation. The upserts name this
+            # predicate in ON CONFLICT (queries.sql); pending retries are found there by look-up.
+            models.UniqueConstraint(
+                Coalesce("owner", models.Value(0)),
+                "key",
+                name="scheduledjob_waiting_owner_key_uniq",
+                condition=models.Q(key__isnull=False)
+                & (models.Q(state="pending", attempts=0) | models.Q(state="claimed", claimed_by="", attempts=1)),
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state__in=["pending", "claimed", "done", "cancelled", "dead"]),
+                name="scheduledjob_state_valid",
+            ),
+            models.CheckConstraint(condition=models.Q(max_attempts__gte=1), name="scheduledjob_max_attempts_positive"),
+            models.CheckConstraint(
+                condition=models.Q(attempts__lte=models.F("max_attempts")), name="scheduledjob_attempts_within_max"
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(state="claimed") | models.Q(token__isnull=False, claimed_at__isnull=False),
+                name="scheduledjob_claim_has_token",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state__in=["pending", "claimed"]) | models.Q(finished_at__isnull=False),
+                name="scheduledjob_final_has_finished_at",
+            ),
+            models.CheckConstraint(condition=models.Q(lease_seconds__gte=1), name="scheduledjob_lease_positive"),
+            models.CheckConstraint(
+                condition=models.Q(priority__gte=MIN_PRIORITY, priority__lte=MAX_PRIORITY),
+                name="scheduledjob_priority_range",
+            ),
+            # Each occurrence of a recurrence at most once (a cancelled one frees its instant, so a
+            # resumed recurrence can plan it again). The planner's insert names it in ON CONFLICT.
+            models.UniqueConstraint(
+                "recurrence",
+                "occurrence_at",
+                name="scheduledjob_one_per_occurrence",
+                condition=models.Q(recurrence__isnull=False) & ~models.Q(state="cancelled"),
+            ),
+            models.CheckConstraint(
+                condition=(models.Q(timeout_seconds__isnull=True) | models.Q(timeout_seconds__gt=0))
+                & (
+                    models.Q(backoff_base_seconds__isnull=True, backoff_cap_seconds__isnull=True)
+                    | models.Q(backoff_base_seconds__gt=0, backoff_cap_seconds__gte=models.F("backoff_base_seconds"))
+                ),
+                name="scheduledjob_overrides_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.id} ({self.state})"
+
+
+class KindControl(models.Model):
+    """An operator's controls over one job kind: paused, and a cap on how many of it run at once."""
+
+    kind = models.CharField("kind", max_length=100, primary_key=True, help_text="The registered job kind.")
+    paused = models.BooleanField(
+        "paused", default=False, help_text="While paused, due jobs of the kind stay pending (not claimed)."
+    )
+    max_running = models.PositiveIntegerField(
+        "max running",
+        null=True,
+        blank=True,
+        help_text="At most this many jobs of the kind claimed or running cluster-wide; empty: no cap.",
+    )
+    updated_at = models.DateTimeField("updated at", db_default=Now(), help_text="Last change of the controls.")
+
+    class Meta:
+        db_table = "scheduling_kindcontrol"
+        verbose_name = "kind control"
+        ordering = ["kind"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(max_running__isnull=True) | models.Q(max_running__gte=1),
+                name="kindcontrol_max_running_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.kind
+
+
+class JobAttempt(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        ScheduledJob,
+        verbose_name="job",
+        on_delete=models.CASCADE,
+        related_name="attempt_set",
+        help_text="The job tried.",
+    )
+    number = models.PositiveIntegerField("attempt", help_text="1 for the first try.")
+    token = models.UUIDField("claim token", help_text="The claim this attempt ran under.")
+    worker = models.CharField("worker", max_length=200, blank=True, default="", help_text="host:pid that ran it.")
+    due_at = models.DateTimeField("due at", help_text="The due time this attempt was for (to measure lag).")
+    started_at = models.DateTimeField("started", null=True, blank=True, help_text="When the handler started.")
+    finished_at = models.DateTimeField("finished", help_text="When the outcome was recorded.")
+    outcome = models.CharField("outcome", max_length=16, choices=AttemptOutcome.choices, help_text="How it ended.")
+    error = models.TextField("error", blank=True, default="", help_text="Error text for failures and timeouts.")
+    traceback = models.TextField(
+        "traceback",
+        blank=True,
+        default="",
+        db_default="",
+        help_text="Where a failed attempt broke: the last 16,000 characters of its traceback (no payload, no locals).",
+    )
+
+    class Meta:
+        db_table = "scheduling_jobattempt"
+        verbose_name = "job attempt"
+        ordering = ["job_id", "number"]
+        indexes = [
+            models.Index(fields=["finished_at"], name="jobattempt_finished_idx"),
+            models.Index(fields=["job", "number"], name="jobattempt_job_number_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of job {self.job_id}: {self.outcome}"

@@ -1,0 +1,202 @@
+"""The due_at engine under load rules: back-pressure sized to the queue's room, leases that start
+with the work, atomic batches, and the control loop's leadership (real PostgreSQL and Redis)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from django.conf import settings
+from django.db import transaction
+from django.test import override_settings
+
+from scheduling import api, registry
+from scheduling.core import broker, conf
+from scheduling.due_at import claim, control, runner, store, sweep
+from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
+from tasks.models import Execution
+from tests import support
+from tests.e2e.harness import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+COMMITTED: list[str] = []  # on_commit callbacks of the test kinds, in the order they ran
+
+
+class Planned(RuntimeError):
+    """The failure the test kinds raise on purpose."""
+
+
+def _write_then_maybe_fail(job: registry.Job) -> None:
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=0)
+    transaction.on_commit(lambda: COMMITTED.append(job.idempotency_key))
+    if job.payload.get("fail"):
+        raise Planned("failing after a write, on purpose")
+
+
+registry.handler("test.atomic_write", schema={"type": "object"}, timeout=10, max_attempts=2, batch_size=10)(
+    _write_then_maybe_fail
+)
+registry.handler(
+    "test.committing_write", schema={"type": "object"}, timeout=10, max_attempts=2, batch_size=10, atomic=False
+)(_write_then_maybe_fail)
+registry.handler("test.one_per_batch", schema={"type": "object"}, timeout=10, batch_size=1)(_write_then_maybe_fail)
+
+
+@pytest.fixture
+def queue() -> Iterator[str]:
+    """The job queue's Redis key for this run, empty before and after the test."""
+    key = f"{settings.CELERY_BROKER_KEYPREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
+    client = broker.client()
+    client.delete(key)
+    COMMITTED.clear()
+    yield key
+    client.delete(key)
+
+
+def _claimed_batches(queue: str) -> list[list[list]]:
+    """The claims carried by the run_batch messages waiting in the queue, oldest first."""
+    raw = broker.client().lrange(queue, 0, -1)
+    return [broker.message_args(m)[1][0] for m in reversed(raw)]
+
+
+def test_a_claim_never_sends_more_batches_than_the_queue_has_room_for(queue, run_sql):
+    """With room for 2 messages, 5 due one-per-batch jobs: 2 claimed and sent, the other 3 never claimed."""
+    bound = conf.get().max_queued_batches
+    broker.client().rpush(queue, *[b"placeholder"] * (bound - 2))
+    for _ in range(5):
+        api.schedule("test.one_per_batch", {}, delay=60)
+    support.make_due(state="pending")
+    report = claim.claim_and_dispatch()
+    assert (report.claimed, report.batches, report.given_back) == (2, 2, 0), "whole batches for the room"
+    assert report.more_due
+    assert broker.queued_messages() == bound, "the queue is exactly full, never over"
+    pending = ScheduledJob.objects.filter(state=JobState.PENDING)
+    assert pending.count() == 3
+    assert set(pending.values_list("attempts", flat=True)) == {0}
+    full = claim.claim_and_dispatch()
+    assert (full.claimed, full.queue_full) == (0, True)
+
+
+def test_a_claim_is_sized_to_the_room_in_rows(queue, run_sql):
+    """The rows claimed are at most room x the default batch size, however many are due."""
+    bound = conf.get().max_queued_batches
+    broker.client().rpush(queue, *[b"placeholder"] * (bound - 1))
+    api.schedule_many("test.atomic_write", [{}] * 25, delay=60)
+    support.make_due(state="pending")
+    with override_settings(SCHEDULING_DEFAULT_BATCH_SIZE=10):
+        report = claim.claim_and_dispatch()
+    assert (report.claimed, report.batches) == (10, 1)
+    assert ScheduledJob.objects.filter(state=JobState.CLAIMED).count() == 10
+
+
+def test_an_unstarted_claim_is_swept_only_once_its_message_is_gone(queue, run_sql):
+    """A claim waiting in the queue past its lease stays; once its message is lost it goes back to pending."""
+    job = api.schedule("test.atomic_write", {}, delay=60)
+    support.make_due(state="pending")
+    assert claim.claim_and_dispatch().batches == 1
+    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    assert sweep.reclaim_expired() == (0, 0), "its message is still queued: it is waiting, not lost"
+    broker.client().delete(queue)  # the broker lost it
+    assert sweep.reclaim_expired() == (1, 0)
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.PENDING
+    assert JobAttempt.objects.get(job_id=job.id).outcome == AttemptOutcome.RECLAIMED
+
+
+def test_the_lease_of_a_claim_starts_when_its_batch_starts(queue, run_sql):
+    """Claimed: no heartbeat. Started: heartbeat set, and the sweeper judges it by the heartbeat from then on."""
+    job = api.schedule("test.atomic_write", {}, delay=60)
+    support.make_due(state="pending")
+    (claimed,) = store.claim_due_jobs(10)
+    assert ScheduledJob.objects.get(pk=job.id).heartbeat_at is None
+    assert len(store.start_jobs([(claimed.id, claimed.token)], "test:1")) == 1
+    assert ScheduledJob.objects.get(pk=job.id).heartbeat_at is not None
+    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    assert sweep.reclaim_expired() == (0, 0), "a fresh heartbeat keeps a started claim however old the claim"
+    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    assert sweep.reclaim_expired() == (1, 0)
+
+
+def _run_claimed(run_sql) -> runner.BatchReport:
+    support.make_due(state="pending")
+    claims = store.claim_due_jobs(100)
+    return runner.run_batch([(c.id, c.token) for c in claims])
+
+
+def test_an_atomic_batch_commits_each_job_with_its_outcome_and_rolls_a_failure_back(run_sql):
+    """Atomic kind: a failing job rolls back its own writes only; the others commit once, in one chunk."""
+    ok = api.schedule_many("test.atomic_write", [{}, {}], delay=60)
+    bad = api.schedule("test.atomic_write", {"fail": True}, delay=60)
+    report = _run_claimed(run_sql)
+    assert (report.succeeded, report.failed, report.chunks) == (2, 1, 1)
+    assert sorted(Execution.objects.values_list("idempotency_key", flat=True)) == sorted(f"job:{i}" for i in ok)
+    assert ScheduledJob.objects.get(pk=bad.id).state == JobState.PENDING, "failed: retried later"
+    assert JobAttempt.objects.get(job_id=bad.id).error.startswith("Planned: failing after a write")
+    assert sorted(COMMITTED) == sorted(f"job:{i}" for i in ok), "on_commit runs once, for committed jobs only"
+
+
+def test_a_non_atomic_kind_keeps_the_writes_of_a_failed_job(run_sql):
+    """atomic=False: a handler's writes commit as it goes, so a failed attempt's row stays."""
+    bad = api.schedule("test.committing_write", {"fail": True}, delay=60)
+    report = _run_claimed(run_sql)
+    assert (report.succeeded, report.failed, report.chunks) == (0, 1, 0)
+    assert list(Execution.objects.values_list("idempotency_key", flat=True)) == [f"job:{bad.id}"]
+
+
+def test_an_atomic_chunk_skips_a_claim_taken_back_before_it_ran(run_sql):
+    """A claim swept between start and its chunk runs nothing: no write, no outcome under the old token."""
+    job = api.schedule("test.atomic_write", {}, delay=60)
+    support.make_due(state="pending")
+    (claimed,) = store.claim_due_jobs(10)
+    (started,) = store.start_jobs([(claimed.id, claimed.token)], "test:1")
+    run_sql("UPDATE scheduling_scheduledjob SET token = gen_random_uuid() WHERE id = %s", [job.id])
+    report = runner.BatchReport()
+    runner._run_atomic(
+        [started],
+        {"test.atomic_write": registry.get("test.atomic_write")},
+        runner._DbClock(started.db_now),
+        report,
+        set(),
+    )
+    assert (report.succeeded, report.stale) == (0, 1)
+    assert not Execution.objects.exists()
+
+
+def test_one_control_loop_leads_and_stops_within_two_seconds(queue, run_sql):
+    """Two loops in one process: exactly one leads and claims; both stop within STOP_JOIN_SECONDS."""
+    loops = [control.ControlLoop(), control.ControlLoop()]
+    for loop in loops:
+        loop.start()
+    try:
+        api.schedule("test.atomic_write", {}, delay=0)
+        wait_for(lambda: sum(loop.counters.claimed for loop in loops) == 1, 20, message="the job to be claimed")
+        leaders = [loop for loop in loops if loop.counters.led_turns]
+        assert len(leaders) == 1, "one leader at a time"
+        assert leaders[0].counters.sweeps >= 1, "the leader sweeps in the same loop"
+    finally:
+        stopped = [loop.stop() for loop in loops]
+    assert stopped == [True, True]
+    assert all(not loop.thread.is_alive() for loop in loops if loop.thread is not None)
+
+
+def test_the_leader_sweeps_on_schedule_while_the_queue_is_full(queue, run_sql):
+    """Back-pressure holds claims back, not sweeps: a full queue still sees dead claims taken back."""
+    bound = conf.get().max_queued_batches
+    broker.client().rpush(queue, *[b"placeholder"] * bound)
+    job = api.schedule("test.atomic_write", {}, delay=60)
+    support.make_due(state="pending")
+    (claimed,) = store.claim_due_jobs(10)
+    store.start_jobs([(claimed.id, claimed.token)], "gone:1")
+    run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    loop = control.ControlLoop()
+    stop = threading.Timer(30, loop.stopping.set)
+    stop.start()
+    loop.start()
+    try:
+        wait_for(lambda: loop.counters.reclaimed == 1, 20, message="the dead claim to be swept")
+        assert loop.counters.claimed == 0, "nothing claimed while the queue is full"
+        assert ScheduledJob.objects.get(pk=job.id).state == JobState.PENDING
+    finally:
+        stop.cancel()
+        assert loop.stop()
