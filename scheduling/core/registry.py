@@ -433,6 +433,7 @@ __all__ = [
     "Job",
     "Kind",
     "Limits",
+    "Mechanism",
     "all_kinds",
     "autodiscover",
     "get",
