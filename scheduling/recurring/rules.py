@@ -15,7 +15,7 @@ import datetime as dt
 import functools
 from typing import Protocol
 
-from scheduling.core import exceptions
+from scheduling.core import exceptions, validation
 from scheduling.fixed import cron
 
 MISSED_SKIP = "skip"
@@ -74,6 +74,11 @@ def check_rule(
     for name, value in (("starts_at", starts_at), ("ends_at", ends_at)):
         if value is not None and (not isinstance(value, dt.datetime) or value.utcoffset() is None):
             raise exceptions.InvalidSchedule(f"{name} must be a timezone-aware datetime, got {value!r}.")
+        if value is not None:  # the jobs' window (2000-01-01 to ten years ahead): past it the arithmetic overflows
+            try:
+                validation.check_due_at(value)
+            except exceptions.InvalidSchedule as exc:
+                raise exceptions.InvalidSchedule(str(exc).replace("due_at", name, 1)) from None
     if starts_at is not None and ends_at is not None and ends_at <= starts_at:
         raise exceptions.InvalidRecurrence("ends_at must be after starts_at.")
     if missed not in MISSED_CHOICES:
@@ -85,6 +90,8 @@ def check_rule(
     seconds = every.total_seconds() if isinstance(every, dt.timedelta) else every
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 1:
         raise exceptions.InvalidRecurrence(f"every must be at least 1 second, got {every!r}.")
+    if not seconds <= validation.MAX_DELAY_SECONDS:  # also NaN and infinity
+        raise exceptions.InvalidRecurrence(f"every must be at most {validation.MAX_DELAY_SECONDS} seconds (ten years).")
     return "", float(seconds)
 
 

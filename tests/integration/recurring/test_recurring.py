@@ -94,6 +94,10 @@ def test_recur_rolls_back_with_the_caller():
         ({"cron": "0 9 * * *", "dst_gap": "later"}, exceptions.InvalidPolicy),
         ({"cron": "0 9 * * *", "missed": "run_all"}, exceptions.InvalidPolicy),
         ({"cron": "0 9 * * *", "on_conflict": "merge"}, exceptions.InvalidPolicy),
+        ({"every": 1e12}, exceptions.InvalidRecurrence),  # past ten years: the planner's arithmetic overflows
+        ({"every": float("inf")}, exceptions.InvalidRecurrence),
+        ({"cron": "0 9 * * *", "ends_at": dt.datetime(9999, 12, 31, tzinfo=UTC)}, exceptions.InvalidSchedule),
+        ({"cron": "0 9 * * *", "starts_at": dt.datetime(1, 1, 2, tzinfo=UTC)}, exceptions.InvalidSchedule),
     ],
 )
 def test_bad_input_raises_by_name_and_stores_nothing(kwargs, error):
