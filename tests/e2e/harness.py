@@ -65,6 +65,7 @@ class Proc:
         self.popen = subprocess.Popen(
             argv, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        self._terminated = False
 
     @property
     def pid(self) -> int:
@@ -82,11 +83,17 @@ class Proc:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def terminate(self) -> None:
+        """SIGTERM the whole process group (once): Celery's warm shutdown."""
+        if self.popen.poll() is None and not self._terminated:
+            self._terminated = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+
     def stop(self, timeout: float = 15.0) -> None:
         """TERM, wait, then KILL the whole process group."""
         if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGTERM)
+            self.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout)
         with contextlib.suppress(ProcessLookupError):
@@ -136,9 +143,16 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 15.0) -> None:
+        """TERM every process at once, give them ``timeout`` s in all to exit, then KILL what is left.
+
+        Signalled together, they shut down side by side: the test waits for the slowest, not the sum.
+        """
+        for proc in self.procs:
+            proc.terminate()
+        deadline = time.monotonic() + timeout
         for proc in reversed(self.procs):
-            proc.stop()
+            proc.stop(max(0.0, deadline - time.monotonic()))
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.2, message: str = "") -> Any:
