@@ -21,7 +21,8 @@ from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "tests" / "artifacts"
+# Process logs and measurements; the Django 6.0 leg of `dev.py test`, run beside the 5.2 run, has its own.
+ARTIFACTS = Path(os.environ.get("TIMEKEEPER_TEST_ARTIFACTS") or ROOT / "tests" / "artifacts")
 CELERY = [sys.executable, "-m", "celery", "-A", "project"]
 
 
