@@ -53,6 +53,7 @@ class Process:
             raise ValueError("give a process exactly one of log_path and on_line")
         self.name = name
         self.log_path = log_path
+        self._terminated = False
         self._log = None
         self._reader: threading.Thread | None = None
         placement = {"start_new_session": True} if group is None else {"process_group": group}
@@ -110,11 +111,17 @@ class Process:
                 raise ProcessFailed(f"{self.name} did not print {text!r} within {timeout}s:\n{self.log()[-4000:]}")
             time.sleep(POLL_SECONDS)
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """TERM the process's whole group, wait up to ``timeout`` s, then KILL the group."""
-        if self.alive():
+    def terminate(self) -> None:
+        """TERM the process's whole group, once (Celery's warm shutdown; a second TERM changes nothing)."""
+        if self.alive() and not self._terminated:
+            self._terminated = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, signal.SIGTERM)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """TERM the process's whole group (unless ``terminate`` did), wait up to ``timeout`` s, then KILL it."""
+        if self.alive():
+            self.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout)
         with contextlib.suppress(ProcessLookupError):

@@ -1,8 +1,8 @@
-"""Shared fixtures: raw connections to the test database, and a clean broker database."""
+"""Shared fixtures: raw connections to the test database, a clean broker database, and a fast flush."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +100,49 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problems.append(f"{item.nodeid}: {why}")
     if problems:
         raise pytest.UsageError("tests at the wrong level:\n" + "\n".join(problems))
+BLOATED_BYTES = 512 * 1024  # a table file larger than this is truncated after a test, not emptied with DELETE
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_with_delete() -> Iterator[None]:
+    """Empty the tables after a transactional test with DELETE, not TRUNCATE: same end state, ~20x faster.
+
+    pytest-django ends every ``transactional_db`` test with Django's ``flush`` (a ``TRUNCATE`` of
+    every table, then ``post_migrate``). On a test database's few rows, ``TRUNCATE`` is the slow
+    way: it makes a new file for every table and index and syncs them at commit (0.3-1 s a test on
+    a busy machine, against 10-30 ms for ``DELETE``). What stays the same: every table is empty
+    afterwards and sequences are not reset (``reset_sequences=False``, as before); the ``LOCK
+    TABLE`` waits for any straggling session exactly as ``TRUNCATE``'s lock does; ``post_migrate``
+    still recreates the content types and permissions; no table has a DELETE trigger (the outcome
+    counters count inserts and updates only, migration 0015), and every foreign key is deferred to
+    the commit (Django creates them ``DEFERRABLE INITIALLY DEFERRED``), so the order of the
+    DELETEs does not matter. A table that has grown past ``BLOATED_BYTES`` (a test of thousands of
+    rows, or the dead rows of earlier DELETEs) is truncated instead, so that later tests do not
+    walk a bloated table and its indexes. Anything else (sequences reset, CASCADE) keeps Django's SQL.
+    """
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(
+        self: DatabaseOperations, style: Any, tables: Sequence[str], *, reset_sequences: bool = False,
+        allow_cascade: bool = False,
+    ) -> list[str]:  # fmt: skip
+        if reset_sequences or allow_cascade or not tables:
+            return truncate(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT relname FROM pg_class WHERE relname = ANY(%s) AND relkind = 'r' AND pg_relation_size(oid) > %s",
+                [list(tables), BLOATED_BYTES],
+            )
+            bloated = {row[0] for row in cursor.fetchall()}
+        names = [style.SQL_FIELD(self.quote_name(table)) for table in tables]
+        statements = [f"LOCK TABLE {', '.join(names)} IN ACCESS EXCLUSIVE MODE"]
+        if bloated:  # CASCADE: the tables referencing these are emptied too, as every table is
+            statements.append(f"TRUNCATE {', '.join(self.quote_name(table) for table in sorted(bloated))} CASCADE")
+        statements += [f"DELETE FROM {self.quote_name(table)}" for table in tables if table not in bloated]  # noqa: S608
+        return statements
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DatabaseOperations, "sql_flush", sql_flush)
+        yield

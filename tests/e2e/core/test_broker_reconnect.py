@@ -136,7 +136,8 @@ def test_held_countdowns_come_back_promptly_after_a_redis_restart(private_stack:
     worker = stack.cluster.worker("w1", concurrency=2)  # CELERY_BROKER_VISIBILITY_TIMEOUT_SECONDS: 3600 (default)
     wait_ready(worker)
     count = 40
-    out = stack.manage("shell", "-c", DEFER_SCRIPT.format(count=count, first=20.0, step=0.5))  # due 20-40 s ahead
+    # Due 12-22 s ahead: the restart (a few seconds after the last defer) comes before the first is due.
+    out = stack.manage("shell", "-c", DEFER_SCRIPT.format(count=count, first=12.0, step=0.25))
     deferrals = {d: due for d, due in json.loads(out.strip().splitlines()[-1])}
     client = stack.redis.client()
     prefix = stack.cluster.env.get("CELERY_BROKER_KEYPREFIX", "")

@@ -163,7 +163,9 @@ def _held_in_postgres() -> bool:
 def test_kill_9_mid_atomic_batch_leaves_no_effect_and_every_job_commits_once(cluster):
     """kill -9 mid-batch of an atomic kind: the unfinished chunk's writes vanish; each job commits one effect."""
     (worker,) = _start(cluster)
-    ids = api.schedule_many("faults.atomic_effect", [{}, {}, {"hold": 30}, {}, {}], delay=0)
+    # The held job's pg_sleep outlives its killed process (PostgreSQL notices the lost client when the
+    # statement ends), and the rescue waits for it: 10 s is ample to see the hold and kill, and no longer.
+    ids = api.schedule_many("faults.atomic_effect", [{}, {}, {"hold": 10}, {}, {}], delay=0)
     wait_for(_held_in_postgres, 30, message="the third job to hold inside the batch's transaction")
     started = ScheduledJob.objects.filter(pk__in=ids).exclude(claimed_by="")
     (holder,) = {job.claimed_by for job in started}
@@ -337,7 +339,9 @@ def test_a_poison_job_that_kills_its_worker_ends_dead(cluster, broker):
     # reject_on_worker_lost put each killed batch back once; each redelivery found its claim started.
     wait_for(lambda: worker.log().count("claims skipped") >= max_attempts, 15, message="each redelivery skipped")
     batches = _batches_received(worker, "faults.poison")
-    time.sleep(5)
+    # A negative, so a window: a batch put back when its process died is redelivered at once, and nothing
+    # claims a dead job; 2 s is two sweep and restore intervals (1 s each, FAST) for anything else to show.
+    time.sleep(2)
     assert _batches_received(worker, "faults.poison") == batches, "no batch message after it died"
     deliveries = Counter(batches)
     assert len(deliveries) == max_attempts, "one batch message per attempt"
@@ -519,7 +523,7 @@ def test_sigterm_finishes_the_short_job_and_requeues_the_long_one_once(cluster):
     # The countdown w1 held unacknowledged went back to Redis when it left; w2 runs it, once.
     key = f"broker:{countdown.id}"
     wait_for(lambda: Execution.objects.filter(idempotency_key=key).exists(), 30, message="the countdown to run")
-    time.sleep(3)
+    time.sleep(3)  # a negative (no second copy runs): a window; a copy put back at w1's exit would come at once
     assert Execution.objects.filter(idempotency_key=key).count() == 1, "no countdown lost, none doubled"
     assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
     ran = JobAttempt.objects.get(job_id=long.id, number=2)
