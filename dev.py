@@ -189,77 +189,6 @@ def django60_steps(python: Path) -> list[tuple[str, list[str]]]:
     ]
 
 
-class Django60Leg:
-    """The Django 6.0 leg, run beside the 5.2 pytest run instead of after it; its output is shown at the end.
-
-    Its steps (``django60_steps``) run one after the other in a thread, at the lowest CPU priority
-    (``nice -n 19``): the 5.2 run's end-to-end tests mostly wait on real processes and leave the CPU
-    idle, which is what the leg uses (only its share of PostgreSQL's work, done by the server's own
-    processes, is not lowered), so the whole is shorter by most of the leg. It gets a test run id and
-    an artifacts directory of its own (``TIMEKEEPER_TEST_RUN``, ``TIMEKEEPER_TEST_ARTIFACTS``): its
-    own database, Redis key prefix and process logs, never the 5.2 run's.
-    """
-
-    def __init__(self, python: Path, artifacts: Path = ROOT / "tests" / "artifacts" / "django60") -> None:
-        self.steps = django60_steps(python)
-        self.artifacts = artifacts
-        self.log_path = self.artifacts / "output.log"
-        run_id = os.environ.get("TIMEKEEPER_TEST_RUN") or str(os.getpid())
-        self.env = {
-            **os.environ,
-            "TIMEKEEPER_TEST_RUN": f"{run_id}dj60",
-            "TIMEKEEPER_TEST_ARTIFACTS": str(self.artifacts),
-        }
-        self.failed: tuple[str, int] | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> Django60Leg:
-        self.artifacts.mkdir(parents=True, exist_ok=True)
-        shown = os.path.relpath(self.log_path, ROOT)
-        say(f"Django 6.0 leg: started beside the 5.2 run (output in {shown}, shown at the end)")
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        nice = ["nice", "-n", "19"] if shutil.which("nice") else []
-        with self.log_path.open("wb") as log:
-            for name, argv in self.steps:
-                if self._stopping:
-                    return
-                log.write(f"==> {name}: {' '.join(argv[1:])}\n".encode())
-                log.flush()
-                self._process = subprocess.Popen([*nice, *argv], cwd=ROOT, env=self.env, stdout=log, stderr=log)
-                status = self._process.wait()
-                if status:
-                    self.failed = (name, status)
-                    return
-
-    def finish(self) -> int:
-        """Wait for the leg, show its output, and return the first failed step's status (0 if none)."""
-        self._thread.join()
-        write(self.log_path.read_text(errors="replace"))
-        if self.failed:
-            say(f"{self.failed[0]} failed with status {self.failed[1]}")
-            return self.failed[1]
-        return 0
-
-    def stop(self) -> None:
-        """End the leg early (the 5.2 run failed or was interrupted): its running step gets Ctrl-C's SIGINT.
-
-        pytest takes SIGINT as a KeyboardInterrupt and still runs its teardowns (the worker a test started).
-        """
-        self._stopping = True
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(STOP_GRACE_SECONDS)
-            if self._process.poll() is None:  # SIGINT ignored (a run started in the background inherits that)
-                self._process.terminate()
-        self._thread.join(timeout=STOP_GRACE_SECONDS)
-
-
 def in_venv() -> bool:
     """Whether this interpreter is the project's venv."""
     return Path(sys.prefix).resolve() == VENV.resolve()
@@ -408,7 +337,6 @@ def command_test(pytest_args: list[str]) -> int:
     os.environ.setdefault("DEBUG", "1")
     with preflight.exit_on_error(prefix="==> "):
         services = Services("test")
-    django60: Django60Leg | None = None
     try:
         os.environ.update(DATABASE_URL=services.database_url, CELERY_BROKER_URL=services.broker_url)
         # Importing the project package (for project.services) set DJANGO_SETTINGS_MODULE to the
@@ -423,7 +351,7 @@ def command_test(pytest_args: list[str]) -> int:
             ("pytest", [sys.executable, "-m", "pytest", *pytest_args]),
         ]
         if not pytest_args:  # a whole-suite run proves Django 6.0 too; a selection is the user's, on 5.2
-            steps.insert(-1, ("Django 6.0 venv", []))
+            steps.append(("Django 6.0 venv", []))
         for name, argv in steps:
             if name == "system packages":
                 status = ensure_system_packages()
@@ -431,15 +359,7 @@ def command_test(pytest_args: list[str]) -> int:
                 python = ensure_django60_venv()
                 status = 1 if python is None else 0
                 if python is not None:
-                    django60 = Django60Leg(python).start()
-            elif name == "pytest" and django60 is not None:
-                say(f"{name}: {' '.join(argv[1:])}")
-                status = subprocess.run(argv, cwd=ROOT).returncode
-                if status:
-                    say(f"{name} failed with status {status}")
-                    return status
-                name, status = "Django 6.0 leg", django60.finish()
-                django60 = None
+                    steps.extend(django60_steps(python))
             else:
                 say(f"{name}: {' '.join(argv[1:])}")
                 status = subprocess.run(argv, cwd=ROOT).returncode
@@ -453,8 +373,6 @@ def command_test(pytest_args: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        if django60 is not None:
-            django60.stop()
         services.stop()
 
 

@@ -121,25 +121,6 @@ def test_django60_leg_checks_migrations_and_runs_tests_that_exist() -> None:
     assert "tests/e2e/backends/test_backends_worker.py" in dev.DJANGO60_TESTS
 
 
-def test_django60_leg_runs_its_steps_with_its_own_run_and_artifacts_and_stops_at_the_first_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The 6.0 leg (beside the 5.2 run) has its own test run id and artifacts, shows its output, stops at a failure."""
-    step = tmp_path / "step.sh"
-    step.write_text('#!/bin/sh\necho "$1 run=$TIMEKEEPER_TEST_RUN artifacts=$TIMEKEEPER_TEST_ARTIFACTS"\nexit $2\n')
-    step.chmod(0o755)
-    steps = [(name, [str(step), name, status]) for name, status in (("one", "0"), ("two", "3"), ("three", "0"))]
-    monkeypatch.setattr(dev, "django60_steps", lambda python: steps)
-    monkeypatch.setenv("TIMEKEEPER_TEST_RUN", "42")
-    leg = dev.Django60Leg(Path("/venv/bin/python"), artifacts=tmp_path / "dj60").start()
-    assert leg.finish() == 3
-    shown = capsys.readouterr().out
-    assert f"one run=42dj60 artifacts={tmp_path / 'dj60'}" in shown, "its own database, Redis prefix and logs"
-    assert "two run=42dj60" in shown
-    assert "two failed with status 3" in shown
-    assert "==> three" not in shown, "nothing runs after the first failure"
-
-
 def test_django60_venv_is_installed_once_and_again_when_its_file_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
