@@ -73,7 +73,7 @@ ORDER BY 1 NULLS FIRST;
 
 -- name: waiting_history
 -- What was waiting at `points` + 1 instants over the last `window` seconds, rebuilt from row
--- timestamps like backlog_history, in two series: `waiting` (due and not started: pending, or
+-- timestamps (when each row became due, and when it started or ended), in two series: `waiting` (due and not started: pending, or
 -- claimed and not yet started by a worker) and `paused` (due, pending, of a kind paused now).
 -- A claim still not started keeps waiting until now; a started claim waited until its claim (its
 -- start time is not stored before its attempt is written). Pausing is read as it is now: a kind
