@@ -261,7 +261,7 @@ def test_fresh_project_with_the_standard_celery_setup_runs_all_three_mechanisms(
         )
         assert worker.poll() is None, worker_log.read_text()[-4000:]
         said = run([str(python), "manage.py", "shell", "-c", SHELL_SCHEDULE], site, env).stdout
-        assert "deferred broker" in said, said
+        assert "deferred deferrals" in said, said
         ran = site / "ran"
         for name in ("scheduled", "deferred", "fixed"):
             harness.wait_for(
@@ -284,8 +284,8 @@ def test_fresh_project_with_the_standard_celery_setup_runs_all_three_mechanisms(
         assert worker.poll() is None, worker_log.read_text()[-4000:]
         assert beat.poll() is None, beat_log.read_text()[-4000:]
     assert {name: (ran / name).read_text() for name in ("scheduled", "deferred", "fixed")} == {
-        "scheduled": "table",
-        "deferred": "broker",
+        "scheduled": "due_at",
+        "deferred": "deferrals",
         "fixed": "fixed",
     }
     listed = run([str(python), "manage.py", "timekeeper", "jobs", "--state", "done"], site, env).stdout
