@@ -15,7 +15,7 @@ def main() -> None:
 
     # A wrong setting, or a server the command needs that does not answer, is one line (exit 78).
     with preflight.exit_on_error():
-        preflight.check_command(sys.argv[1] if len(sys.argv) > 1 else "help")
+        preflight.check_command(*(sys.argv[1:] or ["help"]))
     execute_from_command_line(sys.argv)
 
 

@@ -10,7 +10,9 @@ Every entry point runs the same checks:
 - ``dev.py`` (run and test): ``check_environment()`` on the variables, then ``check_database()``
   and ``check_broker()`` on the configured URLs, before it starts an embedded server or a process;
 - ``manage.py``: ``check_command()``: the settings for every command, PostgreSQL and Redis for the
-  commands that cannot work without them (``DATABASE_COMMANDS``, ``BROKER_COMMANDS``);
+  commands that cannot work without them (``DATABASE_COMMANDS``, ``BROKER_COMMANDS``; for
+  ``timekeeper``, by its subcommand: ``TIMEKEEPER_DATABASE_SUBCOMMANDS``, so ``timekeeper sync``
+  is checked and ``timekeeper probe`` never connects);
 - Celery (``project/celery.py``): ``check_settings()`` when the app reads its configuration (every
   ``celery`` command), ``check_services()`` when a worker or beat initialises, before it builds its
   consumer or scheduler.
@@ -37,6 +39,13 @@ VERBOSE_VARIABLE = "TIMEKEEPER_VERBOSE"
 # manage.py commands that cannot do anything without PostgreSQL / Redis (others, such as
 # collectstatic at image build time or makemigrations --check, must work with neither).
 DATABASE_COMMANDS = frozenset({"migrate", "runserver", "seed_demo", "sync_schedules", "createsuperuser"})
+# `manage.py timekeeper <subcommand>`: every subcommand reads or writes the database but the
+# liveness probe, which must answer (from its file) while PostgreSQL is away.
+TIMEKEEPER_DATABASE_SUBCOMMANDS = frozenset(
+    {"jobs", "cancel", "retry", "reschedule", "kinds", "schedules", "sync", "status", "recurrences"}
+)
+# Django's options that take a value as the next argument (before a subcommand, it is not one).
+_OPTIONS_WITH_A_VALUE = frozenset({"--settings", "--pythonpath", "-v", "--verbosity"})
 BROKER_COMMANDS = frozenset({"runserver"})
 # Keys of a DATABASES entry's OPTIONS that Django consumes itself and libpq would refuse.
 _DJANGO_ONLY_OPTIONS = frozenset({"isolation_level", "server_side_binding", "pool", "assume_role"})
@@ -134,9 +143,29 @@ def _url_behind(entry: Mapping[str, Any]) -> str | None:
     return url if same else None
 
 
-def check_command(command: str) -> None:
-    """What ``manage.py <command>`` needs: the settings, and the servers the command cannot do without."""
-    check_services(database=command in DATABASE_COMMANDS, broker=command in BROKER_COMMANDS)
+def check_command(command: str, *args: str) -> None:
+    """What ``manage.py <command> <args>`` needs: the settings, and the servers the command cannot do without."""
+    check_services(database=needs_database(command, *args), broker=command in BROKER_COMMANDS)
+
+
+def needs_database(command: str, *args: str) -> bool:
+    """Whether ``manage.py <command> <args>`` cannot work without PostgreSQL (``timekeeper``: by subcommand)."""
+    if command != "timekeeper":
+        return command in DATABASE_COMMANDS
+    return _subcommand(args) in TIMEKEEPER_DATABASE_SUBCOMMANDS
+
+
+def _subcommand(args: tuple[str, ...]) -> str:
+    """The first argument that is neither an option nor an option's value ("" when there is none)."""
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _OPTIONS_WITH_A_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return ""
 
 
 def check_database(url: str, name: str = "DATABASE_URL") -> None:

@@ -76,16 +76,21 @@ def retire_owner(owner: Any) -> jobs_api.BulkResult:
     for the admin, ``user.delete()`` and ``QuerySet.delete()``. In order: the user's row is locked
     (a job or occurrence inserted for them meanwhile cannot commit before the deletion, and fails
     after it); their recurrences are cancelled (``cancel_recurrences``: no further occurrence); their
-    pending jobs are cancelled (``cancel_many``: one statement, conditional on ``pending``); and every
-    job of theirs gets ``former_owner`` ("username (#id)"), since the deletion then empties the owner
-    and the history must not read as the system's. Claimed and running jobs are left to end with
-    the attempt they are on (their ``max_attempts`` becomes their ``attempts``: a failure is final,
-    never a retry as nobody's job), and a handler that asks ``job.owner_id`` then gets
-    ``OwnerDeleted``, so it fails instead of acting with the system's rights. Returns the cancel's result.
+    pending jobs are cancelled (``cancel_many``: one statement, conditional on ``pending``), and so
+    are their claims not yet started (conditional on ``claimed_by = ''``: the runner then finds the
+    claim lost); and every job of theirs gets ``former_owner`` ("username (#id)"), since the deletion
+    then empties the owner and the history must not read as the system's. Running jobs are left to
+    end with the attempt they are on (their ``max_attempts`` becomes their ``attempts``: a failure is
+    final, never a retry as nobody's job) and lose their key (with the owner emptied it would be the
+    system's key: ``schedule(key=...)`` by system code must not meet them); a claim given back
+    (unclaimed, swept, a lost chunk released) is cancelled, never pending again. A handler that asks
+    ``job.owner_id`` gets ``OwnerDeleted``, so it fails instead of acting with the system's rights.
+    Returns the result of the pending jobs' cancel.
     """
     from django.contrib.auth import get_user_model
     from django.db import transaction
-    from django.db.models import Case, F, When
+    from django.db.models import Case, F, Value, When
+    from django.db.models.functions import Now
 
     from scheduling.models import JobState, Recurrence, RecurrenceState, ScheduledJob
 
@@ -99,14 +104,27 @@ def retire_owner(owner: Any) -> jobs_api.BulkResult:
         recurring_api.cancel_recurrences(theirs)
         waiting = ScheduledJob.objects.filter(owner_id=owner_id, state=JobState.PENDING).values_list("pk", flat=True)
         result = jobs_api.cancel_many(waiting)
-        # One statement: every job of theirs says who owned it; a claimed one's current attempt is its last.
+        # A claim not yet started ran nothing: cancelled too (conditional on claimed_by = '', which
+        # start_jobs requires, so the runner sees the claim as lost). Left claimed, it would stay in
+        # the waiting-key index and collide with the system's job of that key once the owner is emptied.
+        unstarted = ScheduledJob.objects.filter(owner_id=owner_id, state=JobState.CLAIMED, claimed_by="").update(
+            state=JobState.CANCELLED, finished_at=Now(), updated_at=Now()
+        )
+        # One statement: every job of theirs says who owned it; a claimed one's current attempt is its
+        # last; a job still live (running) gives up its key, so the key never reaches the system's namespace.
         last_attempt = Case(When(state=JobState.CLAIMED, then=F("attempts")), default=F("max_attempts"))
+        live_key = Case(When(state__in=[JobState.PENDING, JobState.CLAIMED], then=Value(None)), default=F("key"))
         marked = ScheduledJob.objects.filter(owner_id=owner_id).update(
-            former_owner=label[:200], max_attempts=last_attempt
+            former_owner=label[:200], max_attempts=last_attempt, key=live_key
         )
     logger.info(
         "owner retired: their waiting work cancelled",
-        extra={"owner_id": owner_id, "cancelled": len(result.changed), "marked": marked, "action": "owner_retired"},
+        extra={
+            "owner_id": owner_id,
+            "cancelled": len(result.changed) + unstarted,
+            "marked": marked,
+            "action": "owner_retired",
+        },
     )
     return result
 

@@ -83,18 +83,24 @@ def run_deferred(
 
 @shared_task(name="scheduling.run_fixed", bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
 def run_fixed(
-    self: Task, schedule: str, tick: str | None = None, trigger: str = RunTrigger.BEAT, signature: str = ""
+    self: Task,
+    schedule: str,
+    tick: str | None = None,
+    trigger: str = RunTrigger.BEAT,
+    signature: str = "",
+    policy: str = "",
 ) -> dict[str, Any]:
     """Run one tick of a fixed-time schedule; a redelivered or repeated tick is refused by the gate's ledger.
 
     Only a message signed by beat or "run now" (``fixed.messages``) runs: one sent by hand (Flower's
     send-task, ``celery call``, a periodic task sent without a tick) is refused, counted, and runs nothing.
     """
-    if not messages.authentic(schedule, tick, trigger, signature):
+    if not messages.authentic(schedule, tick, trigger, signature, policy):
         messages.refuse(schedule)
         return {"outcome": messages.REFUSED, "run_id": None, "attempt": 0}
     assert tick is not None  # authentic() holds only for a tick
-    report = gate.run(schedule, dt.datetime.fromisoformat(tick), trigger, task_id=str(self.request.id or ""))
+    task_id = str(self.request.id or "")
+    report = gate.run(schedule, dt.datetime.fromisoformat(tick), trigger, task_id=task_id, policy_id=int(policy))
     return {"outcome": report.outcome, "run_id": report.run_id, "attempt": report.attempt}
 
 

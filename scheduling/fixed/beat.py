@@ -305,7 +305,8 @@ def carry_out(
     for send in plan.sends:
         app.send_task(
             tasknames.RUN_FIXED,
-            kwargs=messages.message_kwargs(name, send.tick, send.trigger),  # signed: workers refuse unsigned ticks
+            # signed for this policy row: workers refuse unsigned ticks and those of a deleted schedule
+            kwargs=messages.message_kwargs(name, send.tick, send.trigger, policy_id=policy_id),
             producer=producer,
             headers={"periodic_task_name": name, "celery_beat_task": True},
             **send_options,

@@ -8,7 +8,9 @@ admin's policy inline asks, ``scheduling.web.admin``):
 - a run's timeout (its ``active_deadline_seconds``, else its kind's timeout) is shorter than that gap,
   so a run is over before the next tick, whatever the overlap policy;
 - attempts (retries + 1) x that timeout stay within ``SCHEDULING_API_MAX_JOB_SECONDS``, the bound
-  one JSON API job has.
+  one JSON API job has;
+- ``missed_policy=run_all`` does not go with ``concurrency_policy=allow``: after a beat outage up to
+  ``SCHEDULING_FIXED_MAX_CATCH_UP`` catch-up runs would go out at once, all overlapping.
 
 Each refusal is an ``InvalidPolicy`` whose ``field`` names the form field it is about.
 """
@@ -34,9 +36,19 @@ def check_caller_bounds(
     active_deadline_seconds: float | None,
     backoff_limit: int,
     timing_field: str | None = None,
+    missed_policy: str | None = None,
+    concurrency_policy: str | None = None,
 ) -> None:
     """Raise ``InvalidPolicy`` (with ``.field``) unless the schedule stays within the bounds above."""
     settings = conf.get()
+    if missed_policy == "run_all" and concurrency_policy == "allow":
+        raise _refuse(
+            "missed_policy=run_all with concurrency_policy=allow would send every missed run at once after an "
+            f"outage (up to {settings.fixed_max_catch_up}, SCHEDULING_FIXED_MAX_CATCH_UP), all overlapping: only a "
+            "superuser may combine them; choose concurrency_policy forbid or replace, or missed_policy skip or "
+            "run_once.",
+            "missed_policy",
+        )
     shortest = timing.min_interval_seconds()
     if shortest < settings.fixed_min_interval_seconds:
         raise _refuse(

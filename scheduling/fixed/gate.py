@@ -79,9 +79,23 @@ def find(schedule: str) -> SchedulePolicy:
     return policy
 
 
-def run(schedule: str, tick: dt.datetime | None, trigger: str = RunTrigger.BEAT, task_id: str = "") -> RunReport:
-    """Run one tick of ``schedule`` through the gate (see the module docstring)."""
+def run(
+    schedule: str,
+    tick: dt.datetime | None,
+    trigger: str = RunTrigger.BEAT,
+    task_id: str = "",
+    policy_id: int | None = None,
+) -> RunReport:
+    """Run one tick of ``schedule`` through the gate (see the module docstring).
+
+    ``policy_id`` is the policy row a signed message names (``messages``): a message signed for a
+    schedule that was since deleted and declared again under the same name is refused and counted
+    like a bad signature, so it cannot run again against the new row's empty ledger.
+    """
     policy = find(schedule)
+    if policy_id is not None and policy.pk != policy_id:
+        messages.refuse(schedule, "it was signed for a deleted schedule of the same name (another policy row)")
+        return RunReport(messages.REFUSED, None, tick)
     log: dict[str, Any] = {"schedule": schedule, "trigger": trigger}
     lock = lock_for(policy.pk) if policy.concurrency_policy != ConcurrencyPolicy.ALLOW else None
     try:
@@ -156,9 +170,10 @@ def run_now(schedule: str | PeriodicTask | SchedulePolicy) -> str:
         name = schedule.name
     else:
         name = schedule
-    find(name)
+    policy = find(name)
     tick = core_store.database_now()
-    result = current_app.send_task(tasknames.RUN_FIXED, kwargs=messages.message_kwargs(name, tick, RunTrigger.MANUAL))
+    kwargs = messages.message_kwargs(name, tick, RunTrigger.MANUAL, policy_id=policy.pk)
+    result = current_app.send_task(tasknames.RUN_FIXED, kwargs=kwargs)
     logger.info("manual run sent", extra={"schedule": name, "tick": tick.isoformat(), "action": "run_now"})
     return str(result.id)
 

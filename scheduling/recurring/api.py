@@ -357,7 +357,13 @@ def change_recurrence(
         new_missed = row.missed if missed is UNSET else missed
         new_gap = row.dst_gap if dst_gap is UNSET else dst_gap
         _check_choice("dst_gap", new_gap, DST_GAP_CHOICES)
-        expression, every_seconds = rules.check_rule(cron_value, every_value, new_starts, new_ends, new_missed)
+        # The window and every='s maximum apply to what the caller passes, not to stored values (kept
+        # from before those limits, they must not block a payload-only change).
+        given = {"starts_at": starts_at, "ends_at": ends_at, "every": every}
+        bounded = {name for name, value in given.items() if value is not UNSET}
+        expression, every_seconds = rules.check_rule(
+            cron_value, every_value, new_starts, new_ends, new_missed, bounded=bounded
+        )
         new_priority = row.priority if priority is UNSET else priority
         new_attempts = row.max_attempts if max_attempts is UNSET else max_attempts
         if new_attempts is not None:

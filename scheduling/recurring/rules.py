@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+from collections.abc import Collection
 from typing import Protocol
 
 from scheduling.core import exceptions, validation
@@ -61,20 +62,32 @@ def schedule_for(
     return _cron(expression, timezone, dst_gap)
 
 
+BOUNDED = frozenset({"starts_at", "ends_at", "every"})  # check_rule: the arguments whose limits apply
+
+
 def check_rule(
     cron_expression: str | None,
     every: float | int | dt.timedelta | None,
     starts_at: dt.datetime | None,
     ends_at: dt.datetime | None,
     missed: str,
+    *,
+    bounded: Collection[str] = BOUNDED,
 ) -> tuple[str, float | None]:
-    """Validate the parts ``schedule_for`` does not see; returns (expression, every_seconds)."""
+    """Validate the parts ``schedule_for`` does not see; returns (expression, every_seconds).
+
+    The window of ``starts_at`` / ``ends_at`` and the maximum of ``every`` apply to the names in
+    ``bounded`` only: ``change_recurrence`` passes the arguments its caller gave, so values stored
+    before these limits existed (an ``ends_at`` beyond ten years) do not block an unrelated change.
+    """
     if (cron_expression is None) == (every is None):
         raise exceptions.InvalidRecurrence("Give exactly one of cron= and every=.")
     for name, value in (("starts_at", starts_at), ("ends_at", ends_at)):
         if value is not None and (not isinstance(value, dt.datetime) or value.utcoffset() is None):
             raise exceptions.InvalidSchedule(f"{name} must be a timezone-aware datetime, got {value!r}.")
-        if value is not None:  # the jobs' window (2000-01-01 to ten years ahead): past it the arithmetic overflows
+        if (
+            value is not None and name in bounded
+        ):  # the jobs' window (2000-01-01 to ten years ahead): past it the arithmetic overflows
             try:
                 validation.check_due_at(value)
             except exceptions.InvalidSchedule as exc:
@@ -90,7 +103,7 @@ def check_rule(
     seconds = every.total_seconds() if isinstance(every, dt.timedelta) else every
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 1:
         raise exceptions.InvalidRecurrence(f"every must be at least 1 second, got {every!r}.")
-    if not seconds <= validation.MAX_DELAY_SECONDS:  # also NaN and infinity
+    if "every" in bounded and not seconds <= validation.MAX_DELAY_SECONDS:  # also NaN and infinity
         raise exceptions.InvalidRecurrence(f"every must be at most {validation.MAX_DELAY_SECONDS} seconds (ten years).")
     return "", float(seconds)
 

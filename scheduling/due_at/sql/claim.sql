@@ -275,8 +275,12 @@ RETURNING id;
 -- name: unclaim_jobs
 -- Claims the claim could not send (no room left in the queue, or the broker did not answer) go
 -- back to pending at once, as if never claimed: the attempt the claim counted is given back.
+-- A job whose owner was deleted (former_owner set, api.retire_owner) is cancelled instead: pending
+-- again it would run as nobody's job and count in the system's backlog (owner_id IS NULL).
 UPDATE scheduling_scheduledjob AS j
-SET state = 'pending', token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
+SET state = CASE WHEN j.former_owner <> '' THEN 'cancelled' ELSE 'pending' END,
+    finished_at = CASE WHEN j.former_owner <> '' THEN now() END,
+    token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
     attempts = j.attempts - 1, updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
 WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed' AND j.claimed_by = ''
@@ -367,18 +371,23 @@ SELECT id, state FROM released;
 -- (max_attempts + 1, the attempt recorded as reclaimed), flagged run_alone (so a culprit's next
 -- loss is its own) and due after its kind's backoff (%(delays)s, computed by the caller); a job
 -- already run_alone, or alone in its chunk, is charged the attempt (dead when spent), with backoff.
+-- A job whose owner was deleted (former_owner set, api.retire_owner) that would go back to pending is
+-- cancelled instead: pending again it would run as nobody's job and count in the system's backlog.
 WITH input AS (
     SELECT t.id, t.token, t.delay, j.due_at, j.attempts, j.max_attempts, j.claimed_at, j.claimed_by,
-           %(shared)s AND NOT j.run_alone AS shared
+           %(shared)s AND NOT j.run_alone AS shared,
+           (%(shared)s AND NOT j.run_alone OR j.attempts < j.max_attempts) AS retried,
+           j.former_owner <> '' AS retired
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays)s::float8[]) AS t(id, token, delay)
     JOIN scheduling_scheduledjob AS j ON j.id = t.id
 ), released AS (
     UPDATE scheduling_scheduledjob AS j
-    SET state = CASE WHEN input.shared OR input.attempts < input.max_attempts THEN 'pending' ELSE 'dead' END,
-        finished_at = CASE WHEN NOT (input.shared OR input.attempts < input.max_attempts) THEN clock_timestamp() END,
+    SET state = CASE WHEN input.retried AND input.retired THEN 'cancelled'
+                     WHEN input.retried THEN 'pending' ELSE 'dead' END,
+        finished_at = CASE WHEN NOT input.retried OR input.retired THEN clock_timestamp() END,
         max_attempts = j.max_attempts + CASE WHEN input.shared THEN 1 ELSE 0 END,
         run_alone = true,
-        due_at = CASE WHEN input.shared OR input.attempts < input.max_attempts
+        due_at = CASE WHEN input.retried AND NOT input.retired
                       THEN clock_timestamp() + make_interval(secs => input.delay) ELSE j.due_at END,
         token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
         last_error = %(reason)s, updated_at = clock_timestamp()

@@ -24,9 +24,11 @@
 -- A batch cut by one statement's LIMIT (rows go batch by batch, oldest claim first) is finished by
 -- the next: the sweeper passes the batches it already found shared (%(shared_batches)s, "holder
 -- claimed_at"), so the rows left of such a batch are not taken for a batch of one.
+-- A job whose owner was deleted (former_owner set, api.retire_owner) that would go back to pending
+-- is cancelled instead: pending again it would run as nobody's job and count in the system's backlog.
 WITH stale AS (
     SELECT id, token, kind, attempts, max_attempts, due_at, claimed_at, claimed_by, run_alone,
-           backoff_base_seconds, backoff_cap_seconds
+           backoff_base_seconds, backoff_cap_seconds, former_owner <> '' AS retired
     FROM scheduling_scheduledjob
     WHERE state = 'claimed'
       AND CASE WHEN claimed_by <> ''
@@ -72,12 +74,13 @@ WITH stale AS (
                                    AS shared) AS s
 ), moved AS (
     UPDATE scheduling_scheduledjob AS j
-    SET state = CASE WHEN judged.retried THEN 'pending' ELSE 'dead' END,
-        finished_at = CASE WHEN NOT judged.retried THEN now() END,
+    SET state = CASE WHEN judged.retried AND judged.retired THEN 'cancelled'
+                     WHEN judged.retried THEN 'pending' ELSE 'dead' END,
+        finished_at = CASE WHEN NOT judged.retried OR judged.retired THEN now() END,
         max_attempts = j.max_attempts + CASE WHEN judged.shared THEN 1 ELSE 0 END,
         run_alone = j.run_alone OR judged.started,
-        due_at = CASE WHEN judged.started AND judged.retried THEN now() + make_interval(secs => judged.delay)
-                      ELSE j.due_at END,
+        due_at = CASE WHEN judged.started AND judged.retried AND NOT judged.retired
+                      THEN now() + make_interval(secs => judged.delay) ELSE j.due_at END,
         token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
         last_error = judged.error, updated_at = now()
     FROM judged

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, OperationalError, ProgrammingError
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -32,6 +32,24 @@ from scheduling.models import JobState, ScheduledJob
 
 DEFAULT_LIMIT = 50  # jobs listed unless --limit says otherwise
 ERROR_SHOWN_CHARACTERS = 60  # of a job's last error in the text listing
+
+
+MISSING_OBJECT_SQLSTATES = frozenset({"42P01", "42703"})  # undefined table, undefined column
+
+
+def database_error_message(exc: DatabaseError) -> str:
+    """What the command says for a database error other than an unreachable database.
+
+    The error's class and first line; a missing table or column (a ``ProgrammingError``, e.g.
+    ``timekeeper sync`` before ``migrate``) also says how to create it.
+    """
+    lines = str(exc).strip().splitlines()
+    message = f"Database error ({type(exc).__name__}): {lines[0] if lines else 'no detail'}"
+    if isinstance(exc, ProgrammingError):
+        sqlstate = getattr(exc.__cause__, "sqlstate", None) or getattr(exc.__cause__, "pgcode", None)
+        if sqlstate in MISSING_OBJECT_SQLSTATES:
+            message += ". Has the schema been created? Run `manage.py migrate`."
+    return message
 
 
 def job_id(text: str) -> int:
@@ -189,8 +207,10 @@ class Command(BaseCommand):
                 self.change(subcommand, options)
             else:
                 RUNNERS[subcommand](self, options)
-        except DatabaseError as exc:
+        except (OperationalError, InterfaceError) as exc:
             raise CommandError(f"Cannot reach the database: {exc}. Is PostgreSQL up and DATABASE_URL right?") from exc
+        except DatabaseError as exc:
+            raise CommandError(database_error_message(exc)) from exc
         except exceptions.SchedulingError as exc:
             raise CommandError(str(exc)) from exc
 

@@ -17,7 +17,13 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 from django_celery_beat import admin as beat_admin
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.models import (
+    ClockedSchedule,
+    CrontabSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+    SolarSchedule,
+)
 
 from scheduling.core import exceptions
 from scheduling.fixed import edits
@@ -51,6 +57,43 @@ class SchedulePolicyInline(admin.StackedInline):
         """The policy form offers the kinds the person may use (every kind to a superuser)."""
         formset = super().get_formset(request, obj, **kwargs)
         return type(formset.__name__, (formset,), {"user": request.user})
+
+
+class SuperuserTimingMixin:
+    """django-celery-beat's timing rows (crontab, interval, solar, clocked) are shared by every task using them,
+    and beat times a schedule from its row: only a superuser adds, changes or deletes one. Others set a
+    schedule's timing through its policy's expression or interval, which the bounds check (``fixed.bounds``);
+    they see the rows with the view permission itself (the change permission no longer implies it)."""
+
+    model: Any
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return bool(request.user.is_superuser) and super().has_add_permission(request, *args)  # type: ignore[misc]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser) and super().has_change_permission(request, obj)  # type: ignore[misc]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser) and super().has_delete_permission(request, obj)  # type: ignore[misc]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if request.user.is_superuser:
+            return True
+        opts = self.model._meta
+        return request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}")
+
+
+for _timing_model, _beat_admin in (
+    (CrontabSchedule, beat_admin.CrontabScheduleAdmin),
+    (IntervalSchedule, beat_admin.IntervalScheduleAdmin),
+    (SolarSchedule, beat_admin.SolarScheduleAdmin),
+    (ClockedSchedule, beat_admin.ClockedScheduleAdmin),
+):
+    admin.site.unregister(_timing_model)
+    admin.site.register(
+        _timing_model,
+        type(_beat_admin.__name__, (SuperuserTimingMixin, _beat_admin), {"__module__": __name__}),
+    )
 
 
 admin.site.unregister(PeriodicTask)

@@ -107,6 +107,8 @@ class SchedulePolicyForm(forms.ModelForm):
                     active_deadline_seconds=candidate.active_deadline_seconds,
                     backoff_limit=candidate.backoff_limit,
                     timing_field="every_seconds" if data.get("every_seconds") else "expression",
+                    missed_policy=candidate.missed_policy,
+                    concurrency_policy=candidate.concurrency_policy,
                 )
         except exceptions.SchedulingError as exc:
             field = getattr(exc, "field", None)

@@ -13,6 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -121,12 +122,21 @@ class RecurrenceAdmin(admin.ModelAdmin):
         return False  # recurrences are made by api.recur() (code, the JSON API, the CLI)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # They end by cancel (no bulk delete). One recurrence may go with its owner, whose delete page
-        # asks this for each of theirs: its pending occurrence is cancelled first, the history stays.
+        # They end by cancel: no delete page of their own (delete_view), no bulk delete (get_actions).
+        # A recurrence may go only with its owner, whose delete page asks this for each of theirs: its
+        # pending occurrence is cancelled first, the history stays.
         return obj is not None and super().has_delete_permission(request, obj)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return obj is None and super().has_change_permission(request, obj)  # actions, not edits
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
+        raise PermissionDenied("A recurrence ends by cancel; it is deleted only with its owner.")
+
+    def get_actions(self, request: HttpRequest) -> Any:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # no bulk delete either, whatever the permissions
+        return actions
 
     # -- bulk actions: the API's bulk calls, with counts of the changed and the others
 

@@ -9,7 +9,7 @@ from django.test import Client
 
 from scheduling import api
 from scheduling.core import exceptions, registry, store
-from scheduling.due_at import runner
+from scheduling.due_at import runner, sweep
 from scheduling.due_at import store as jobs_store
 from scheduling.models import JobAttempt, JobState, Recurrence, ScheduledJob
 from tasks.models import Payment
@@ -84,10 +84,8 @@ def test_deleting_users_through_the_orm_cancels_only_their_pending_jobs(django_u
     assert {claim.id for claim in jobs_store.claim_due_jobs(100)} == {jobs["erin"]}
 
 
-def test_a_claimed_job_of_a_deleted_owner_fails_its_last_attempt_instead_of_running_as_the_system(
-    django_user_model: Any, run_sql
-):
-    """Claimed before the deletion, run after: payments.retry's owner check gets OwnerDeleted, the job is dead."""
+def test_a_claimed_job_of_a_deleted_owner_is_cancelled_and_never_runs_as_the_system(django_user_model: Any, run_sql):
+    """Claimed before the deletion, delivered after: cancelled by the deletion, the runner starts nothing."""
     frank = django_user_model.objects.create_user("frank")
     payment = Payment.objects.create(reference="pay-frank", amount_cents=100, owner=frank)
     job = api.schedule("payments.retry", {"reference": "pay-frank"}, delay=0, owner=frank)
@@ -98,13 +96,35 @@ def test_a_claimed_job_of_a_deleted_owner_fails_its_last_attempt_instead_of_runn
     frank.delete()
     report = runner.run_batch([(claim.id, claim.token)])
 
-    assert (report.started, report.failed) == (1, 1)
+    assert (report.started, report.failed) == (0, 0)
     row = ScheduledJob.objects.get(pk=job.id)
-    assert (row.state, row.owner_id, row.former_owner) == (JobState.DEAD, None, f"frank (#{frank_id})")
-    attempt = JobAttempt.objects.get(job_id=job.id)
-    assert "was deleted; it does not run as the system" in attempt.error
+    assert (row.state, row.owner_id, row.former_owner) == (JobState.CANCELLED, None, f"frank (#{frank_id})")
+    assert not JobAttempt.objects.filter(job_id=job.id).exists()
     payment.refresh_from_db()
     assert payment.attempts == 0, "the payment was not charged as the system"
+
+
+def test_a_running_job_of_a_deleted_owner_fails_its_last_attempt_instead_of_running_as_the_system(
+    django_user_model: Any, run_sql
+):
+    """Started before the deletion: its handler's job.owner_id raises OwnerDeleted; the failure is final (dead)."""
+    fay = django_user_model.objects.create_user("fay")
+    job = api.schedule("demo.record", {}, delay=0, owner=fay)
+    overdue(run_sql, [job.id])
+    [claim] = jobs_store.claim_due_jobs(10)
+    [started] = jobs_store.start_jobs([(claim.id, claim.token)], "test:1")
+    fay_id = fay.pk
+
+    fay.delete()
+
+    with pytest.raises(exceptions.OwnerDeleted, match=f"fay \\(#{fay_id}\\)"):
+        _ = registry.Job("demo.record", {}, 1, 1, None, id=job.id).owner_id
+    failed = jobs_store.fail_jobs(
+        [jobs_store.Outcome(started.id, started.token, started.db_now, started.db_now, "failed", "x", 0.0)]
+    )
+    row = ScheduledJob.objects.get(pk=job.id)
+    assert (row.state, row.max_attempts, row.former_owner) == (JobState.DEAD, 1, f"fay (#{fay_id})")
+    assert len(failed) == 1
 
 
 def test_owner_id_of_a_system_job_is_none_and_of_a_deleted_owners_job_raises():
@@ -114,3 +134,118 @@ def test_owner_id_of_a_system_job_is_none_and_of_a_deleted_owners_job_raises():
     ScheduledJob.objects.filter(pk=system.id).update(former_owner="gone (#99)")
     with pytest.raises(exceptions.OwnerDeleted, match="gone"):
         _ = registry.Job("demo.record", {}, 1, 1, None, id=system.id).owner_id
+
+
+def test_deleting_a_user_whose_unstarted_claim_shares_a_key_with_a_system_job_succeeds(django_user_model: Any, run_sql):
+    """A claimed-not-started job keyed like the system's waiting job: the deletion cancels it, no IntegrityError."""
+    gina = django_user_model.objects.create_user("gina")
+    hers = api.schedule("demo.record", {}, key="report", delay=0, owner=gina).id
+    overdue(run_sql, [hers])
+    [claim] = jobs_store.claim_due_jobs(10)
+    assert claim.id == hers
+    system = api.schedule("demo.record", {}, key="report", delay=3600).id
+    gina_id = gina.pk
+
+    gina.delete()
+
+    after = states([hers, system])
+    assert after[hers] == (JobState.CANCELLED, None, f"gina (#{gina_id})")
+    assert after[system] == (JobState.PENDING, None, "")
+    assert ScheduledJob.objects.get(pk=hers).finished_at is not None
+    assert jobs_store.start_jobs([(claim.id, claim.token)], "test:1") == [], "the runner finds the claim lost"
+
+
+@pytest.mark.parametrize("started", [False, True], ids=["claimed", "running"])
+def test_after_the_deletion_a_system_schedule_of_the_same_key_creates_a_fresh_system_job(
+    django_user_model: Any, run_sql, started: bool
+):
+    """The deleted owner's claimed or running job leaves the key: schedule(key=K) by the system gets its own new job."""
+    hank = django_user_model.objects.create_user("hank")
+    hers = api.schedule("demo.record", {}, key="nightly", delay=0, owner=hank).id
+    overdue(run_sql, [hers])
+    [claim] = jobs_store.claim_due_jobs(10)
+    if started:
+        assert len(jobs_store.start_jobs([(claim.id, claim.token)], "test:1")) == 1
+    hank.delete()
+    before = ScheduledJob.objects.get(pk=hers)
+    # out of the key namespace: a running job loses its key, a claim not started is cancelled (final)
+    assert (before.state, before.key) == ((JobState.CLAIMED, None) if started else (JobState.CANCELLED, "nightly"))
+
+    kept = api.schedule("demo.record", {"n": 1}, key="nightly", delay=3600, on_conflict="keep")
+    replaced = api.schedule("demo.record", {"n": 2}, key="nightly", delay=3600, on_conflict="replace")
+
+    assert kept.id != hers
+    assert replaced.id == kept.id
+    row = ScheduledJob.objects.get(pk=kept.id)
+    assert (row.state, row.owner_id, row.former_owner, row.payload) == (JobState.PENDING, None, "", {"n": 2})
+    assert registry.Job("demo.record", {}, 1, 1, None, id=row.id).owner_id is None, "the system's job runs"
+
+
+def test_a_retired_owners_unsent_claim_given_back_is_cancelled_not_pending(run_sql):
+    """unclaim_jobs: a claim whose owner was deleted (former_owner set) ends cancelled, not pending again."""
+    job = api.schedule("demo.record", {}, delay=0).id
+    overdue(run_sql, [job])
+    [claim] = jobs_store.claim_due_jobs(10)
+    run_sql("UPDATE scheduling_scheduledjob SET former_owner = 'ivy (#99)' WHERE id = %s", [job])
+
+    assert jobs_store.unclaim_jobs([(claim.id, claim.token)]) == [job]
+
+    row = ScheduledJob.objects.get(pk=job)
+    assert (row.state, row.attempts) == (JobState.CANCELLED, 0)
+    assert row.finished_at is not None
+
+
+def test_a_deleted_owners_unsent_claim_stays_cancelled_when_the_claim_gives_it_back(django_user_model: Any, run_sql):
+    """Deleted while its claim waits to be sent: cancelled by the deletion, and unclaim_jobs leaves it so."""
+    jack = django_user_model.objects.create_user("jack")
+    job = api.schedule("demo.record", {}, delay=0, owner=jack).id
+    overdue(run_sql, [job])
+    [claim] = jobs_store.claim_due_jobs(10)
+    jack.delete()
+
+    assert jobs_store.unclaim_jobs([(claim.id, claim.token)]) == []
+
+    assert ScheduledJob.objects.get(pk=job).state == JobState.CANCELLED
+    assert jobs_store.claim_due_jobs(10) == []
+
+
+def _running_pair(django_user_model: Any, run_sql, name: str) -> tuple[list[tuple[int, str]], str]:
+    """Two jobs of a new user claimed in one batch and started, then the user deleted; (claims, label)."""
+    user = django_user_model.objects.create_user(name)
+    ids = [api.schedule("demo.record", {"i": i}, delay=0, owner=user).id for i in range(2)]
+    overdue(run_sql, ids)
+    claims = [(c.id, c.token) for c in jobs_store.claim_due_jobs(10)]
+    assert sorted(c[0] for c in claims) == sorted(ids)
+    assert len(jobs_store.start_jobs(claims, "test:1")) == 2
+    label = f"{name} (#{user.pk})"
+    user.delete()
+    return claims, label
+
+
+def test_a_deleted_owners_running_batch_swept_as_shared_is_cancelled_not_refunded(django_user_model: Any, run_sql):
+    """The sweeper's refund of a batch that died together: a retired owner's jobs end cancelled, not pending."""
+    claims, label = _running_pair(django_user_model, run_sql, "kate")
+    ids = [c[0] for c in claims]
+    run_sql(
+        "UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes',"
+        " heartbeat_at = now() - interval '10 minutes' WHERE id = ANY(%s)",
+        [ids],
+    )
+
+    assert sweep.reclaim_expired() == (0, 0), "neither pending again nor dead"
+
+    assert set(states(ids).values()) == {(JobState.CANCELLED, None, label)}
+    assert ScheduledJob.objects.filter(pk__in=ids, finished_at__isnull=False).count() == 2
+    assert jobs_store.claim_due_jobs(10) == []
+
+
+def test_a_deleted_owners_lost_shared_chunk_released_is_cancelled_not_refunded(django_user_model: Any, run_sql):
+    """release_lost_chunk of a chunk of two: a retired owner's jobs end cancelled, not pending."""
+    claims, label = _running_pair(django_user_model, run_sql, "liam")
+    ids = [c[0] for c in claims]
+
+    released = jobs_store.release_lost_chunk([(i, t, 0.0) for i, t in claims], "lost")
+
+    assert {(job.id, job.state) for job in released} == {(i, JobState.CANCELLED) for i in ids}
+    assert set(states(ids).values()) == {(JobState.CANCELLED, None, label)}
+    assert jobs_store.claim_due_jobs(10) == []

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
@@ -119,6 +120,30 @@ def test_bad_input_is_a_command_error_naming_the_problem(jobs, args, says):
     with pytest.raises(CommandError, match=says):
         run(*args)
     assert stored() == before
+
+
+@pytest.mark.parametrize("args", [("jobs",), ("sync",)])
+def test_a_missing_table_is_reported_as_such_with_migrate_not_as_an_unreachable_database(args):
+    """A ProgrammingError (a table not created yet) names its class and suggests migrate, not "Cannot reach"."""
+    table = ScheduledJob._meta.db_table if args == ("jobs",) else PeriodicTask._meta.db_table
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f'ALTER TABLE "{table}" RENAME TO "{table}_away"')  # undone with the transaction
+        with pytest.raises(CommandError) as caught, transaction.atomic():
+            run(*args)
+        transaction.set_rollback(True)
+    said = str(caught.value)
+    assert said.startswith("Database error (ProgrammingError): ")
+    assert f'relation "{table}" does not exist' in said
+    assert said.endswith("Run `manage.py migrate`.")
+    assert "Cannot reach" not in said
+    assert "\n" not in said, "the first line only"
+
+
+def test_an_integrity_error_names_its_class_and_first_line_without_migrate():
+    """Any other database error says its class and first line, and neither "Cannot reach" nor migrate."""
+    said = timekeeper.database_error_message(IntegrityError("duplicate key value\nDETAIL: Key (id)=(1) exists."))
+    assert said == "Database error (IntegrityError): duplicate key value"
 
 
 def test_status_json_is_api_status(jobs):

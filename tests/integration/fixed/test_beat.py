@@ -117,11 +117,12 @@ def test_the_message_carries_the_tick_and_every_replica_computes_the_same_one(sc
     finally:
         other_beat.close()
     scheduler.apply_entry(first, producer=scheduler.producer)
-    signature = messages.sign("every-minute", tick.isoformat(), "beat")  # beat signs what it sends
+    signature = messages.sign("every-minute", str(policy.pk), tick.isoformat(), "beat")  # beat signs what it sends
     assert queue() == [
         {
             "task": "scheduling.run_fixed",
             "schedule": "every-minute",
+            "policy": str(policy.pk),
             "tick": tick.isoformat(),
             "trigger": "beat",
             "signature": signature,

@@ -19,6 +19,7 @@ import pytest
 import redis
 from django.conf import settings
 from django.db import connection
+from django_celery_beat.models import PeriodicTask
 
 from scheduling import registry, schedules
 from scheduling import tasks as celery_tasks
@@ -338,6 +339,8 @@ def test_a_run_fixed_message_not_made_by_beat_or_run_now_runs_nothing(make_sched
         {**real, "trigger": "manual"},  # beat's signature, with the deadline-free trigger
         {**real, "tick": db_now().isoformat()},  # beat's signature, another tick
         {**real, "schedule": "other"},
+        {**real, "policy": str(policy.pk + 1)},  # beat's signature, another policy row
+        {key: value for key, value in real.items() if key != "policy"},  # a message signed before #22
     ]
     with caplog.at_level(logging.ERROR, logger="scheduling.fixed.messages"):
         for kwargs in forged:
@@ -361,6 +364,26 @@ def test_a_signed_tick_runs_once_and_its_copy_is_refused_by_the_ledger(make_sche
     assert refused_count() == 0, "a duplicate is the ledger's refusal, not a forged message"
 
 
+@pytest.mark.parametrize("trigger", ["beat", "manual"])
+def test_a_message_signed_before_the_schedule_was_deleted_and_declared_again_is_refused(make_schedule, trigger):
+    """#22: a captured message of a deleted schedule does not run against its re-declaration; a fresh one does."""
+    old = make_schedule()
+    tick = db_now()
+    captured = messages.message_kwargs("gate", tick, trigger, policy_id=old.pk)
+    PeriodicTask.objects.filter(name="gate").delete()  # deleting the schedule deletes its policy and ledger
+    new = make_schedule()
+    assert new.pk != old.pk
+    result = celery_tasks.run_fixed.apply(kwargs=captured).get()
+    assert result == {"outcome": "refused", "run_id": None, "attempt": 0}
+    assert not ScheduleRun.objects.exists(), "the old message recorded nothing"
+    assert CALLS == []
+    assert refused_count() == 1, "counted like a bad signature"
+    fresh = messages.message_kwargs("gate", tick, trigger, policy_id=new.pk)
+    assert celery_tasks.run_fixed.apply(kwargs=fresh).get()["outcome"] == RunState.SUCCEEDED
+    assert ScheduleRun.objects.filter(schedule=new, tick=tick).count() == 1
+    assert len(CALLS) == 1
+
+
 def test_a_tick_signed_with_a_rotated_out_key_still_runs(make_schedule, settings):
     """SECRET_KEY_FALLBACKS: a tick beat signed before a key rotation runs after it."""
     make_schedule()
@@ -372,7 +395,7 @@ def test_a_tick_signed_with_a_rotated_out_key_still_runs(make_schedule, settings
 
 def test_run_now_sends_a_manual_tick_to_the_broker(make_schedule):
     """run_now() puts a scheduling.run_fixed message with a database-clock tick and trigger manual on Redis."""
-    make_schedule()
+    policy = make_schedule()
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     queue = settings.CELERY_BROKER_KEYPREFIX + settings.CELERY_TASK_DEFAULT_QUEUE  # this run's keys only
     client.delete(queue)
@@ -387,7 +410,10 @@ def test_run_now_sends_a_manual_tick_to_the_broker(make_schedule):
     assert kwargs["schedule"] == "gate"
     assert kwargs["trigger"] == "manual"
     assert dt.datetime.fromisoformat(kwargs["tick"]) >= before
-    assert messages.authentic(kwargs["schedule"], kwargs["tick"], kwargs["trigger"], kwargs["signature"])
+    assert kwargs["policy"] == str(policy.pk)
+    assert messages.authentic(
+        kwargs["schedule"], kwargs["tick"], kwargs["trigger"], kwargs["signature"], kwargs["policy"]
+    )
 
 
 def test_demo_record_counts_executions_per_tick(make_schedule):

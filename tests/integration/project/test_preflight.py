@@ -166,6 +166,22 @@ def test_manage_py_migrate_with_an_unreachable_database_prints_one_line() -> Non
     assert_one_line(result, "DATABASE_URL", says="points at 127.0.0.1:1")
 
 
+def test_manage_py_timekeeper_sync_with_an_unreachable_database_prints_one_line() -> None:
+    """`manage.py timekeeper sync` (the migration Job's second step) is checked like migrate: exit 78, one line."""
+    argv = [sys.executable, "manage.py", "timekeeper", "sync"]
+    result = run(argv, DATABASE_URL=f"postgresql://u:{SECRET}@127.0.0.1:1/x")
+    assert_one_line(result, "DATABASE_URL", says="points at 127.0.0.1:1")
+
+
+def test_manage_py_timekeeper_probe_does_not_check_the_database() -> None:
+    """`manage.py timekeeper probe` answers from its file with PostgreSQL unreachable: no preflight exit 78."""
+    argv = [sys.executable, "manage.py", "timekeeper", "probe", "worker"]
+    result = run(argv, DATABASE_URL=f"postgresql://u:{SECRET}@127.0.0.1:1/x")
+    assert result.returncode != preflight.EXIT_CONFIG, result.stdout
+    assert "DATABASE_URL" not in result.stdout
+    assert "alive" in result.stdout, "the probe itself ran"
+
+
 def test_manage_py_with_a_bad_setting_prints_one_line() -> None:
     """Any manage.py command with a variable the settings refuse exits 78 after one line naming it."""
     result = run([sys.executable, "manage.py", "check"], SCHEDULING_LEASE_SECONDS="sixty")

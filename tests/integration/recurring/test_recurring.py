@@ -108,6 +108,21 @@ def test_bad_input_raises_by_name_and_stores_nothing(kwargs, error):
     assert ScheduledJob.objects.count() == 0
 
 
+def test_a_stored_ends_at_past_the_window_does_not_block_a_payload_only_change(run_sql):
+    """A stored ends_at 20 years ahead allows a payload-only change; passing such an ends_at is still refused."""
+    rec = api.recur("demo.noop", {"v": 1}, key="long", cron="0 9 * * *")
+    run_sql("UPDATE scheduling_recurrence SET ends_at = now() + interval '20 years' WHERE id = %s", [rec.id])
+    stored_ends = Recurrence.objects.get(pk=rec.id).ends_at
+    assert stored_ends is not None
+
+    changed = api.change_recurrence(rec.id, payload={"v": 2})
+
+    assert (changed.payload, changed.ends_at) == ({"v": 2}, stored_ends)
+    with pytest.raises(exceptions.InvalidSchedule, match="ends_at"):
+        api.change_recurrence(rec.id, ends_at=db_now(run_sql) + dt.timedelta(days=365 * 20))
+    assert Recurrence.objects.get(pk=rec.id).ends_at == stored_ends, "the refused change stored nothing"
+
+
 def test_unknown_kind_and_bad_payload_are_refused():
     """The kind and its payload schema are checked at recur() time."""
     with pytest.raises(exceptions.UnknownJobKind):

@@ -17,7 +17,7 @@ from django.test import Client, override_settings
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from scheduling import api
-from scheduling.models import ApiToken, JobState, ScheduledJob, SchedulePolicy
+from scheduling.models import ApiToken, JobState, Recurrence, ScheduledJob, SchedulePolicy
 from scheduling.web import auth
 
 pytestmark = [
@@ -484,3 +484,134 @@ def test_a_superuser_may_still_save_a_one_second_schedule(client, root, crontab)
     response = client.post(TASK_ADD, _task_post("fast", crontab, **_every("1", backoff_limit="1000")))
     assert response.status_code == 302, response.content.decode()[:3000]
     assert PeriodicTask.objects.get(name="fast").policy.backoff_limit == 1000
+
+
+@pytest.mark.parametrize(
+    ("policy", "saves"),
+    [
+        (_every("3600", active_deadline_seconds="59", missed_policy="run_all"), False),
+        (_every("3600", active_deadline_seconds="59", missed_policy="run_once"), True),
+        (_every("3600", active_deadline_seconds="59", missed_policy="run_all", concurrency_policy="forbid"), True),
+    ],
+)
+def test_periodic_task_staff_cannot_combine_run_all_with_overlapping_runs(django_user_model, crontab, policy, saves):
+    """missed_policy=run_all with concurrency_policy=allow is a form error naming both; either one alone saves."""
+    clerk = staff(django_user_model, "clerk", *BEAT_PERMISSIONS)
+    response = clerk.post(TASK_ADD, _task_post("catch-up", crontab, **policy))
+    if saves:
+        assert response.status_code == 302, response.content.decode()[:3000]
+        assert PeriodicTask.objects.get(name="catch-up").policy.missed_policy == policy["policy-0-missed_policy"]
+        return
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "missed_policy=run_all with concurrency_policy=allow" in page
+    assert "SCHEDULING_FIXED_MAX_CATCH_UP" in page
+    assert not PeriodicTask.objects.filter(name="catch-up").exists()
+    assert not SchedulePolicy.objects.exists()
+
+
+def test_a_superuser_may_still_combine_run_all_with_overlapping_runs(client, root, crontab):
+    """Superusers are not held to the catch-up bound: run_all with overlap allowed saves."""
+    client.force_login(root)
+    policy = _every("3600", active_deadline_seconds="59", missed_policy="run_all")
+    response = client.post(TASK_ADD, _task_post("catch-up", crontab, **policy))
+    assert response.status_code == 302, response.content.decode()[:3000]
+    stored = PeriodicTask.objects.get(name="catch-up").policy
+    assert (stored.missed_policy, stored.concurrency_policy) == ("run_all", "allow")
+
+
+# --- beat's shared timing rows: superusers only (a row re-times every task using it, past fixed.bounds) ------------
+
+INTERVALS = "/admin/django_celery_beat/intervalschedule/"
+CRONTABS = "/admin/django_celery_beat/crontabschedule/"
+TASKS_USING = {  # the rows' inline of the periodic tasks using them (read-only, but its management form is posted)
+    "periodictask_set-TOTAL_FORMS": "0",
+    "periodictask_set-INITIAL_FORMS": "0",
+    "periodictask_set-MIN_NUM_FORMS": "0",
+    "periodictask_set-MAX_NUM_FORMS": "1000",
+}
+EVERY_SECOND = {"every": "1", "period": "seconds", **TASKS_USING}
+EVERY_MINUTE = {"minute": "*", "hour": "*", "day_of_month": "*", "month_of_year": "*", "day_of_week": "*"}
+CRONTAB_FIELDS = {**EVERY_MINUTE, "timezone": "UTC", **TASKS_USING}
+
+
+def test_staff_with_beat_timing_permissions_cannot_add_change_or_delete_timing_rows(django_user_model, crontab):
+    """add/change_intervalschedule, change_crontabschedule: 403 on add and change pages; a POST changes nothing."""
+    from django_celery_beat.models import IntervalSchedule
+
+    interval = IntervalSchedule.objects.create(every=3600, period=IntervalSchedule.SECONDS)
+    clerk = staff(
+        django_user_model, "clerk", "add_intervalschedule", "change_intervalschedule", "change_crontabschedule"
+    )
+    assert clerk.get(f"{INTERVALS}{interval.pk}/change/").status_code == 403
+    response = clerk.post(f"{INTERVALS}{interval.pk}/change/", EVERY_SECOND)
+    assert response.status_code == 403
+    assert clerk.get(f"{INTERVALS}add/").status_code == 403
+    assert clerk.post(f"{INTERVALS}add/", EVERY_SECOND).status_code == 403
+    assert clerk.get(f"{CRONTABS}{crontab.pk}/change/").status_code == 403
+    response = clerk.post(f"{CRONTABS}{crontab.pk}/change/", CRONTAB_FIELDS)
+    assert response.status_code == 403
+    assert clerk.post(f"{INTERVALS}{interval.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert list(IntervalSchedule.objects.values_list("every", "period")) == [(3600, "seconds")]
+    crontab.refresh_from_db()
+    assert (crontab.minute, crontab.hour) == ("0", "3")
+
+
+def test_staff_with_view_permission_see_timing_rows_read_only(django_user_model, crontab):
+    """view_crontabschedule: the change page shows the row (200) with no save button; a POST is refused."""
+    clerk = staff(django_user_model, "clerk", "view_crontabschedule")
+    page = clerk.get(f"{CRONTABS}{crontab.pk}/change/")
+    assert page.status_code == 200
+    assert 'name="_save"' not in page.content.decode()
+    assert clerk.post(f"{CRONTABS}{crontab.pk}/change/", CRONTAB_FIELDS).status_code == 403
+    crontab.refresh_from_db()
+    assert (crontab.minute, crontab.hour) == ("0", "3")
+
+
+def test_a_superuser_still_changes_timing_rows(client, root, crontab):
+    """A superuser changes a shared interval and crontab on their change pages."""
+    from django_celery_beat.models import IntervalSchedule
+
+    interval = IntervalSchedule.objects.create(every=3600, period=IntervalSchedule.SECONDS)
+    client.force_login(root)
+    response = client.post(f"{INTERVALS}{interval.pk}/change/", EVERY_SECOND)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    response = client.post(f"{CRONTABS}{crontab.pk}/change/", CRONTAB_FIELDS)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    interval.refresh_from_db()
+    crontab.refresh_from_db()
+    assert (interval.every, crontab.minute, crontab.hour) == (1, "*", "*")
+
+
+# --- recurrences end by cancel: no delete page of their own, no bulk delete (they go only with their owner) ------
+
+RECURRENCES = "/admin/scheduling/recurrence/"
+
+
+@pytest.mark.parametrize("who", ["staff", "superuser"])
+def test_a_recurrences_own_delete_page_is_refused(django_user_model, client, root, bob, who):
+    """delete_recurrence (or a superuser): GET and POST of a recurrence's delete page are 403; the row stays."""
+    recurrence = api.recur("demo.record", {}, key="digest", every=3600, owner=bob)
+    if who == "staff":
+        client = staff(django_user_model, "clerk", "view_recurrence", "delete_recurrence")
+    else:
+        client.force_login(root)
+    assert client.get(f"{RECURRENCES}{recurrence.id}/delete/").status_code == 403
+    assert client.post(f"{RECURRENCES}{recurrence.id}/delete/", {"post": "yes"}).status_code == 403
+    assert Recurrence.objects.filter(pk=recurrence.id, state="active").exists()
+
+
+@pytest.mark.parametrize("who", ["staff", "superuser"])
+def test_recurrences_have_no_bulk_delete(django_user_model, client, root, bob, who):
+    """The list offers no delete_selected, and a forged delete_selected POST deletes nothing."""
+    recurrence = api.recur("demo.record", {}, key="digest", every=3600, owner=bob)
+    if who == "staff":
+        client = staff(django_user_model, "clerk", "view_recurrence", "change_recurrence", "delete_recurrence")
+    else:
+        client.force_login(root)
+    page = client.get(RECURRENCES)
+    assert page.status_code == 200
+    assert 'value="delete_selected"' not in page.content.decode()
+    forged = {"action": "delete_selected", ACTION_CHECKBOX_NAME: [str(recurrence.id)], "post": "yes"}
+    client.post(RECURRENCES, forged)
+    assert Recurrence.objects.filter(pk=recurrence.id).exists()

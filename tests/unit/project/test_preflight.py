@@ -56,3 +56,24 @@ def test_verbose_lets_the_traceback_through(monkeypatch) -> None:
     monkeypatch.setenv(preflight.VERBOSE_VARIABLE, "1")
     with pytest.raises(preflight.PreflightError), preflight.exit_on_error():
         raise preflight.PreflightError("DATABASE_URL is not a URL")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needed"),
+    [
+        (["timekeeper", "sync"], True),  # the Kubernetes migration Job's second step
+        (["timekeeper", "--settings", "project.settings", "sync"], True),
+        (["timekeeper", "status", "--json"], True),
+        (["sync_schedules"], True),  # the old name of `timekeeper sync`
+        (["migrate", "--noinput"], True),
+        (["timekeeper", "probe", "worker"], False),  # a liveness probe answers while PostgreSQL is away
+        (["timekeeper", "--verbosity", "2", "probe", "beat"], False),
+        (["timekeeper"], False),
+        (["timekeeper", "--help"], False),
+        (["check"], False),
+        (["collectstatic", "--noinput"], False),
+    ],
+)
+def test_manage_py_needs_the_database_by_command_and_timekeeper_subcommand(argv: list[str], needed: bool) -> None:
+    """`timekeeper sync` (and every database subcommand) gets the database check; `timekeeper probe` does not."""
+    assert preflight.needs_database(*argv) is needed
