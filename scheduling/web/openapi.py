@@ -335,27 +335,9 @@ def _kind_paths() -> dict[str, Any]:
 
 def document() -> dict[str, Any]:
     """The OpenAPI 3.0 document of /api/ (paths are absolute: /api/jobs/, /api/kinds/, /api/recurrences/)."""
-    list_parameters = [
-        {
-            "name": "state",
-            "in": "query",
-            "description": f"Comma-separated states: {', '.join(JobState.values)}.",
-            "schema": {"type": "string"},
-        },
-        {"name": "kind", "in": "query", "schema": {"type": "string"}},
-        {"name": "key", "in": "query", "schema": {"type": "string"}},
-        {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10**6}},
-        {
-            "name": "page_size",
-            "in": "query",
-            "schema": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": jobs_api.MAX_PAGE_SIZE,
-                "default": jobs_api.DEFAULT_PAGE_SIZE,
-            },
-        },
-    ]
+    list_parameters = openapi_parts.list_parameters(
+        JobState.values, ("kind", "key"), jobs_api.MAX_PAGE_SIZE, jobs_api.DEFAULT_PAGE_SIZE
+    )
     list_responses = _responses(
         {"200": {"description": "A page of the caller's jobs.", "content": {JSON: {"schema": _ref("JobPage")}}}},
         "400",

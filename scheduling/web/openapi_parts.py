@@ -6,6 +6,7 @@ error answer is described once for the whole of ``/api/``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 JSON = "application/json"
@@ -59,3 +60,24 @@ def responses(ok: dict[str, Any], *codes: str, errors: dict[str, Any] | None = N
 def head(answers: dict[str, Any]) -> dict[str, Any]:
     """The answers of a HEAD beside a GET: the same codes, no bodies."""
     return {code: {"description": answer["description"]} for code, answer in answers.items()}
+
+
+def list_parameters(
+    states: Iterable[str], filters: Iterable[str], max_page_size: int, default_page_size: int
+) -> list[Any]:
+    """A paged list's query parameters: ``state`` (comma-separated), string ``filters``, ``page``, ``page_size``."""
+    return [
+        {
+            "name": "state",
+            "in": "query",
+            "description": f"Comma-separated states: {', '.join(states)}.",
+            "schema": {"type": "string"},
+        },
+        *({"name": name, "in": "query", "schema": {"type": "string"}} for name in filters),
+        {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10**6}},
+        {
+            "name": "page_size",
+            "in": "query",
+            "schema": {"type": "integer", "minimum": 1, "maximum": max_page_size, "default": default_page_size},
+        },
+    ]

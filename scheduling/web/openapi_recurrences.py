@@ -238,28 +238,9 @@ def _verb(operation: str, summary: str) -> dict[str, Any]:
 
 def paths(example_kind: str | None) -> dict[str, Any]:
     """The paths under ``/api/recurrences/``; ``example_kind`` (one any caller may schedule) for the create example."""
-    list_parameters = [
-        {
-            "name": "state",
-            "in": "query",
-            "description": f"Comma-separated states: {', '.join(RecurrenceState.values)}.",
-            "schema": {"type": "string"},
-        },
-        {"name": "kind", "in": "query", "schema": {"type": "string"}},
-        {"name": "key", "in": "query", "schema": {"type": "string"}},
-        {"name": "timezone", "in": "query", "schema": {"type": "string"}},
-        {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10**6}},
-        {
-            "name": "page_size",
-            "in": "query",
-            "schema": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": jobs_api.MAX_PAGE_SIZE,
-                "default": jobs_api.DEFAULT_PAGE_SIZE,
-            },
-        },
-    ]
+    list_parameters = openapi_parts.list_parameters(
+        RecurrenceState.values, ("kind", "key", "timezone"), jobs_api.MAX_PAGE_SIZE, jobs_api.DEFAULT_PAGE_SIZE
+    )
     listed = _answers(
         {
             "200": {
