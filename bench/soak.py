@@ -200,6 +200,15 @@ def run(minutes: int, rate: float) -> dict[str, Any]:
             "duplicate_effects": duplicates, "effects": distinct}  # fmt: skip
 
 
+def server_autovacuum() -> str:
+    """The benchmark server's ``autovacuum`` setting ("on" or "off"), recorded with the figures."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SHOW autovacuum")
+        return str(cur.fetchone()[0])
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -236,6 +245,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     minutes = args.minutes or (QUICK_MINUTES if args.quick else MINUTES)
     window = min(10, max(1, minutes // 3))
     common.setup()
+    autovacuum = server_autovacuum()
+    if autovacuum != "on":  # a server with autovacuum off (some CI images) measures bloat, not Timekeeper
+        common.say(f"{SCENARIO}: WARNING: this PostgreSQL has autovacuum={autovacuum}; dead tuples will pile up")
     common.say(f"{SCENARIO}: {minutes} min at {args.rate:g} jobs/s ({KIND}), retention pruning on (RETENTION_DAYS=0)")
     result = run(minutes, args.rate)
     figures = verdict(result["per_minute"], window)
@@ -277,6 +289,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rate_per_s": args.rate,
         "kind": KIND,
         "worker_processes": WORKER_CONCURRENCY,
+        "server_autovacuum": autovacuum,
         **figures,
         "sent": result["sent"],
         "generator_behind_ticks": result["behind_ticks"],
