@@ -9,8 +9,8 @@ others stand by and take over within ``STANDBY_RETRY_SECONDS`` of the leader's d
 ``LEAD_SILENCE_SECONDS`` if it freezes (PostgreSQL ends its idle lock session).
 
 A turn of the leading loop: sweep when the sweep interval has passed (expired claims back to
-pending; history pruned less often, a bounded number of statements per turn), claim what is due
-and what the queue has room for (``claim.claim_and_dispatch``), then sleep until the next due
+pending; history pruned every minute, one statement a turn while more is left), claim what is
+due and what the queue has room for (``claim.claim_and_dispatch``), then sleep until the next due
 time, a NOTIFY that a near row was committed, or ``WAIT_STEP_SECONDS`` (so a stop is noticed
 within it). A burst therefore cannot delay a sweep: the sweep runs on its clock in the same loop.
 """
@@ -39,8 +39,9 @@ STANDBY_RETRY_SECONDS = 1.0  # a standby tries to take the lead this often
 WAIT_STEP_SECONDS = 0.5  # the longest single sleep: a stop is noticed within this
 BACKPRESSURE_PAUSE_SECONDS = 0.02  # pause while the queue is full
 ERROR_PAUSE_SECONDS = 1.0  # pause after PostgreSQL or the broker failed a turn
-PRUNE_EVERY_SECONDS = 60.0  # history is pruned this often (sweeping expired claims: every sweep interval)
-PRUNE_BATCHES_PER_TURN = 20  # prune statements per turn at most (each ~10-20 ms), so claims are not held up
+PRUNE_EVERY_SECONDS = 60.0  # history is pruned this often when the last slice left nothing behind
+PRUNE_AGAIN_SECONDS = 0.1  # while more is left, the next slice this soon: up to ~2,000 rows/s of history
+PRUNE_SLICE_SECONDS = 0.015  # a turn prunes this long at most (one statement of ~10-20 ms), so claims wait little
 STOP_JOIN_SECONDS = 2.0  # how long a stopping worker waits for the loop
 
 # Duties a higher layer adds to the leader's turn (scheduling.tasks adds the recurrence planner):
@@ -59,6 +60,7 @@ class Counters:
     sweeps: int = 0
     reclaimed: int = 0
     pruned: int = 0
+    prune_slices: int = 0
     led_turns: int = 0
 
 
@@ -132,11 +134,11 @@ class ControlLoop:
             logger.debug("sweep ran", extra={"reclaimed": reclaimed + killed, "action": "swept"})
             self._next_sweep = now + settings.sweep_interval_seconds
         if now >= self._next_prune:
-            pruned = sweep.prune(max_batches=PRUNE_BATCHES_PER_TURN)
+            # A slice, not the whole backlog: a job due meanwhile waits for one slice at most.
+            pruned, more = sweep.prune_slice(PRUNE_SLICE_SECONDS)
             self.counters.pruned += pruned
-            # More left: prune again on the next sweep, else in PRUNE_EVERY_SECONDS.
-            more = pruned >= PRUNE_BATCHES_PER_TURN * settings.prune_batch_size
-            self._next_prune = now + (settings.sweep_interval_seconds if more else PRUNE_EVERY_SECONDS)
+            self.counters.prune_slices += 1
+            self._next_prune = now + (PRUNE_AGAIN_SECONDS if more else PRUNE_EVERY_SECONDS)
         for extra_duty in EXTRA_DUTIES:
             extra_duty()
         report = claim.claim_and_dispatch()

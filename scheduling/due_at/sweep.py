@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 from scheduling.core import broker, conf, registry, tasknames
 from scheduling.due_at import lease, store
@@ -71,17 +72,39 @@ def reclaim_expired() -> tuple[int, int]:
 
 def prune(max_batches: int = 1000) -> int:
     """Delete finished jobs (and their attempts) older than the retention, a batch at a time."""
-    days = conf.get().retention_days
-    limit = conf.get().prune_batch_size
-    total = 0
-    for _ in range(max_batches):
-        deleted = store.prune_finished_jobs(days=days, limit=limit)
-        total += deleted
-        if deleted < limit:
-            break
+    total, _ = _prune(max_batches=max_batches, seconds=None)
     if total:
         logger.info("pruned finished jobs", extra={"pruned": total, "action": "pruned"})
     return total
+
+
+def prune_slice(seconds: float) -> tuple[int, bool]:
+    """Prune for about ``seconds`` (at least one statement); (deleted, more left).
+
+    The control loop's way: a slice per turn, so a claim due meanwhile waits one slice at most,
+    not the whole backlog of history (``python -m bench soak`` measures the start lag this protects).
+    """
+    total, more = _prune(max_batches=None, seconds=seconds)
+    if total:
+        logger.debug("pruned finished jobs", extra={"pruned": total, "action": "pruned"})
+    return total, more
+
+
+def _prune(*, max_batches: int | None, seconds: float | None) -> tuple[int, bool]:
+    days = conf.get().retention_days
+    limit = conf.get().prune_batch_size
+    stop_at = None if seconds is None else time.monotonic() + seconds
+    total = statements = 0
+    while True:
+        deleted = store.prune_finished_jobs(days=days, limit=limit)
+        total += deleted
+        statements += 1
+        if deleted < limit:
+            return total, False
+        if (max_batches is not None and statements >= max_batches) or (
+            stop_at is not None and time.monotonic() >= stop_at
+        ):
+            return total, True
 
 
 def sweep() -> SweepReport:

@@ -4,6 +4,7 @@ with the work, atomic batches, and the control loop's leadership (real PostgreSQ
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -200,3 +201,26 @@ def test_the_leader_sweeps_on_schedule_while_the_queue_is_full(queue, run_sql):
     finally:
         stop.cancel()
         assert loop.stop()
+
+
+@override_settings(SCHEDULING_RETENTION_DAYS=0, SCHEDULING_PRUNE_BATCH_SIZE=5)
+def test_the_leader_prunes_history_a_slice_a_turn(queue, run_sql, monkeypatch):
+    """History to prune is cut into slices of one statement, one slice a turn while more is left,
+    then nothing until PRUNE_EVERY_SECONDS: a turn never holds claims up for the whole history."""
+    for _ in range(12):
+        api.schedule("demo.noop", {}, delay=3600)
+    run_sql("UPDATE scheduling_scheduledjob SET state = 'done', finished_at = now() - interval '1 second'")
+    monkeypatch.setattr(control, "PRUNE_SLICE_SECONDS", 0.0)  # exactly one statement a slice
+    loop = control.ControlLoop()
+    assert loop.leadership.lead()
+    try:
+        left = []
+        for _ in range(4):
+            loop.turn()
+            left.append(ScheduledJob.objects.count())
+            loop.stopping.wait(control.PRUNE_AGAIN_SECONDS + 0.01)
+        assert left == [7, 2, 0, 0], "5 rows a turn, then the short slice that ends it, then nothing"
+        assert (loop.counters.pruned, loop.counters.prune_slices) == (12, 3)
+        assert loop._next_prune > time.monotonic() + control.PRUNE_EVERY_SECONDS - 5
+    finally:
+        loop.leadership.resign()
