@@ -244,6 +244,22 @@ def _rows() -> list[Row]:
             )
         ],
     )
+    add(
+        "soak",
+        lambda d: [
+            (
+                "soak",
+                f"{d['minutes']} min at {_fmt(d['rate_per_s'])} jobs/s ({d['kind']}), retention pruning on, "
+                f"autovacuum {d.get('server_autovacuum', 'not recorded')}",
+                f"claim p99 {d['claim_p99_first_ms']} -> {d['claim_p99_last_ms']} ms (ratio {d['claim_p99_ratio']}); "
+                f"size {_fmt(d['size_settled_bytes'] / 1e6)} -> {_fmt(d['size_last_bytes'] / 1e6)} MB "
+                f"(ratio {d['size_ratio']}); lag p99 worst {_fmt(d['lag_p99_worst_ms'])} ms; "
+                f"{d['duplicate_effects']} duplicate effects",
+                "claim p99 and size within 1.2x; lag p99 <= 100 ms; 0 duplicates",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
     return rows
 
 
@@ -266,6 +282,7 @@ def markdown() -> str:
             "beat",
             "chaos",
             "recurring",
+            "soak",
         )
     }
     lines.append("")

@@ -6,7 +6,16 @@ claiming, sweeping and pruning) with ``SCHEDULING_RETENTION_DAYS=0``: finished j
 attempts are pruned at the control loop's prune cadence (every 60 s, sooner while more is left),
 so the retention period is about a minute and the table should reach its steady size within
 the first minutes. A generator thread schedules ``demo.record`` jobs (one ORM insert each) at
-``--rate`` per second, in batches every 100 ms, each due one second ahead.
+``--rate`` per second, in batches every 20 ms (``--tick-ms``), each due one second ahead. A batch
+falls due at one instant and its last job starts after the others of its batch: at 100 ms (100
+jobs at once) that alone put lag p99 near 100 ms (58-131 ms a minute, 3-minute runs at 1,000/s);
+at 20 ms it was 45-69 ms.
+
+The run starts from emptied tables (TRUNCATE), which leaves them without planner statistics, a
+state a live table is never in: until autovacuum's first analyze (its naptime is a minute) the
+claim walked dead index entries, p50 over 200 ms, and lag p99 reached 4-8 s. So the soak runs one
+``ANALYZE`` of the two tables 10 s into the load, as that first analyze would. Autovacuum itself
+is turned on for the run when the server has it off (``--server-as-is`` leaves it).
 
 Every minute it records: the claim statement's latency, p50/p99 (``SAMPLES_PER_MINUTE`` runs of
 ``store.claim_due_jobs(PROBE_LIMIT)`` in a transaction rolled back, so nothing is taken; it skips
@@ -26,8 +35,10 @@ database is flushed between scenarios, so point ``BENCH_REDIS_PORT`` at a Redis 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from bench import common, procs
@@ -38,11 +49,12 @@ RATE_PER_S = 1000
 MINUTES = 60
 QUICK_MINUTES = 10
 WORKER_CONCURRENCY = 2
-TICK_S = 0.1  # the generator schedules rate * TICK_S jobs this often
+TICK_S = 0.02  # the generator schedules rate * TICK_S jobs this often (see --tick-ms)
 DUE_AHEAD_S = 1.0
 SAMPLES_PER_MINUTE = 12  # claim probes a minute (one every 5 s)
 PROBE_LIMIT = 50  # rows a probe claim asks for (then rolled back)
 LAG_SAMPLE_S = 10.0
+ANALYZE_AFTER_S = 10.0  # the emptied tables are analyzed once, this long into the load (see run())
 TARGET_CLAIM_P99_RATIO = 1.2
 TARGET_SIZE_RATIO = 1.2
 TARGET_LAG_P99_MS = 100.0
@@ -68,12 +80,20 @@ def _rows(sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         return cur.fetchall()
 
 
-class Generator(threading.Thread):
-    """Schedules ``rate`` jobs a second in batches every ``TICK_S``, until stopped; counts what it sent."""
+def _execute(sql: str) -> None:
+    from django.db import connection
 
-    def __init__(self, rate: float) -> None:
+    with connection.cursor() as cur:
+        cur.execute(sql)
+
+
+class Generator(threading.Thread):
+    """Schedules ``rate`` jobs a second in batches every ``tick`` seconds, until stopped; counts what it sent."""
+
+    def __init__(self, rate: float, tick: float = TICK_S) -> None:
         super().__init__(name="soak-generator", daemon=True)
         self.rate = rate
+        self.tick = tick
         self.stopping = threading.Event()
         self.sent = 0
         self.behind_ticks = 0
@@ -83,16 +103,16 @@ class Generator(threading.Thread):
 
         from scheduling import api
 
-        per_tick = max(1, round(self.rate * TICK_S))
+        per_tick = max(1, round(self.rate * self.tick))
         start = time.perf_counter()
         tick = 0
         try:
             while not self.stopping.is_set():
-                due = start + tick * TICK_S
+                due = start + tick * self.tick
                 now = time.perf_counter()
                 if now < due:
                     self.stopping.wait(due - now)
-                elif now - due > TICK_S:
+                elif now - due > self.tick:
                     self.behind_ticks += 1
                 api.schedule_many(KIND, [{} for _ in range(per_tick)], delay=DUE_AHEAD_S)
                 self.sent += per_tick
@@ -131,16 +151,17 @@ def table_stats() -> dict[str, dict[str, int]]:
     }
 
 
-def run(minutes: int, rate: float) -> dict[str, Any]:
+def run(minutes: int, rate: float, tick: float = TICK_S) -> dict[str, Any]:
     common.reset_state()
     per_minute: list[dict[str, Any]] = []
-    generator = Generator(rate)
+    generator = Generator(rate, tick)
     with procs.Group(SCENARIO) as group:
         worker = group.worker("tk-w1", concurrency=WORKER_CONCURRENCY, env={"SCHEDULING_RETENTION_DAYS": "0"})
         group.wait_ready(worker)
         time.sleep(1.0)
         generator.start()
         began = time.monotonic()
+        analyze_at: float | None = began + ANALYZE_AFTER_S
         for minute in range(1, minutes + 1):
             lags: list[float] = []
             claims: list[float] = []
@@ -158,8 +179,16 @@ def run(minutes: int, rate: float) -> dict[str, Any]:
                 if now >= next_lag:
                     lags.extend(row[0] for row in _rows(LAG_SQL, [LAG_SAMPLE_S]))
                     next_lag += LAG_SAMPLE_S
+                if analyze_at is not None and now >= analyze_at:
+                    # TRUNCATE (reset_state) left the tables without statistics, a state a live
+                    # table never is in; the planner then walks the claim's dead index entries
+                    # (claim p50 over 200 ms, lag in seconds) until autovacuum's first analyze,
+                    # up to a naptime (a minute) away. One ANALYZE, as that first analyze would.
+                    _execute("ANALYZE scheduling_scheduledjob, scheduling_jobattempt")
+                    analyze_at = None
                 time.sleep(min(0.5, max(0.0, min(next_probe, next_lag, end) - time.monotonic())))
             stats = table_stats()
+            timed, requested = _rows("SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter")[0]
             backlog = int(
                 _rows("SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()")[0][0]
             )
@@ -174,6 +203,7 @@ def run(minutes: int, rate: float) -> dict[str, Any]:
                 "backlog": backlog,
                 "table_and_index_bytes": sum(t["heap_bytes"] + t["index_bytes"] for t in stats.values()),
                 "tables": stats,
+                "checkpoints": int(timed) + int(requested),  # cumulative since the server started
                 "load_average": common.load_average(),
             }
             per_minute.append(row)
@@ -202,11 +232,39 @@ def run(minutes: int, rate: float) -> dict[str, Any]:
 
 def server_autovacuum() -> str:
     """The benchmark server's ``autovacuum`` setting ("on" or "off"), recorded with the figures."""
-    from django.db import connection
+    return str(_rows("SHOW autovacuum")[0][0])
 
-    with connection.cursor() as cur:
-        cur.execute("SHOW autovacuum")
-        return str(cur.fetchone()[0])
+
+@contextlib.contextmanager
+def autovacuum_on(keep: bool) -> Iterator[str]:
+    """Autovacuum on for the run (PostgreSQL's default, and what operations.md requires); yields the
+    server's own setting. A server configured with it off (some CI images, this machine) gets it
+    on through ``ALTER SYSTEM`` and a reload, and its setting back afterwards; ``keep`` measures
+    the server as it is."""
+    own = server_autovacuum()
+    if keep or own == "on":
+        yield own
+        return
+    (auto_file,) = _rows(
+        "SELECT coalesce(sourcefile LIKE '%%postgresql.auto.conf', false) FROM pg_settings WHERE name = 'autovacuum'"
+    )[0]
+    common.say(f"{SCENARIO}: this PostgreSQL has autovacuum={own}; turning it on for the run (ALTER SYSTEM)")
+    _set_autovacuum("ALTER SYSTEM SET autovacuum = on", "on")
+    try:
+        yield own
+    finally:
+        _set_autovacuum("ALTER SYSTEM SET autovacuum = off" if auto_file else "ALTER SYSTEM RESET autovacuum", own)
+        common.say(f"{SCENARIO}: autovacuum back to {own}")
+
+
+def _set_autovacuum(statement: str, expect: str) -> None:
+    _execute(statement)  # not in a transaction block: Django's connection is in autocommit
+    _rows("SELECT pg_reload_conf()")
+    for _ in range(50):  # the reload reaches this session at its next command, soon after the signal
+        if server_autovacuum() == expect:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"autovacuum is not {expect} after a configuration reload")
 
 
 def _mean(values: list[float]) -> float:
@@ -241,15 +299,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--rate", type=float, default=RATE_PER_S, help=f"jobs scheduled a second (default {RATE_PER_S})"
     )
+    parser.add_argument(
+        "--tick-ms",
+        type=float,
+        default=TICK_S * 1000,
+        help=f"the generator's insert interval (default {TICK_S * 1000:g}); each insert's jobs fall due together",
+    )
+    parser.add_argument(
+        "--server-as-is",
+        action="store_true",
+        help="leave the server's autovacuum setting alone (by default it is turned on for the run)",
+    )
     args = parser.parse_args(argv or [])
     minutes = args.minutes or (QUICK_MINUTES if args.quick else MINUTES)
     window = min(10, max(1, minutes // 3))
     common.setup()
-    autovacuum = server_autovacuum()
-    if autovacuum != "on":  # a server with autovacuum off (some CI images) measures bloat, not Timekeeper
-        common.say(f"{SCENARIO}: WARNING: this PostgreSQL has autovacuum={autovacuum}; dead tuples will pile up")
-    common.say(f"{SCENARIO}: {minutes} min at {args.rate:g} jobs/s ({KIND}), retention pruning on (RETENTION_DAYS=0)")
-    result = run(minutes, args.rate)
+    with autovacuum_on(args.server_as_is) as server_setting:
+        autovacuum = server_autovacuum()
+        if autovacuum != "on":  # a server with autovacuum off measures bloat, not Timekeeper
+            common.say(f"{SCENARIO}: WARNING: autovacuum={autovacuum}; dead tuples will pile up")
+        common.say(
+            f"{SCENARIO}: {minutes} min at {args.rate:g} jobs/s ({KIND}), retention pruning on (RETENTION_DAYS=0)"
+        )
+        result = run(minutes, args.rate, args.tick_ms / 1000)
     figures = verdict(result["per_minute"], window)
     ok = (
         figures["claim_p99_ratio"] <= TARGET_CLAIM_P99_RATIO
@@ -287,9 +359,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return {
         "minutes": minutes,
         "rate_per_s": args.rate,
+        "generator_tick_ms": args.tick_ms,
         "kind": KIND,
         "worker_processes": WORKER_CONCURRENCY,
-        "server_autovacuum": autovacuum,
+        "server_autovacuum": autovacuum,  # during the run
+        "server_autovacuum_configured": server_setting,  # the server's own setting, restored after the run
         **figures,
         "sent": result["sent"],
         "generator_behind_ticks": result["behind_ticks"],
