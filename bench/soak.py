@@ -192,7 +192,7 @@ def run(minutes: int, rate: float, tick: float = TICK_S) -> dict[str, Any]:
             backlog = int(
                 _rows("SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()")[0][0]
             )
-            row = {
+            row: dict[str, Any] = {
                 "minute": minute,
                 "sent_per_s": round((generator.sent - sent_before) / 60, 1),
                 "claim_p50_ms": round(common.percentile(claims, 50), 2),
