@@ -132,6 +132,54 @@ def reset_state() -> None:
     redis_client(BARE_BROKER_DB).flushdb()
 
 
+def server_autovacuum() -> str:
+    """The benchmark server's ``autovacuum`` setting ("on" or "off"), recorded with the figures."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SHOW autovacuum")
+        return str(cur.fetchone()[0])
+
+
+@contextmanager
+def autovacuum_on(keep: bool) -> Iterator[str]:
+    """Autovacuum on for the run (PostgreSQL's default, and what operations.md requires); yields the
+    server's own setting. A server configured with it off (some CI images, this machine) gets it
+    on through ``ALTER SYSTEM`` and a reload, and its setting back afterwards; ``keep`` measures
+    the server as it is."""
+    own = server_autovacuum()
+    if keep or own == "on":
+        yield own
+        return
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT coalesce(sourcefile LIKE '%postgresql.auto.conf', false) FROM pg_settings WHERE name = 'autovacuum'"
+        )
+        (auto_file,) = cur.fetchone()
+    say(f"this PostgreSQL has autovacuum={own}; turning it on for the run (ALTER SYSTEM)")
+    _set_autovacuum("ALTER SYSTEM SET autovacuum = on", "on")
+    try:
+        yield own
+    finally:
+        _set_autovacuum("ALTER SYSTEM SET autovacuum = off" if auto_file else "ALTER SYSTEM RESET autovacuum", own)
+        say(f"autovacuum back to {own}")
+
+
+def _set_autovacuum(statement: str, expect: str) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(statement)  # not in a transaction block: Django's connection is in autocommit
+        cur.execute("SELECT pg_reload_conf()")
+    for _ in range(50):  # the reload reaches this session at its next command, soon after the signal
+        if server_autovacuum() == expect:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"autovacuum is not {expect} after a configuration reload")
+
+
 def vacuum_analyze(*tables: str) -> None:
     from django.db import connection
 

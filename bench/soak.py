@@ -35,10 +35,8 @@ database is flushed between scenarios, so point ``BENCH_REDIS_PORT`` at a Redis 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from bench import common, procs
@@ -230,43 +228,6 @@ def run(minutes: int, rate: float, tick: float = TICK_S) -> dict[str, Any]:
             "duplicate_effects": duplicates, "effects": distinct}  # fmt: skip
 
 
-def server_autovacuum() -> str:
-    """The benchmark server's ``autovacuum`` setting ("on" or "off"), recorded with the figures."""
-    return str(_rows("SHOW autovacuum")[0][0])
-
-
-@contextlib.contextmanager
-def autovacuum_on(keep: bool) -> Iterator[str]:
-    """Autovacuum on for the run (PostgreSQL's default, and what operations.md requires); yields the
-    server's own setting. A server configured with it off (some CI images, this machine) gets it
-    on through ``ALTER SYSTEM`` and a reload, and its setting back afterwards; ``keep`` measures
-    the server as it is."""
-    own = server_autovacuum()
-    if keep or own == "on":
-        yield own
-        return
-    (auto_file,) = _rows(
-        "SELECT coalesce(sourcefile LIKE '%%postgresql.auto.conf', false) FROM pg_settings WHERE name = 'autovacuum'"
-    )[0]
-    common.say(f"{SCENARIO}: this PostgreSQL has autovacuum={own}; turning it on for the run (ALTER SYSTEM)")
-    _set_autovacuum("ALTER SYSTEM SET autovacuum = on", "on")
-    try:
-        yield own
-    finally:
-        _set_autovacuum("ALTER SYSTEM SET autovacuum = off" if auto_file else "ALTER SYSTEM RESET autovacuum", own)
-        common.say(f"{SCENARIO}: autovacuum back to {own}")
-
-
-def _set_autovacuum(statement: str, expect: str) -> None:
-    _execute(statement)  # not in a transaction block: Django's connection is in autocommit
-    _rows("SELECT pg_reload_conf()")
-    for _ in range(50):  # the reload reaches this session at its next command, soon after the signal
-        if server_autovacuum() == expect:
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"autovacuum is not {expect} after a configuration reload")
-
-
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -314,8 +275,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     minutes = args.minutes or (QUICK_MINUTES if args.quick else MINUTES)
     window = min(10, max(1, minutes // 3))
     common.setup()
-    with autovacuum_on(args.server_as_is) as server_setting:
-        autovacuum = server_autovacuum()
+    with common.autovacuum_on(args.server_as_is) as server_setting:
+        autovacuum = common.server_autovacuum()
         if autovacuum != "on":  # a server with autovacuum off measures bloat, not Timekeeper
             common.say(f"{SCENARIO}: WARNING: autovacuum={autovacuum}; dead tuples will pile up")
         common.say(

@@ -128,6 +128,7 @@ class ScheduledJob(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="scheduled_jobs",
+        db_index=False,  # the (owner, state) index serves the foreign key: one index less on every write
         help_text="The user the job belongs to; others cannot see it through the API.",
     )
     # Written when the owner is deleted (scheduling.api.retire_owner): owner is then empty, and this keeps the

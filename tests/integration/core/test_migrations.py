@@ -95,3 +95,43 @@ def test_0009_refuses_rows_the_new_index_would_reject_and_names_their_key():
             "CREATE UNIQUE INDEX scheduledjob_live_owner_key_uniq ON scheduling_scheduledjob"
             " ((coalesce(owner_id, 0)), key) WHERE key IS NOT NULL AND state IN ('pending', 'claimed')"
         )
+
+
+def _owner_indexes() -> dict[str, list[str]]:
+    """Each owner-bearing table's indexes whose first column is owner_id, and its foreign keys on owner_id."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT t.relname, i.relname FROM pg_index AS x JOIN pg_class AS i ON i.oid = x.indexrelid"
+            " JOIN pg_class AS t ON t.oid = x.indrelid JOIN pg_attribute AS a ON a.attrelid = t.oid"
+            " AND a.attnum = x.indkey[0] WHERE t.relname IN ('scheduling_scheduledjob', 'scheduling_recurrence')"
+            " AND a.attname = 'owner_id' UNION ALL SELECT t.relname, c.conname FROM pg_constraint AS c"
+            " JOIN pg_class AS t ON t.oid = c.conrelid WHERE c.contype = 'f' AND t.relname IN"
+            " ('scheduling_scheduledjob', 'scheduling_recurrence') AND c.conname LIKE '%%owner_id%%'"
+        )
+        found: dict[str, list[str]] = {}
+        for table, name in cur.fetchall():
+            found.setdefault(table, []).append(name)
+    return {table: sorted(names) for table, names in found.items()}
+
+
+def test_0020_drops_only_the_owner_indexes_that_owner_state_covers_and_keeps_the_foreign_keys():
+    """After 0020 each table keeps its (owner, state) index and its foreign key; back to 0019 the index returns."""
+    after = _owner_indexes()
+    assert after == {
+        "scheduling_recurrence": [
+            "recurrence_owner_state_idx",
+            "scheduling_recurrence_owner_id_e867d6fb_fk_auth_user_id",
+        ],
+        "scheduling_scheduledjob": [
+            "scheduledjob_owner_state_idx",
+            "scheduling_scheduledjob_owner_id_84d233e4_fk_auth_user_id",
+        ],
+    }
+    _migrate(("scheduling", "0019_jobs_and_attempts_autovacuum_settings"))
+    before = _owner_indexes()
+    assert before["scheduling_recurrence"] == sorted(
+        [*after["scheduling_recurrence"], "scheduling_recurrence_owner_id_e867d6fb"]
+    )
+    assert before["scheduling_scheduledjob"] == sorted(
+        [*after["scheduling_scheduledjob"], "scheduling_scheduledjob_owner_id_84d233e4"]
+    )
