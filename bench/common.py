@@ -159,8 +159,8 @@ def autovacuum_on(keep: bool) -> Iterator[str]:
         )
         (auto_file,) = cur.fetchone()
     say(f"this PostgreSQL has autovacuum={own}; turning it on for the run (ALTER SYSTEM)")
-    _set_autovacuum("ALTER SYSTEM SET autovacuum = on", "on")
     try:
+        _set_autovacuum("ALTER SYSTEM SET autovacuum = on", "on")  # inside: a refused reload still restores
         yield own
     finally:
         _set_autovacuum("ALTER SYSTEM SET autovacuum = off" if auto_file else "ALTER SYSTEM RESET autovacuum", own)

@@ -41,7 +41,7 @@ BACKPRESSURE_PAUSE_SECONDS = 0.02  # pause while the queue is full
 ERROR_PAUSE_SECONDS = 1.0  # pause after PostgreSQL or the broker failed a turn
 PRUNE_EVERY_SECONDS = 60.0  # history is pruned this often when the last slice left nothing behind
 PRUNE_AGAIN_SECONDS = 0.1  # while more is left, the next slice this soon: up to ~2,000 rows/s of history
-PRUNE_SLICE_SECONDS = 0.015  # a turn prunes this long at most (one statement of ~10-20 ms), so claims wait little
+PRUNE_SLICE_SECONDS = 0.015  # a turn prunes about this long (one statement of ~10-20 ms, sometimes two)
 STOP_JOIN_SECONDS = 2.0  # how long a stopping worker waits for the loop
 
 # Duties a higher layer adds to the leader's turn (scheduling.tasks adds the recurrence planner):
@@ -75,6 +75,7 @@ class ControlLoop:
         self._listening = False
         self._next_sweep = 0.0
         self._next_prune = 0.0
+        self._pruning = 0  # rows pruned by the slices of the current run (logged when it ends)
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -138,6 +139,10 @@ class ControlLoop:
             pruned, more = sweep.prune_slice(PRUNE_SLICE_SECONDS)
             self.counters.pruned += pruned
             self.counters.prune_slices += 1
+            self._pruning += pruned
+            if not more and self._pruning:
+                logger.info("pruned finished jobs", extra={"pruned": self._pruning, "action": "pruned"})
+                self._pruning = 0
             self._next_prune = now + (PRUNE_AGAIN_SECONDS if more else PRUNE_EVERY_SECONDS)
         for extra_duty in EXTRA_DUTIES:
             extra_duty()
@@ -154,7 +159,8 @@ class ControlLoop:
 
     def _until_next_due(self, interval: float) -> float:
         """Seconds to the next due row within ``interval`` (re-read at least that often), capped by a step."""
-        horizon = min(interval, WAIT_STEP_SECONDS, max(0.0, self._next_sweep - time.monotonic()))
+        now = time.monotonic()
+        horizon = min(interval, WAIT_STEP_SECONDS, max(0.0, self._next_sweep - now), max(0.0, self._next_prune - now))
         upcoming = store.next_due_times(horizon, 1)
         return horizon if not upcoming else min(horizon, max(0.0, upcoming[0].in_seconds))
 

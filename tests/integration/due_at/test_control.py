@@ -215,12 +215,28 @@ def test_the_leader_prunes_history_a_slice_a_turn(queue, run_sql, monkeypatch):
     assert loop.leadership.lead()
     try:
         left = []
-        for _ in range(4):
+        ended = 0.0
+        for turn in range(4):
+            before = time.monotonic()
             loop.turn()
+            if turn < 2:
+                assert loop._next_prune <= time.monotonic() + control.PRUNE_AGAIN_SECONDS, "more left: again soon"
+            else:
+                ended = ended or before
+                assert loop._next_prune >= ended + control.PRUNE_EVERY_SECONDS, "nothing left: the next run in a minute"
             left.append(ScheduledJob.objects.count())
             loop.stopping.wait(control.PRUNE_AGAIN_SECONDS + 0.01)
         assert left == [7, 2, 0, 0], "5 rows a turn, then the short slice that ends it, then nothing"
         assert (loop.counters.pruned, loop.counters.prune_slices) == (12, 3)
-        assert loop._next_prune > time.monotonic() + control.PRUNE_EVERY_SECONDS - 5
     finally:
         loop.leadership.resign()
+
+
+def test_a_leader_with_history_left_to_prune_wakes_for_the_next_slice(queue):
+    """An idle leader's wait ends at the next prune slice (0.1 s while more is left), not at the 0.5 s step."""
+    loop = control.ControlLoop()
+    loop._next_sweep = time.monotonic() + 60
+    loop._next_prune = time.monotonic() + control.PRUNE_AGAIN_SECONDS
+    assert loop._until_next_due(conf.get().claim_interval_seconds) <= control.PRUNE_AGAIN_SECONDS
+    loop._next_prune = time.monotonic() + control.PRUNE_EVERY_SECONDS
+    assert loop._until_next_due(conf.get().claim_interval_seconds) == control.WAIT_STEP_SECONDS
