@@ -132,13 +132,18 @@ def reset_state() -> None:
     redis_client(BARE_BROKER_DB).flushdb()
 
 
-def server_autovacuum() -> str:
-    """The benchmark server's ``autovacuum`` setting ("on" or "off"), recorded with the figures."""
+def sql(statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Run one statement on this process's connection (autocommit); its rows, or [] when it returns none."""
     from django.db import connection
 
     with connection.cursor() as cur:
-        cur.execute("SHOW autovacuum")
-        return str(cur.fetchone()[0])
+        cur.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+
+def server_autovacuum() -> str:
+    """The benchmark server's ``autovacuum`` setting ("on" or "off"), recorded with the figures."""
+    return str(sql("SHOW autovacuum")[0][0])
 
 
 @contextmanager
@@ -151,13 +156,9 @@ def autovacuum_on(keep: bool) -> Iterator[str]:
     if keep or own == "on":
         yield own
         return
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT coalesce(sourcefile LIKE '%postgresql.auto.conf', false) FROM pg_settings WHERE name = 'autovacuum'"
-        )
-        (auto_file,) = cur.fetchone()
+    ((auto_file,),) = sql(
+        "SELECT coalesce(sourcefile LIKE '%postgresql.auto.conf', false) FROM pg_settings WHERE name = 'autovacuum'"
+    )
     say(f"this PostgreSQL has autovacuum={own}; turning it on for the run (ALTER SYSTEM)")
     try:
         _set_autovacuum("ALTER SYSTEM SET autovacuum = on", "on")  # inside: a refused reload still restores
@@ -168,11 +169,8 @@ def autovacuum_on(keep: bool) -> Iterator[str]:
 
 
 def _set_autovacuum(statement: str, expect: str) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(statement)  # not in a transaction block: Django's connection is in autocommit
-        cur.execute("SELECT pg_reload_conf()")
+    sql(statement)  # not in a transaction block: Django's connection is in autocommit
+    sql("SELECT pg_reload_conf()")
     for _ in range(50):  # the reload reaches this session at its next command, soon after the signal
         if server_autovacuum() == expect:
             return

@@ -70,21 +70,6 @@ FROM scheduling_jobattempt WHERE finished_at > now() - make_interval(secs => %s)
 """
 
 
-def _rows(sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return cur.fetchall()
-
-
-def _execute(sql: str) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(sql)
-
-
 class Generator(threading.Thread):
     """Schedules ``rate`` jobs a second in batches every ``tick`` seconds, until stopped; counts what it sent."""
 
@@ -145,7 +130,7 @@ def table_stats() -> dict[str, dict[str, int]]:
             "autovacuum_runs": int(vacuums),
             "autoanalyze_runs": int(analyzes),
         }
-        for name, heap, index, live, dead, vacuums, analyzes in _rows(TABLE_SQL, [list(TABLES)])
+        for name, heap, index, live, dead, vacuums, analyzes in common.sql(TABLE_SQL, [list(TABLES)])
     }
 
 
@@ -175,20 +160,22 @@ def run(minutes: int, rate: float, tick: float = TICK_S) -> dict[str, Any]:
                     claims.extend(claim_latencies_ms(1))
                     next_probe += probe_every
                 if now >= next_lag:
-                    lags.extend(row[0] for row in _rows(LAG_SQL, [LAG_SAMPLE_S]))
+                    lags.extend(row[0] for row in common.sql(LAG_SQL, [LAG_SAMPLE_S]))
                     next_lag += LAG_SAMPLE_S
                 if analyze_at is not None and now >= analyze_at:
                     # TRUNCATE (reset_state) left the tables without statistics, a state a live
                     # table never is in; the planner then walks the claim's dead index entries
                     # (claim p50 over 200 ms, lag in seconds) until autovacuum's first analyze,
                     # up to a naptime (a minute) away. One ANALYZE, as that first analyze would.
-                    _execute("ANALYZE scheduling_scheduledjob, scheduling_jobattempt")
+                    common.sql("ANALYZE scheduling_scheduledjob, scheduling_jobattempt")
                     analyze_at = None
                 time.sleep(min(0.5, max(0.0, min(next_probe, next_lag, end) - time.monotonic())))
             stats = table_stats()
-            timed, requested = _rows("SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter")[0]
+            timed, requested = common.sql("SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter")[0]
             backlog = int(
-                _rows("SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()")[0][0]
+                common.sql("SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()")[
+                    0
+                ][0]
             )
             row: dict[str, Any] = {
                 "minute": minute,
@@ -217,10 +204,10 @@ def run(minutes: int, rate: float, tick: float = TICK_S) -> dict[str, Any]:
         deadline = time.monotonic() + 120
         while (
             time.monotonic() < deadline
-            and _rows("SELECT count(*) FROM scheduling_scheduledjob WHERE state IN ('pending', 'claimed')")[0][0]
+            and common.sql("SELECT count(*) FROM scheduling_scheduledjob WHERE state IN ('pending', 'claimed')")[0][0]
         ):
             time.sleep(1)
-    duplicates, distinct = (int(v) for v in _rows(
+    duplicates, distinct = (int(v) for v in common.sql(
         "SELECT coalesce(sum(n - 1), 0), count(*) FROM (SELECT count(*) AS n FROM tasks_execution"
         " GROUP BY idempotency_key) AS k"
     )[0])  # fmt: skip
