@@ -3,11 +3,12 @@
 ``api.schedule_many("demo.record", ...)`` with a ``due_at`` a few seconds after the insert commits
 (the database clock). One ``celery worker --concurrency 2`` (``bench.tk_worker``: the platform's app
 with the control loop's "sweep ran" line logged) claims and runs them. A sampler thread reads, every
-100 ms, the claimed-not-started rows (``state = 'claimed' AND claimed_by = ''``) and the queued
-messages (Redis LLEN of the job queue's key, with the broker's key prefix). Reported: drain time
-from the due instant (last attempt's finish), start lag (attempt ``started_at - due_at``), the
-largest claimed-not-started and queued figures seen, the sweeps that ran during the burst against
-the number expected on schedule, and duplicate effects (rows per job key beyond the first).
+100 ms, the claimed-not-started rows (``state = 'claimed' AND claimed_by = ''``, through the claimed
+set's index) and the queued messages (Redis LLEN of the job queue's key, with the broker's key
+prefix). Reported: drain time from the due instant (last attempt's finish), start lag (attempt
+``started_at - due_at``), the largest claimed-not-started and queued figures seen, the sweeps that
+ran during the burst against the number expected on schedule, and duplicate effects (rows per job
+key beyond the first).
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ class Sampler(threading.Thread):
         try:
             while not self.stopping.is_set():
                 unstarted = int(
-                    _one("SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'claimed' AND claimed_by = ''")[0]
+                    _one(
+                        "SELECT count(*) FROM scheduling_scheduledjob"
+                        " WHERE state = 'claimed' AND claimed_at IS NOT NULL AND claimed_by = ''"
+                    )[0]
                 )
                 queued = int(client.llen(self.queue_key))
                 self.max_claimed_not_started = max(self.max_claimed_not_started, unstarted)

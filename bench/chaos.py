@@ -238,7 +238,9 @@ class Soak:
     def running_on(self, pids: list[int]) -> list[int]:
         names = [f"{socket.gethostname()}:{pid}" for pid in pids]
         rows = self._sql(
-            "SELECT id FROM scheduling_scheduledjob WHERE state = 'claimed' AND claimed_by = ANY(%s)", [names]
+            "SELECT id FROM scheduling_scheduledjob"
+            " WHERE state = 'claimed' AND claimed_at IS NOT NULL AND claimed_by = ANY(%s)",
+            [names],
         )
         return [int(r[0]) for r in rows]
 

@@ -116,6 +116,18 @@ def spike(n: int) -> dict[str, Any]:
             time.sleep(wait)
         deadline = time.monotonic() + SPIKE_TIMEOUT_S
         while time.monotonic() < deadline:
+            time.sleep(1.0)
+            if not worker.alive():
+                raise RuntimeError("the worker exited during the spike")
+            # The measurement must not compete with what it measures (two cores): while any
+            # occurrence of the spike waits or runs (two index probes) the table is not counted.
+            (left,) = _one(
+                "SELECT EXISTS (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= %s)"
+                " OR EXISTS (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'claimed' AND claimed_at IS NOT NULL)",
+                [at],
+            )
+            if left:
+                continue
             done, planned = _one(
                 "SELECT count(*) FILTER (WHERE occurrence_at = %s AND state = 'done'),"
                 " count(*) FILTER (WHERE occurrence_at > %s AND state = 'pending')"
@@ -124,9 +136,6 @@ def spike(n: int) -> dict[str, Any]:
             )
             if done >= n and planned >= n:
                 break
-            if not worker.alive():
-                raise RuntimeError("the worker exited during the spike")
-            time.sleep(0.5)
         sampler.stopping.set()
         sampler.join()
     run_s, next_s = _one(

@@ -218,8 +218,16 @@ class ScheduledJob(models.Model):
                 name="scheduledjob_pending_kind_idx",
                 condition=models.Q(state="pending"),
             ),
+            # The claimed set, for the statements that read all of it (the sweeper, the counts): each
+            # says `claimed_at IS NOT NULL` (true of every claim: scheduledjob_claim_has_token) to use
+            # it. A statement that addresses claims by id does not, so it reads them by primary key:
+            # the planner cannot prefer a scan of every claim, and of every dead version of one since
+            # the last vacuum (claim, start and heartbeat each add one), when its statistics say few
+            # rows are claimed. Measured in a spike of 100,000 (docs/operations.md, "Spikes").
             models.Index(
-                fields=["heartbeat_at"], name="scheduledjob_claimed_hb_idx", condition=models.Q(state="claimed")
+                fields=["heartbeat_at"],
+                name="scheduledjob_claimed_set_idx",
+                condition=models.Q(state="claimed", claimed_at__isnull=False),
             ),
             models.Index(
                 fields=["finished_at"],

@@ -37,7 +37,7 @@ SELECT kind,
        count(*) FILTER (WHERE state = 'dead') AS dead_24h
 FROM scheduling_scheduledjob
 WHERE (state = 'pending' AND due_at <= now())
-   OR state = 'claimed'
+   OR (state = 'claimed' AND claimed_at IS NOT NULL)
    OR (state = 'dead' AND finished_at > now() - interval '24 hours')
 GROUP BY kind
 ORDER BY kind;

@@ -30,7 +30,7 @@ WITH stale AS (
     SELECT id, token, kind, attempts, max_attempts, due_at, claimed_at, claimed_by, run_alone,
            backoff_base_seconds, backoff_cap_seconds, former_owner <> '' AS retired
     FROM scheduling_scheduledjob
-    WHERE state = 'claimed'
+    WHERE state = 'claimed' AND claimed_at IS NOT NULL  -- every claim: it names the claimed set's index
       AND CASE WHEN claimed_by <> ''
                -- started: the holder renews heartbeat_at while it runs the job
                THEN CASE WHEN %(heartbeats)s
@@ -46,7 +46,7 @@ WITH stale AS (
     -- the rows of each started batch still claimed: its unfinished jobs, the culprit among them
     SELECT o.claimed_by, o.claimed_at, count(*) AS size
     FROM scheduling_scheduledjob AS o
-    WHERE o.state = 'claimed' AND o.claimed_by <> ''
+    WHERE o.state = 'claimed' AND o.claimed_at IS NOT NULL AND o.claimed_by <> ''
       AND (o.claimed_by, o.claimed_at) IN (SELECT claimed_by, claimed_at FROM stale WHERE claimed_by <> '')
     GROUP BY o.claimed_by, o.claimed_at
 ), judged AS (
@@ -130,13 +130,13 @@ SELECT
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
                            WHERE state = 'pending' AND due_at > now() AND due_at <= now() + interval '24 hours'
                            LIMIT %(exact_limit)s + 1) AS capped) AS due_next_24h,
-    (SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'claimed') AS claimed,
+    (SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'claimed' AND claimed_at IS NOT NULL) AS claimed,
     -- stuck: a claim past its lease (or the stuck limit) that no live transaction holds. A running
     -- atomic chunk locks its rows, so its heartbeat cannot renew them: SKIP LOCKED (FOR KEY SHARE,
     -- the weakest lock, taken for this statement only) leaves those out. Once a stalled chunk's
     -- session is ended (bound_transaction) its rows are free, counted and swept.
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
-       WHERE state = 'claimed'
+       WHERE state = 'claimed' AND claimed_at IS NOT NULL
          AND (coalesce(heartbeat_at, claimed_at) < now() - make_interval(secs => lease_seconds)
               OR claimed_at < now() - make_interval(secs => %(stuck_after)s))
        FOR KEY SHARE SKIP LOCKED) AS unheld) AS stuck,

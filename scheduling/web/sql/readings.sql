@@ -90,7 +90,7 @@ WITH bounds AS (
     UNION ALL
     SELECT 'w', j.due_at, CASE WHEN j.claimed_by = '' THEN now() + interval '1 day' ELSE j.claimed_at END
     FROM scheduling_scheduledjob AS j, bounds
-    WHERE j.state = 'claimed' AND (j.claimed_by = '' OR j.claimed_at >= bounds.t_start)
+    WHERE j.state = 'claimed' AND j.claimed_at IS NOT NULL AND (j.claimed_by = '' OR j.claimed_at >= bounds.t_start)
     UNION ALL
     SELECT CASE WHEN j.kind IN (SELECT kind FROM paused) THEN 'p' ELSE 'w' END, j.due_at, now() + interval '1 day'
     FROM scheduling_scheduledjob AS j

@@ -1,0 +1,121 @@
+"""Which index each hot statement reads, when the statistics say almost nothing is claimed or finished.
+
+A busy jobs table outruns its statistics: after a quiet analyze, a spike of claims and outcomes
+leaves the planner believing that no row is claimed and none finished. A statement that can then
+choose a partial index over the whole claimed or finished set (and every dead version in it since
+the last vacuum) instead of its rows' primary keys gets slower with every job of the spike. These
+tests take that state on purpose (an analyze before any claim) and check the path each statement
+takes: by id through the primary key, and the whole claimed set only where it is wanted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from scheduling.due_at import store
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+JOBS = "scheduling_scheduledjob"
+PKEY = "scheduling_scheduledjob_pkey"
+
+
+def _scans(node: Any, relation: str = JOBS) -> Iterator[str]:
+    """Each scan of ``relation`` in an EXPLAIN (FORMAT JSON) plan: its index name, or its node type."""
+    if isinstance(node, dict):
+        if node.get("Relation Name") == relation and "Scan" in node.get("Node Type", ""):
+            yield node.get("Index Name", node["Node Type"])
+        for value in node.values():
+            yield from _scans(value, relation)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _scans(value, relation)
+
+
+def _plan(sql: str) -> Any:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql)
+        plan = cursor.fetchone()[0]
+    return json.loads(plan) if isinstance(plan, str) else plan
+
+
+def _statement(captured: str) -> str:
+    """The statement of a captured query, without the ``SET LOCAL`` a claim-path statement starts with."""
+    return captured.removeprefix(store.ASYNC_COMMIT)
+
+
+@pytest.fixture
+def stale_statistics(run_sql) -> list[store.Claim]:
+    """100,000 due jobs analyzed while none is claimed or finished, then a batch of 50 claimed."""
+    run_sql(
+        "INSERT INTO scheduling_scheduledjob (kind, payload, due_at, state, lease_seconds, attempts, max_attempts,"
+        " last_error, claimed_by, created_at, updated_at, priority, run_alone, atomic, former_owner)"
+        " SELECT 'demo.record', '{}', now() - interval '1 minute', 'pending', 60, 0, 3, '', '', now(), now(), 0,"
+        " false, true, '' FROM generate_series(1, 100000)"
+    )
+    run_sql("VACUUM ANALYZE scheduling_scheduledjob")
+    claims = store.claim_due_jobs(50)
+    assert len(claims) == 50
+    return claims
+
+
+def test_statements_addressing_claims_by_id_read_them_by_primary_key(stale_statistics):
+    """Start, heartbeat, lock, complete, fail, release, give back: each reads the jobs table by its key only."""
+    pairs = [(c.id, c.token) for c in stale_statistics]
+    now = dt.datetime.now(dt.UTC)
+    outcomes = [store.Outcome(i, t, now, now, "succeeded") for i, t in pairs]
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        store.start_jobs(pairs, "worker-1")
+        store.heartbeat_jobs(pairs)
+        store.lock_claims(pairs)
+        store.complete_jobs(outcomes)
+        store.fail_jobs([store.Outcome(i, t, now, now, "failed", "boom", 1.0) for i, t in pairs])
+        store.release_jobs(pairs, "shutting down")
+        store.release_lost_chunk([(i, t, 1.0) for i, t in pairs], "chunk lost")
+        store.unclaim_jobs(pairs)
+        transaction.set_rollback(True)
+    statements = [_statement(q["sql"]) for q in captured.captured_queries if JOBS in q["sql"]]
+    assert len(statements) == 8
+    for sql in statements:
+        scans = set(_scans(_plan(sql)))
+        assert scans == {PKEY}, (scans, sql.splitlines()[0])
+
+
+def test_the_sweeper_and_the_counts_read_the_claimed_set_index(stale_statistics, run_sql):
+    """The statements that want every claim say claimed_at IS NOT NULL and get the claimed set's index."""
+    with CaptureQueriesContext(connection) as captured:
+        store.sweep_expired_claims(heartbeats=True, sweep_after_seconds=60, limit=100, queued_ids=[])
+        store.backlog_status(stuck_after_seconds=600)
+    statements = [_statement(q["sql"]) for q in captured.captured_queries if "claimed_at IS NOT NULL" in q["sql"]]
+    assert len(statements) == 2
+    for sql in statements:
+        assert "scheduledjob_claimed_set_idx" in set(_scans(_plan(sql))), sql.splitlines()[0]
+
+
+def _index_scans(run_sql) -> dict[str, int]:
+    """Scans per index of the jobs table so far (this session's counters flushed first)."""
+    run_sql("SELECT pg_stat_force_next_flush()")
+    return dict(run_sql("SELECT indexrelname, idx_scan FROM pg_stat_user_indexes WHERE relname = %s", [JOBS]))
+
+
+def test_counting_a_batch_of_outcomes_reads_each_job_by_its_key(stale_statistics, run_sql):
+    """The attempts trigger joins a batch's new attempts to their jobs by key: no partial index is read.
+
+    Before it counted through four joins each filtered on the job's state, which let the planner read
+    the whole finished (or pending) index when the statistics said it was nearly empty.
+    """
+    pairs = [(c.id, c.token) for c in stale_statistics]
+    store.start_jobs(pairs, "worker-1")
+    now = dt.datetime.now(dt.UTC)
+    before = _index_scans(run_sql)
+    assert len(store.complete_jobs([store.Outcome(i, t, now, now, "succeeded") for i, t in pairs])) == 50
+    after = _index_scans(run_sql)
+    used = {name for name, scans in after.items() if scans > before.get(name, 0)}
+    assert used == {PKEY}, used
