@@ -109,7 +109,7 @@ def spike(n: int) -> dict[str, Any]:
     with procs.Group(SCENARIO) as group:
         worker = group.worker("tk-w1", app="bench.tk_worker", concurrency=2)
         group.wait_ready(worker)
-        sampler = Sampler(queue_key)
+        sampler = Sampler(queue_key, count_claims=False)  # the spike reports the queue's bound only
         sampler.start()
         wait = float(_one("SELECT extract(epoch FROM %s - clock_timestamp())::float8", [at])[0])
         if wait > 0:
@@ -148,6 +148,15 @@ def spike(n: int) -> dict[str, Any]:
         "SELECT count(*), coalesce(sum(n - 1), 0)"
         " FROM (SELECT count(*) AS n FROM tasks_execution GROUP BY idempotency_key) AS k"
     )
+    # Occurrences started per whole second of the spike (the first and last seconds are partial).
+    per_second = [
+        int(c)
+        for (c,) in common.sql(
+            "SELECT count(*) FROM scheduling_jobattempt WHERE due_at = %s"
+            " GROUP BY date_trunc('second', started_at) ORDER BY date_trunc('second', started_at)",
+            [at],
+        )
+    ][1:-1]
     next_each, next_twice, next_missing = _one(
         "SELECT count(*) FILTER (WHERE c = 1), count(*) FILTER (WHERE c > 1), count(*) FILTER (WHERE c = 0) FROM"
         " (SELECT r.id, count(j.id) AS c FROM scheduling_recurrence AS r LEFT JOIN scheduling_scheduledjob AS j"
@@ -164,6 +173,9 @@ def spike(n: int) -> dict[str, Any]:
         "spike_next_once": int(next_each),
         "spike_next_twice": int(next_twice),
         "spike_next_missing": int(next_missing),
+        "spike_started_per_s_min": min(per_second, default=None),
+        "spike_started_per_s_median": round(common.median(per_second)) if per_second else None,
+        "spike_started_per_s_max": max(per_second, default=None),
         "spike_max_queued_messages": sampler.max_queued,
         "spike_queued_bound": conf.get().max_queued_batches,
     }

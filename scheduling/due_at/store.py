@@ -307,7 +307,7 @@ def claim_due_jobs(
     if not connection.get_autocommit():
         return db.fetch_all_sql(Claim, sql, params)  # the caller's transaction holds the lock until it ends
     with transaction.atomic():
-        prefix = ASYNC_COMMIT if conf.get().async_commit else ""
+        prefix = db.NO_JIT + (ASYNC_COMMIT if conf.get().async_commit else "")
         return db.fetch_all_sql(Claim, prefix + sql, params)  # see _async_commit_values
 
 

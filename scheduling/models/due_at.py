@@ -7,6 +7,7 @@ is a conditional UPDATE in ``scheduling.due_at.store``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -59,6 +60,14 @@ class ScheduledJobQuerySet(models.QuerySet["ScheduledJob"]):
 
     def live(self) -> ScheduledJobQuerySet:
         return self.filter(state__in=LIVE_STATES)
+
+    def in_states(self, states: Sequence[str]) -> ScheduledJobQuerySet:
+        """Rows in any of ``states``; claimed ones through the claimed set's index (``claimed_at`` names it)."""
+        others = [s for s in states if s != JobState.CLAIMED]
+        match = models.Q(state__in=others)
+        if JobState.CLAIMED in states:
+            match |= models.Q(state=JobState.CLAIMED, claimed_at__isnull=False)
+        return self.filter(match)
 
     def for_owner(self, user: Any) -> ScheduledJobQuerySet:
         """What ``user`` may see: every row with the admin's view permission, their own rows otherwise.

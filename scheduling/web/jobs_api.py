@@ -332,7 +332,7 @@ def _list(request: HttpRequest, user: Any) -> JsonResponse:
             raise ApiError(
                 400, "invalid_filter", f"Unknown state(s) {', '.join(bad)}; use {', '.join(JobState.values)}."
             )
-        jobs = jobs.filter(state__in=states)
+        jobs = jobs.in_states(states)
     for name in ("kind", "key"):
         if name in params:
             problem = validation.text_problem(params[name])

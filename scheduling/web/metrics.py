@@ -20,7 +20,7 @@ nothing. The database is the record; these are views of it:
   ``timekeeper_job_attempts_total{kind,outcome}``, ``timekeeper_jobs_finished_total{kind,outcome}``
   (done, dead), ``timekeeper_job_retries_total{kind}``, ``timekeeper_jobs_reclaimed_total{kind}`` and
   ``timekeeper_fixed_runs_total{schedule,outcome}``, read from ``scheduling_outcomecounter``, which
-  database triggers update in the transaction that records each outcome (migration 0015); and
+  database triggers update in the transaction that records each outcome (migrations 0015 and 0022); and
   ``timekeeper_refused_messages_total{task}``, the ``run_deferred`` and ``run_fixed`` messages
   workers refused for a bad signature (counted by the refusal itself: such a message leaves no row).
 - ``timekeeper_control_heartbeat_age_seconds``: since the leading control loop was last seen turning.

@@ -228,7 +228,7 @@ class Command(BaseCommand):
     def list_jobs(self, options: dict[str, Any]) -> None:
         jobs = ScheduledJob.objects.all()
         if options["state"]:
-            jobs = jobs.filter(state=options["state"])
+            jobs = jobs.in_states([options["state"]])
         if options["kind"]:
             jobs = jobs.filter(kind=options["kind"])
         if options["key"]:

@@ -140,7 +140,7 @@ SELECT
         AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)) AS oldest_overdue_seconds;
 
 -- name: outcome_counters
--- The monotonic outcome counters (/metrics' *_total), kept by the triggers of migration 0015 in
+-- The monotonic outcome counters (/metrics' *_total), kept by the triggers of migration 0015 (0022) in
 -- the transactions that record the outcomes; the pruner's deletes never lower them.
 SELECT metric, label, outcome, value
 FROM scheduling_outcomecounter

@@ -162,6 +162,8 @@ def test_list_shows_local_and_relative_due_times_filters_and_search(admin, jobs)
     assert "in 59 minutes" in text
     assert "0/5" in text
     assert admin.get(CHANGELIST, {"state__exact": "dead"}).context["cl"].result_count == 1
+    claimed = admin.get(CHANGELIST, {"state__exact": "claimed"}).context["cl"].result_list  # via in_states
+    assert [j.id for j in claimed] == [jobs["claimed"]]
     assert admin.get(CHANGELIST, {"kind": "demo.record"}).context["cl"].result_count == 1
     ScheduledJob.objects.filter(pk=jobs["p1"]).update(due_at=timezone.now() - dt.timedelta(minutes=5))
     assert [j.id for j in admin.get(CHANGELIST, {"overdue": "yes"}).context["cl"].result_list] == [jobs["p1"]]

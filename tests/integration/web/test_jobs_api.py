@@ -430,6 +430,12 @@ def test_list_filters_and_pages(alice):
     assert client.get(URL, {"state": "cancelled"}).json()["results"][0]["id"] == keyed.id
     assert client.get(URL, {"state": "pending,cancelled"}).json()["count"] == 6
     assert client.get(URL, {"key": "report:1"}).json()["count"] == 1
+    claimed = api.schedule("demo.noop", {}, delay=600, owner=alice)
+    ScheduledJob.objects.filter(pk=claimed.id).update(due_at=timezone.now() - dt.timedelta(seconds=1))
+    assert [c.id for c in jobs_store.claim_due_jobs(10)] == [claimed.id]
+    # claimed rows are read through the claimed set's index (ScheduledJobQuerySet.in_states), alone or with others
+    assert [j["id"] for j in client.get(URL, {"state": "claimed"}).json()["results"]] == [claimed.id]
+    assert client.get(URL, {"state": "claimed,cancelled"}).json()["count"] == 2
 
 
 @pytest.mark.parametrize(
