@@ -108,12 +108,7 @@ def run(jobs: int) -> dict[str, Any]:
         sweeps_before = _sweeps(worker)
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while time.monotonic() < deadline:
-            # Two index probes, not a count of the table: the wait must not take the cores it measures.
-            (left,) = _one(
-                "SELECT EXISTS (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending')"
-                " OR EXISTS (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'claimed' AND claimed_at IS NOT NULL)"
-            )
-            if not left:
+            if not common.jobs_left():
                 break
             if not worker.alive():
                 raise RuntimeError("the worker exited during the burst")

@@ -119,14 +119,7 @@ def spike(n: int) -> dict[str, Any]:
             time.sleep(1.0)
             if not worker.alive():
                 raise RuntimeError("the worker exited during the spike")
-            # The measurement must not compete with what it measures (two cores): while any
-            # occurrence of the spike waits or runs (two index probes) the table is not counted.
-            (left,) = _one(
-                "SELECT EXISTS (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= %s)"
-                " OR EXISTS (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'claimed' AND claimed_at IS NOT NULL)",
-                [at],
-            )
-            if left:
+            if common.jobs_left(due_by=at):  # the spike's occurrences wait or run: not counted yet
                 continue
             done, planned = _one(
                 "SELECT count(*) FILTER (WHERE occurrence_at = %s AND state = 'done'),"

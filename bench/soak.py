@@ -172,10 +172,8 @@ def run(minutes: int, rate: float, tick: float = TICK_S) -> dict[str, Any]:
                 time.sleep(min(0.5, max(0.0, min(next_probe, next_lag, end) - time.monotonic())))
             stats = table_stats()
             timed, requested = common.sql("SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter")[0]
-            backlog = int(
-                common.sql("SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()")[
-                    0
-                ][0]
+            ((backlog,),) = common.sql(
+                "SELECT count(*) FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()"
             )
             row: dict[str, Any] = {
                 "minute": minute,
@@ -202,10 +200,7 @@ def run(minutes: int, rate: float, tick: float = TICK_S) -> dict[str, Any]:
         generator.join(30)
         # Let the last jobs run before counting effects.
         deadline = time.monotonic() + 120
-        while (
-            time.monotonic() < deadline
-            and common.sql("SELECT count(*) FROM scheduling_scheduledjob WHERE state IN ('pending', 'claimed')")[0][0]
-        ):
+        while time.monotonic() < deadline and common.jobs_left():
             time.sleep(1)
     duplicates, distinct = (int(v) for v in common.sql(
         "SELECT coalesce(sum(n - 1), 0), count(*) FROM (SELECT count(*) AS n FROM tasks_execution"

@@ -33,14 +33,6 @@ DRAIN_TIMEOUT_S = 300
 # --- timekeeper ------------------------------------------------------------------------------------
 
 
-def _live_count() -> int:
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM scheduling_scheduledjob WHERE state IN ('pending', 'claimed')")
-        return int(cur.fetchone()[0])
-
-
 def run_timekeeper(jobs: int) -> dict[str, Any]:
     from django.db import connection, transaction
 
@@ -56,7 +48,7 @@ def run_timekeeper(jobs: int) -> dict[str, Any]:
             api.schedule_many("demo.noop", [{} for _ in range(jobs)], delay=0)
         committed = time.perf_counter()
         deadline = committed + DRAIN_TIMEOUT_S
-        while _live_count() and time.perf_counter() < deadline:
+        while common.jobs_left() and time.perf_counter() < deadline:
             time.sleep(0.25)
         wall = time.perf_counter() - committed
     with connection.cursor() as cur:
