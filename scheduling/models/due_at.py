@@ -245,6 +245,8 @@ class ScheduledJob(models.Model):
             ),
             models.Index(fields=["kind", "state"], name="scheduledjob_kind_state_idx"),
             models.Index(fields=["owner", "state"], name="scheduledjob_owner_state_idx"),
+            # The jobs API's list walks an owner's jobs by (due_at, id) from a cursor: an index range, no sort.
+            models.Index(fields=["owner", "due_at", "id"], name="scheduledjob_owner_due_idx"),
         ]
         constraints = [
             # Keys are per owner: one waiting job per (owner, key), NULL owner = the system's namespace

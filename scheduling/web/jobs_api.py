@@ -35,7 +35,6 @@ import json
 import logging
 from typing import Any
 
-from django.core.paginator import EmptyPage, Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
@@ -45,7 +44,7 @@ from django.views.decorators.csrf import csrf_exempt
 from scheduling import api
 from scheduling.core import exceptions, executor, registry, validation
 from scheduling.models import JobState, ScheduledJob
-from scheduling.web import auth
+from scheduling.web import auth, paging
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +55,8 @@ MAX_JOB_ID = 2**63 - 1  # bigint: a larger id cannot exist (and would be a datab
 MAX_DATETIME_TEXT = 64  # characters: no ISO-8601 date-time is longer
 CREATE_FIELDS = frozenset({"kind", "payload", "due_at", "delay", "key", "on_conflict", "max_attempts", "priority"})
 RESCHEDULE_FIELDS = frozenset({"due_at", "delay"})
+LIST_PARAMETERS = frozenset({"state", "kind", "key", "page", "page_size", "cursor"})
+LIST_ORDER = ("due_at", "id")  # unique together; an owner's walk reads scheduledjob_owner_due_idx
 
 
 class ApiError(Exception):
@@ -313,7 +314,7 @@ def _visible(user: Any, job_id: int, *, change: bool = False) -> ScheduledJob:
 
 @_endpoint(("GET", "HEAD", "POST"))
 def collection(request: HttpRequest, user: Any) -> JsonResponse:
-    """GET: the caller's jobs (filters state, kind, key; page, page_size). POST: schedule a job."""
+    """GET: the caller's jobs (filters state, kind, key; cursor or page, page_size). POST: schedule a job."""
     if request.method == "POST":
         return _create(request, user)
     return _list(request, user)
@@ -321,7 +322,7 @@ def collection(request: HttpRequest, user: Any) -> JsonResponse:
 
 def _list(request: HttpRequest, user: Any) -> JsonResponse:
     params = request.GET
-    unknown = sorted(set(params) - {"state", "kind", "key", "page", "page_size"})
+    unknown = sorted(set(params) - LIST_PARAMETERS)
     if unknown:
         raise ApiError(400, "unknown_parameter", f"Unknown query parameter(s): {', '.join(unknown)}.")
     jobs = ScheduledJob.objects.for_owner(user)
@@ -339,32 +340,7 @@ def _list(request: HttpRequest, user: Any) -> JsonResponse:
             if problem:
                 raise ApiError(400, "invalid_filter", f"{name} {problem}.")
             jobs = jobs.filter(**{name: params[name]})
-    page_number = _positive_int(params.get("page", "1"), "page", 10**6)
-    page_size = _positive_int(params.get("page_size", str(DEFAULT_PAGE_SIZE)), "page_size", MAX_PAGE_SIZE)
-    paginator = Paginator(jobs.order_by("due_at", "id"), page_size)
-    try:
-        page = paginator.page(page_number)
-    except EmptyPage:
-        raise ApiError(
-            404, "no_such_page", f"Page {page_number} is past the last page ({paginator.num_pages})."
-        ) from None
-
-    def page_url(number: int) -> str:
-        query = params.copy()
-        query["page"] = str(number)
-        return f"{request.path}?{query.urlencode()}"
-
-    return ok(
-        {
-            "count": paginator.count,
-            "page": page.number,
-            "pages": paginator.num_pages,
-            "page_size": page_size,
-            "next": page_url(page.next_page_number()) if page.has_next() else None,
-            "previous": page_url(page.previous_page_number()) if page.has_previous() else None,
-            "results": [job_json(job) for job in page.object_list],
-        }
-    )
+    return ok(paging.page(request.path, params, jobs, LIST_ORDER, job_json))
 
 
 def _positive_int(text: str, name: str, maximum: int) -> int:

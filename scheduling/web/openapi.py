@@ -151,19 +151,7 @@ def _schemas() -> dict[str, Any]:
                 },
             },
         },
-        "JobPage": {
-            "type": "object",
-            "required": ["count", "page", "pages", "page_size", "next", "previous", "results"],
-            "properties": {
-                "count": {"type": "integer"},
-                "page": {"type": "integer"},
-                "pages": {"type": "integer"},
-                "page_size": {"type": "integer"},
-                "next": {"type": "string", "nullable": True},
-                "previous": {"type": "string", "nullable": True},
-                "results": {"type": "array", "items": _ref("Job")},
-            },
-        },
+        "JobPage": openapi_parts.page_schema("Job", "The caller's jobs by (due_at, id)."),
         "CreateJob": {
             "type": "object",
             "required": ["kind"],

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from scheduling.web import paging
+
 JSON = "application/json"
 
 
@@ -65,7 +67,7 @@ def head(answers: dict[str, Any]) -> dict[str, Any]:
 def list_parameters(
     states: Iterable[str], filters: Iterable[str], max_page_size: int, default_page_size: int
 ) -> list[Any]:
-    """A paged list's query parameters: ``state`` (comma-separated), string ``filters``, ``page``, ``page_size``."""
+    """A paged list's query parameters: ``state`` (comma-separated), string ``filters``, ``cursor``, ``page``, ...."""
     return [
         {
             "name": "state",
@@ -74,10 +76,62 @@ def list_parameters(
             "schema": {"type": "string"},
         },
         *({"name": name, "in": "query", "schema": {"type": "string"}} for name in filters),
-        {"name": "page", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10**6}},
+        {
+            "name": "cursor",
+            "in": "query",
+            "description": (
+                "Where a page starts: the opaque value in the previous page's `next` link (keyset paging; "
+                "any depth at the cost of one page). Not with `page`; a value this API did not give out is 400 "
+                "`invalid_cursor`."
+            ),
+            "schema": {"type": "string", "maxLength": paging.MAX_CURSOR_CHARACTERS},
+        },
+        {
+            "name": "page",
+            "in": "query",
+            "description": (
+                f"A page number, while the page starts within the first {paging.MAX_OFFSET_ROWS} rows "
+                "((page - 1) * page_size); deeper is 400 `page_too_deep`: follow `next` instead."
+            ),
+            "schema": {"type": "integer", "minimum": 1, "maximum": 10**6},
+        },
         {
             "name": "page_size",
             "in": "query",
             "schema": {"type": "integer", "minimum": 1, "maximum": max_page_size, "default": default_page_size},
         },
     ]
+
+
+def page_schema(item: str, description: str) -> dict[str, Any]:
+    """A list's page (``paging.page``'s body) whose ``results`` are ``item`` objects."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": description,
+        "required": ["count", "count_exact", "page", "pages", "page_size", "next", "previous", "results"],
+        "properties": {
+            "count": {
+                "type": "integer",
+                "description": f"Rows matching the filters, counted up to {paging.MAX_COUNT} (see count_exact).",
+            },
+            "count_exact": {
+                "type": "boolean",
+                "description": f"False when more than {paging.MAX_COUNT} rows match: count is then a lower bound.",
+            },
+            "page": {"type": "integer", "nullable": True, "description": "The page number; null on a cursor page."},
+            "pages": {"type": "integer", "nullable": True, "description": "Null when count is not exact."},
+            "page_size": {"type": "integer"},
+            "next": {
+                "type": "string",
+                "nullable": True,
+                "description": "The next page (a cursor link, stable while rows are added); null on the last page.",
+            },
+            "previous": {
+                "type": "string",
+                "nullable": True,
+                "description": "The previous page number's link; null on page 1 and on cursor pages.",
+            },
+            "results": {"type": "array", "items": ref(item)},
+        },
+    }

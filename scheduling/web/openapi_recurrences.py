@@ -171,18 +171,7 @@ def schemas() -> dict[str, Any]:
                 },
             },
         },
-        "RecurrencePage": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["count", "page", "pages", "page_size", "results"],
-            "properties": {
-                "count": {"type": "integer"},
-                "page": {"type": "integer"},
-                "pages": {"type": "integer"},
-                "page_size": {"type": "integer"},
-                "results": {"type": "array", "items": ref("Recurrence")},
-            },
-        },
+        "RecurrencePage": openapi_parts.page_schema("Recurrence", "The caller's recurrences by id."),
         "CreateRecurrence": {
             "type": "object",
             "additionalProperties": False,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.core.paginator import EmptyPage, Paginator
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.urls import reverse
@@ -24,7 +23,7 @@ from scheduling import api
 from scheduling.core import exceptions, registry, validation
 from scheduling.models import Recurrence, RecurrenceState
 from scheduling.recurring import api as recurring_api
-from scheduling.web import jobs_api
+from scheduling.web import jobs_api, paging
 from scheduling.web.jobs_api import ApiError
 
 RULE_FIELDS = frozenset(
@@ -32,7 +31,8 @@ RULE_FIELDS = frozenset(
 )
 CREATE_FIELDS = RULE_FIELDS | {"kind", "key", "on_conflict"}
 CHANGE_FIELDS = RULE_FIELDS | {"kind"}
-LIST_PARAMETERS = frozenset({"state", "kind", "key", "timezone", "page", "page_size"})
+LIST_PARAMETERS = frozenset({"state", "kind", "key", "timezone", "page", "page_size", "cursor"})
+LIST_ORDER = ("id",)
 MAX_EVERY_SECONDS = validation.MAX_DELAY_SECONDS  # ten years: a longer interval is a unit mistake
 DEFAULT_NEXT = 10  # GET .../next without ?n=
 DETAIL_NEXT = 5  # the next occurrences in a recurrence's own answers (not in the list)
@@ -141,7 +141,7 @@ def _rule_arguments(data: dict[str, Any]) -> dict[str, Any]:
 
 @jobs_api._endpoint(("GET", "HEAD", "POST"))
 def collection(request: HttpRequest, user: Any) -> JsonResponse:
-    """GET: the caller's recurrences (filters state, kind, key, timezone; page, page_size). POST: recur."""
+    """GET: the caller's recurrences (filters state, kind, key, timezone; cursor or page, page_size). POST: recur."""
     if request.method == "POST":
         return _create(request, user)
     params = request.GET
@@ -161,26 +161,7 @@ def collection(request: HttpRequest, user: Any) -> JsonResponse:
             if problem:
                 raise ApiError(400, "invalid_filter", f"{name} {problem}.")
             rows = rows.filter(**{name: params[name]})
-    page_number = jobs_api._positive_int(params.get("page", "1"), "page", 10**6)
-    page_size = jobs_api._positive_int(
-        params.get("page_size", str(jobs_api.DEFAULT_PAGE_SIZE)), "page_size", jobs_api.MAX_PAGE_SIZE
-    )
-    paginator = Paginator(rows.order_by("id"), page_size)
-    try:
-        page = paginator.page(page_number)
-    except EmptyPage:
-        raise ApiError(
-            404, "no_such_page", f"Page {page_number} is past the last page ({paginator.num_pages})."
-        ) from None
-    return jobs_api.ok(
-        {
-            "count": paginator.count,
-            "page": page.number,
-            "pages": paginator.num_pages,
-            "page_size": page_size,
-            "results": [recurrence_json(r) for r in page.object_list],
-        }
-    )
+    return jobs_api.ok(paging.page(request.path, params, rows, LIST_ORDER, recurrence_json))
 
 
 def _check_access(kind_name: Any, user: Any, payload: Any) -> None:

@@ -116,6 +116,7 @@ def _owner_indexes() -> dict[str, list[str]]:
 
 def test_0020_drops_only_the_owner_indexes_that_owner_state_covers_and_keeps_the_foreign_keys():
     """After 0020 each table keeps its (owner, state) index and its foreign key; back to 0019 the index returns."""
+    # 0029 adds the jobs list's (owner, due_at, id) index; going back to 0019 removes it again.
     after = _owner_indexes()
     assert after == {
         "scheduling_recurrence": [
@@ -123,10 +124,12 @@ def test_0020_drops_only_the_owner_indexes_that_owner_state_covers_and_keeps_the
             "scheduling_recurrence_owner_id_e867d6fb_fk_auth_user_id",
         ],
         "scheduling_scheduledjob": [
+            "scheduledjob_owner_due_idx",
             "scheduledjob_owner_state_idx",
             "scheduling_scheduledjob_owner_id_84d233e4_fk_auth_user_id",
         ],
     }
+    after["scheduling_scheduledjob"].remove("scheduledjob_owner_due_idx")
     _migrate(("scheduling", "0019_jobs_and_attempts_autovacuum_settings"))
     before = _owner_indexes()
     assert before["scheduling_recurrence"] == sorted(

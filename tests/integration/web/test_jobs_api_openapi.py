@@ -241,3 +241,22 @@ def test_kind_operations_answer_as_documented(admin_client: Any):
         response = admin_client.post(url, body, content_type="application/json")
         assert response.status_code == status, (url, body)
         conforms(document, path, "post", response)
+
+
+def test_list_pages_answer_as_documented(django_user_model: Any, client: Any):
+    """Numbered, cursor and too-deep pages of both lists validate against JobPage, RecurrencePage and Error."""
+    document = openapi.document()
+    owner = django_user_model.objects.create_user("pager", password="pw")
+    client.force_login(owner)
+    for i in range(3):
+        api.schedule("demo.noop", {}, delay=600 + i, owner=owner)
+        api.recur("demo.noop", {}, key=f"page-{i}", cron="0 9 * * *", owner=owner)
+    for path in ("/api/jobs/", "/api/recurrences/"):
+        first = client.get(path, {"page_size": 2})
+        conforms(document, path, "get", first)
+        conforms(document, path, "get", client.get(first.json()["next"]))
+        deep = client.get(path, {"page": 1500, "page_size": 200})
+        assert deep.status_code == 400
+        conforms(document, path, "get", deep)
+    listed = document["paths"]["/api/jobs/"]["get"]["parameters"]
+    assert {p["name"] for p in listed} == jobs_api.LIST_PARAMETERS
