@@ -22,7 +22,7 @@ from typing import Any
 from celery import Task, shared_task, signals
 from django import db
 
-from scheduling.core import reconnect, tracing
+from scheduling.core import reconnect, remote_control, tracing
 from scheduling.deferrals import countdowns
 from scheduling.due_at import claim as claim_module
 from scheduling.due_at import control, liveness, runner
@@ -144,6 +144,12 @@ def refuse_non_json(sender: Any = None, **kwargs: Any) -> None:
 def carry_messages_across_reconnects(sender: Any = None, **kwargs: Any) -> None:
     """A worker acknowledges on its new broker connection, or puts back at once, what it held when the old one reset."""
     reconnect.install(sender.app)
+
+
+@signals.worker_init.connect
+def answer_remote_control_without_settings(sender: Any = None, **kwargs: Any) -> None:
+    """``inspect conf``, ``report`` and ``stats`` give a broker-only party no setting (core/remote_control.py)."""
+    remote_control.install()
 
 
 @signals.worker_process_init.connect
