@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from django.core.management.base import CommandParser
+from django.db import connection
 
 from scheduling import api
 
@@ -41,8 +42,24 @@ def add_arguments(parser: CommandParser) -> None:
     )
 
 
+def describe_database() -> str:
+    """Which database the command talks to, without the password: ``database 'x' on host:port as user``.
+
+    Said first, so a person who reached another database than they meant (a second terminal without
+    the run command's ``DATABASE_URL``) sees it before any advice to migrate.
+    """
+    settings = connection.settings_dict
+    host = str(settings.get("HOST") or "")
+    where = f"the socket in {host}" if host.startswith("/") else host or "the local socket"
+    port = f":{settings['PORT']}" if settings.get("PORT") and not host.startswith("/") else ""
+    user = f" as {settings['USER']}" if settings.get("USER") else ""
+    return f"database {settings.get('NAME')!r} on {where}{port}{user}"
+
+
 def run(command: Any, options: dict[str, Any]) -> None:
-    """Print the status (a DatabaseError becomes a CommandError in the caller)."""
+    """Print the status (a DatabaseError becomes a CommandError in the caller); the text form names the database."""
+    if not options["json"]:
+        command.stdout.write(describe_database())
     status = api.status()
     if options["json"]:
         command.stdout.write(json.dumps(status, sort_keys=True))

@@ -41,14 +41,18 @@ def database_error_message(exc: DatabaseError) -> str:
     """What the command says for a database error other than an unreachable database.
 
     The error's class and first line; a missing table or column (a ``ProgrammingError``, e.g.
-    ``timekeeper sync`` before ``migrate``) also says how to create it.
+    ``timekeeper sync`` before ``migrate``) also says how to create it, after naming the database.
     """
     lines = str(exc).strip().splitlines()
-    message = f"Database error ({type(exc).__name__}): {lines[0] if lines else 'no detail'}"
+    message = f"Database error ({type(exc).__name__}) in the {status_cli.describe_database()}: "
+    message += lines[0] if lines else "no detail"
     if isinstance(exc, ProgrammingError):
         sqlstate = getattr(exc.__cause__, "sqlstate", None) or getattr(exc.__cause__, "pgcode", None)
         if sqlstate in MISSING_OBJECT_SQLSTATES:
-            message += ". Has the schema been created? Run `manage.py migrate`."
+            message += (
+                ". Has the schema been created there? If this is the database you meant, run `manage.py migrate`; "
+                "if not, set DATABASE_URL (`python3 dev.py manage ...` uses the servers `dev.py run` chose)."
+            )
     return message
 
 
@@ -208,7 +212,9 @@ class Command(BaseCommand):
             else:
                 RUNNERS[subcommand](self, options)
         except (OperationalError, InterfaceError) as exc:
-            raise CommandError(f"Cannot reach the database: {exc}. Is PostgreSQL up and DATABASE_URL right?") from exc
+            raise CommandError(
+                f"Cannot reach the {status_cli.describe_database()}: {exc}. Is PostgreSQL up and DATABASE_URL right?"
+            ) from exc
         except DatabaseError as exc:
             raise CommandError(database_error_message(exc)) from exc
         except exceptions.SchedulingError as exc:

@@ -133,9 +133,12 @@ def test_a_missing_table_is_reported_as_such_with_migrate_not_as_an_unreachable_
             run(*args)
         transaction.set_rollback(True)
     said = str(caught.value)
-    assert said.startswith("Database error (ProgrammingError): ")
+    named = f"database {connection.settings_dict['NAME']!r} on "
+    assert said.startswith(f"Database error (ProgrammingError) in the {named}")
     assert f'relation "{table}" does not exist' in said
-    assert said.endswith("Run `manage.py migrate`.")
+    assert "run `manage.py migrate`" in said
+    assert said.index(named) < said.index("migrate"), "the database is named before migrate is suggested"
+    assert "DATABASE_URL" in said
     assert "Cannot reach" not in said
     assert "\n" not in said, "the first line only"
 
@@ -143,7 +146,10 @@ def test_a_missing_table_is_reported_as_such_with_migrate_not_as_an_unreachable_
 def test_an_integrity_error_names_its_class_and_first_line_without_migrate():
     """Any other database error says its class and first line, and neither "Cannot reach" nor migrate."""
     said = timekeeper.database_error_message(IntegrityError("duplicate key value\nDETAIL: Key (id)=(1) exists."))
-    assert said == "Database error (IntegrityError): duplicate key value"
+    named = f"database {connection.settings_dict['NAME']!r}"
+    assert said.startswith(f"Database error (IntegrityError) in the {named} on ")
+    assert said.endswith(": duplicate key value")
+    assert "migrate" not in said
 
 
 def test_status_json_is_api_status(jobs):
@@ -151,6 +157,18 @@ def test_status_json_is_api_status(jobs):
     data = json.loads(run("status", "--json")[0])
     assert (data["backlog"], data["pending"]) == (1, 2)
     assert "backlog (pending and due)" in run("status")[0]
+
+
+def test_status_names_the_database_it_reads_first_without_its_password(jobs):
+    """The text form's first line is the database's name, host and user (never a password); --json is unchanged."""
+    settings = connection.settings_dict
+    first = run("status")[0].splitlines()[0]
+    assert first.startswith(f"database {settings['NAME']!r} on ")
+    if settings.get("USER"):
+        assert first.endswith(f" as {settings['USER']}")
+    if settings.get("PASSWORD"):
+        assert settings["PASSWORD"] not in first
+    assert "database" not in json.loads(run("status", "--json")[0])
 
 
 def stored() -> tuple[list[tuple[object, ...]], ...]:
