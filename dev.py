@@ -4,6 +4,8 @@
     python3 dev.py run [--verbose]   check the settings and servers, migrate, create the demo admin, load the
                                      demo data once, then run web, worker, beat and Flower until Ctrl-C
                                      (embedded PostgreSQL/Redis when none is configured or answering)
+    python3 dev.py manage ARGS       manage.py ARGS on the PostgreSQL and Redis a running `dev.py run` uses
+                                     (var/services.env), or chosen as run would choose them
     python3 dev.py test [ARGS]       check the settings and servers, then ruff check, makemigrations --check,
                                      mypy, the import-linter contracts, apt-get install Debian's chromium,
                                      faketime, pgbouncer, prometheus when missing (as root), and pytest
@@ -11,10 +13,12 @@
                                      Python 3.12: check, makemigrations --check and the Django-facing tests);
                                      stops at the first failure
     A wrong setting or an unreachable server is one line and exit status 78; --verbose (run) or
-    TIMEKEEPER_VERBOSE=1 (both) shows the traceback instead.
+    TIMEKEEPER_VERBOSE=1 (all) shows the traceback instead, and run's every line (each migration,
+    Flower's inspect warnings, the production-only deferral-queue warning).
 
-Both first make sure ``.venv`` exists and holds the requirements (``requirements-embedded.txt`` for
-run, ``requirements-dev.txt`` for test; reinstalled only when a file changed), then re-run
+Each first makes sure ``.venv`` exists and holds the requirements (``requirements-embedded.txt`` for
+run and manage, ``requirements-dev.txt`` for test; reinstalled only when a file changed, with a line
+per package as pip collects it), then re-run
 themselves with the venv's Python. The Django 6.0 leg has a venv of its own, ``.venv-django60``
 (``requirements-django60.txt``, made with a Python 3.12 found on the machine), kept the same way.
 Which PostgreSQL and Redis to use is decided by ``project.services.decide`` (configured >
@@ -23,6 +27,7 @@ reachable > embedded); ``project.preflight`` checks them.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
@@ -32,8 +37,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:  # project imports Celery: dev.py imports it only once it runs in the venv
     from project import processes
@@ -47,6 +54,25 @@ VAR = ROOT / "var"
 # requirements include it. The production image installs requirements.txt alone.
 REQUIREMENTS = {"run": ROOT / "requirements-embedded.txt", "test": ROOT / "requirements-dev.txt"}
 STOP_GRACE_SECONDS = 10  # how long children get to finish after SIGTERM before SIGKILL
+ANSWER_TIMEOUT_SECONDS = 120  # how long run waits for the admin and Flower to answer before printing their URLs
+SERVICES_FILE = VAR / "services.env"  # the servers a running `dev.py run` uses, for `dev.py manage`
+# pip's lines shown while it installs (one or two per package); the rest only when pip fails.
+PIP_SHOWN = (
+    "Collecting ",
+    "Downloading ",
+    "Building wheel",
+    "Installing collected",
+    "Successfully",
+    "ERROR",
+    "WARNING",
+)
+PIP_TAIL_LINES = 40  # of pip's output, shown when it fails
+# Children's lines that need no action in development, shown only with --verbose: Flower asking
+# workers that have not started yet, and the deferral-queue warning meant for production workers.
+QUIET_LINES = {
+    "flower": ("WARNING flower.inspector Inspect method ",),
+    "worker": ("This worker consumes the deferral queue ",),
+}
 PYTEST_NO_TESTS = 5  # pytest's exit status when it collected nothing
 # The Django 6.0 leg of `dev.py test` (a whole-suite run): Django 6.0 needs Python 3.12 or newer.
 DJANGO60_VENV = ROOT / ".venv-django60"
@@ -82,6 +108,12 @@ DJANGO60_TESTS = [
 DJANGO60_IGNORED = ["--ignore=tests/unit/fixed/test_cron_differential.py"]
 
 
+class Output:
+    """Where dev.py's own lines go: standard output, or standard error for ``manage`` (its output is the command's)."""
+
+    stream: TextIO | None = None  # None: sys.stdout as it is when a line is written
+
+
 def say(message: str) -> None:
     """Print one of dev.py's own lines, set apart from the children's output."""
     write(f"==> {message}\n")
@@ -92,12 +124,13 @@ def write(text: str) -> None:
 
     A closed pipe must not stop dev.py halfway through stopping its children: they would be orphaned.
     """
+    stream = Output.stream or sys.stdout
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        stream.write(text)
+        stream.flush()
     except (BrokenPipeError, ValueError):
         with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # later writes and the exit flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())  # later writes and the exit flush
 
 
 # --- Stage 1: the virtualenv (bare python3) ------------------------------------------------------
@@ -139,12 +172,34 @@ def ensure_venv(command: str) -> None:
     stamp = stamp_path(requirements)
     if stamp.exists() and stamp.read_text().strip() == requirements_digest(requirements):
         return
-    say(f"installing {requirements.name} into .venv")
-    subprocess.run([str(VENV_PYTHON), "-m", "pip", "install", "--quiet", "-r", str(requirements)], check=True)
+    say(f"installing {requirements.name} into .venv (a line per package pip collects)")
+    install_requirements(VENV_PYTHON, requirements)
     # pip installed every included file too (requirements-dev.txt > requirements-embedded.txt >
     # requirements.txt): the other command need not install them again.
     for path in [requirements, *included_requirements(requirements)]:
         stamp_path(path).write_text(requirements_digest(path) + "\n")
+
+
+def pip_line(line: str) -> str | None:
+    """The part of a line of pip's output to show while it installs, or None to keep it back."""
+    text = line.strip()
+    return text if text.startswith(PIP_SHOWN) else None
+
+
+def install_requirements(python: Path, requirements: Path) -> None:
+    """``pip install -r requirements`` with ``python``, showing a line per package; its last lines when it fails."""
+    argv = [str(python), "-m", "pip", "install", "--progress-bar", "off", "-r", str(requirements)]
+    tail: collections.deque[str] = collections.deque(maxlen=PIP_TAIL_LINES)
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as pip:
+        assert pip.stdout is not None
+        for line in pip.stdout:
+            tail.append(line)
+            shown = pip_line(line)
+            if shown:
+                write(f"    pip | {shown}\n")
+    if pip.returncode:
+        write("".join(f"    pip | {line}" for line in tail))
+        raise subprocess.CalledProcessError(pip.returncode, argv)
 
 
 def find_python312() -> str | None:
@@ -174,8 +229,7 @@ def ensure_django60_venv() -> Path | None:
     stamp = stamp_path(DJANGO60_REQUIREMENTS, DJANGO60_VENV)
     if not (stamp.exists() and stamp.read_text().strip() == requirements_digest(DJANGO60_REQUIREMENTS)):
         say(f"installing {DJANGO60_REQUIREMENTS.name} into {DJANGO60_VENV.name}")
-        argv = [str(python), "-m", "pip", "install", "--quiet", "-r", str(DJANGO60_REQUIREMENTS)]
-        subprocess.run(argv, check=True)
+        install_requirements(python, DJANGO60_REQUIREMENTS)
         stamp.write_text(requirements_digest(DJANGO60_REQUIREMENTS) + "\n")
     return python
 
@@ -411,9 +465,39 @@ else:
 """
 
 
+def migrate(verbose: bool) -> None:
+    """``manage.py migrate``: one line saying how many migrations it applied (each one with ``verbose``)."""
+    if verbose:
+        manage("migrate", "--noinput")
+        return
+    from project import preflight
+
+    done = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, capture_output=True, text=True
+    )
+    if done.returncode:
+        write(done.stdout + done.stderr)
+        if done.returncode != preflight.EXIT_CONFIG:
+            say(f"manage.py migrate failed with status {done.returncode}")
+        raise SystemExit(done.returncode)
+    say(migrate_summary(done.stdout))
+    if done.stderr.strip():  # warnings of migrate's own (a model change without its migration) need action
+        write(done.stderr)
+
+
+def migrate_summary(output: str) -> str:
+    """One line for ``migrate``'s output: how many migrations it applied, or that there was nothing to do."""
+    applied = sum(1 for line in output.splitlines() if line.strip().startswith("Applying "))
+    if not applied:
+        return "database schema up to date"
+    return f"applied {applied} migration{'' if applied == 1 else 's'} (--verbose lists them)"
+
+
 def prepare_database(password: str) -> None:
     """Migrate, create the demo superuser in dev mode, and load the demo data when seed_demo exists."""
-    manage("migrate", "--noinput")
+    from project import preflight
+
+    migrate(preflight.verbose())
     if os.environ.get("DEBUG", "").lower() in {"1", "true", "yes", "on"}:
         # Only this one child gets the password, in its environment (never on a command line).
         admin_env = {**os.environ, "DJANGO_SUPERUSER_PASSWORD": password}
@@ -427,16 +511,49 @@ def prepare_database(password: str) -> None:
 COLOURS = ["36", "33", "35", "32"]  # the name prefix of each child's lines, on a terminal
 
 
+def quiet_line(name: str, line: str) -> bool:
+    """Whether child ``name``'s ``line`` needs no action in development (``QUIET_LINES``: kept for --verbose)."""
+    return any(marker in line for marker in QUIET_LINES.get(name, ()))
+
+
 def start_child(name: str, argv: list[str], index: int, group: int | None) -> processes.Process:
     """Start a supervised process whose output lines are printed with a name prefix, in process group ``group``."""
     prefix = f"{name:<7}| "
     if sys.stdout.isatty():
         prefix = f"\033[{COLOURS[index % len(COLOURS)]}m{prefix}\033[0m"
-    from project import processes  # the supervisor tests and bench share; importable once in the venv
+    from project import preflight, processes  # the supervisor tests and bench share; importable once in the venv
 
-    return processes.Process(
-        name, argv, cwd=ROOT, on_line=lambda line: write(prefix + line), group=0 if group is None else group
-    )
+    everything = preflight.verbose()
+
+    def show(line: str) -> None:
+        if everything or not quiet_line(name, line):
+            write(prefix + line)
+
+    return processes.Process(name, argv, cwd=ROOT, on_line=show, group=0 if group is None else group)
+
+
+def answers(url: str) -> bool:
+    """Whether an HTTP server answers ``url`` (any status: Flower's 401 is an answer)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - a 127.0.0.1 URL dev.py built
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_until_answering(
+    urls: list[str], children: list[processes.Process], timeout: float = ANSWER_TIMEOUT_SECONDS
+) -> list[str]:
+    """Poll ``urls`` until each answers; the ones still silent after ``timeout`` or once a child has exited."""
+    deadline = time.monotonic() + timeout
+    silent = list(urls)
+    while silent and time.monotonic() < deadline and all(child.popen.poll() is None for child in children):
+        silent = [url for url in silent if not answers(url)]
+        if silent:
+            time.sleep(0.25)
+    return silent
 
 
 def stop_children(children: list[processes.Process]) -> None:
@@ -513,9 +630,18 @@ def command_run() -> int:
         prepare_database(password)
         for index, (name, argv) in enumerate(child_commands(web_port, flower_port).items()):
             children.append(start_child(name, argv, index, children[0].pid if children else None))
-        say(f"admin    http://127.0.0.1:{web_port}/admin/   (user admin, password in {LOGIN_FILE})")
-        say(f"Flower   http://127.0.0.1:{flower_port}/   ({flower_login})")
+        from project import services as services_module
+
+        services_module.write_state(SERVICES_FILE, os.getpid(), os.environ)
+        admin, flower = f"http://127.0.0.1:{web_port}/admin/", f"http://127.0.0.1:{flower_port}/"
+        silent = wait_until_answering([f"{admin}login/", flower], children)
+        if any(child.popen.poll() is not None for child in children):
+            return supervise(children)  # says which one exited, and stops the rest
+        later = "   (not answering yet)"
+        say(f"admin    {admin}   (user admin, password in {LOGIN_FILE}){later if f'{admin}login/' in silent else ''}")
+        say(f"Flower   {flower}   ({flower_login}){later if flower in silent else ''}")
         say(f"metrics  http://127.0.0.1:{web_port}/metrics")
+        say(f"another terminal: python3 dev.py manage ...  (these servers, from {shown_path(SERVICES_FILE)})")
         say("Ctrl-C stops everything")
         return supervise(children)
     except KeyboardInterrupt:
@@ -524,15 +650,67 @@ def command_run() -> int:
         try:
             stop_children(children)
         finally:
+            forget_services_file()
             services.stop()
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as printed: relative to the checkout when it is inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def forget_services_file() -> None:
+    """Remove ``var/services.env`` if this process wrote it (a second run's file is not ours to remove)."""
+    from project import services
+
+    with contextlib.suppress(OSError):
+        state = services.parse_state(SERVICES_FILE.read_text())
+        if state is not None and state.pid == os.getpid():
+            SERVICES_FILE.unlink()
+
+
+# --- manage --------------------------------------------------------------------------------------
+
+
+def command_manage(args: list[str]) -> int:
+    """``manage.py ARGS`` on the servers of the running ``dev.py run``, or on those run would choose (started here)."""
+    from project import preflight, redaction, services
+
+    Output.stream = sys.stderr  # stdout is the command's own (``timekeeper status --json | jq``)
+    raise_on_sigterm()
+    os.environ.setdefault("DEBUG", "1")
+    state, why_not = services.running_state(SERVICES_FILE)
+    started = None
+    if state is not None:
+        kept = [name for name in state.variables if os.environ.get(name) and os.environ[name] != state.variables[name]]
+        os.environ.update({name: value for name, value in state.variables.items() if name not in kept})
+        say(f"using the servers of `python3 dev.py run` (pid {state.pid}, {shown_path(SERVICES_FILE)})")
+        for name in kept:
+            say(f"{name} is set here, so it wins over the run's: {redaction.redact(os.environ[name])}")
+        say(f"PostgreSQL at {redaction.redact(os.environ['DATABASE_URL'])}")
+        say(f"Redis at {redaction.redact(os.environ['CELERY_BROKER_URL'])}")
+    else:
+        say(f"{why_not}: choosing PostgreSQL and Redis as it would")
+        with preflight.exit_on_error(prefix="==> "):
+            started = Services("run")
+    try:
+        if started is not None:
+            os.environ.update(DATABASE_URL=started.database_url or "", CELERY_BROKER_URL=started.broker_url or "")
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT).returncode
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if started is not None:
+            started.stop()
 
 
 # --- entry point ---------------------------------------------------------------------------------
 
 
 def main(argv: list[str]) -> int:
-    """Dispatch ``run`` / ``test``, moving into the venv first."""
-    if len(argv) < 1 or argv[0] not in REQUIREMENTS or (argv[0] == "run" and argv[1:] not in ([], ["--verbose"])):
+    """Dispatch ``run`` / ``manage`` / ``test``, moving into the venv first."""
+    wrong_run = argv[:1] == ["run"] and argv[1:] not in ([], ["--verbose"])
+    if len(argv) < 1 or argv[0] not in {*REQUIREMENTS, "manage"} or wrong_run or argv == ["manage"]:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     if argv[0] == "run" and "--verbose" in argv:
@@ -541,12 +719,14 @@ def main(argv: list[str]) -> int:
         print(f"Timekeeper needs Python 3.11 or newer; this is {sys.version.split()[0]}.", file=sys.stderr)
         return 2
     command = argv[0]
-    ensure_venv(command)
+    ensure_venv("run" if command == "manage" else command)
     if not in_venv():
         # Replace this process: the venv's Python carries on with the same arguments.
         os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), str(Path(__file__).resolve()), *argv])  # noqa: S606
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
+    if command == "manage":
+        return command_manage(argv[1:])
     return command_test(argv[1:]) if command == "test" else command_run()
 
 

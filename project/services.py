@@ -243,3 +243,66 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((DEFAULT_HOST, 0))
         return int(sock.getsockname()[1])
+
+
+# --- What `dev.py run` chose, for `dev.py manage` in another terminal --------------------------------
+
+STATE_VARIABLES = ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_BROKER_KEYPREFIX")  # what a command needs to join
+STATE_PID = "TIMEKEEPER_RUN_PID"
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The servers a running ``dev.py run`` uses, read from its state file (``var/services.env``)."""
+
+    pid: int
+    variables: dict[str, str]
+
+
+def write_state(path: Path, pid: int, environ: Mapping[str, str]) -> None:
+    """Write ``path`` (mode 0600: the URLs may carry passwords): the run's pid and its ``STATE_VARIABLES``."""
+    lines = [
+        "# Written by `python3 dev.py run` for `python3 dev.py manage ...`; removed when that run stops.",
+        f"{STATE_PID}={pid}",
+        *(f"{name}={environ[name]}" for name in STATE_VARIABLES if environ.get(name)),
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write("\n".join(lines) + "\n")
+
+
+def parse_state(text: str) -> RunState | None:
+    """The state written by ``write_state``, or None when it has no pid or no database and broker URL."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        name, equals, value = line.partition("=")
+        if equals and not name.startswith("#"):
+            values[name.strip()] = value.strip()
+    pid = values.pop(STATE_PID, "")
+    variables = {name: value for name, value in values.items() if name in STATE_VARIABLES and value}
+    if not pid.isdigit() or not {"DATABASE_URL", "CELERY_BROKER_URL"} <= set(variables):
+        return None
+    return RunState(int(pid), variables)
+
+
+def running_state(path: Path) -> tuple[RunState | None, str]:
+    """The state of a ``dev.py run`` that is still running, or (None, why not): no file, unreadable, or stopped."""
+    if not path.exists():
+        return None, f"no {path.name}: no `python3 dev.py run` is running"
+    state = parse_state(path.read_text())
+    if state is None:
+        return None, f"{path} is not a state file dev.py wrote"
+    if not _pid_alive(state.pid) or not _is_dev_run(state.pid):
+        return None, f"{path} was left by a `dev.py run` that stopped (pid {state.pid})"
+    return state, ""
+
+
+def _is_dev_run(pid: int) -> bool:
+    """Whether process ``pid`` is a ``dev.py`` (not another program that got the pid back); True without /proc."""
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return any(Path(os.fsdecode(argument)).name == "dev.py" for argument in arguments)
+    except OSError:
+        return not Path("/proc/self").exists()

@@ -1,4 +1,5 @@
-"""`python3 dev.py run` end to end: nothing secret on the screen or in any process's command line."""
+"""`python3 dev.py run` end to end: nothing secret on the screen or in any process's command line, a quiet start,
+and `python3 dev.py manage` from a second terminal reaching the same servers."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RUN_ID = os.getpid()
 SECRET = f"s3cret-devrun-{RUN_ID}"  # unique: the ps check sees every process on the machine
+SERVICES = ROOT / "var" / "services.env"  # what the run chose, for `dev.py manage`
 
 
 def free_port() -> int:
@@ -146,9 +148,30 @@ def test_run_shows_no_secret_on_screen_or_in_ps_and_seeds_the_demo_once(database
                 assert dev_password not in cmdline, pid
             assert status_of(f"http://127.0.0.1:{flower_port}/") == 401
             assert status_of(f"http://127.0.0.1:{flower_port}/", f"admin:{dev_password}") == 200
+
+            # A second terminal, nothing configured: `dev.py manage` reaches this run's servers.
+            assert SERVICES.stat().st_mode & 0o777 == 0o600
+            second = {k: v for k, v in environ.items() if k not in {"DATABASE_URL", "CELERY_BROKER_URL"}}
+            second.pop("CELERY_BROKER_KEYPREFIX")
+            managed = subprocess.run(
+                ["python3", "dev.py", "manage", "timekeeper", "status"], cwd=ROOT, env=second, capture_output=True,
+                text=True, timeout=120,
+            )  # fmt: skip
+            assert managed.returncode == 0, managed.stderr
+            assert managed.stdout.splitlines()[0].startswith(f"database 'tk_devrun_{RUN_ID}' on ")
+            assert f"using the servers of `python3 dev.py run` (pid {process.pid}" in managed.stderr
+            assert SECRET not in managed.stdout + managed.stderr
         finally:
             stop(process)
-        assert "4 demo job(s) added" in log_path.read_text(), "the first start seeds the demo"
+        assert not SERVICES.exists(), "the run removes its services file when it stops"
+        output = log_path.read_text()
+        assert "4 demo job(s) added" in output, "the first start seeds the demo"
+        # A quiet start: migrations summed up, no warning that needs no action, the URLs once the admin answers.
+        assert "Applying " not in output
+        assert "==> applied " in output
+        assert "Inspect method" not in output
+        assert "consumes the deferral queue" not in output
+        assert output.index('"GET /admin/login/ HTTP/1.1" 200') < output.index("==> admin ")
         seeded = demo_jobs(database)
         stop(start(environ, again))  # a second start finds the demo loaded (some of it run meanwhile)
     finally:
@@ -158,6 +181,7 @@ def test_run_shows_no_secret_on_screen_or_in_ps_and_seeds_the_demo_once(database
         broker.close()
 
     assert "0 demo job(s) added, 4 already loaded" in again.read_text()
+    assert "==> database schema up to date" in again.read_text()
     assert demo_jobs(database) == seeded, "no demo job added by the second start"
     for output in (log_path.read_text(), again.read_text()):
         assert SECRET not in output

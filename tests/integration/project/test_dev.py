@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -154,3 +161,135 @@ def test_python312_is_found_from_the_variable_and_a_too_old_one_is_skipped(
     assert dev.find_python312() == str(new)
     monkeypatch.setenv("TIMEKEEPER_PYTHON312", str(old))
     assert dev.find_python312() != str(old)
+
+
+def fake_pip(tmp_path: Path, output: str, status: int = 0) -> Path:
+    """A python whose ``-m pip install`` prints ``output`` (as pip would, line by line) and exits with ``status``."""
+    (tmp_path / "pip-output.txt").write_text(output)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ncat {tmp_path / 'pip-output.txt'}\nexit {status}\n")
+    python.chmod(0o755)
+    return python
+
+
+PIP_RUN = (
+    "Requirement already satisfied: Django<5.3 in ./.venv/lib/python3.11/site-packages (5.2.1)\n"
+    "Collecting celery==5.7.0 (from -r requirements.txt (line 2))\n"
+    "  Downloading celery-5.7.0-py3-none-any.whl (438 kB)\n"
+    "Collecting kombu<5.7 (from celery==5.7.0)\n"
+    "Installing collected packages: kombu, celery\n"
+    "Successfully installed celery-5.7.0 kombu-5.6.0\n"
+)
+
+
+def test_installing_shows_a_line_per_package_as_pip_goes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """install_requirements prints pip's Collecting/Downloading/Installed lines, not the already-satisfied ones."""
+    dev.install_requirements(fake_pip(tmp_path, PIP_RUN), tmp_path / "requirements.txt")
+    shown = capsys.readouterr().out.splitlines()
+    assert shown == [
+        "    pip | Collecting celery==5.7.0 (from -r requirements.txt (line 2))",
+        "    pip | Downloading celery-5.7.0-py3-none-any.whl (438 kB)",
+        "    pip | Collecting kombu<5.7 (from celery==5.7.0)",
+        "    pip | Installing collected packages: kombu, celery",
+        "    pip | Successfully installed celery-5.7.0 kombu-5.6.0",
+    ]
+
+
+def test_a_failing_install_shows_the_end_of_pips_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """When pip fails, its last lines (the reason) are shown whole and the install raises."""
+    output = "Collecting nosuchpackage==9\n  Some detail pip printed\nERROR: No matching distribution found\n"
+    with pytest.raises(subprocess.CalledProcessError):
+        dev.install_requirements(fake_pip(tmp_path, output, status=1), tmp_path / "requirements.txt")
+    shown = capsys.readouterr().out
+    assert "    pip |   Some detail pip printed" in shown
+    assert shown.count("ERROR: No matching distribution found") == 2  # as it came, then in the tail
+
+
+class Answering(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with 401, as Flower does without credentials."""
+
+    def do_GET(self) -> None:
+        self.send_response(401)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        """Quiet."""
+
+
+def test_the_urls_wait_for_an_answer_and_a_401_is_one(tmp_path: Path) -> None:
+    """wait_until_answering returns no URL once each answers (401 included) and the silent ones after the timeout."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answering)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        answering = f"http://127.0.0.1:{server.server_address[1]}/admin/login/"
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            closed = f"http://127.0.0.1:{sock.getsockname()[1]}/"  # bound, never listening: refused
+            assert dev.answers(answering)
+            assert not dev.answers(closed)
+            assert dev.wait_until_answering([answering], []) == []
+            assert dev.wait_until_answering([answering, closed], [], timeout=1) == [closed]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_services_file_is_removed_only_by_the_run_that_wrote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """forget_services_file removes var/services.env written by this process, and leaves another run's."""
+    from project import services
+
+    path = tmp_path / "services.env"
+    monkeypatch.setattr(dev, "SERVICES_FILE", path)
+    environ = {"DATABASE_URL": "postgresql://x@h/db", "CELERY_BROKER_URL": "redis://h:1/0"}
+    services.write_state(path, os.getpid() + 1, environ)
+    dev.forget_services_file()
+    assert path.exists()
+    services.write_state(path, os.getpid(), environ)
+    dev.forget_services_file()
+    assert not path.exists()
+
+
+def test_dev_manage_reaches_the_servers_of_the_running_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], transactional_db: None
+) -> None:
+    """With a live run's var/services.env, `dev.py manage timekeeper status` reads that run's database, named first."""
+    from django.conf import settings
+    from django.db import connection
+
+    from project import services
+    from scheduling import api
+
+    for i in range(3):
+        api.schedule("demo.noop", {"i": i}, delay=3600)
+    entry = connection.settings_dict
+    database_url = f"postgresql://{entry['USER']}@{entry['HOST']}:{entry['PORT'] or 5432}/{entry['NAME']}"
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "dev.py"])  # a stand-in dev.py
+    try:
+        path = tmp_path / "services.env"
+        state = {
+            "DATABASE_URL": database_url,
+            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "CELERY_BROKER_KEYPREFIX": settings.CELERY_BROKER_KEYPREFIX,
+        }
+        services.write_state(path, run.pid, state)
+        monkeypatch.setattr(dev, "SERVICES_FILE", path)
+        monkeypatch.setattr(dev.Output, "stream", None)
+        for name in (*services.STATE_VARIABLES, "DJANGO_SETTINGS_MODULE", "DEBUG"):
+            monkeypatch.delenv(name, raising=False)  # a second terminal: nothing configured
+        handler = signal.getsignal(signal.SIGTERM)
+        try:
+            status = dev.command_manage(["timekeeper", "status"])
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+    finally:
+        run.kill()
+        run.wait()
+    out, err = capfd.readouterr()
+    assert status == 0, err
+    assert f"using the servers of `python3 dev.py run` (pid {run.pid}" in err
+    assert out.splitlines()[0].startswith(f"database {entry['NAME']!r} on ")
+    pending = next(line for line in out.splitlines() if "pending (all)" in line)
+    assert pending.split()[-1] == "3"

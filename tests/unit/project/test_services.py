@@ -1,6 +1,7 @@
 """project.services.decide: configured beats reachable beats embedded."""
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -125,3 +126,33 @@ def test_tcp_probe_open_port() -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         assert services.tcp_probe("127.0.0.1", sock.getsockname()[1]) is True
+
+
+def test_the_run_state_round_trips_with_mode_0600(tmp_path) -> None:
+    """write_state keeps the pid and the three variables (and nothing else) in a file only its owner reads."""
+    path = tmp_path / "var" / "services.env"
+    environ = {**CONFIGURED_ENV, "CELERY_BROKER_KEYPREFIX": "tk:", "SECRET_KEY": "not-this"}
+    services.write_state(path, 4242, environ)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert "not-this" not in path.read_text()
+    state = services.parse_state(path.read_text())
+    assert state == services.RunState(4242, {**CONFIGURED_ENV, "CELERY_BROKER_KEYPREFIX": "tk:"})
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "TIMEKEEPER_RUN_PID=x\nDATABASE_URL=a\nCELERY_BROKER_URL=b", "TIMEKEEPER_RUN_PID=1\nDATABASE_URL=a"],
+)
+def test_a_state_without_a_pid_or_both_urls_is_none(text: str) -> None:
+    """A file without a numeric pid, or without the database and the broker URL, is not a run's state."""
+    assert services.parse_state(text) is None
+
+
+def test_a_state_left_by_a_stopped_run_or_another_program_is_not_running(tmp_path) -> None:
+    """No file, a file whose pid is gone, or a pid that is not dev.py: each is (None, the reason)."""
+    path = tmp_path / "services.env"
+    assert services.running_state(path) == (None, "no services.env: no `python3 dev.py run` is running")
+    services.write_state(path, os.getpid(), CONFIGURED_ENV)  # this pytest: alive, but not dev.py
+    state, why = services.running_state(path)
+    assert state is None
+    assert why.endswith(f"was left by a `dev.py run` that stopped (pid {os.getpid()})")
