@@ -94,6 +94,7 @@ DJANGO60_TESTS = [
     "tests/integration/web/test_kinds_doors.py",
     "tests/integration/web/test_authorization.py",
     "tests/integration/web/test_jobs_api_openapi.py",
+    "tests/integration/web/test_paging.py",
     "tests/integration/due_at/test_api.py",
     "tests/integration/core/test_migrations.py",
     "tests/integration/project/test_security.py",
