@@ -1,4 +1,4 @@
-"""project.services.decide: configured beats reachable beats embedded."""
+"""project.services: decide() (configured beats reachable beats embedded) and the run state dev.py manage reads."""
 from __future__ import annotations
 
 import os
