@@ -12,11 +12,15 @@ from scheduling.models.due_at import MAX_PRIORITY, ScheduledJob
 from scheduling.models.fixed import DstGapPolicy
 
 __all__ = [
+    "MAX_CRON_LENGTH",
     "Recurrence",
     "RecurrenceMissed",
     "RecurrenceQuerySet",
     "RecurrenceState",
 ]
+
+
+MAX_CRON_LENGTH = 200  # characters of a cron expression: the column's length, and what cron_fields accepts
 
 
 class RecurrenceState(models.TextChoices):
@@ -66,7 +70,7 @@ class Recurrence(models.Model):
     )
     expression = models.CharField(
         "cron expression",
-        max_length=200,
+        max_length=MAX_CRON_LENGTH,
         blank=True,
         default="",
         help_text="Five cron fields or a nickname; empty for every=.",

@@ -24,6 +24,7 @@ from scheduling import api
 from scheduling.core import exceptions
 from scheduling.models import Recurrence
 from scheduling.recurring import api as recurring_api
+from scheduling.web.admin import common
 
 NEXT_RUNS_SHOWN = 3  # occurrence instants shown per row of the list
 
@@ -55,7 +56,7 @@ class RecurrenceKindFilter(admin.SimpleListFilter):
 
 
 @admin.register(Recurrence)
-class RecurrenceAdmin(admin.ModelAdmin):
+class RecurrenceAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     list_display = ("id", "key", "kind", "owner", "rule", "timezone", "state_badge", "next_runs")
     list_display_links = ("id", "key")
     list_filter = ("state", RecurrenceKindFilter, ZoneFilter)

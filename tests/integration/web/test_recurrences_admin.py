@@ -63,3 +63,12 @@ def test_rows_are_read_only(admin_client: Any):
     assert admin_client.get(f"{URL}add/").status_code == 403
     page = admin_client.get(f"{URL}{rec.id}/change/").content.decode()
     assert 'name="_save"' not in page
+
+
+@pytest.mark.parametrize("action", ["pause_selected", "resume_selected", "cancel_selected"])
+def test_an_action_on_a_selection_that_is_not_ids_is_a_400(admin_client: Any, action: str):
+    """_selected_action=abc answers 400, as the jobs and tokens lists do, and changes nothing."""
+    rec = api.recur("demo.noop", {}, key="k", every=600)
+    response = admin_client.post(URL, {"action": action, ACTION_CHECKBOX_NAME: ["abc", str(rec.id)]})
+    assert response.status_code == 400
+    assert Recurrence.objects.get(pk=rec.id).state == RecurrenceState.ACTIVE

@@ -150,3 +150,15 @@ def test_session_writes_need_csrf(alice):
     response = create(logged_in(alice, csrf=True))
     assert response.status_code == 403
     assert Recurrence.objects.count() == 0
+
+
+def test_a_cron_longer_than_its_column_is_a_400_not_a_500(alice):
+    """A 237-character cron whose every field is valid is refused with invalid_schedule (the column holds 200)."""
+    minutes = ",".join(str(m) for m in range(60))
+    hours = ",".join(str(h) for h in range(24))
+    cron = f"{minutes} {hours} * * *"
+    assert len(cron) == 237
+    response = create(logged_in(alice), cron=cron)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid_schedule"
+    assert Recurrence.objects.count() == 0
