@@ -291,8 +291,8 @@ def test_planner_creates_the_next_once_the_previous_left_pending(run_sql):
     assert planner.plan_once().created == 0  # nothing left to plan
 
 
-def test_claimed_occurrence_counts_as_left_pending(run_sql):
-    """A claimed (running) occurrence is enough: its successor is planned while it runs."""
+def test_a_claimed_occurrence_holds_back_its_successor_until_it_finishes(run_sql):
+    """A claimed occurrence may yet come back as a retry: its successor is planned only once it is done."""
     rec = api.recur("demo.noop", {}, key="k", every=60)
     run_sql(
         "UPDATE scheduling_scheduledjob SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(),"
@@ -301,8 +301,10 @@ def test_claimed_occurrence_counts_as_left_pending(run_sql):
         [rec.id],
     )
     run_sql("UPDATE scheduling_recurrence SET current_at = current_at - interval '2 minutes' WHERE id = %s", [rec.id])
+    assert planner.plan_once().created == 0
+    run_sql("UPDATE scheduling_scheduledjob SET state = 'done', finished_at = now() WHERE recurrence_id = %s", [rec.id])
     assert planner.plan_once().created == 1
-    assert [j.state for j in occurrences(rec.id)] == [JobState.CLAIMED, JobState.PENDING]
+    assert [j.state for j in occurrences(rec.id)] == [JobState.DONE, JobState.PENDING]
 
 
 def test_two_racing_planners_create_each_next_occurrence_once(run_sql):
@@ -411,7 +413,7 @@ def test_pruning_a_recurrences_latest_occurrence_is_allowed(run_sql):
 
 
 def test_change_while_the_occurrence_runs_leaves_it_and_plans_the_next_by_the_new_rule(run_sql):
-    """A change while the occurrence is claimed leaves that job as it is; its successor follows the new rule."""
+    """A change while the occurrence is claimed leaves that job as it is; its successor (once done) has the new rule."""
     rec = api.recur("demo.noop", {"v": 1}, key="k", every=3600)
     run_sql(
         "UPDATE scheduling_scheduledjob SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(),"
@@ -423,6 +425,8 @@ def test_change_while_the_occurrence_runs_leaves_it_and_plans_the_next_by_the_ne
     (running,) = occurrences(rec.id)
     assert running.state == JobState.CLAIMED
     assert running.payload == {"v": 1}
+    assert planner.plan_once().created == 0  # it runs: its successor waits for it
+    run_sql("UPDATE scheduling_scheduledjob SET state = 'done', finished_at = now() WHERE id = %s", [running.id])
     assert planner.plan_once().created == 1
     (nxt,) = pending(rec.id)
     assert nxt.payload == {"v": 2}
