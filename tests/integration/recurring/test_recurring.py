@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.db import connection, transaction
 
 from scheduling import api, exceptions
@@ -15,6 +16,7 @@ from scheduling.due_at import store as jobs_store
 from scheduling.models import JobState, Recurrence, RecurrenceState, ScheduledJob
 from scheduling.recurring import planner
 from scheduling.recurring import store as recurring_store
+from tasks.models import Payment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -454,3 +456,39 @@ def test_a_recurrence_of_an_unregistered_kind_is_paused_not_picked_for_ever(run_
     assert (report.picked, report.created) == (2, 1)
     assert Recurrence.objects.get(pk=ids[0]).state == RecurrenceState.PAUSED
     assert planner.plan_once().picked == 0
+
+
+def test_the_planner_pauses_a_callers_recurrence_whose_owner_lost_the_kinds_permission(run_sql, django_user_model):
+    """Made through the API, it is paused with a reason once its owner loses the permission; code's goes on."""
+    alice = django_user_model.objects.create_user("alice")
+    alice.user_permissions.add(Permission.objects.get(codename="schedule_payment"))
+    Payment.objects.create(reference="p1", amount_cents=100, owner=alice)
+    by_api = api.recur("payments.retry", {"reference": "p1"}, key="api", every=3600, owner=alice, caller=alice)
+    by_code = api.recur("payments.retry", {"reference": "p1"}, key="code", every=3600, owner=alice)
+    assert (Recurrence.objects.get(pk=by_api.id).recheck_access, by_code.recheck_access) == (True, False)
+    finish_current(run_sql, [by_api.id, by_code.id], back="2 hours")
+    alice.user_permissions.clear()
+    report = planner.plan_once()
+    assert (report.picked, report.created) == (2, 1)
+    paused = Recurrence.objects.get(pk=by_api.id)
+    assert paused.state == RecurrenceState.PAUSED
+    assert paused.paused_reason == "its owner may no longer schedule payments.retry"
+    assert pending(by_api.id) == []
+    assert len(pending(by_code.id)) == 1
+    api.resume_recurrence(by_api.id)
+    assert Recurrence.objects.get(pk=by_api.id).paused_reason == ""
+
+
+def test_the_planner_pauses_every_recurrence_of_a_deactivated_owner(run_sql, django_user_model):
+    """A deactivated owner's recurrences create no occurrence owned by them: paused, visibly, at the next pass."""
+    erin = django_user_model.objects.create_user("erin")
+    ids = [api.recur("demo.noop", {}, key=f"k{i}", every=3600, owner=erin).id for i in range(3)]
+    system = api.recur("demo.noop", {}, key="system", every=3600).id
+    finish_current(run_sql, [*ids, system], back="2 hours")
+    erin.is_active = False
+    erin.save()
+    assert planner.plan_once().created == 1  # the system's alone
+    assert set(Recurrence.objects.filter(pk__in=ids).values_list("state", "paused_reason")) == {
+        (RecurrenceState.PAUSED, "its owner is deactivated")
+    }
+    assert not ScheduledJob.objects.filter(owner=erin, state=JobState.PENDING).exists()
