@@ -492,3 +492,20 @@ def test_the_planner_pauses_every_recurrence_of_a_deactivated_owner(run_sql, dja
         (RecurrenceState.PAUSED, "its owner is deactivated")
     }
     assert not ScheduledJob.objects.filter(owner=erin, state=JobState.PENDING).exists()
+
+
+def test_retrying_dead_occurrences_keeps_one_live_occurrence(run_sql):
+    """retry_dead_many leaves a dead occurrence dead beside a live one, and retries one of two dead ones, not both."""
+    rec = api.recur("demo.noop", {}, key="k", every=3600)
+    finish_current(run_sql, [rec.id], back="3 hours", state="dead")
+    planner.plan_once()
+    finish_current(run_sql, [rec.id], back="1 hour", state="dead")
+    planner.plan_once()
+    dead = [j.id for j in occurrences(rec.id) if j.state == JobState.DEAD]
+    assert len(dead) == 2
+    assert len(pending(rec.id)) == 1
+    assert api.retry_dead_many(dead).changed == ()  # the recurrence's pending occurrence holds them back
+    api.pause_recurrence(rec.id)
+    assert pending(rec.id) == []
+    assert api.retry_dead_many(dead).changed == (max(dead),)
+    assert [j.id for j in pending(rec.id)] == [max(dead)]
