@@ -59,6 +59,7 @@ class BulkResult:
     changed: tuple[int, ...]
     untouched: Mapping[int, str]  # the others, with the state that kept them out
     missing: tuple[int, ...] = ()
+    refused: Mapping[int, str] = dataclasses.field(default_factory=dict)  # resume: kept paused, and why
 
 
 @dataclasses.dataclass(frozen=True)
@@ -519,6 +520,8 @@ def _one(bulk: Callable[[list[int]], BulkResult], target: int, action: str, done
 def _refuse(target: int, result: BulkResult, action: str, *, allowed: Sequence[str]) -> None:
     if target in result.missing:
         raise exceptions.RecurrenceNotFound(f"No recurrence {target}.")
+    if target in result.refused:
+        raise exceptions.RecurrenceStateConflict(target, RecurrenceState.PAUSED, f"{action}: {result.refused[target]}")
     state = result.untouched.get(target, "")
     if state in allowed:
         return  # already so: the call is idempotent
@@ -567,14 +570,24 @@ def cancel_recurrences(ids: Iterable[int]) -> BulkResult:
 
 
 def resume_recurrences(ids: Iterable[int]) -> BulkResult:
-    """Resume the paused recurrences among ``ids``, planning each one's next occurrence (missed policy)."""
+    """Resume the paused recurrences among ``ids``, planning each one's next occurrence (missed policy).
+
+    One the planner would refuse (its kind gone, its owner deactivated or without the kind's
+    access) stays paused with that reason and is reported untouched.
+    """
     selected = _selection(ids)
     settings = conf.get()
     with transaction.atomic():
-        changed = store.set_recurrences_state(selected, RecurrenceState.ACTIVE, [RecurrenceState.PAUSED])
+        resumed = store.set_recurrences_state(selected, RecurrenceState.ACTIVE, [RecurrenceState.PAUSED])
+        rows = [_locked(rid) for rid in resumed]
+        refused = planner.refusals(rows, planner.kinds_of(rows))
+        store.pause_recurrences_for(list(refused.items()))
+        changed = [rid for rid in resumed if rid not in refused]
         now = core_store.database_now()
-        for rid in changed:
-            row = _locked(rid)
+        for row in rows:
+            rid = row.id
+            if rid in refused:
+                continue
             if store.adopt_live_occurrence(rid) is not None:
                 continue  # its occurrence still runs (claimed before the pause): the planner plans after it
             last_run = store.last_run_occurrence_at(rid)
@@ -595,7 +608,7 @@ def resume_recurrences(ids: Iterable[int]) -> BulkResult:
                 store.set_recurrences_state([rid], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
             else:
                 _plan(row, occurrence, last_run)
-        result = _bulk_result(selected, changed)
+        result = dataclasses.replace(_bulk_result(selected, changed), refused=refused)
     logger.info("recurrences resumed", extra={"count": len(changed), "action": "resumed"})
     return result
 

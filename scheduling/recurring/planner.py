@@ -57,14 +57,29 @@ def occurrence_options(kind: registry.Kind, max_attempts: int | None, priority: 
     )
 
 
-def _access_problems(rows: list[store.RecurrenceRow], kinds: dict[str, registry.Kind | None]) -> dict[int, str]:
-    """{recurrence id: why it may not plan} for rows whose owner is deactivated or lost the kind's access."""
+def kinds_of(rows: list[store.RecurrenceRow]) -> dict[str, registry.Kind | None]:
+    """The registered kind of each name among ``rows`` (None: no longer registered)."""
+    kinds: dict[str, registry.Kind | None] = {}
+    for row in rows:
+        if row.kind not in kinds:
+            try:
+                kinds[row.kind] = registry.get(row.kind)
+            except exceptions.UnknownJobKind:
+                kinds[row.kind] = None
+    return kinds
+
+
+def refusals(rows: list[store.RecurrenceRow], kinds: dict[str, registry.Kind | None]) -> dict[int, str]:
+    """{recurrence id: why it may not plan}: its kind is gone, its owner is deactivated or lost the kind's access.
+
+    The planner pauses these with the reason, and so does a resume (which would plan at once).
+    """
+    problems = {row.id: f"its kind {row.kind} is not registered" for row in rows if kinds.get(row.kind) is None}
     owner_ids = {row.owner_id for row in rows if row.owner_id is not None}
     if not owner_ids:
-        return {}
+        return problems
     owners = {user.pk: user for user in get_user_model()._default_manager.filter(pk__in=owner_ids)}
     verdicts: dict[tuple[int, str], bool] = {}
-    problems: dict[int, str] = {}
     for row in rows:
         owner = owners.get(row.owner_id) if row.owner_id is not None else None
         kind = kinds.get(row.kind)
@@ -112,26 +127,16 @@ def plan_once(limit: int | None = None) -> PlanReport:
             return PlanReport(0, 0, 0, 0, False)
         now = core_store.database_now()
         cache: dict[tuple[Any, ...], Any] = {}
-        kinds: dict[str, registry.Kind | None] = {}
         plans: list[store.PlannedOccurrence] = []
         ends: list[tuple[int, dt.datetime | None]] = []
         # Paused with a reason instead of planned, so they do not clog the pick: an unknown kind, a
         # rule that cannot be computed, an owner without access.
         broken: list[tuple[int, str]] = []
-        for row in rows:
-            if row.kind not in kinds:
-                try:
-                    kinds[row.kind] = registry.get(row.kind)
-                except exceptions.UnknownJobKind:
-                    kinds[row.kind] = None
-                    logger.warning("recurrence of an unknown kind not planned", extra={"kind": row.kind})
-        refused = _access_problems(rows, kinds)
+        kinds = kinds_of(rows)
+        refused = refusals(rows, kinds)
         for row in rows:
             kind = kinds[row.kind]
-            if kind is None:
-                broken.append((row.id, f"its kind {row.kind} is not registered"))
-                continue
-            if row.id in refused:
+            if kind is None or row.id in refused:
                 broken.append((row.id, refused[row.id]))
                 continue
             try:

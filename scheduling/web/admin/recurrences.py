@@ -75,6 +75,7 @@ class RecurrenceAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         "owner",
         "state",
         "paused_reason",
+        "recheck_access",
         "expression",
         "every_seconds",
         "timezone",

@@ -475,8 +475,14 @@ def test_the_planner_pauses_a_callers_recurrence_whose_owner_lost_the_kinds_perm
     assert paused.paused_reason == "its owner may no longer schedule payments.retry"
     assert pending(by_api.id) == []
     assert len(pending(by_code.id)) == 1
+    with pytest.raises(exceptions.RecurrenceStateConflict, match=r"no longer schedule payments\.retry"):
+        api.resume_recurrence(by_api.id)
+    assert api.resume_recurrences([by_api.id]).refused == {by_api.id: paused.paused_reason}  # kept paused
+    alice.user_permissions.add(Permission.objects.get(codename="schedule_payment"))
     api.resume_recurrence(by_api.id)
-    assert Recurrence.objects.get(pk=by_api.id).paused_reason == ""
+    resumed = Recurrence.objects.get(pk=by_api.id)
+    assert (resumed.state, resumed.paused_reason) == (RecurrenceState.ACTIVE, "")
+    assert len(pending(by_api.id)) == 1
 
 
 def test_the_planner_pauses_every_recurrence_of_a_deactivated_owner(run_sql, django_user_model):

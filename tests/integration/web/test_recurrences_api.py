@@ -404,3 +404,17 @@ def test_a_recurrence_the_planner_paused_shows_why(alice, run_sql):
     alice.save()
     shown = token_client(alice).get(rec["url"]).json()
     assert (shown["state"], shown["paused_reason"]) == ("paused", "its owner is deactivated")
+
+
+def test_resuming_a_deactivated_owners_recurrence_creates_no_occurrence(alice, dave):
+    """Staff resume a recurrence whose owner is deactivated: 409 saying why, it stays paused, no job is created."""
+    rec = create(token_client(alice), cron=None, every=3600).json()["recurrence"]
+    staff = token_client(dave)
+    assert send(staff, "post", f"{rec['url']}/pause").status_code == 200
+    alice.is_active = False
+    alice.save()
+    refused = send(staff, "post", f"{rec['url']}/resume")
+    assert (refused.status_code, error_of(refused)["code"]) == (409, "state_conflict"), refused.content
+    assert "its owner is deactivated" in error_of(refused)["message"]
+    assert staff.get(rec["url"]).json()["state"] == "paused"
+    assert not ScheduledJob.objects.filter(recurrence_id=rec["id"], state=JobState.PENDING).exists()
