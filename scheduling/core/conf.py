@@ -78,6 +78,8 @@ class Settings:
     api_create_burst: int = 50  # API job creations one owner may make at once, before the rate
     api_max_pending_jobs: int = 1000  # pending jobs one API owner may hold; a create over it is a 429; 0: no quota
     api_past_due_tolerance_seconds: float = 60.0  # API: a due_at this far past is accepted (clock skew); older: 400
+    api_max_recurrences: int = 100  # recurrences (active or paused) one API owner may hold; more is a 429; 0: no quota
+    api_min_recurrence_interval_seconds: float = 60.0  # API recurrences: occurrences at least this far apart; 0: off
     # --- deployment: connections and probes ----------------------------------------------------------
     direct_database_url: str = ""  # locks, leadership and LISTEN connect here (not via a pooler); empty: the default DB
     liveness_dir: str = ""  # where worker and beat write their liveness files; empty: the system's temporary directory

@@ -7,8 +7,9 @@ SchedulingError
  │    └── PayloadTooLarge           the encoded payload is over the size limit
  ├── InvalidSchedule                bad due_at / delay (naive, both, neither, negative, out of range)
  │    └── OverCallerLimit           an outside caller asks for more than the kind allows them
- │         └── DueAtInPast          an outside caller's due_at is in the past (beyond the skew tolerance)
- ├── OverCreationLimit              an owner creates too fast or holds too many pending jobs (429)
+ │         ├── DueAtInPast          an outside caller's due_at is in the past (beyond the skew tolerance)
+ │         └── RecurrenceTooFrequent an outside caller's recurrence runs closer than the minimum interval
+ ├── OverCreationLimit              an owner creates too fast, or holds too many pending jobs or recurrences (429)
  ├── DelayTooLong                   a broker countdown would outlive the visibility timeout guard
  ├── BrokerNotConfigured            no Celery app / Redis broker to send to (scheduling.E004)
  ├── JobNotFound                    no job with that id or live key (or not the caller's)
@@ -83,6 +84,10 @@ class OverCallerLimit(InvalidSchedule):
 
 class DueAtInPast(OverCallerLimit):
     """Raised at a door when a caller's due time is further in the past than the clock-skew tolerance."""
+
+
+class RecurrenceTooFrequent(OverCallerLimit):
+    """Raised at a door when a caller's recurrence (``every`` or cron) runs more often than the minimum interval."""
 
 
 class OverCreationLimit(SchedulingError):

@@ -283,6 +283,23 @@ def check_caller_limits(
             )
 
 
+def check_recurrence_interval(user: Any, shortest_seconds: float, *, field: str) -> None:
+    """Raise ``RecurrenceTooFrequent`` when an outside caller's recurrence runs closer than the minimum interval.
+
+    ``shortest_seconds`` is the rule's shortest gap (``every``, or a cron's over a year); ``field``
+    is the argument it came from (``every`` or ``cron``). Superusers are exempt; 0 turns it off.
+    """
+    minimum = conf.get().api_min_recurrence_interval_seconds
+    if minimum <= 0 or user is None or user.is_superuser or shortest_seconds >= minimum:
+        return
+    raise exceptions.RecurrenceTooFrequent(
+        f"The recurrence runs every {shortest_seconds:g} s at its shortest; the minimum is {minimum:g} s "
+        f"({conf.PREFIX}API_MIN_RECURRENCE_INTERVAL_SECONDS).",
+        field=field,
+        limit=minimum,
+    )
+
+
 def check_priority(kind: registry.Kind, priority: int | None) -> int:
     """A job's priority: the kind's default, or ``priority`` if it is a whole number from 0 to 9."""
     value = kind.priority if priority is None else priority

@@ -476,7 +476,8 @@ def run_now_many(ids: Iterable[int]) -> BulkResult:
 def retry_dead_many(ids: Iterable[int]) -> BulkResult:
     """Make the dead jobs among ``ids`` pending again, due now, with a fresh attempts budget.
 
-    A dead job whose key a newer live job holds stays dead (reported untouched). One statement;
+    A dead job whose key a newer live job holds stays dead (reported untouched), and so does a dead
+    occurrence of a recurrence that has a live occurrence (one at a time, retries included). One statement;
     the claim loop is woken on commit.
     """
     selected = _selection(ids)

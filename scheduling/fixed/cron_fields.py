@@ -1,6 +1,6 @@
 """Cron expressions: the grammar of the five fields, checked strictly and expanded to value sets.
 
-Pure Python: no database, no Django settings. ``scheduling.fixed.cron`` turns the value sets into
+No database, no Django settings. ``scheduling.fixed.cron`` turns the value sets into
 ticks on a time zone's wall clock (and re-exports ``expand`` and ``NICKNAMES``).
 
 Five fields, ``minute hour day-of-month month day-of-week``: ``*``, numbers, ranges ``a-b``,
@@ -17,7 +17,8 @@ refused. Seconds fields and ``@every`` are refused: intervals are ``every=`` sch
 ``expand()`` gives the form that is written into django-celery-beat's ``CrontabSchedule``, and
 Celery's ``crontab`` reads every field of it as the same values: a day-of-week field naming 7
 (which Celery refuses) is rewritten as the list of its days (``1-7`` -> ``0-6``). A field is
-also refused when it is longer than the column that stores it.
+also refused when it is longer than the column that stores it, and a whole expression when it is
+longer than ``MAX_LENGTH`` (``scheduling.models.MAX_CRON_LENGTH``, the recurrence's column).
 
 Day of month and day of week follow the Vixie cron rule (``entry.c`` sets ``DOM_STAR`` and
 ``DOW_STAR`` from the field's first character): a field that starts with ``*`` (``*``, ``*/2``)
@@ -35,6 +36,7 @@ from datetime import date
 from typing import Final
 
 from scheduling.core import exceptions
+from scheduling.models import recurring as recurring_models
 
 NICKNAMES: Final[dict[str, str]] = {
     "@yearly": "0 0 1 1 *",
@@ -55,6 +57,8 @@ _PART = re.compile(
     r"(?:\*|(?P<low>[0-9]+|[a-z]+)(?:-(?P<high>[0-9]+|[a-z]+))?)(?:/(?P<step>[0-9]+))?",
     re.ASCII | re.IGNORECASE,
 )
+# A whole expression longer than this is refused (the recurrence's column holds this many).
+MAX_LENGTH: Final = recurring_models.MAX_CRON_LENGTH
 # A number with more significant digits than this is out of every range (and never reaches int()).
 _MAX_DIGITS: Final = 9
 
@@ -122,6 +126,10 @@ def parse(expr: str) -> tuple[str, Fields]:
     text = expr.strip()
     if not text:
         raise exceptions.InvalidCronExpression("The cron expression is empty.")
+    if len(text) > MAX_LENGTH:
+        raise exceptions.InvalidCronExpression(
+            f"The cron expression is {len(text)} characters long; at most {MAX_LENGTH} are stored."
+        )
     if text.startswith("@"):
         nickname = text.lower()
         if nickname == "@reboot":

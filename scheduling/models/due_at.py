@@ -292,6 +292,14 @@ class ScheduledJob(models.Model):
                 name="scheduledjob_one_per_occurrence",
                 condition=models.Q(recurrence__isnull=False) & ~models.Q(state="cancelled"),
             ),
+            # One live occurrence per recurrence, its retries included: the planner plans the next
+            # only once it is finished (scheduling.recurring), and this index makes that the rule
+            # whatever races. Not final rather than a list of live states, so a new live state is in.
+            models.UniqueConstraint(
+                fields=["recurrence"],
+                name="scheduledjob_one_live_occurrence",
+                condition=models.Q(recurrence__isnull=False) & ~models.Q(state__in=["done", "cancelled", "dead"]),
+            ),
             models.CheckConstraint(
                 condition=(models.Q(timeout_seconds__isnull=True) | models.Q(timeout_seconds__gt=0))
                 & (

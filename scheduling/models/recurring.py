@@ -12,11 +12,15 @@ from scheduling.models.due_at import MAX_PRIORITY, ScheduledJob
 from scheduling.models.fixed import DstGapPolicy
 
 __all__ = [
+    "MAX_CRON_LENGTH",
     "Recurrence",
     "RecurrenceMissed",
     "RecurrenceQuerySet",
     "RecurrenceState",
 ]
+
+
+MAX_CRON_LENGTH = 200  # characters of a cron expression: the column's length, and what cron_fields accepts
 
 
 class RecurrenceState(models.TextChoices):
@@ -42,8 +46,9 @@ class RecurrenceQuerySet(models.QuerySet["Recurrence"]):
 class Recurrence(models.Model):
     """Recurring per-entity work: a cron expression (or interval) on its own zone, run as due_at jobs.
 
-    At most one pending occurrence at a time (``current_job``); the planner creates the next when
-    it has left pending (``scheduling.recurring``).
+    At most one live (not finished) occurrence at a time, its retries included (``current_job``,
+    and a unique index on the jobs' recurrence); the planner creates the next once it has finished
+    (``scheduling.recurring``).
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -66,7 +71,7 @@ class Recurrence(models.Model):
     )
     expression = models.CharField(
         "cron expression",
-        max_length=200,
+        max_length=MAX_CRON_LENGTH,
         blank=True,
         default="",
         help_text="Five cron fields or a nickname; empty for every=.",
@@ -102,6 +107,19 @@ class Recurrence(models.Model):
         choices=RecurrenceState.choices,
         default=RecurrenceState.ACTIVE,
         help_text="active plans occurrences; paused and cancelled do not; ended passed its end.",
+    )
+    paused_reason = models.CharField(
+        "why paused",
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="Why the planner paused it (its owner lost access, its kind or rule is unusable); empty otherwise.",
+    )
+    recheck_access = models.BooleanField(
+        "access re-checked",
+        default=False,
+        help_text="Made by an outside caller (the JSON API): the planner pauses it when its owner may no longer "
+        "schedule its kind.",
     )
     priority = models.PositiveSmallIntegerField(
         "priority", null=True, blank=True, help_text="Each occurrence's priority (empty: the kind's)."

@@ -3,11 +3,21 @@
 ``recur()`` writes the recurrence and its first occurrence (a pending due_at job of its kind) in
 the caller's transaction. Every later write of a recurrence's occurrences (here and in the
 planner) first locks the recurrence's row, so they happen one after the other; the unique
-(recurrence, occurrence_at) index makes each occurrence at most once whatever races. A change of
-rule or payload moves the pending occurrence; pause and cancel cancel it (a claimed one runs on);
-resume plans the next one with the missed policy. The bulk changes (``pause_recurrences``,
-``resume_recurrences``, ``cancel_recurrences``) are one statement each over a selection of ids and
-return a ``BulkResult``. Application code imports all of them through ``scheduling.api``.
+(recurrence, occurrence_at) index makes each occurrence at most once whatever races, and the
+one-live-occurrence index keeps one occurrence waiting or running at a time, its retries
+included. A change of rule, payload or kind moves the pending occurrence (with the kind's
+options); pause and cancel cancel it, retry or not (a running one finishes its attempt and is not
+retried); resume plans the next one with the missed policy, or waits for one still running.
+
+An outside caller (the JSON API passes ``caller=``, the user) meets the jobs API's bounds at
+create and at every change: the kind's caller limits on attempts and priority, a minimum interval
+(``SCHEDULING_API_MIN_RECURRENCE_INTERVAL_SECONDS``), and at create a quota of recurrences
+(``SCHEDULING_API_MAX_RECURRENCES``) and the pending-jobs quota counting the first occurrence;
+superusers are exempt from the interval and the quotas, as for jobs. Code passes no caller.
+
+The bulk changes (``pause_recurrences``, ``resume_recurrences``, ``cancel_recurrences``) are one
+statement each over a selection of ids and return a ``BulkResult``. Application code imports all
+of them through ``scheduling.api``.
 """
 
 from __future__ import annotations
@@ -21,11 +31,11 @@ from typing import Any
 
 from django.db import transaction
 
-from scheduling.core import conf, exceptions, registry, tracing, validation
+from scheduling.core import conf, exceptions, locks, registry, tracing, validation
 from scheduling.core import store as core_store
 from scheduling.due_at import claim
 from scheduling.models import Recurrence, RecurrenceState
-from scheduling.recurring import rules, store
+from scheduling.recurring import planner, rules, store
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +59,7 @@ class BulkResult:
     changed: tuple[int, ...]
     untouched: Mapping[int, str]  # the others, with the state that kept them out
     missing: tuple[int, ...] = ()
+    refused: Mapping[int, str] = dataclasses.field(default_factory=dict)  # resume: kept paused, and why
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,25 +81,71 @@ def _check_choice(name: str, value: str, choices: Sequence[str]) -> None:
         raise exceptions.InvalidPolicy(f"{name} must be one of {', '.join(choices)}, not {value!r}.")
 
 
-def _plan(row: store.RecurrenceRow, occurrence: rules.Occurrence, prev: dt.datetime | None) -> store.CreatedOccurrence:
-    kind = registry.get(row.kind)
-    created = store.plan_occurrences(
-        [
-            store.PlannedOccurrence(
-                recurrence_id=row.id,
-                prev=prev,
-                occurrence_at=occurrence.at,
-                due_at=occurrence.due_at,
-                lease_seconds=kind.lease_seconds,
-                max_attempts=row.max_attempts or kind.max_attempts,
-                priority=kind.priority if row.priority is None else row.priority,
-            )
-        ]
+def _plan(
+    row: store.RecurrenceRow, occurrence: rules.Occurrence, prev: dt.datetime | None
+) -> store.CreatedOccurrence | None:
+    """Create the occurrence (None: the indexes refused it, an instant taken or a live one; the planner goes on)."""
+    options = planner.occurrence_options(registry.get(row.kind), row.max_attempts, row.priority)
+    planned = store.PlannedOccurrence(
+        recurrence_id=row.id,
+        prev=prev,
+        occurrence_at=occurrence.at,
+        due_at=occurrence.due_at,
+        **dataclasses.asdict(options),
     )
-    if not created:  # we hold the row's lock: only a bug can make this happen
-        raise exceptions.SchedulingError(f"Recurrence {row.id}: occurrence {occurrence.at} could not be created.")
+    created = store.plan_occurrences([planned])
+    if not created:
+        logger.warning("occurrence not created", extra={"recurrence_id": row.id, "action": "plan_refused"})
+        return None
     claim.wake_on_commit(created[0].in_seconds, time.monotonic())
     return created[0]
+
+
+def _check_caller(
+    caller: Any,
+    kind: registry.Kind,
+    *,
+    max_attempts: int | None,
+    priority: int | None,
+    schedule: rules.Schedule | None,
+    rule_field: str,
+) -> None:
+    """An outside caller's bounds: the kind's caller limits, and the minimum interval for a rule they give."""
+    if caller is None:
+        return
+    validation.check_caller_limits(kind, caller, max_attempts=max_attempts, priority=priority)
+    if schedule is not None:
+        validation.check_recurrence_interval(caller, rules.shortest_gap_seconds(schedule), field=rule_field)
+
+
+def _exempt(caller: Any) -> bool:
+    return caller is None or bool(getattr(caller, "is_superuser", False))
+
+
+def _lock_owner_creations(caller: Any) -> None:
+    """Serialise an outside caller's creations (jobs, recurrences) until the transaction ends, when a quota applies."""
+    settings = conf.get()
+    if not _exempt(caller) and (settings.api_max_recurrences > 0 or settings.api_max_pending_jobs > 0):
+        core_store.lock_owner_creations(locks.lock_key("api-creations", str(caller.pk)))
+
+
+def _check_quotas(caller: Any, first_job_id: int | None) -> None:
+    """Raise ``OverCreationLimit`` when the caller's new recurrence, or its first occurrence, is over a quota.
+
+    Called after both are written, under ``_lock_owner_creations``: raising rolls them back.
+    """
+    if _exempt(caller):
+        return
+    quota = conf.get().api_max_recurrences
+    if quota > 0 and store.owner_recurrences(caller.pk, quota) > quota:
+        raise exceptions.OverCreationLimit(
+            f"You hold {quota} recurrences, the most SCHEDULING_API_MAX_RECURRENCES allows: cancel one first.",
+            code="recurrence_quota_exceeded",
+            retry_after=validation.MAX_QUOTA_RETRY_AFTER_SECONDS,
+            limit=quota,
+        )
+    if first_job_id is not None:
+        validation.check_quota(caller, first_job_id)
 
 
 def _schedule(row: store.RecurrenceRow) -> rules.Schedule:
@@ -111,6 +168,7 @@ def recur(
     on_conflict: str = "replace",
     priority: int | None = None,
     max_attempts: int | None = None,
+    caller: Any = None,
 ) -> Recurrence:
     """Run ``kind`` with ``payload`` on ``cron`` (in ``timezone``) or ``every`` seconds, as the owner's ``key``.
 
@@ -120,7 +178,9 @@ def recur(
     moves), returns it unchanged (``keep``) or raises ``RecurrenceKeyConflict`` (``error``).
     Bad input raises before anything is stored: ``InvalidCronExpression``, ``UnknownTimeZone``,
     ``InvalidSchedule`` (naive datetimes), ``InvalidRecurrence`` (no rule, both, ends before starts),
-    ``InvalidPolicy`` (``dst_gap``/``missed``), ``InvalidPayload``, ``UnknownJobKind``.
+    ``InvalidPolicy`` (``dst_gap``/``missed``), ``InvalidPayload``, ``UnknownJobKind``. With an
+    outside ``caller`` (see the module docstring) also ``OverCallerLimit``, ``RecurrenceTooFrequent``
+    and ``OverCreationLimit``; the recurrence is marked for the planner's access re-check.
     """
     with tracing.span("timekeeper.recur", kind=kind) as span:
         job_kind = registry.get(kind)
@@ -138,6 +198,14 @@ def recur(
         now = core_store.database_now()
         anchor = starts_at or now
         schedule = rules.schedule_for(expression, every_seconds, timezone, dst_gap, anchor)
+        _check_caller(
+            caller,
+            job_kind,
+            max_attempts=max_attempts,
+            priority=priority,
+            schedule=schedule,
+            rule_field="every" if every_seconds is not None else "cron",
+        )
         owner_id = _owner_id(owner)
         new = store.NewRecurrence(
             kind=kind,
@@ -154,8 +222,10 @@ def recur(
             anchor_at=anchor,
             priority=priority,
             max_attempts=max_attempts,
+            recheck_access=caller is not None,
         )
         with transaction.atomic():
+            _lock_owner_creations(caller)
             recurrence_id = store.insert_recurrence(new)
             if recurrence_id is None:
                 existing = store.recurrence_id_by_key(key, owner_id)
@@ -181,14 +251,17 @@ def recur(
                     missed=missed,
                     priority=priority,
                     max_attempts=max_attempts,
+                    caller=caller,
                 )
             row = store.lock_recurrence(recurrence_id)
             assert row is not None
             occurrence = rules.first(schedule, now=now, starts_at=starts_at, ends_at=ends_at)
+            first = None
             if occurrence is None:
                 store.set_recurrences_state([recurrence_id], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
             else:
-                _plan(row, occurrence, None)
+                first = _plan(row, occurrence, None)
+            _check_quotas(caller, first.job_id if first is not None else None)
         logger.info("recurrence created", extra={"recurrence_id": recurrence_id, "kind": kind, "action": "recur"})
         span.set("recurrence_id", recurrence_id)
         span.set("outcome", "created")
@@ -249,8 +322,7 @@ def recur_many(
         priority=priority,
         max_attempts=max_attempts,
     )
-    attempts = max_attempts or job_kind.max_attempts
-    job_priority = job_kind.priority if priority is None else priority
+    options = planner.occurrence_options(job_kind, max_attempts, priority)
     with transaction.atomic():
         created = store.insert_recurrences(
             new,
@@ -272,9 +344,7 @@ def recur_many(
                     prev=None,
                     occurrence_at=occurrence.at,
                     due_at=occurrence.due_at,
-                    lease_seconds=job_kind.lease_seconds,
-                    max_attempts=attempts,
-                    priority=job_priority,
+                    **dataclasses.asdict(options),
                 )
             )
         store.plan_occurrences(plans)
@@ -329,6 +399,7 @@ def change_recurrence(
     missed: Any = UNSET,
     priority: Any = UNSET,
     max_attempts: Any = UNSET,
+    caller: Any = None,
 ) -> Recurrence:
     """Change a recurrence's rule, zone, payload or policies; the pending occurrence moves to the new rule.
 
@@ -336,7 +407,9 @@ def change_recurrence(
     The pending occurrence moves to the new rule's first instant after now (and after the latest
     occurrence that ran) and takes the new payload; a claimed one runs on as it is and the planner
     plans the next by the new rule. A cancelled or ended recurrence cannot change:
-    ``RecurrenceStateConflict``.
+    ``RecurrenceStateConflict``. The moved occurrence takes the (new) kind's lease, attempts and
+    priority. An outside ``caller`` meets the caller limits on what the recurrence will be, and the
+    minimum interval when they give a rule.
     """
     target = _find(recurrence_id, key, owner)
     with transaction.atomic():
@@ -388,6 +461,14 @@ def change_recurrence(
             max_attempts=new_attempts,
         )
         schedule = _schedule(changed)  # validates the expression and the zone
+        _check_caller(
+            caller,
+            job_kind,
+            max_attempts=new_attempts,
+            priority=new_priority,
+            schedule=schedule if (cron is not UNSET or every is not UNSET) else None,
+            rule_field="every" if every_seconds is not None else "cron",
+        )
         store.update_recurrence_rule(changed)
         if row.state == RecurrenceState.ACTIVE and row.current_state == "pending":
             now = core_store.database_now()
@@ -398,7 +479,8 @@ def change_recurrence(
                 store.cancel_pending_occurrences([row.id])
                 store.set_recurrences_state([row.id], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
             else:
-                moved = store.move_pending_occurrence(row.id, occurrence.at, occurrence.due_at)
+                options = planner.occurrence_options(job_kind, new_attempts, new_priority)
+                moved = store.move_pending_occurrence(row.id, occurrence.at, occurrence.due_at, options)
                 if moved is not None:
                     store.set_recurrence_current(row.id, occurrence.at)
                     claim.wake_on_commit(moved.in_seconds, time.monotonic())
@@ -407,7 +489,10 @@ def change_recurrence(
 
 
 def pause_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
-    """Pause an active recurrence: its pending occurrence is cancelled, none is planned until resumed."""
+    """Pause an active recurrence: its pending occurrence (a retry too) is cancelled, none is planned until resumed.
+
+    An occurrence already running finishes its attempt and is not retried.
+    """
     return _one(pause_recurrences, _find(recurrence_id, key, owner), "be paused", RecurrenceState.PAUSED)
 
 
@@ -417,7 +502,10 @@ def resume_recurrence(recurrence_id: int | None = None, *, key: str | None = Non
 
 
 def cancel_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
-    """Cancel a recurrence: its pending occurrence is cancelled and no further one is planned."""
+    """Cancel a recurrence: its pending occurrence (a retry too) is cancelled and no further one is planned.
+
+    An occurrence already running finishes its attempt and is not retried.
+    """
     return _one(cancel_recurrences, _find(recurrence_id, key, owner), "be cancelled", RecurrenceState.CANCELLED)
 
 
@@ -432,6 +520,8 @@ def _one(bulk: Callable[[list[int]], BulkResult], target: int, action: str, done
 def _refuse(target: int, result: BulkResult, action: str, *, allowed: Sequence[str]) -> None:
     if target in result.missing:
         raise exceptions.RecurrenceNotFound(f"No recurrence {target}.")
+    if target in result.refused:
+        raise exceptions.RecurrenceStateConflict(target, RecurrenceState.PAUSED, f"{action}: {result.refused[target]}")
     state = result.untouched.get(target, "")
     if state in allowed:
         return  # already so: the call is idempotent
@@ -480,16 +570,26 @@ def cancel_recurrences(ids: Iterable[int]) -> BulkResult:
 
 
 def resume_recurrences(ids: Iterable[int]) -> BulkResult:
-    """Resume the paused recurrences among ``ids``, planning each one's next occurrence (missed policy)."""
+    """Resume the paused recurrences among ``ids``, planning each one's next occurrence (missed policy).
+
+    One the planner would refuse (its kind gone, its owner deactivated or without the kind's
+    access) stays paused with that reason and is reported untouched.
+    """
     selected = _selection(ids)
     settings = conf.get()
     with transaction.atomic():
-        changed = store.set_recurrences_state(selected, RecurrenceState.ACTIVE, [RecurrenceState.PAUSED])
+        resumed = store.set_recurrences_state(selected, RecurrenceState.ACTIVE, [RecurrenceState.PAUSED])
+        rows = [_locked(rid) for rid in resumed]
+        refused = planner.refusals(rows, planner.kinds_of(rows))
+        store.pause_recurrences_for(list(refused.items()))
+        changed = [rid for rid in resumed if rid not in refused]
         now = core_store.database_now()
-        for rid in changed:
-            row = _locked(rid)
-            if row.current_state == "pending":
-                continue  # still has its occurrence (paused and resumed before the pause's cancel landed)
+        for row in rows:
+            rid = row.id
+            if rid in refused:
+                continue
+            if store.adopt_live_occurrence(rid) is not None:
+                continue  # its occurrence still runs (claimed before the pause): the planner plans after it
             last_run = store.last_run_occurrence_at(rid)
             schedule = _schedule(row)
             if last_run is None:
@@ -508,7 +608,7 @@ def resume_recurrences(ids: Iterable[int]) -> BulkResult:
                 store.set_recurrences_state([rid], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
             else:
                 _plan(row, occurrence, last_run)
-        result = _bulk_result(selected, changed)
+        result = dataclasses.replace(_bulk_result(selected, changed), refused=refused)
     logger.info("recurrences resumed", extra={"count": len(changed), "action": "resumed"})
     return result
 

@@ -4,13 +4,17 @@ It runs on the cluster's one leader (the control loop calls ``duty()`` every tur
 most every ``SCHEDULING_RECURRENCE_PLAN_INTERVAL_SECONDS`` unless the last pass was full). One
 pass, in one transaction:
 
-1. one statement picks up to ``SCHEDULING_RECURRENCE_PLAN_BATCH_SIZE`` active recurrences whose
-   latest occurrence is no longer pending (``FOR UPDATE SKIP LOCKED``: an API call or a second
-   planner holding a row leaves it to the next pass);
-2. Python computes each next instant with the recurrence's rule and missed policy, cached per
+1. one statement picks up to ``SCHEDULING_RECURRENCE_PLAN_BATCH_SIZE`` active recurrences with
+   no live occurrence (the latest has finished: a claimed one may still come back as a retry, and
+   a recurrence has one live occurrence at a time, retries included; ``FOR UPDATE SKIP LOCKED``: an
+   API call or a second planner holding a row leaves it to the next pass);
+2. access is re-checked: a recurrence whose owner is deactivated, or (made through the JSON API)
+   may no longer schedule its kind, is paused with that reason instead of planned (one query for
+   the batch's owners; a permission look-up only for kinds whose ``Access`` names one);
+3. Python computes each next instant with the recurrence's rule and missed policy, cached per
    (rule, zone, dst_gap, latest instant): a spike of 100,000 occurrences of one zone's 09:00 needs
    one computation;
-3. one statement inserts the occurrences and advances the recurrences, only while each still says
+4. one statement inserts the occurrences and advances the recurrences, only while each still says
    the latest instant that was read, and the unique (recurrence, occurrence_at) index refuses an
    instant that exists: each occurrence is created at most once, even with two racing planners.
 """
@@ -24,12 +28,12 @@ import threading
 import time
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError, transaction
 
 from scheduling.core import conf, exceptions, registry, tracing
 from scheduling.core import store as core_store
 from scheduling.due_at import claim
-from scheduling.models import RecurrenceState
 from scheduling.recurring import rules, store
 
 logger = logging.getLogger(__name__)
@@ -42,6 +46,54 @@ class PlanReport:
     ended: int  # recurrences past their end
     computed: int  # distinct next-instant computations (the cache's misses)
     full: bool  # the pick was full: more may be waiting
+
+
+def occurrence_options(kind: registry.Kind, max_attempts: int | None, priority: int | None) -> store.OccurrenceOptions:
+    """An occurrence's job options: the kind's lease, the recurrence's attempts and priority, else the kind's."""
+    return store.OccurrenceOptions(
+        lease_seconds=kind.lease_seconds,
+        max_attempts=max_attempts or kind.max_attempts,
+        priority=kind.priority if priority is None else priority,
+    )
+
+
+def kinds_of(rows: list[store.RecurrenceRow]) -> dict[str, registry.Kind | None]:
+    """The registered kind of each name among ``rows`` (None: no longer registered)."""
+    kinds: dict[str, registry.Kind | None] = {}
+    for row in rows:
+        if row.kind not in kinds:
+            try:
+                kinds[row.kind] = registry.get(row.kind)
+            except exceptions.UnknownJobKind:
+                kinds[row.kind] = None
+    return kinds
+
+
+def refusals(rows: list[store.RecurrenceRow], kinds: dict[str, registry.Kind | None]) -> dict[int, str]:
+    """{recurrence id: why it may not plan}: its kind is gone, its owner is deactivated or lost the kind's access.
+
+    The planner pauses these with the reason, and so does a resume (which would plan at once).
+    """
+    problems = {row.id: f"its kind {row.kind} is not registered" for row in rows if kinds.get(row.kind) is None}
+    owner_ids = {row.owner_id for row in rows if row.owner_id is not None}
+    if not owner_ids:
+        return problems
+    owners = {user.pk: user for user in get_user_model()._default_manager.filter(pk__in=owner_ids)}
+    verdicts: dict[tuple[int, str], bool] = {}
+    for row in rows:
+        owner = owners.get(row.owner_id) if row.owner_id is not None else None
+        kind = kinds.get(row.kind)
+        if owner is None or kind is None:
+            continue  # no owner (system work; a deleted owner takes the row with them), or already broken
+        if not owner.is_active:
+            problems[row.id] = "its owner is deactivated"
+        elif row.recheck_access:
+            verdict = verdicts.get((owner.pk, row.kind))
+            if verdict is None:
+                verdict = verdicts[(owner.pk, row.kind)] = kind.usable_by(owner)
+            if not verdict:
+                problems[row.id] = f"its owner may no longer schedule {row.kind}"
+    return problems
 
 
 def _next(row: store.RecurrenceRow, now: dt.datetime, late: float, cache: dict[tuple[Any, ...], Any]) -> Any:
@@ -75,48 +127,44 @@ def plan_once(limit: int | None = None) -> PlanReport:
             return PlanReport(0, 0, 0, 0, False)
         now = core_store.database_now()
         cache: dict[tuple[Any, ...], Any] = {}
-        kinds: dict[str, registry.Kind | None] = {}
         plans: list[store.PlannedOccurrence] = []
         ends: list[tuple[int, dt.datetime | None]] = []
-        broken: list[int] = []  # unknown kind or a rule that cannot be computed: paused, so they do not clog the pick
+        # Paused with a reason instead of planned, so they do not clog the pick: an unknown kind, a
+        # rule that cannot be computed, an owner without access.
+        broken: list[tuple[int, str]] = []
+        kinds = kinds_of(rows)
+        refused = refusals(rows, kinds)
         for row in rows:
-            if row.kind not in kinds:
-                try:
-                    kinds[row.kind] = registry.get(row.kind)
-                except exceptions.UnknownJobKind:
-                    kinds[row.kind] = None
-                    logger.warning("recurrence of an unknown kind not planned", extra={"kind": row.kind})
             kind = kinds[row.kind]
-            if kind is None:
-                broken.append(row.id)
+            if kind is None or row.id in refused:
+                broken.append((row.id, refused[row.id]))
                 continue
             try:
                 occurrence = _next(row, now, settings.recurrence_late_seconds, cache)
             except (exceptions.SchedulingError, ArithmeticError, ValueError, StopIteration):
                 logger.warning("recurrence rule cannot be computed", extra={"recurrence_id": row.id}, exc_info=True)
-                broken.append(row.id)
+                broken.append((row.id, "its rule cannot be computed"))
                 continue
             if occurrence is None:
                 ends.append((row.id, row.current_at))
                 continue
+            options = occurrence_options(kind, row.max_attempts, row.priority)
             plans.append(
                 store.PlannedOccurrence(
                     recurrence_id=row.id,
                     prev=row.current_at,
                     occurrence_at=occurrence.at,
                     due_at=occurrence.due_at,
-                    lease_seconds=kind.lease_seconds,
-                    max_attempts=row.max_attempts or kind.max_attempts,
-                    priority=kind.priority if row.priority is None else row.priority,
+                    **dataclasses.asdict(options),
                 )
             )
         created = store.plan_occurrences(plans)
         ended = store.end_recurrences(ends)
         if broken:
-            store.set_recurrences_state(broken, RecurrenceState.PAUSED, [RecurrenceState.ACTIVE])
-            logger.warning(
-                "recurrences paused: kind or rule unusable", extra={"count": len(broken), "action": "paused"}
-            )
+            paused = store.pause_recurrences_for(broken)
+            store.cancel_pending_occurrences(paused)
+            for rid, reason in broken:
+                logger.warning("recurrence paused: %s", reason, extra={"recurrence_id": rid, "action": "paused"})
         if created and min(c.in_seconds for c in created) <= settings.claim_interval_seconds:
             core_store.notify_due(claim.NOTIFY_CHANNEL)
         report = PlanReport(len(rows), len(created), len(ended), len(cache), len(rows) >= batch)

@@ -62,6 +62,14 @@ def schedule_for(
     return _cron(expression, timezone, dst_gap)
 
 
+def shortest_gap_seconds(schedule: Schedule) -> float:
+    """The shortest time between two occurrences: ``every`` seconds, or a cron's over a year (DST days included)."""
+    if isinstance(schedule, Interval):
+        return schedule.every_seconds
+    assert isinstance(schedule, cron.CronSchedule)
+    return schedule.min_interval_seconds()
+
+
 BOUNDED = frozenset({"starts_at", "ends_at", "every"})  # check_rule: the arguments whose limits apply
 
 

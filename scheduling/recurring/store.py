@@ -36,6 +36,7 @@ class NewRecurrence:
     anchor_at: dt.datetime | None
     priority: int | None
     max_attempts: int | None
+    recheck_access: bool = False  # made by an outside caller: the planner re-checks the owner's access
 
 
 def _recurrence_params(new: NewRecurrence) -> dict[str, Any]:
@@ -67,6 +68,7 @@ class RecurrenceRow:
     state: str = "active"
     current_job_id: int | None = None
     current_state: JobState | None = None
+    recheck_access: bool = False
 
 
 def insert_recurrence(new: NewRecurrence) -> int | None:
@@ -126,11 +128,20 @@ class MovedOccurrence:
     in_seconds: float
 
 
+@dataclasses.dataclass(frozen=True)
+class OccurrenceOptions:
+    """What an occurrence's job gets from its kind and its recurrence: lease, attempts budget, priority."""
+
+    lease_seconds: int
+    max_attempts: int
+    priority: int
+
+
 def move_pending_occurrence(
-    recurrence_id: int, occurrence_at: dt.datetime, due_at: dt.datetime
+    recurrence_id: int, occurrence_at: dt.datetime, due_at: dt.datetime, options: OccurrenceOptions
 ) -> MovedOccurrence | None:
-    """Move the recurrence's pending occurrence (None: it is no longer pending)."""
-    params = {"id": recurrence_id, "occurrence_at": occurrence_at, "due_at": due_at}
+    """Move the recurrence's pending occurrence, with the options of its (maybe new) kind (None: no longer pending)."""
+    params = {"id": recurrence_id, "occurrence_at": occurrence_at, "due_at": due_at, **dataclasses.asdict(options)}
     return SQL.fetch_one(MovedOccurrence, "move_pending_occurrence", params)
 
 
@@ -144,8 +155,31 @@ def set_recurrences_state(ids: Sequence[int], state: str, from_states: Sequence[
 
 
 def cancel_pending_occurrences(recurrence_ids: Sequence[int]) -> list[int]:
-    """Cancel the pending occurrence of each recurrence; returns the jobs cancelled."""
+    """Stop each recurrence's occurrences: pending ones (retries too) cancelled, a running one left no retry.
+
+    Returns the jobs cancelled.
+    """
     return SQL.fetch_values("cancel_pending_occurrences", {"ids": list(recurrence_ids)})
+
+
+def pause_recurrences_for(reasons: Sequence[tuple[int, str]]) -> list[int]:
+    """Pause the still active recurrences among (id, reason) pairs, each with its reason; returns those paused."""
+    if not reasons:
+        return []
+    params = {"ids": [r[0] for r in reasons], "reasons": [r[1] for r in reasons]}
+    return SQL.fetch_values("pause_recurrences_for", params)
+
+
+def adopt_live_occurrence(recurrence_id: int) -> int | None:
+    """Make the recurrence's live occurrence (one still running) its latest; its job id, or None when it has none."""
+    job_id: int | None = SQL.fetch_value("adopt_live_occurrence", {"id": recurrence_id})
+    return job_id
+
+
+def owner_recurrences(owner_id: int, limit: int) -> int:
+    """``owner_id``'s active and paused recurrences, counted up to ``limit`` + 1."""
+    count: int = SQL.fetch_value("owner_recurrences", {"owner_id": owner_id, "limit": limit})
+    return count
 
 
 def recurrence_states(ids: Sequence[int]) -> dict[int, str]:

@@ -350,6 +350,20 @@ def _positive_int(text: str, name: str, maximum: int) -> int:
     return int(text)
 
 
+def requested_kind(name: Any, user: Any) -> registry.Kind:
+    """The kind a request names, if ``user`` may use it: 400 when it is missing or not text, else ``_usable_kind``.
+
+    Every door that takes a kind from a caller (jobs, recurrences) asks here, before the payload.
+    """
+    if not isinstance(name, str):
+        raise ApiError(400, "invalid_request", "kind is required: the name of a registered job kind.")
+    try:  # a name PostgreSQL could not store is no kind's: saying so tells nothing about which exist
+        validation.check_text(name, "kind")
+    except exceptions.InvalidSchedule as exc:
+        raise from_scheduling_error(exc) from None
+    return _usable_kind(user, name)
+
+
 def _usable_kind(user: Any, name: str) -> registry.Kind:
     """The kind ``name`` if ``user`` may schedule it at all; else one 403 for unknown and closed kinds alike.
 
@@ -390,13 +404,7 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
     _take_create_allowance(user)
     data = read_json(request)
     _check_fields(data, CREATE_FIELDS)
-    if "kind" not in data or not isinstance(data["kind"], str):
-        raise ApiError(400, "invalid_request", "kind is required: the name of a registered job kind.")
-    try:  # a name PostgreSQL could not store is no kind's: saying so tells nothing about which exist
-        validation.check_text(data["kind"], "kind")
-    except exceptions.InvalidSchedule as exc:
-        raise from_scheduling_error(exc) from None
-    kind = _usable_kind(user, data["kind"])
+    kind = requested_kind(data.get("kind"), user)
     payload = data.get("payload", {})
     priority = data.get("priority")
     if priority is not None and not registry.is_priority(priority):

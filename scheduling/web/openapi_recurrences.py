@@ -33,11 +33,27 @@ _INSTANT = {
     ),
 }
 _ERRORS = {
+    "400": openapi_parts.error(
+        "The request is wrong; `error.message` says why. `over_limit`: attempts or priority over the kind's caller "
+        "bound; `too_frequent`: occurrences closer than SCHEDULING_API_MIN_RECURRENCE_INTERVAL_SECONDS (`every`, or "
+        "a cron's shortest gap; superusers are exempt)."
+    ),
     "403": openapi_parts.error(
-        "CSRF check failed (session callers), the caller may see this recurrence but not change it, or may not "
-        "schedule its kind with that payload (`kind_not_allowed`, the kind's api=Access rule)."
+        "CSRF check failed (session callers); `forbidden`: the caller may see this recurrence but not change it "
+        "(another owner's may be paused, resumed or cancelled with scheduling.change_recurrence, never changed); "
+        "`kind_not_allowed`: the caller may not schedule the kind (an unknown kind gets the same answer, judged "
+        "before the payload is read) or not with that payload (the kind's api=Access rule)."
     ),
     "404": openapi_parts.error("No such recurrence for this caller (another owner's is a 404 too), or no such page."),
+    "429": {
+        **openapi_parts.ERRORS["429"],
+        "description": (
+            "Too many: `rate_limited` (the jobs API's create rate), `recurrence_quota_exceeded` (the owner holds "
+            "SCHEDULING_API_MAX_RECURRENCES active or paused recurrences: cancel one) or `quota_exceeded` (the first "
+            "occurrence would pass SCHEDULING_API_MAX_PENDING_JOBS). Superusers are exempt. `Retry-After` says when "
+            "to try again."
+        ),
+    },
     "409": openapi_parts.error(
         "`state_conflict`: the recurrence's state forbids the change (a cancelled or ended one cannot change or "
         "resume); `key_conflict`: `on_conflict: error` met the caller's recurrence with that key."
@@ -139,6 +155,11 @@ def schemas() -> dict[str, Any]:
         "occurrence_at": {**_NULLABLE_TIMESTAMP, "description": "The instant of the latest occurrence planned."},
         "occurrence_job": {"type": "integer", "nullable": True, "description": "The id of that occurrence's job."},
         "owner": {"type": "integer", "nullable": True},
+        "paused_reason": {
+            "type": "string",
+            "description": "Why the planner paused it (its owner lost access, its kind or rule is unusable); empty "
+            "otherwise.",
+        },
         "created_at": _TIMESTAMP,
         "updated_at": _TIMESTAMP,
     }
@@ -295,6 +316,7 @@ def paths(example_kind: str | None) -> dict[str, Any]:
                     "409",
                     "413",
                     "415",
+                    "429",
                 ),
             },
         },

@@ -4,10 +4,17 @@
 ``.../resume``, ``.../cancel``, ``GET .../next?n=5``. Plain views over ``scheduling.api``, with the
 jobs API's rules (``scheduling/web/jobs_api.py``): authentication, CSRF for session writes, the
 same error bodies and status codes. Rows belong to their owner (another caller gets 404); seeing
-everyone's takes ``scheduling.view_recurrence``, changing them ``scheduling.change_recurrence``.
-A kind is recurrable here only if its ``api=registry.Access(...)`` lets the caller schedule it with
-that payload, exactly as ``POST /api/jobs/`` applies it, at creation and at every change of kind
-or payload (403 otherwise). Keys are per owner.
+everyone's takes ``scheduling.view_recurrence``; with ``scheduling.change_recurrence`` staff may
+pause, resume and cancel another owner's recurrence, never rewrite it (PATCH is the owner's
+alone: its occurrences run as the owner). Keys are per owner.
+
+The jobs API's door, the same code: the create rate (429 ``rate_limited``, taken before the body
+is read), one 403 ``kind_not_allowed`` for an unknown kind, a closed one and one the caller may not
+use, judged before the payload (``jobs_api.requested_kind``), then the kind's ``Access`` predicate
+on the payload, at create and at every change. ``scheduling.api.recur(caller=...)`` adds the
+caller limits on attempts and priority (400 ``over_limit``), the minimum interval for ``every`` and
+cron (400 ``too_frequent``), the recurrence quota (429 ``recurrence_quota_exceeded``) and the
+pending quota counting the first occurrence (429 ``quota_exceeded``).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ def recurrence_json(recurrence: Recurrence, *, upcoming: int = 0) -> dict[str, A
         "occurrence_at": recurrence.current_at,
         "occurrence_job": recurrence.current_job_id,
         "owner": recurrence.owner_id,
+        "paused_reason": recurrence.paused_reason,
         "created_at": recurrence.created_at,
         "updated_at": recurrence.updated_at,
     }
@@ -80,6 +88,8 @@ def _error(exc: exceptions.SchedulingError) -> ApiError:
         return ApiError(409, "state_conflict", str(exc), recurrence_id=exc.recurrence_id, state=exc.state)
     if isinstance(exc, exceptions.InvalidCronExpression | exceptions.UnknownTimeZone | exceptions.InvalidPolicy):
         return ApiError(400, "invalid_schedule", str(exc))
+    if isinstance(exc, exceptions.RecurrenceTooFrequent):
+        return ApiError(400, "too_frequent", str(exc), field=exc.field, limit=exc.limit)
     return jobs_api.from_scheduling_error(exc)
 
 
@@ -164,32 +174,32 @@ def collection(request: HttpRequest, user: Any) -> JsonResponse:
     return jobs_api.ok(paging.page(request.path, params, rows, LIST_ORDER, recurrence_json))
 
 
-def _check_access(kind_name: Any, user: Any, payload: Any) -> None:
-    if not isinstance(kind_name, str):
-        raise ApiError(400, "invalid_request", "kind is required: the name of a registered job kind.")
-    validation.check_text(kind_name, "kind")
-    kind = registry.get(kind_name)
+def _check_payload(kind: registry.Kind, user: Any, payload: Any) -> None:
+    """A payload for a kind the caller may use (``jobs_api.requested_kind``): its schema, then the predicate."""
     validation.encode_payload(kind, payload)
     validation.check_access(kind, user, payload)
 
 
 def _create(request: HttpRequest, user: Any) -> JsonResponse:
+    jobs_api._take_create_allowance(user)
     data = jobs_api.read_json(request)
     jobs_api._check_fields(data, CREATE_FIELDS)
+    kind = jobs_api.requested_kind(data.get("kind"), user)
     if not isinstance(data.get("key"), str):
         raise ApiError(400, "invalid_request", "key is required: it names the recurrence (unique per owner).")
     arguments = _rule_arguments(data)
     payload = arguments.pop("payload", {})
     try:
-        _check_access(data.get("kind"), user, payload)
+        _check_payload(kind, user, payload)
         existed = _exists(data["key"], user)
         with transaction.atomic():
             recurrence = api.recur(
-                data["kind"],
+                kind.name,
                 payload,
                 key=data["key"],
                 owner=user,
                 on_conflict=data.get("on_conflict", "replace"),
+                caller=user,
                 **arguments,
             )
     except exceptions.SchedulingError as exc:
@@ -215,14 +225,22 @@ def detail(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
     data = jobs_api.read_json(request)
     jobs_api._check_fields(data, CHANGE_FIELDS)
     recurrence = _visible(user, recurrence_id, change=True)
+    if recurrence.owner_id != user.pk:
+        raise ApiError(
+            403,
+            "forbidden",
+            "Another owner's recurrence may be paused, resumed or cancelled, not changed: its occurrences run as "
+            "its owner.",
+        )
+    kind = jobs_api.requested_kind(data.get("kind", recurrence.kind), user)
     arguments = _rule_arguments(data)
     if "kind" in data:
-        arguments["kind"] = data["kind"]
+        arguments["kind"] = kind.name
     try:
         if "kind" in arguments or "payload" in arguments:
-            _check_access(arguments.get("kind", recurrence.kind), user, arguments.get("payload", recurrence.payload))
+            _check_payload(kind, user, arguments.get("payload", recurrence.payload))
         with transaction.atomic():
-            changed = api.change_recurrence(recurrence_id, **arguments)
+            changed = api.change_recurrence(recurrence_id, caller=user, **arguments)
     except exceptions.SchedulingError as exc:
         raise _error(exc) from None
     return jobs_api.ok(recurrence_json(changed, upcoming=DETAIL_NEXT))

@@ -181,10 +181,19 @@ RETURNING id;
 -- It stays dead while its key already has a waiting job (pending, or claimed and not started) and
 -- when a newer dead job of the same key is retried in the same statement: the NOT EXISTS and the
 -- max(id) keep the partial unique index happy. A running job does not hold the key back.
+-- A recurrence's occurrence likewise stays dead while the recurrence has a live occurrence (or a
+-- newer dead one of it is retried here): one live occurrence per recurrence, an index too.
 UPDATE scheduling_scheduledjob AS j
 SET state = 'pending', attempts = 0, due_at = now(), finished_at = NULL, token = NULL, claimed_at = NULL,
     heartbeat_at = NULL, claimed_by = '', updated_at = now()
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead'
+  AND (j.recurrence_id IS NULL OR (
+        NOT EXISTS (
+            SELECT 1 FROM scheduling_scheduledjob AS o
+            WHERE o.recurrence_id = j.recurrence_id AND NOT (o.state IN ('done', 'cancelled', 'dead')))
+        AND j.id = (
+            SELECT max(d.id) FROM scheduling_scheduledjob AS d
+            WHERE d.id = ANY(%(ids)s::bigint[]) AND d.state = 'dead' AND d.recurrence_id = j.recurrence_id)))
   AND (j.key IS NULL OR (
         NOT EXISTS (
             SELECT 1 FROM scheduling_scheduledjob AS o

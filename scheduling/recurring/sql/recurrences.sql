@@ -8,10 +8,11 @@
 -- the key is taken, and the caller applies on_conflict to the existing one.
 INSERT INTO scheduling_recurrence
     (kind, payload, key, owner_id, expression, every_seconds, timezone, dst_gap, missed, starts_at, ends_at,
-     anchor_at, state, priority, max_attempts, current_at, current_job_id, created_at, updated_at)
+     anchor_at, state, priority, max_attempts, current_at, current_job_id, created_at, updated_at, paused_reason,
+     recheck_access)
 VALUES (%(kind)s, %(payload)s::jsonb, %(key)s, %(owner_id)s, %(expression)s, %(every_seconds)s, %(timezone)s,
         %(dst_gap)s, %(missed)s, %(starts_at)s, %(ends_at)s, coalesce(%(anchor_at)s, now()), 'active',
-        %(priority)s, %(max_attempts)s, NULL, NULL, now(), now())
+        %(priority)s, %(max_attempts)s, NULL, NULL, now(), now(), '', %(recheck_access)s)
 ON CONFLICT ((coalesce(owner_id, 0)), key) DO NOTHING
 RETURNING id;
 
@@ -20,10 +21,11 @@ RETURNING id;
 -- are left alone and not returned.
 INSERT INTO scheduling_recurrence
     (kind, payload, key, owner_id, expression, every_seconds, timezone, dst_gap, missed, starts_at, ends_at,
-     anchor_at, state, priority, max_attempts, current_at, current_job_id, created_at, updated_at)
+     anchor_at, state, priority, max_attempts, current_at, current_job_id, created_at, updated_at, paused_reason,
+     recheck_access)
 SELECT %(kind)s, t.payload::jsonb, t.key, t.owner_id, %(expression)s, %(every_seconds)s, t.timezone,
        %(dst_gap)s, %(missed)s, %(starts_at)s, %(ends_at)s, coalesce(%(anchor_at)s, now()), 'active',
-       %(priority)s, %(max_attempts)s, NULL, NULL, now(), now()
+       %(priority)s, %(max_attempts)s, NULL, NULL, now(), now(), '', %(recheck_access)s
 FROM unnest(%(payloads)s::text[], %(keys)s::text[], %(owner_ids)s::bigint[], %(timezones)s::text[])
      AS t(payload, key, owner_id, timezone)
 ON CONFLICT ((coalesce(owner_id, 0)), key) DO NOTHING
@@ -34,7 +36,7 @@ RETURNING id, key, owner_id, timezone;
 -- so they happen one after the other. `current_state` is its latest occurrence's job state.
 SELECT r.id, r.kind, r.payload, r.key, r.owner_id, r.expression, r.every_seconds, r.timezone, r.dst_gap,
        r.missed, r.starts_at, r.ends_at, r.anchor_at, r.state, r.priority, r.max_attempts, r.current_at,
-       r.current_job_id, j.state AS current_state
+       r.current_job_id, j.state AS current_state, r.recheck_access
 FROM scheduling_recurrence AS r
 LEFT JOIN scheduling_scheduledjob AS j ON j.id = r.current_job_id
 WHERE r.id = %(id)s
@@ -54,17 +56,20 @@ WHERE id = %(id)s
 RETURNING id;
 
 -- name: last_run_occurrence_at
--- The latest occurrence instant that left pending (claimed, done, dead; cancelled ones never ran):
--- a changed or resumed rule plans strictly after it. Walks the unique occurrence index backwards.
+-- The latest occurrence instant that has run or is running (any attempt made, or a state past
+-- pending other than cancelled): a changed or resumed rule plans strictly after it. Walks the
+-- unique occurrence index backwards.
 SELECT max(occurrence_at) FROM scheduling_scheduledjob
-WHERE recurrence_id = %(id)s AND state IN ('claimed', 'done', 'dead');
+WHERE recurrence_id = %(id)s AND (attempts > 0 OR NOT (state IN ('pending', 'cancelled')));
 
 -- name: move_pending_occurrence
--- The pending occurrence moves to the changed rule's next instant (and takes the new payload):
--- one conditional UPDATE, nothing if it has been claimed meanwhile.
+-- The pending occurrence moves to the changed rule's next instant and takes the new payload, kind
+-- and the options the (new) kind gives it (lease, attempts budget, priority; a retry keeps the
+-- attempts it has spent): one conditional UPDATE, nothing if it has been claimed meanwhile.
 UPDATE scheduling_scheduledjob AS j
 SET occurrence_at = %(occurrence_at)s, due_at = %(due_at)s, payload = r.payload, kind = r.kind,
-    updated_at = now()
+    lease_seconds = %(lease_seconds)s, max_attempts = greatest(%(max_attempts)s, j.attempts),
+    priority = %(priority)s, updated_at = now()
 FROM scheduling_recurrence AS r
 WHERE r.id = %(id)s AND j.id = r.current_job_id AND j.state = 'pending'
 RETURNING j.id, j.due_at, extract(epoch FROM j.due_at - now())::float8 AS in_seconds;
@@ -76,34 +81,74 @@ WHERE id = %(id)s
 RETURNING id;
 
 -- name: set_recurrences_state
--- Pause, resume, cancel or end a selection: only rows in one of `from_states` change. Their
--- pending occurrence (if any) is cancelled by cancel_pending_occurrences in the same transaction.
+-- Pause, resume, cancel or end a selection: only rows in one of `from_states` change (and lose the
+-- planner's reason for a pause). Their occurrences are stopped by cancel_pending_occurrences in the
+-- same transaction.
 UPDATE scheduling_recurrence
-SET state = %(state)s, updated_at = now()
+SET state = %(state)s, paused_reason = '', updated_at = now()
 WHERE id = ANY(%(ids)s::bigint[]) AND state = ANY(%(from_states)s::text[])
 RETURNING id;
 
 -- name: cancel_pending_occurrences
--- The pending occurrences of the given recurrences are cancelled (a claimed one runs on).
-UPDATE scheduling_scheduledjob AS j
-SET state = 'cancelled', finished_at = now(), updated_at = now()
-FROM scheduling_recurrence AS r
-WHERE r.id = ANY(%(ids)s::bigint[]) AND j.id = r.current_job_id AND j.state = 'pending'
-RETURNING j.id;
+-- Stop the occurrences of the given recurrences (pause, cancel, end): a pending one, first run or
+-- retry alike, is cancelled; a claimed or running one runs on with the attempt it has and no
+-- retry (its budget becomes the attempts spent, so a failure makes it dead, not pending again).
+-- Both walk the one-live-occurrence index. Returns the jobs cancelled.
+WITH cancelled AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET state = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE j.recurrence_id = ANY(%(ids)s::bigint[]) AND j.state = 'pending'
+    RETURNING j.id
+), last_attempt AS (
+    UPDATE scheduling_scheduledjob AS j
+    SET max_attempts = j.attempts, updated_at = now()
+    WHERE j.recurrence_id = ANY(%(ids)s::bigint[]) AND NOT (j.state IN ('done', 'cancelled', 'dead'))
+      AND j.state <> 'pending' AND j.attempts >= 1 AND j.max_attempts > j.attempts
+    RETURNING j.id
+)
+SELECT id FROM cancelled;
+
+-- name: pause_recurrences_for
+-- The planner pauses recurrences it may not plan, each with its reason (shown in the admin and the
+-- API), only while still active.
+UPDATE scheduling_recurrence AS r
+SET state = 'paused', paused_reason = p.reason, updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(reasons)s::text[]) AS p(id, reason)
+WHERE r.id = p.id AND r.state = 'active'
+RETURNING r.id;
+
+-- name: adopt_live_occurrence
+-- Resume: a recurrence whose occurrence still runs (claimed before the pause) makes it its latest,
+-- so the planner plans the next once it has finished (the one-live-occurrence index allows no other).
+UPDATE scheduling_recurrence AS r
+SET current_job_id = o.id, current_at = o.occurrence_at, updated_at = now()
+FROM scheduling_scheduledjob AS o
+WHERE r.id = %(id)s AND o.recurrence_id = r.id AND NOT (o.state IN ('done', 'cancelled', 'dead'))
+RETURNING o.id;
+
+-- name: owner_recurrences
+-- An owner's recurrences that may still plan (active or paused), counted up to limit + 1 (the
+-- quota needs no more; the owner_state index).
+SELECT count(*) FROM (SELECT 1 FROM scheduling_recurrence
+                      WHERE owner_id = %(owner_id)s AND state IN ('active', 'paused')
+                      LIMIT %(limit)s + 1) AS capped;
 
 -- name: recurrence_states
 SELECT id, state FROM scheduling_recurrence WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: pick_recurrences_to_plan
--- The planner's pick (leader only, but safe with two): active recurrences whose latest occurrence
--- has left pending (claimed, finished, cancelled by hand, or pruned). Its occurrence instant has
--- passed unless it was run early, so the partial index on current_at bounds the walk to the due
--- ones. SKIP LOCKED: a row an API call or another planner holds is planned on the next pass.
+-- The planner's pick (leader only, but safe with two): active recurrences with no live occurrence
+-- (their latest is done, dead, cancelled or pruned; a claimed one may yet fail and come back as a
+-- retry, so its successor waits). Each probe is one look-up in the one-live-occurrence index
+-- (the NOT EXISTS repeats its predicate). The latest instant has passed unless it was run early,
+-- so the partial index on current_at bounds the walk to the due ones. SKIP LOCKED: a row an API
+-- call or another planner holds is planned on the next pass.
 SELECT r.id, r.kind, r.expression, r.every_seconds, r.timezone, r.dst_gap, r.missed, r.starts_at, r.ends_at,
-       r.anchor_at, r.current_at, r.priority, r.max_attempts
+       r.anchor_at, r.current_at, r.priority, r.max_attempts, r.owner_id, r.recheck_access
 FROM scheduling_recurrence AS r
-LEFT JOIN scheduling_scheduledjob AS j ON j.id = r.current_job_id
-WHERE r.state = 'active' AND r.current_at <= now() AND (j.id IS NULL OR j.state <> 'pending')
+WHERE r.state = 'active' AND r.current_at <= now()
+  AND NOT EXISTS (SELECT 1 FROM scheduling_scheduledjob AS o
+                  WHERE o.recurrence_id = r.id AND NOT (o.state IN ('done', 'cancelled', 'dead')))
 ORDER BY r.current_at
 LIMIT %(limit)s
 FOR UPDATE OF r SKIP LOCKED;
@@ -111,9 +156,10 @@ FOR UPDATE OF r SKIP LOCKED;
 -- name: plan_occurrences
 -- Create the next occurrence of many recurrences and advance them, in one statement. Each plan
 -- row says the instant the caller read as the latest (`prev`, NULL for a new recurrence): the
--- insert happens only while the recurrence still says so, and the unique (recurrence,
--- occurrence_at) index refuses an instant that exists (ON CONFLICT DO NOTHING), so an occurrence
--- is created at most once whatever two planners or an API call do. current_at only moves forward.
+-- insert happens only while the recurrence still says so, the unique (recurrence, occurrence_at)
+-- index refuses an instant that exists and the one-live-occurrence index a second live job (ON
+-- CONFLICT DO NOTHING, no target: either), so an occurrence is created at most once and never
+-- beside a live one, whatever two planners or an API call do. current_at only moves forward.
 WITH plan AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(prevs)s::timestamptz[], %(ats)s::timestamptz[],
                          %(dues)s::timestamptz[], %(leases)s::int[], %(attempts)s::int[], %(priorities)s::int[])
@@ -128,8 +174,7 @@ WITH plan AS (
     JOIN scheduling_recurrence AS r ON r.id = p.id
     WHERE r.state = 'active' AND r.current_at IS NOT DISTINCT FROM p.prev
       AND (r.current_at IS NULL OR p.at > r.current_at)
-    ON CONFLICT (recurrence_id, occurrence_at) WHERE recurrence_id IS NOT NULL AND NOT state = 'cancelled'
-        DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, recurrence_id, occurrence_at, due_at
 )
 UPDATE scheduling_recurrence AS r

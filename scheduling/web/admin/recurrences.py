@@ -1,7 +1,9 @@
 """The recurrences' admin: list (filters by kind, state, zone; owner and key search), next runs, bulk actions.
 
 Rows are read-only here: every change goes through ``scheduling.api`` (the bulk pause, resume and
-cancel calls, one statement each), so the admin means what the API means. Imported by
+cancel calls, one statement each), so the admin means what the API means; ``change_recurrence``
+grants those three actions on anyone's recurrence, never a rewrite of its kind, payload or rule
+(its occurrences run as its owner). A recurrence the planner paused shows why beside its state. Imported by
 ``scheduling/web/admin/__init__.py``.
 """
 
@@ -24,6 +26,7 @@ from scheduling import api
 from scheduling.core import exceptions
 from scheduling.models import Recurrence
 from scheduling.recurring import api as recurring_api
+from scheduling.web.admin import common
 
 NEXT_RUNS_SHOWN = 3  # occurrence instants shown per row of the list
 
@@ -55,7 +58,7 @@ class RecurrenceKindFilter(admin.SimpleListFilter):
 
 
 @admin.register(Recurrence)
-class RecurrenceAdmin(admin.ModelAdmin):
+class RecurrenceAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     list_display = ("id", "key", "kind", "owner", "rule", "timezone", "state_badge", "next_runs")
     list_display_links = ("id", "key")
     list_filter = ("state", RecurrenceKindFilter, ZoneFilter)
@@ -71,6 +74,8 @@ class RecurrenceAdmin(admin.ModelAdmin):
         "kind",
         "owner",
         "state",
+        "paused_reason",
+        "recheck_access",
         "expression",
         "every_seconds",
         "timezone",
@@ -97,12 +102,15 @@ class RecurrenceAdmin(admin.ModelAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, recurrence: Recurrence) -> str:
-        return format_html(
+        badge = format_html(
             '<span class="tk-state tk-state-{}" data-state="{}">{}</span>',
             recurrence.state,
             recurrence.state,
             recurrence.state,
         )
+        if not recurrence.paused_reason:
+            return badge
+        return format_html('{}<br><small class="tk-paused-reason">{}</small>', badge, recurrence.paused_reason)
 
     @admin.display(description="next runs")
     def next_runs(self, recurrence: Recurrence) -> str:

@@ -150,12 +150,13 @@ ORDER BY metric, label, outcome;
 SELECT state, count(*) AS n FROM scheduling_recurrence GROUP BY state ORDER BY state;
 
 -- name: recurrence_planner_lag
--- Active recurrences whose latest occurrence has left pending but whose next is not created yet,
--- and how long the oldest has waited since its occurrence instant.
+-- Active recurrences whose latest occurrence has finished but whose next is not created yet (the
+-- planner's pick: no live occurrence), and how long the oldest has waited since its instant.
 SELECT count(*) AS waiting, coalesce(extract(epoch FROM now() - min(r.current_at)), 0)::float8 AS oldest_seconds
 FROM scheduling_recurrence AS r
-LEFT JOIN scheduling_scheduledjob AS j ON j.id = r.current_job_id
-WHERE r.state = 'active' AND r.current_at <= now() AND (j.id IS NULL OR j.state <> 'pending');
+WHERE r.state = 'active' AND r.current_at <= now()
+  AND NOT EXISTS (SELECT 1 FROM scheduling_scheduledjob AS o
+                  WHERE o.recurrence_id = r.id AND NOT (o.state IN ('done', 'cancelled', 'dead')));
 
 -- name: upcoming_occurrences
 -- Pending recurrence occurrences due in the next `horizon` seconds, per kind (the dashboard).

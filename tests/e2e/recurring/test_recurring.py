@@ -1,10 +1,15 @@
-"""Recurrences with real workers: a crash mid-occurrence reruns that occurrence and plans the next exactly once."""
+"""Recurrences with real workers: a crash mid-occurrence reruns that occurrence and plans the next exactly once.
+
+The next occurrence waits for the running one to finish (one live occurrence per recurrence, its
+retries and reruns included).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
 import signal
+import time
 
 import pytest
 
@@ -30,7 +35,7 @@ def _occurrences(recurrence_id: int) -> list[ScheduledJob]:
 
 
 def test_kill_9_mid_occurrence_reruns_it_and_plans_the_next_once(cluster: Cluster):
-    """kill -9 of the pool process running an occurrence: it runs again, and its successor exists exactly once."""
+    """kill -9 of the pool process running an occurrence: it runs again, then its successor is planned exactly once."""
     assert fault_kinds.EFFECT_LEASE_SECONDS < 10
     worker = cluster.worker("w1", concurrency=2, env=FAST)
     cluster.beat(env=FAST)
@@ -44,7 +49,7 @@ def test_kill_9_mid_occurrence_reruns_it_and_plans_the_next_once(cluster: Cluste
         lambda: list(Execution.objects.filter(idempotency_key=f"job:{first.id}")), 30, message="the occurrence to start"
     )[0]
     assert started.pid in worker.children(), "the occurrence runs in one of this worker's pool processes"
-    wait_for(lambda: len(_occurrences(rec.id)) == 2, 15, message="the planner to create the next occurrence")
+    assert len(_occurrences(rec.id)) == 1, "no successor while the occurrence runs (it may come back)"
     os.kill(started.pid, signal.SIGKILL)
 
     wait_for(
@@ -53,8 +58,29 @@ def test_kill_9_mid_occurrence_reruns_it_and_plans_the_next_once(cluster: Cluste
     outcomes = list(JobAttempt.objects.filter(job_id=first.id).order_by("number").values_list("outcome", flat=True))
     assert outcomes == [AttemptOutcome.RECLAIMED, AttemptOutcome.SUCCEEDED], "killed, reclaimed, run again once"
     assert Execution.objects.filter(idempotency_key=f"job:{first.id}").count() == 2
+    wait_for(lambda: len(_occurrences(rec.id)) == 2, 15, message="the planner to create the next occurrence")
     jobs = _occurrences(rec.id)
-    assert len(jobs) == 2, "the next occurrence was created once, not again after the rerun"
+    assert len(jobs) == 2, "the next occurrence was created once"
     assert jobs[1].occurrence_at == starts + dt.timedelta(hours=1)
     assert jobs[1].state == JobState.PENDING
     assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+
+
+def test_a_failed_occurrences_retry_is_the_one_live_occurrence_and_cancel_stops_it(cluster: Cluster):
+    """every=2 s, occurrences failing once with a 20 s backoff: never two live occurrences; cancel stops the retry."""
+    worker = cluster.worker("w1", concurrency=2, env=FAST)
+    wait_ready(worker)
+    rec = api.recur("faults.fail_first", {"hold": 2}, key="flaky", every=2)  # the planner sees it running
+    live = ScheduledJob.objects.filter(recurrence_id=rec.id, state__in=[JobState.PENDING, JobState.CLAIMED])
+    retry = wait_for(
+        lambda: list(live.filter(state=JobState.PENDING, attempts=1)), 30, message="the first occurrence's retry"
+    )[0]
+    counts = []
+    for _ in range(12):  # six planner intervals of the rule while the retry waits out its backoff
+        counts.append(live.count())
+        time.sleep(0.5)
+    assert counts == [1] * len(counts), "the retry is the recurrence's one live occurrence: nothing planned beside it"
+    api.cancel_recurrence(rec.id)
+    retry.refresh_from_db()
+    assert retry.state == JobState.CANCELLED
+    assert not live.exists()

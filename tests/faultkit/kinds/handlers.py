@@ -158,3 +158,24 @@ def batch_member(job: registry.Job) -> None:
     Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
     if job.payload.get("poison"):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+FAIL_FIRST_BACKOFF_SECONDS = 20  # the first attempt's retry waits this long: long beside a 2 s recurrence
+
+
+@registry.handler(
+    "faults.fail_first",
+    schema={"type": "object", "properties": {"hold": {"type": "number", "minimum": 0, "maximum": 5}}},
+    timeout=10,
+    max_attempts=3,
+    backoff=registry.Backoff(FAIL_FIRST_BACKOFF_SECONDS, FAIL_FIRST_BACKOFF_SECONDS),
+    lease_seconds=EFFECT_LEASE_SECONDS,
+    batch_size=1,
+    atomic=False,
+)
+def fail_first(job: registry.Job) -> None:
+    """Record the execution, then fail the first attempt on purpose after ``hold`` s (its retry waits the backoff)."""
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
+    if job.attempt == 1:
+        time.sleep(float(job.payload.get("hold", 0)))
+        raise RuntimeError("the first attempt fails on purpose")

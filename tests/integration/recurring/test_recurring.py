@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.db import connection, transaction
 
 from scheduling import api, exceptions
@@ -15,6 +16,7 @@ from scheduling.due_at import store as jobs_store
 from scheduling.models import JobState, Recurrence, RecurrenceState, ScheduledJob
 from scheduling.recurring import planner
 from scheduling.recurring import store as recurring_store
+from tasks.models import Payment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -291,8 +293,8 @@ def test_planner_creates_the_next_once_the_previous_left_pending(run_sql):
     assert planner.plan_once().created == 0  # nothing left to plan
 
 
-def test_claimed_occurrence_counts_as_left_pending(run_sql):
-    """A claimed (running) occurrence is enough: its successor is planned while it runs."""
+def test_a_claimed_occurrence_holds_back_its_successor_until_it_finishes(run_sql):
+    """A claimed occurrence may yet come back as a retry: its successor is planned only once it is done."""
     rec = api.recur("demo.noop", {}, key="k", every=60)
     run_sql(
         "UPDATE scheduling_scheduledjob SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(),"
@@ -301,8 +303,10 @@ def test_claimed_occurrence_counts_as_left_pending(run_sql):
         [rec.id],
     )
     run_sql("UPDATE scheduling_recurrence SET current_at = current_at - interval '2 minutes' WHERE id = %s", [rec.id])
+    assert planner.plan_once().created == 0
+    run_sql("UPDATE scheduling_scheduledjob SET state = 'done', finished_at = now() WHERE recurrence_id = %s", [rec.id])
     assert planner.plan_once().created == 1
-    assert [j.state for j in occurrences(rec.id)] == [JobState.CLAIMED, JobState.PENDING]
+    assert [j.state for j in occurrences(rec.id)] == [JobState.DONE, JobState.PENDING]
 
 
 def test_two_racing_planners_create_each_next_occurrence_once(run_sql):
@@ -411,7 +415,7 @@ def test_pruning_a_recurrences_latest_occurrence_is_allowed(run_sql):
 
 
 def test_change_while_the_occurrence_runs_leaves_it_and_plans_the_next_by_the_new_rule(run_sql):
-    """A change while the occurrence is claimed leaves that job as it is; its successor follows the new rule."""
+    """A change while the occurrence is claimed leaves that job as it is; its successor (once done) has the new rule."""
     rec = api.recur("demo.noop", {"v": 1}, key="k", every=3600)
     run_sql(
         "UPDATE scheduling_scheduledjob SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(),"
@@ -423,6 +427,8 @@ def test_change_while_the_occurrence_runs_leaves_it_and_plans_the_next_by_the_ne
     (running,) = occurrences(rec.id)
     assert running.state == JobState.CLAIMED
     assert running.payload == {"v": 1}
+    assert planner.plan_once().created == 0  # it runs: its successor waits for it
+    run_sql("UPDATE scheduling_scheduledjob SET state = 'done', finished_at = now() WHERE id = %s", [running.id])
     assert planner.plan_once().created == 1
     (nxt,) = pending(rec.id)
     assert nxt.payload == {"v": 2}
@@ -450,3 +456,62 @@ def test_a_recurrence_of_an_unregistered_kind_is_paused_not_picked_for_ever(run_
     assert (report.picked, report.created) == (2, 1)
     assert Recurrence.objects.get(pk=ids[0]).state == RecurrenceState.PAUSED
     assert planner.plan_once().picked == 0
+
+
+def test_the_planner_pauses_a_callers_recurrence_whose_owner_lost_the_kinds_permission(run_sql, django_user_model):
+    """Made through the API, it is paused with a reason once its owner loses the permission; code's goes on."""
+    alice = django_user_model.objects.create_user("alice")
+    alice.user_permissions.add(Permission.objects.get(codename="schedule_payment"))
+    Payment.objects.create(reference="p1", amount_cents=100, owner=alice)
+    by_api = api.recur("payments.retry", {"reference": "p1"}, key="api", every=3600, owner=alice, caller=alice)
+    by_code = api.recur("payments.retry", {"reference": "p1"}, key="code", every=3600, owner=alice)
+    assert (Recurrence.objects.get(pk=by_api.id).recheck_access, by_code.recheck_access) == (True, False)
+    finish_current(run_sql, [by_api.id, by_code.id], back="2 hours")
+    alice.user_permissions.clear()
+    report = planner.plan_once()
+    assert (report.picked, report.created) == (2, 1)
+    paused = Recurrence.objects.get(pk=by_api.id)
+    assert paused.state == RecurrenceState.PAUSED
+    assert paused.paused_reason == "its owner may no longer schedule payments.retry"
+    assert pending(by_api.id) == []
+    assert len(pending(by_code.id)) == 1
+    with pytest.raises(exceptions.RecurrenceStateConflict, match=r"no longer schedule payments\.retry"):
+        api.resume_recurrence(by_api.id)
+    assert api.resume_recurrences([by_api.id]).refused == {by_api.id: paused.paused_reason}  # kept paused
+    alice.user_permissions.add(Permission.objects.get(codename="schedule_payment"))
+    api.resume_recurrence(by_api.id)
+    resumed = Recurrence.objects.get(pk=by_api.id)
+    assert (resumed.state, resumed.paused_reason) == (RecurrenceState.ACTIVE, "")
+    assert len(pending(by_api.id)) == 1
+
+
+def test_the_planner_pauses_every_recurrence_of_a_deactivated_owner(run_sql, django_user_model):
+    """A deactivated owner's recurrences create no occurrence owned by them: paused, visibly, at the next pass."""
+    erin = django_user_model.objects.create_user("erin")
+    ids = [api.recur("demo.noop", {}, key=f"k{i}", every=3600, owner=erin).id for i in range(3)]
+    system = api.recur("demo.noop", {}, key="system", every=3600).id
+    finish_current(run_sql, [*ids, system], back="2 hours")
+    erin.is_active = False
+    erin.save()
+    assert planner.plan_once().created == 1  # the system's alone
+    assert set(Recurrence.objects.filter(pk__in=ids).values_list("state", "paused_reason")) == {
+        (RecurrenceState.PAUSED, "its owner is deactivated")
+    }
+    assert not ScheduledJob.objects.filter(owner=erin, state=JobState.PENDING).exists()
+
+
+def test_retrying_dead_occurrences_keeps_one_live_occurrence(run_sql):
+    """retry_dead_many leaves a dead occurrence dead beside a live one, and retries one of two dead ones, not both."""
+    rec = api.recur("demo.noop", {}, key="k", every=3600)
+    finish_current(run_sql, [rec.id], back="3 hours", state="dead")
+    planner.plan_once()
+    finish_current(run_sql, [rec.id], back="1 hour", state="dead")
+    planner.plan_once()
+    dead = [j.id for j in occurrences(rec.id) if j.state == JobState.DEAD]
+    assert len(dead) == 2
+    assert len(pending(rec.id)) == 1
+    assert api.retry_dead_many(dead).changed == ()  # the recurrence's pending occurrence holds them back
+    api.pause_recurrence(rec.id)
+    assert pending(rec.id) == []
+    assert api.retry_dead_many(dead).changed == (max(dead),)
+    assert [j.id for j in pending(rec.id)] == [max(dead)]

@@ -155,8 +155,8 @@ def test_every_recurrence_operation_answers_as_documented(django_user_model: Any
     assert call("get", "/api/recurrences/", "/api/recurrences/", state="lost").status_code == 400
     assert len(call("get", one, url).json()["next_occurrences"]) == recurrences_api.DETAIL_NEXT
     assert call("get", one, "/api/recurrences/99999999").status_code == 404
-    changed = call("patch", one, url, '{"every": 600, "cron": null, "priority": 7}')
-    assert (changed.json()["every"], changed.json()["priority"]) == (600.0, 7)
+    changed = call("patch", one, url, '{"every": 600, "cron": null, "priority": 0}')
+    assert (changed.json()["every"], changed.json()["priority"]) == (600.0, 0)  # 0: the kind's caller bound
     assert call("patch", one, url, '{"every": 0}').status_code == 400
     upcoming = call("get", f"{one}/next", f"{url}/next", n="3")
     assert len(upcoming.json()["next_occurrences"]) == 3

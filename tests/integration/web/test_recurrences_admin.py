@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth.models import Permission
+from django.utils import timezone
 
 from scheduling import api
 from scheduling.models import JobState, Recurrence, RecurrenceState, ScheduledJob
+from scheduling.recurring import planner
 
 pytestmark = [
     pytest.mark.django_db,
@@ -63,3 +67,43 @@ def test_rows_are_read_only(admin_client: Any):
     assert admin_client.get(f"{URL}add/").status_code == 403
     page = admin_client.get(f"{URL}{rec.id}/change/").content.decode()
     assert 'name="_save"' not in page
+
+
+@pytest.mark.parametrize("action", ["pause_selected", "resume_selected", "cancel_selected"])
+def test_an_action_on_a_selection_that_is_not_ids_is_a_400(admin_client: Any, action: str):
+    """_selected_action=abc answers 400, as the jobs and tokens lists do, and changes nothing."""
+    rec = api.recur("demo.noop", {}, key="k", every=600)
+    response = admin_client.post(URL, {"action": action, ACTION_CHECKBOX_NAME: ["abc", str(rec.id)]})
+    assert response.status_code == 400
+    assert Recurrence.objects.get(pk=rec.id).state == RecurrenceState.ACTIVE
+
+
+def test_a_recurrence_the_planner_paused_shows_why_in_the_list_and_on_its_page(admin_client: Any, django_user_model):
+    """An owner deactivated: the planner pauses the recurrence and the admin shows the reason beside its state."""
+    erin = django_user_model.objects.create_user("erin")
+    rec = api.recur("demo.noop", {}, key="k", every=600, owner=erin)
+    ScheduledJob.objects.filter(recurrence=rec).update(
+        state=JobState.DONE, finished_at=timezone.now(), occurrence_at=timezone.now() - dt.timedelta(hours=1)
+    )
+    Recurrence.objects.filter(pk=rec.id).update(current_at=timezone.now() - dt.timedelta(hours=1))
+    erin.is_active = False
+    erin.save()
+    planner.plan_once()
+    assert Recurrence.objects.get(pk=rec.id).state == RecurrenceState.PAUSED
+    assert "its owner is deactivated" in admin_client.get(URL).content.decode()
+    assert "its owner is deactivated" in admin_client.get(f"{URL}{rec.id}/change/").content.decode()
+
+
+def test_change_recurrence_grants_the_actions_never_a_rewrite(client: Any, django_user_model):
+    """Staff with change_recurrence pause another user's recurrence; posting its change form is refused (403)."""
+    dave = django_user_model.objects.create_user("dave", password="pw", is_staff=True)
+    dave.user_permissions.add(*Permission.objects.filter(codename__in=["view_recurrence", "change_recurrence"]))
+    alice = django_user_model.objects.create_user("alice")
+    rec = api.recur("demo.noop", {"v": 1}, key="k", every=600, owner=alice)
+    client.force_login(dave)
+    edit = {"kind": "demo.record", "payload": '{"v": 2}', "every_seconds": "1", "priority": "9", "max_attempts": "1000"}
+    assert client.post(f"{URL}{rec.id}/change/", edit).status_code == 403
+    stored = Recurrence.objects.get(pk=rec.id)
+    assert (stored.kind, stored.payload, stored.every_seconds) == ("demo.noop", {"v": 1}, 600)
+    response = client.post(URL, {"action": "pause_selected", ACTION_CHECKBOX_NAME: [str(rec.id)]}, follow=True)
+    assert "Paused 1 recurrence." in response.content.decode()
