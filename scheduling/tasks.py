@@ -22,7 +22,7 @@ from typing import Any
 from celery import Task, shared_task, signals
 from django import db
 
-from scheduling.core import reconnect, tracing
+from scheduling.core import holdings, reconnect, tracing
 from scheduling.deferrals import countdowns
 from scheduling.due_at import claim as claim_module
 from scheduling.due_at import control, liveness, runner
@@ -144,6 +144,12 @@ def refuse_non_json(sender: Any = None, **kwargs: Any) -> None:
 def carry_messages_across_reconnects(sender: Any = None, **kwargs: Any) -> None:
     """A worker acknowledges on its new broker connection, or puts back at once, what it held when the old one reset."""
     reconnect.install(sender.app)
+
+
+@signals.worker_init.connect
+def put_back_what_dead_workers_held(sender: Any = None, **kwargs: Any) -> None:
+    """A worker records what it holds and, within a lease of another's death, puts back what that one held."""
+    holdings.install(sender.app)
 
 
 @signals.worker_process_init.connect
