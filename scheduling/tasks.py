@@ -27,7 +27,7 @@ from scheduling.deferrals import countdowns
 from scheduling.due_at import claim as claim_module
 from scheduling.due_at import control, liveness, runner
 from scheduling.due_at import sweep as sweep_module
-from scheduling.fixed import gate, messages
+from scheduling.fixed import gate, messages, orphans
 from scheduling.models import RunTrigger
 from scheduling.recurring import planner
 
@@ -176,6 +176,8 @@ def start_control_loop(sender: Any = None, **kwargs: Any) -> None:
     """Claiming and sweeping run beside the pool, in this worker's main process (one worker leads)."""
     if planner.duty not in control.EXTRA_DUTIES:
         control.EXTRA_DUTIES.append(planner.duty)  # the leader plans recurrences' next occurrences
+    if orphans.duty not in control.EXTRA_DUTIES:
+        control.EXTRA_DUTIES.append(orphans.duty)  # and closes fixed-time runs whose worker died
     control.start()
 
 
