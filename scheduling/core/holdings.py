@@ -108,7 +108,7 @@ class Holdings(bootsteps.StartStopStep):
         self.id = f"{getattr(c, 'hostname', '') or 'worker'}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.channel: Any = None  # the task channel in use (its routing table resolves queues)
         self.thread: threading.Thread | None = None
-        self.restored = 0
+        self.restored = 0  # messages this worker put back for dead ones
 
     def start(self, c: Any) -> None:
         channel = c.task_consumer.channel
@@ -166,7 +166,9 @@ class Holdings(bootsteps.StartStopStep):
         """Put back what every worker whose presence expired held; how many messages."""
         if self.channel is None:
             return 0
-        return restore_dead(self.channel, exclude=self.id)
+        restored = restore_dead(self.channel, exclude=self.id)
+        self.restored += restored
+        return restored
 
 
 def track(qos: Any, worker_id: str) -> None:
