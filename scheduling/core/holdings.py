@@ -118,7 +118,7 @@ class Holdings(bootsteps.StartStopStep):
         self.channel = channel
         try:
             self.refresh()  # present before the first delivery
-        except redis.RedisError:
+        except (redis.RedisError, ValueError):  # ValueError: a broker URL redis-py cannot open
             logger.warning("cannot record this worker's presence in Redis yet", exc_info=True)
         if self.thread is None:
             self.thread = threading.Thread(target=self.run, name="timekeeper-holdings", daemon=True)
