@@ -13,7 +13,8 @@ sooner, short broker deferrals (3-15 s), and a fixed-time schedule every 2 s.
 
 Faults, one at a time, chosen by a seeded generator (the seed is printed; ``--seed`` replays the
 choice): ``kill -9`` of a pool process, of a worker's main process (and its pool, as a container
-dies), of the leading beat; ``SIGSTOP`` of a worker past its lease (15 s); PostgreSQL ``fast`` and
+dies), of a worker's main process alone while it holds countdowns (as the OOM killer does), of the
+leading beat; ``SIGSTOP`` of a worker past its lease (15 s); PostgreSQL ``fast`` and
 ``immediate`` restarts; Redis restarts (graceful, or ``SIGKILL`` losing up to the last second of
 its append-only file) with 2 s down. A supervisor restarts what the soak killed; a process that
 exits by itself is counted (target 0) and restarted. A process the supervisor starts while a
@@ -23,11 +24,12 @@ apart, as a start refusal, and it is started again a second later.
 Then the faults stop, the load stops, and the drain waits for every job to end. Printed: lost jobs
 (accepted, not ended as expected), duplicate atomic effects, duplicate external effects, re-runs of
 non-atomic jobs (allowed: at least once), cancels and reschedules not honoured, lost and late
-deferrals (late: more than 30 s after their due time; parked: held by a worker killed with
-``kill -9``, still in Redis's unacked hash, given out again after the visibility timeout, as
-documented; dead: every attempt failed, recorded as a dead job), duplicate and missed ticks, processes that
-exited by themselves, rescue times (fault -> the victim's jobs started again), drain time.
-Targets: 0 lost, 0 duplicate atomic effects, 0 self-exits, 0 duplicate ticks.
+deferrals (late: more than 30 s after their due time; parked: still in Redis's unacked hash at
+the end, held by a worker that died and not put back by the others, which
+``scheduling.core.holdings`` prevents; dead: every attempt failed, recorded as a dead job),
+duplicate and missed ticks, processes that exited by themselves, rescue times (fault -> the
+victim's jobs started again), drain time.
+Targets: 0 lost, 0 duplicate atomic effects, 0 self-exits, 0 duplicate ticks, 0 parked deferrals.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ TICK_EVERY_S = 2
 TICK_NAME = "chaos-tick"
 DRAIN_TIMEOUT_S = 300.0
 PREFLIGHT_EXIT_STATUS = 78  # a process started while PostgreSQL or Redis is unreachable refuses to start
-FAULTS = ("kill_pool", "kill_worker", "kill_leading_beat", "sigstop_worker", "pg_fast", "pg_immediate",
-          "redis_restart", "redis_kill")  # fmt: skip
+FAULTS = ("kill_pool", "kill_worker", "kill_worker_main", "kill_leading_beat", "sigstop_worker", "pg_fast",
+          "pg_immediate", "redis_restart", "redis_kill")  # fmt: skip
 
 
 def _free_port() -> int:
@@ -273,6 +275,13 @@ class Soak:
         elif fault == "kill_worker":
             record["jobs"] = self.running_on(worker.children())
             self.kill(worker.pid, group=True)
+        elif fault == "kill_worker_main":
+            # The worker holding the most countdowns, if any: its main process only (the OOM killer's
+            # choice); its held messages must come back within the lease + sweep (core/holdings.py).
+            worker = max(workers, key=self.held_by)
+            record["held_countdowns"] = self.held_by(worker)
+            record["jobs"] = self.running_on(worker.children())
+            self.kill(worker.pid)
         elif fault == "kill_leading_beat":
             beat = self.leading_beat()
             if beat is not None:
@@ -473,6 +482,21 @@ class Soak:
             "rescue_s_max": max(rescues) if rescues else None,
         }
 
+    def held_by(self, worker: Any) -> int:
+        """How many messages ``worker`` holds unacknowledged (its held set, ``core/holdings.py``)."""
+        prefix = os.environ.get("CELERY_BROKER_KEYPREFIX", "")
+        client = self.redis.client()
+        try:
+            for raw in client.smembers(f"{prefix}timekeeper.holders"):
+                worker_id = raw.decode()
+                if worker_id.split(":")[-2] == str(worker.pid):
+                    return int(client.scard(f"{prefix}timekeeper.held.{worker_id}"))
+        except Exception:  # Redis away (a fault under way): no preference
+            return 0
+        finally:
+            client.close()
+        return 0
+
     def unacked_task_ids(self) -> set[str]:
         """Task ids of the messages in Redis's unacked hash (taken by a worker, never acknowledged)."""
         import json
@@ -533,6 +557,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         and figures["duplicate_atomic_effects"] == 0
         and figures["self_exits"] == 0
         and figures["duplicate_ticks"] == 0
+        and figures["parked_deferrals"] == 0  # a dead worker's countdowns come back (core/holdings.py)
     )
     rows = [
         [name, figures[name]]

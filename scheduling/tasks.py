@@ -22,12 +22,12 @@ from typing import Any
 from celery import Task, shared_task, signals
 from django import db
 
-from scheduling.core import reconnect, remote_control, tracing
+from scheduling.core import holdings, reconnect, remote_control, tracing
 from scheduling.deferrals import countdowns
 from scheduling.due_at import claim as claim_module
 from scheduling.due_at import control, liveness, runner
 from scheduling.due_at import sweep as sweep_module
-from scheduling.fixed import gate, messages
+from scheduling.fixed import gate, messages, orphans
 from scheduling.models import RunTrigger
 from scheduling.recurring import planner
 
@@ -152,6 +152,12 @@ def answer_remote_control_without_settings(sender: Any = None, **kwargs: Any) ->
     remote_control.install()
 
 
+@signals.worker_init.connect
+def put_back_what_dead_workers_held(sender: Any = None, **kwargs: Any) -> None:
+    """A worker records what it holds and, within a lease of another's death, puts back what that one held."""
+    holdings.install(sender.app)
+
+
 @signals.worker_process_init.connect
 def start_tracing(sender: Any = None, **kwargs: Any) -> None:
     """With SCHEDULING_TRACING on, each pool process sets up tracing before its first task (core/tracing.py)."""
@@ -176,6 +182,8 @@ def start_control_loop(sender: Any = None, **kwargs: Any) -> None:
     """Claiming and sweeping run beside the pool, in this worker's main process (one worker leads)."""
     if planner.duty not in control.EXTRA_DUTIES:
         control.EXTRA_DUTIES.append(planner.duty)  # the leader plans recurrences' next occurrences
+    if orphans.duty not in control.EXTRA_DUTIES:
+        control.EXTRA_DUTIES.append(orphans.duty)  # and closes fixed-time runs whose worker died
     control.start()
 
 

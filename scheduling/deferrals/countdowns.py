@@ -340,9 +340,10 @@ def broker_counts(now: float | None = None) -> dict[str, int | bool] | None:
     How exact: a snapshot read in several round trips, not atomically. A message that moves
     between a list and the unacked hash while counting can be counted twice or missed; ETAs are
     compared with this process's clock (an ETA within clock skew of now may be on either side);
-    messages held by a worker that died stay counted (as delayed or in flight) until Redis
-    restores them after the visibility timeout. Beyond ``COUNT_LIMIT_PER_KEY`` messages per list
-    or hash the rest are estimated from the part read (``exact`` is then False).
+    messages held by a worker that died stay counted (as delayed or in flight) until the live
+    workers put them back, a lease after its death (``core/holdings.py``). Beyond
+    ``COUNT_LIMIT_PER_KEY`` messages per list or hash the rest are estimated from the part read
+    (``exact`` is then False).
     """
     moment = time.time() if now is None else now
     prefix = broker.key_prefix()

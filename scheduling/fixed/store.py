@@ -67,6 +67,30 @@ def close_other_running_runs(schedule_id: int, exclude_id: int, state: RunState,
     return SQL.fetch_values("close_other_running_runs", params)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunToCheck:
+    """A run marked running, with its schedule's overlap policy, kind, deadline and history limits."""
+
+    id: int
+    schedule_id: int
+    concurrency_policy: str
+    kind: str
+    active_deadline_seconds: int | None
+    successful_history_limit: int
+    failed_history_limit: int
+    age_seconds: float  # since the gate admitted it, by the database clock
+
+
+def running_runs_to_check() -> list[RunToCheck]:
+    """Every run still marked running (the orphan duty's candidates)."""
+    return SQL.fetch_all(RunToCheck, "running_runs_to_check")
+
+
+def close_orphan_run(run_id: int, error: str) -> bool:
+    """Close a run its worker left as failed with ``error``; False when it had an outcome meanwhile."""
+    return bool(SQL.fetch_values("close_orphan_run", {"id": run_id, "error": error}))
+
+
 def record_missed_ticks(schedule_id: int, ticks: Sequence[dt.datetime], error: str) -> list[dt.datetime]:
     """Insert missed rows for ``ticks`` (those without a row yet); returns the ticks recorded."""
     if not ticks:

@@ -50,6 +50,26 @@ SET state = %(state)s, error = %(error)s, finished_at = now()
 WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
 RETURNING id;
 
+-- name: running_runs_to_check
+-- Every run still marked running, with what the orphan duty needs to judge it (fixed/orphans.py):
+-- its schedule's policy, kind and deadline, and its age by the database clock. Few rows (the
+-- partial index schedulerun_running_idx holds only running runs).
+SELECT r.id, r.schedule_id, p.concurrency_policy, p.kind, p.active_deadline_seconds,
+       p.successful_history_limit, p.failed_history_limit,
+       extract(epoch FROM now() - r.started_at)::float8 AS age_seconds
+FROM scheduling_schedulerun AS r
+JOIN scheduling_schedulepolicy AS p ON p.id = r.schedule_id
+WHERE r.state = 'running'
+ORDER BY r.id;
+
+-- name: close_orphan_run
+-- The orphan duty closes one run its worker left without an outcome: conditional on it still
+-- being running, so an outcome recorded meanwhile (the run was alive after all) wins.
+UPDATE scheduling_schedulerun
+SET state = 'failed', error = %(error)s, finished_at = now()
+WHERE id = %(id)s AND state = 'running'
+RETURNING id;
+
 -- name: record_missed_ticks
 -- Ticks beat was not there to send in time (or that missed_policy leaves out), recorded as missed
 -- so that the history shows them. A tick that already has a row keeps it.

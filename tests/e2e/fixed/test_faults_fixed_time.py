@@ -222,3 +222,35 @@ def test_kill_9_of_the_lock_holding_process_frees_the_lock_and_the_next_tick_run
             "killed_tick_redeliveries_refused": ScheduleRun.objects.get(pk=running.pk).duplicates_refused,
         },
     )
+
+
+@pytest.mark.slow
+def test_an_allow_run_whose_worker_is_killed_is_closed_by_the_other_workers_leader(cluster):
+    """kill -9 of the whole worker running an allow schedule's run: another worker's leader closes the row failed."""
+    env = {"SCHEDULING_LEASE_SECONDS": "5", "SCHEDULING_SWEEP_INTERVAL_SECONDS": "1"}
+    policy = _declare(
+        "orphan-allow", every=3600, concurrency_policy="allow", payload={"sleep": 60}, active_deadline_seconds=8
+    )
+    first = cluster.worker("w1", concurrency=1, env=env)
+    wait_ready(first)
+    gate.run_now("orphan-allow")
+    running = wait_for(
+        lambda: ScheduleRun.objects.filter(schedule=policy, state=RunState.RUNNING).first(), 60, 0.1, message="a run"
+    )
+    os.killpg(first.pid, signal.SIGKILL)  # the worker and its pool, as a lost container: nothing records an outcome
+    killed_at = store.database_now()
+    second = cluster.worker("w2", concurrency=1, env=env)
+    wait_ready(second)
+    closed = wait_for(
+        lambda: ScheduleRun.objects.exclude(state=RunState.RUNNING).filter(pk=running.pk).first(),
+        60,
+        0.2,
+        message="the orphaned run to be closed",
+    )
+    assert closed.state == RunState.FAILED
+    assert "worker running it was lost" in closed.error
+    assert ScheduleRun.objects.filter(schedule=policy).count() == 1, "its redelivered message ran nothing"
+    record_result(
+        "fixed_orphan_allow_run_closed",
+        {"closed_after_kill_seconds": round((closed.finished_at - killed_at).total_seconds(), 1), "bound": "8 s + 5 s"},
+    )
