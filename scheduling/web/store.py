@@ -113,6 +113,21 @@ def attempt_outcomes(window_seconds: float) -> list[OutcomeCount]:
 
 
 @dataclasses.dataclass(frozen=True)
+class OutcomeBucket:
+    """What finished of one kind in one bucket: ``succeeded`` or ``failed`` attempts, or jobs that became ``dead``."""
+
+    at: dt.datetime
+    kind: str
+    outcome: str  # succeeded, failed or dead
+    count: int
+
+
+def outcome_buckets(window_seconds: float, bucket_seconds: float) -> list[OutcomeBucket]:
+    """Succeeded and failed attempts and jobs that became dead within the window, per bucket and kind, oldest first."""
+    return SQL.fetch_all(OutcomeBucket, "outcome_buckets", {"window": window_seconds, "bucket": bucket_seconds})
+
+
+@dataclasses.dataclass(frozen=True)
 class RunStateCount:
     """A fixed-time schedule's runs in one state, with its latest success."""
 

@@ -293,7 +293,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
 
         if not self.has_view_permission(request):
             raise PermissionDenied
-        context = {"show": True, **dashboard.gather(request.GET.get("range"))}
+        context = {"show": True, **dashboard.gather(request.GET.get("range"), request.GET.get("kind"))}
         response = TemplateResponse(request, "scheduling/dashboard_body.html", context)
         response["Cache-Control"] = "no-store"
         return response
