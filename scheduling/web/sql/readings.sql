@@ -191,3 +191,50 @@ FROM scheduling_scheduledjob
 WHERE state = 'dead' AND finished_at >= now() - make_interval(secs => %(window)s)
 GROUP BY 1, 2
 ORDER BY 1, 2, 3;
+
+-- name: error_classes
+-- The commonest error classes (the text before the first colon of last_error: "ValueError" of
+-- "ValueError: boom", "claim expired" of the sweeper's words) with their counts, among at most
+-- `sample` dead jobs (the latest first, from scheduledjob_finished_idx) and `sample` failed jobs
+-- waiting for a retry (the soonest first, from the pending index). The samples bound the cost: a
+-- million dead rows are not read to fill a list filter.
+SELECT left(split_part(last_error, ':', 1), 80) AS error_class, count(*) AS count
+FROM ((SELECT last_error FROM scheduling_scheduledjob
+       WHERE state = 'dead' AND finished_at IS NOT NULL
+       ORDER BY finished_at DESC LIMIT %(sample)s)
+      UNION ALL
+      (SELECT last_error FROM scheduling_scheduledjob
+       WHERE state = 'pending' AND last_error <> ''
+       ORDER BY due_at LIMIT %(sample)s)) AS failed
+WHERE last_error <> ''
+GROUP BY 1
+ORDER BY 2 DESC, 1
+LIMIT %(top)s;
+
+-- name: state_counts
+-- Jobs per state, each counted up to `cap` + 1 rows from the state's own index (the pending and
+-- claimed partial indexes, the finished index for done, cancelled and dead): a million done rows
+-- cost no more than `cap`. A count of cap + 1 means "more than cap".
+SELECT 'pending' AS state, (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending'
+                                                  LIMIT %(cap)s + 1) AS c) AS count
+UNION ALL
+SELECT 'claimed', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'claimed'
+                                         AND claimed_at IS NOT NULL LIMIT %(cap)s + 1) AS c)
+UNION ALL
+SELECT 'dead', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'dead'
+                                      AND finished_at IS NOT NULL LIMIT %(cap)s + 1) AS c)
+UNION ALL
+SELECT 'done', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'done'
+                                      AND finished_at IS NOT NULL LIMIT %(cap)s + 1) AS c)
+UNION ALL
+SELECT 'cancelled', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'cancelled'
+                                           AND finished_at IS NOT NULL LIMIT %(cap)s + 1) AS c);
+
+-- name: check_jsonpath
+-- Whether a JSON path parses (the jobs list's search): an error here is a message, not a broken page.
+SELECT %(path)s::jsonpath::text;
+
+-- name: limit_statement_time
+-- Stop any statement of the current transaction that runs longer than `ms` milliseconds (the jobs
+-- list's searches); the setting ends with the transaction.
+SELECT set_config('statement_timeout', %(ms)s, true);
