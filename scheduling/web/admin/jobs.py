@@ -396,6 +396,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         if job is not None:
             editable = job.state == JobState.PENDING
             context |= {
+                "title": f"{'Change' if editable else 'View'} {self.model._meta.verbose_name}",
                 "show_save": editable,
                 "show_save_and_continue": editable,
                 "show_save_and_add_another": False,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import inspect
 import json
 from typing import Any
 
@@ -187,6 +188,15 @@ def _add(admin: Any, **fields: Any) -> Any:
     }
     data.update(fields)
     return admin.post(ADD, data)
+
+
+def test_the_add_form_defaults_to_the_apis_on_conflict(admin):
+    """The add form's on_conflict starts at api.schedule's default (replace), as the JSON API's does."""
+    default = inspect.signature(api.schedule).parameters["on_conflict"].default
+    assert default == "replace"
+    form = admin.get(ADD).context["adminform"].form
+    assert form.fields["on_conflict"].initial == default
+    assert '<option value="replace" selected>' in admin.get(ADD).content.decode()
 
 
 def test_add_schedules_through_the_api(admin, admin_user):
