@@ -189,6 +189,7 @@ class OwnerDeleted(SchedulingError):
 __all__ = [
     "BrokerNotConfigured",
     "DelayTooLong",
+    "DueAtInPast",
     "InvalidCronExpression",
     "InvalidPayload",
     "InvalidPolicy",
