@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-from scheduling import api
+from scheduling import api, schedules
 from scheduling.core import store as core_store
 from scheduling.due_at import store as jobs_store
 from scheduling.models import ApiToken, JobState, ScheduledJob, SchedulePolicy, ScheduleRun
@@ -330,6 +330,25 @@ def test_periodic_task_page_shows_timing_next_runs_and_history(admin, schedule):
     listing = admin.get("/admin/django_celery_beat/periodictask/").content.decode()
     assert "At 03:00 AM (Europe/Lisbon)" in listing
     assert "succeeded" in listing
+
+
+def test_a_schedule_declared_in_code_hides_beats_raw_fields_and_warns_that_sync_rewrites_it(admin, schedule):
+    """A declared schedule's page shows Task (custom), One-off, Start Datetime read-only (a post cannot change
+    them) and says sync overwrites edits; a schedule made in the admin keeps them editable, with no warning."""
+    schedules.sync(names=["nightly-settlement"])
+    declared = PeriodicTask.objects.get(name="nightly-settlement")
+    page_url = f"/admin/django_celery_beat/periodictask/{declared.pk}/change/"
+    response = admin.get(page_url)
+    page = response.content.decode()
+    assert 'id="declared-in-code"' in page
+    assert "<code>manage.py timekeeper sync</code>, run at every start, writes its name, timing" in page
+    form = response.context["adminform"].form
+    for field in ("task", "regtask", "one_off", "start_time", "kwargs", "args", "queue"):
+        assert form.fields[field].disabled, field
+    assert not form.fields["enabled"].disabled
+    made_here = admin.get(f"/admin/django_celery_beat/periodictask/{schedule.pk}/change/")
+    assert 'id="declared-in-code"' not in made_here.content.decode()
+    assert not made_here.context["adminform"].form.fields["one_off"].disabled
 
 
 def test_run_now_sends_one_manual_tick_through_the_gate(admin, schedule, broker):
