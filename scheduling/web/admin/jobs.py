@@ -203,10 +203,9 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         "id",
         "kind_and_recurrence",
         "key_short",
-        "owner",
         "due",
         "state_badge",
-        "priority",
+        "priority_of",
         "attempts_of",
         "started",
         "duration",
@@ -284,11 +283,14 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             '{}<br><a class="tk-recurrence-link" href="{}">↻ recurrence #{}</a>', job.kind, url, job.recurrence_id
         )
 
-    @admin.display(description="key", ordering="key")
+    @admin.display(description="key · owner", ordering="key")
     def key_short(self, job: ScheduledJob) -> str:
-        if not job.key:
-            return "-"
-        return format_html('<span class="tk-clip" title="{}">{}</span>', job.key, job.key)
+        """The key (clipped, whole in its tooltip) and, beneath it, the owner."""
+        owner = str(job.owner) if job.owner_id is not None else job.former_owner or ""
+        key = format_html('<span class="tk-clip" title="{}">{}</span>', job.key, job.key) if job.key else "-"
+        if not owner:
+            return key
+        return format_html('{}<br><span class="quiet tk-clip" title="{}">{}</span>', key, owner, owner)
 
     @admin.display(description="due", ordering="due_at")
     def due(self, job: ScheduledJob) -> str:
@@ -307,9 +309,8 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         if at is None:
             return "-"
         local = timezone.localtime(at)
-        return format_html(
-            '<span class="tk-when" title="{}">{}</span>', f"{local:%Y-%m-%d %H:%M:%S %Z}", f"{local:%m-%d %H:%M:%S}"
-        )
+        shown = f"{local:%H:%M:%S}" if local.date() == timezone.localdate() else f"{local:%m-%d %H:%M}"
+        return format_html('<span class="tk-when" title="{}">{}</span>', f"{local:%Y-%m-%d %H:%M:%S %Z}", shown)
 
     @admin.display(description="duration")
     def duration(self, job: ScheduledJob) -> str:
@@ -339,6 +340,9 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         if not job.last_error:
             return "-"
         line = job.last_error.splitlines()[0]
+        name, colon, message = line.partition(":")
+        if colon and message.strip() and error_class_of(line) == name:
+            line = message.strip()  # the class has its own column
         shown = line if len(line) <= LAST_ERROR_SHOWN else f"{line[: LAST_ERROR_SHOWN - 1]}…"
         return format_html('<span class="tk-error" title="{}">{}</span>', job.last_error[:1000], shown)
 
@@ -363,7 +367,11 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             " (overdue)" if overdue else " (stuck)" if stuck else "",
         )
 
-    @admin.display(description="attempts", ordering="attempts")
+    @admin.display(description="prio", ordering="priority")
+    def priority_of(self, job: ScheduledJob) -> int:
+        return job.priority
+
+    @admin.display(description="tries", ordering="attempts")
     def attempts_of(self, job: ScheduledJob) -> str:
         return f"{job.attempts}/{job.max_attempts}"
 
