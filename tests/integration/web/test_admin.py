@@ -332,7 +332,7 @@ def test_periodic_task_page_shows_timing_next_runs_and_history(admin, schedule):
     assert "succeeded" in listing
 
 
-def test_a_schedule_declared_in_code_hides_beats_raw_fields_and_warns_that_sync_rewrites_it(admin, schedule):
+def test_a_schedule_declared_in_code_shows_beats_raw_fields_read_only_and_warns_that_sync_rewrites_it(admin, schedule):
     """A declared schedule's page shows Task (custom), One-off, Start Datetime read-only (a post cannot change
     them) and says sync overwrites edits; a schedule made in the admin keeps them editable, with no warning."""
     schedules.sync(names=["nightly-settlement"])
