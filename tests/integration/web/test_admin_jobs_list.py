@@ -10,6 +10,7 @@ from django.db import connection
 from django.db.models.functions import Now
 
 from scheduling import api, testing
+from scheduling.due_at import store as jobs_store
 from scheduling.models import ScheduledJob
 from scheduling.web.admin import jobs as jobs_admin
 from tests import support
@@ -142,6 +143,25 @@ def test_started_and_duration_come_from_the_latest_attempt(admin_client):
     assert re.fullmatch(r"\d\d:\d\d:\d\d", started)
     assert re.fullmatch(r"\d+ ms|\d+\.\d s", duration)
     assert cells(waiting.pk) == ("-", "-")
+
+
+def test_a_running_claim_shows_when_it_was_claimed_and_how_long_it_has_run(admin_client, run_sql):
+    """A claim a worker has started shows its claim time as started and a duration so far, marked with "…"."""
+    job = api.schedule("demo.noop", {}, delay=0)
+    support.make_due()
+    jobs_store.claim_due_jobs(1)
+    run_sql(
+        "UPDATE scheduling_scheduledjob SET claimed_by = 'host:1', claimed_at = now() - interval '90 seconds' "
+        "WHERE id = %s",
+        [job.pk],
+    )
+    page = admin_client.get(URL).content.decode()
+    row = page[page.index(f"/{job.pk}/change/") :]
+    row = row[: row.index("</tr>")]
+    duration = re.search(r'<td class="field-duration">(.*?)</td>', row, re.S)
+    assert duration
+    assert re.fullmatch(r"1 min \d+ s …", re.sub(r"<[^>]+>", "", duration.group(1)))  # 90 s and counting
+    assert re.search(r'<td class="field-started"><span class="tk-when" title="[^"]+">\d\d:\d\d:\d\d</span>', row)
 
 
 def test_per_state_counts_show_above_the_list_without_show_counts(admin_client, monkeypatch):
