@@ -160,8 +160,10 @@ def finished_series(
     for b in matched:
         counts[b.outcome][b.at] += b.count
     per_minute = 60.0 / bucket_seconds
-    return [
-        svg.Series(outcome, [(max(at, start), n * per_minute) for at, n in counts[outcome].items()])
+    return [  # dead dashed: every dead job's last attempt also failed, so its line often lies on failed's
+        svg.Series(
+            outcome, [(max(at, start), n * per_minute) for at, n in counts[outcome].items()], dashed=outcome == "dead"
+        )
         for outcome in OUTCOMES
     ]
 

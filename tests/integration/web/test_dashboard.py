@@ -160,6 +160,7 @@ def test_the_finished_chart_counts_succeeded_failed_and_dead_per_kind(admin_clie
     for name in ("succeeded", "failed", "dead"):
         assert f">{name}</text>" in chart
     assert chart.count("<polyline") == 3
+    assert chart.count('stroke-dasharray="4 3"') == 1  # dead, which lies on failed here
     assert _finished_row(page, "demo.noop") == ["demo.noop", "2", "0", "0", "2", "0", "0"]
     assert _finished_row(page, "demo.fail") == ["demo.fail", "0", "1", "1", "0", "1", "1"]
     one = admin_client.get(f"{FRAGMENT}?kind=demo.fail").content.decode()
