@@ -351,6 +351,37 @@ def test_a_schedule_declared_in_code_shows_beats_raw_fields_read_only_and_warns_
     assert not made_here.context["adminform"].form.fields["one_off"].disabled
 
 
+def test_a_declared_schedules_form_keeps_its_raw_fields_whatever_is_posted(rf, admin_user):
+    """The declared schedule's form validates with a forged task, one-off and kwargs, and keeps the stored values."""
+    from django.contrib import admin as django_admin
+
+    schedules.sync(names=["nightly-settlement"])
+    declared = PeriodicTask.objects.get(name="nightly-settlement")
+    request = rf.get("/")
+    request.user = admin_user
+    model_admin = django_admin.site._registry[PeriodicTask]
+    form_class = model_admin.get_form(request, declared, change=True)
+    data = {
+        "name": declared.name,
+        "enabled": "",
+        "description": declared.description,
+        "task": "evil.task",
+        "regtask": "",
+        "one_off": "on",
+        "kwargs": '{"schedule": "another"}',
+        "args": "[1]",
+        "headers": "{}",
+        "priority": "",
+        "expire_seconds": "",
+    }
+    form = form_class(data, instance=declared)
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["task"] == "scheduling.run_fixed"
+    assert form.cleaned_data["one_off"] is False
+    assert form.cleaned_data["kwargs"] == declared.kwargs
+    assert form.cleaned_data["enabled"] is False  # the operator's switch still changes
+
+
 def test_run_now_sends_one_manual_tick_through_the_gate(admin, schedule, broker):
     """Run now sends scheduling.run_fixed with trigger manual, named fixed:<schedule> for Flower."""
     tasks = PeriodicTask.objects.filter(pk__in=[schedule.pk])
