@@ -134,6 +134,15 @@ def on_owner_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
     retire_owner(instance)
 
 
+def check_not_past(due_at: dt.datetime) -> None:
+    """Raise ``DueAtInPast`` when ``due_at`` is older than the database clock less the skew tolerance.
+
+    The rule the JSON API and the admin hold outside callers to; a view that turns a person's input
+    into a due time (the demo's trial end) applies it too, so every door refuses the same time.
+    """
+    validation.check_not_past(due_at)
+
+
 def status(*, include_broker: bool = True) -> dict[str, Any]:
     """The numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck.
 

@@ -92,6 +92,11 @@ def trial_start(request: HttpRequest) -> HttpResponse:
     return redirect("tasks:trial-detail", trial_id=trial.pk)
 
 
+def reminder_due_floor(refusal: exceptions.DueAtInPast) -> dt.datetime:
+    """The earliest trial end whose reminder the API accepts, from its refusal's limit (the earliest due time)."""
+    return dt.datetime.fromisoformat(str(refusal.limit)) + REMINDER_BEFORE
+
+
 def _when(at: dt.datetime) -> str:
     return f"{timezone.localtime(at):%Y-%m-%d %H:%M %Z}"
 
@@ -149,6 +154,15 @@ def trial_change_end(request: HttpRequest, trial_id: int) -> HttpResponse:
     """Move the trial's end; its reminder moves with it (or a new one is scheduled if it already went out)."""
     trial = _own_trial(request, trial_id)
     form = ChangeEndForm(request.POST)
+    if form.is_valid():
+        try:  # the reminder's due time, refused as the JSON API refuses a past due_at
+            api.check_not_past(reminder_due(form.cleaned_data["ends_at"]))
+        except exceptions.DueAtInPast as exc:
+            form.add_error(
+                "ends_at",
+                f"The reminder goes out {REMINDER_BEFORE.days} days before the end, which would be in the past: "
+                f"choose an end after {_when(reminder_due_floor(exc))}.",
+            )
     if not form.is_valid():
         job = reminder_jobs([trial]).get(trial.reminder_key)
         context = {"trial": trial, "job": job, "reminder_due": reminder_due(trial.ends_at), "change_form": form}

@@ -194,6 +194,7 @@ class OwnerDeleted(SchedulingError):
 __all__ = [
     "BrokerNotConfigured",
     "DelayTooLong",
+    "DueAtInPast",
     "InvalidCronExpression",
     "InvalidPayload",
     "InvalidPolicy",

@@ -7,17 +7,20 @@ beat's ticks, catch-up ticks and "run now" alike:
    admits the first delivery of a tick; a duplicate (a second beat during a handover, a
    redelivered message, a re-sent tick) is refused there, counted in ``duplicates_refused`` and
    logged, and never runs. A tick whose row was pruned is refused by the ``pruned_through`` mark.
-2. **Starting deadline.** A tick older than ``starting_deadline_seconds`` by the *database* clock
+2. **Paused kind.** A tick of a schedule whose kind is paused (``api.pause``, the switch that keeps
+   its due_at jobs pending) is recorded as ``skipped`` with the reason and not run, whatever its
+   trigger (a "run now" of a paused kind waits for nothing: it is skipped too, as it says).
+3. **Starting deadline.** A tick older than ``starting_deadline_seconds`` by the *database* clock
    is recorded as ``missed`` and not run ("run now" has no deadline).
-3. **Overlap.** ``pg_try_advisory_lock`` keyed on the schedule, on a dedicated connection
+4. **Overlap.** ``pg_try_advisory_lock`` keyed on the schedule, on a dedicated connection
    (``locks.AdvisoryLock``), held for the whole run and released in ``finally``; a crashed worker
    releases it with its connection. ``forbid``: lock busy -> ``skipped``. ``replace``: revoke the
    running run's Celery task (``terminate=True``), wait up to ``SCHEDULING_FIXED_REPLACE_WAIT_SECONDS``
    for its lock, mark it ``replaced``. ``allow``: no lock.
-4. **Run** the registered handler with ``mechanism="fixed"`` under ``active_deadline_seconds``
+5. **Run** the registered handler with ``mechanism="fixed"`` under ``active_deadline_seconds``
    (the kind's timeout when unset) for the whole run, retries included -> ``timed_out``;
    ``backoff_limit`` retries within the tick with the kind's backoff; then ``succeeded``/``failed``.
-5. **Prune** the history to the schedule's limits.
+6. **Prune** the history to the schedule's limits.
 
 Why both a ledger and a lock: the lock alone only says "nobody is running this schedule right
 now". A run that finishes quickly releases it, and a second delivery of the same tick (the other
@@ -138,6 +141,9 @@ def _admit(
             extra={**log, "run_id": entry.id, "state": entry.state, "action": "duplicate_refused"},
         )
         return RunReport("refused", entry.id, entry.tick)
+    if store.kind_paused(policy.kind):
+        error = f"kind {policy.kind} is paused: its fixed-time runs are skipped until it is resumed"
+        return _finish(policy, entry, RunState.SKIPPED, error, 1, log)
     deadline = policy.starting_deadline_seconds
     if trigger != RunTrigger.MANUAL and deadline is not None and entry.late_seconds > deadline:
         error = f"started {entry.late_seconds:.1f}s after its tick; the starting deadline is {deadline}s"

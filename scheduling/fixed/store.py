@@ -104,6 +104,11 @@ def prune_schedule_runs(schedule_id: int, successful: int, failed: int) -> int:
     return int(SQL.fetch_value("prune_schedule_runs", params))
 
 
+def kind_paused(kind: str) -> bool:
+    """Whether ``kind`` is paused (``api.pause``): its fixed-time ticks are then skipped at the gate."""
+    return bool(SQL.fetch_value("kind_paused", {"kind": kind}))
+
+
 def advance_last_tick(schedule_id: int, tick: dt.datetime) -> bool:
     return bool(SQL.fetch_values("advance_last_tick", {"schedule_id": schedule_id, "tick": tick}))
 

@@ -21,7 +21,8 @@ def timekeeper_dashboard(context: dict[str, Any]) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.has_perm("scheduling.view_scheduledjob"):
         return {"show": False}
-    gathered = dashboard.gather(request.GET.get("range") if request is not None else None)
+    query = request.GET if request is not None else {}
+    gathered = dashboard.gather(query.get("range"), query.get("kind"))
     # The inline style and refresh script carry the request's Content-Security-Policy nonce (django-csp).
     return {"show": True, "csp_nonce": getattr(request, "csp_nonce", ""), **gathered}
 

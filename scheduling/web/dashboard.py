@@ -12,6 +12,15 @@ sets the history charts' window; each chart has 60 buckets in it.
 - **Waiting**: due work not yet started: pending (not paused), claimed but not started, and the
   broker's visible messages other than the batches of those claimed jobs (now only: the broker
   keeps no history); paused work apart.
+- **Finished**: succeeded and failed attempts and jobs that became dead, per minute (the rate over
+  each bucket), for every kind or one (``?kind=``); beside it, per kind, the window's counts and the
+  totals of the outcome counters (``scheduling_outcomecounter``, /metrics' ``*_total``), which
+  survive pruning.
+- **Waiting and lag count from the later of due time and creation**: a job scheduled into the past
+  did not wait before it existed, so one backdated job cannot fill the waiting chart's past hour
+  or put its p99 at days.
+- **Estimates are marked**: a count past ``SCHEDULING_STATUS_EXACT_LIMIT`` is the planner's
+  estimate (``api.status()['estimated']``) and shows with "≈".
 - **Next 24 hours**: due_at rows (recurrences' pending occurrences among them, counted apart in
   the totals), fixed-time ticks and broker countdowns per hour. A schedule
   firing more often than every ``FREQUENT_TICK_SECONDS`` is counted in the table, not drawn, so
@@ -29,7 +38,7 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import api
-from scheduling.core import exceptions
+from scheduling.core import conf, exceptions
 from scheduling.core import store as core_store
 from scheduling.web import health, store, svg
 
@@ -103,13 +112,70 @@ def recurrences_outlook() -> dict[str, int]:
     return {"occurrences": occurrences, "active": store.recurrence_state_counts().get("active", 0)}
 
 
+OUTCOMES = ("succeeded", "failed", "dead")  # the finished chart's series, in its palette's order
+ATTEMPT_FAILURES = ("failed", "timed_out", "reclaimed")  # attempt outcomes the chart counts as failed
+
+
+@dataclasses.dataclass(frozen=True)
+class KindOutcomes:
+    """One kind's finished work: in the window, and since the outcome counters began (they survive pruning)."""
+
+    kind: str
+    window: dict[str, int]  # succeeded, failed, dead within the window
+    total: dict[str, int]  # the same from the *_total counters
+
+
+def kind_outcomes(buckets: list[store.OutcomeBucket]) -> list[KindOutcomes]:
+    """Per kind, what finished within the window (from ``buckets``) and in all (from the outcome counters)."""
+    window: dict[str, dict[str, int]] = {}
+    for b in buckets:
+        counts = window.setdefault(b.kind, dict.fromkeys(OUTCOMES, 0))
+        counts[b.outcome] += b.count
+    total: dict[str, dict[str, int]] = {}
+    for row in store.outcome_counters():
+        if row.metric == "job_attempts" and row.outcome == "succeeded":
+            total.setdefault(row.label, dict.fromkeys(OUTCOMES, 0))["succeeded"] += row.value
+        elif row.metric == "job_attempts" and row.outcome in ATTEMPT_FAILURES:
+            total.setdefault(row.label, dict.fromkeys(OUTCOMES, 0))["failed"] += row.value
+        elif row.metric == "jobs_finished" and row.outcome == "dead":
+            total.setdefault(row.label, dict.fromkeys(OUTCOMES, 0))["dead"] += row.value
+    return [
+        KindOutcomes(kind, window.get(kind, dict.fromkeys(OUTCOMES, 0)), total.get(kind, dict.fromkeys(OUTCOMES, 0)))
+        for kind in sorted(set(window) | set(total))
+    ]
+
+
+def finished_series(
+    buckets: list[store.OutcomeBucket], kind: str | None, start: dt.datetime, now: dt.datetime, bucket_seconds: float
+) -> list[svg.Series]:
+    """Succeeded, failed and dead per minute (each bucket's count over its width), every bucket drawn (0 if none)."""
+    step = dt.timedelta(seconds=bucket_seconds)
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    first = epoch + step * ((start - epoch) // step)  # date_bin's bucket holding the window's start
+    slots = [first + step * i for i in range(int((now - first) / step) + 1)]
+    counts = {outcome: dict.fromkeys(slots, 0) for outcome in OUTCOMES}
+    matched = [b for b in buckets if (kind is None or b.kind == kind) and b.at in counts[b.outcome]]
+    if not matched:
+        return [svg.Series(outcome, []) for outcome in OUTCOMES]  # drawn as "nothing finished"
+    for b in matched:
+        counts[b.outcome][b.at] += b.count
+    per_minute = 60.0 / bucket_seconds
+    return [  # dead dashed: every dead job's last attempt also failed, so its line often lies on failed's
+        svg.Series(
+            outcome, [(max(at, start), n * per_minute) for at, n in counts[outcome].items()], dashed=outcome == "dead"
+        )
+        for outcome in OUTCOMES
+    ]
+
+
 def range_key(value: str | None) -> str:
     """A known range's key (15m, 1h, 6h, 24h); anything else is the default."""
     return value if value in RANGES else DEFAULT_RANGE
 
 
-def gather(range_name: str | None = None) -> dict[str, Any]:
-    """Every number and chart the dashboard shows, over the history range ``range_name``."""
+def gather(range_name: str | None = None, kind: str | None = None) -> dict[str, Any]:
+    """Every number and chart the dashboard shows, over the history range ``range_name``; the finished chart for
+    ``kind`` (every kind when None or unknown)."""
     key = range_key(range_name)
     window = RANGES[key]
     now = core_store.database_now()
@@ -136,6 +202,11 @@ def gather(range_name: str | None = None) -> dict[str, Any]:
     start = now - dt.timedelta(seconds=window)
     overall, lag = store.attempt_lag_buckets(window, window / HISTORY_POINTS)
     history = store.waiting_history(window, HISTORY_POINTS)
+    bucket_seconds = window / HISTORY_POINTS
+    finished = store.outcome_buckets(window, bucket_seconds)
+    outcomes = kind_outcomes(finished)
+    if kind not in {k.kind for k in outcomes}:
+        kind = None
     local_now = timezone.localtime(now)
     hour_labels = [f"{(local_now + dt.timedelta(hours=h)):%H}h" for h in range(24)]
     claimed_waiting = sum(k.claimed for k in kinds_overview)
@@ -155,6 +226,7 @@ def gather(range_name: str | None = None) -> dict[str, Any]:
         "range": key,
         "ranges": list(RANGES),
         "refresh_seconds": REFRESH_SECONDS,
+        "exact_limit": conf.get().status_exact_limit,
         "status": status,
         "waiting": {
             "total": waiting,
@@ -197,6 +269,16 @@ def gather(range_name: str | None = None) -> dict[str, Any]:
             start=start,
             end=now,
             title="Waiting work (due, not started) and paused work",
+        ),
+        "finished_kind": kind,
+        "kind_outcomes": outcomes,
+        "finished_chart": svg.line_chart(
+            finished_series(finished, kind, start, now, bucket_seconds),
+            start=start,
+            end=now,
+            title=f"Finished per minute ({kind or 'every kind'}): succeeded, failed, dead",
+            value_text=lambda value: f"{value:,.3g}/min" if value else "0",
+            empty_text="nothing finished in this period",
         ),
         "next24_chart": svg.stacked_bars(
             [

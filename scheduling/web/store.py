@@ -14,6 +14,8 @@ import datetime as dt
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from django.db import DatabaseError, transaction
+
 from scheduling.core import db
 from scheduling.models import AttemptOutcome, RunState
 
@@ -113,6 +115,21 @@ def attempt_outcomes(window_seconds: float) -> list[OutcomeCount]:
 
 
 @dataclasses.dataclass(frozen=True)
+class OutcomeBucket:
+    """What finished of one kind in one bucket: ``succeeded`` or ``failed`` attempts, or jobs that became ``dead``."""
+
+    at: dt.datetime
+    kind: str
+    outcome: str  # succeeded, failed or dead
+    count: int
+
+
+def outcome_buckets(window_seconds: float, bucket_seconds: float) -> list[OutcomeBucket]:
+    """Succeeded and failed attempts and jobs that became dead within the window, per bucket and kind, oldest first."""
+    return SQL.fetch_all(OutcomeBucket, "outcome_buckets", {"window": window_seconds, "bucket": bucket_seconds})
+
+
+@dataclasses.dataclass(frozen=True)
 class RunStateCount:
     """A fixed-time schedule's runs in one state, with its latest success."""
 
@@ -150,6 +167,40 @@ class CounterValue:
 def outcome_counters() -> list[CounterValue]:
     """Every monotonic outcome counter (kept by database triggers; never lowered by pruning)."""
     return SQL.fetch_all(CounterValue, "outcome_counters")
+
+
+# --- The jobs list's triage ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorClassCount:
+    error_class: str  # the text before the first colon of last_error ("ValueError", "claim expired")
+    count: int
+
+
+def error_classes(sample: int, top: int) -> list[ErrorClassCount]:
+    """The ``top`` commonest error classes among the ``sample`` most recently changed failed or dead jobs."""
+    return SQL.fetch_all(ErrorClassCount, "error_classes", {"sample": sample, "top": top})
+
+
+def state_counts(cap: int) -> dict[str, int]:
+    """Jobs per state, each counted up to ``cap`` + 1 (cap + 1: more than cap)."""
+    return SQL.fetch_pairs("state_counts", {"cap": cap})
+
+
+def valid_jsonpath(path: str) -> bool:
+    """Whether PostgreSQL parses ``path`` as a JSON path (checked in a savepoint: a refusal breaks nothing)."""
+    try:
+        with transaction.atomic():
+            SQL.fetch_values("check_jsonpath", {"path": path})
+    except DatabaseError:
+        return False
+    return True
+
+
+def limit_statement_time(seconds: float) -> None:
+    """Stop the current transaction's statements that run longer than ``seconds`` (inside ``transaction.atomic``)."""
+    SQL.fetch_values("limit_statement_time", {"ms": str(max(int(seconds * 1000), 1))})
 
 
 # --- Recurrences -----------------------------------------------------------------------------------

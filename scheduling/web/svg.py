@@ -21,6 +21,7 @@ PALETTE = ("#417690", "#e07a1f", "#a23b72", "#5b8c2a")
 class Series:
     name: str
     points: Sequence[tuple[dt.datetime, float]]
+    dashed: bool = False  # drawn dashed, so a line lying on another one stays visible
 
 
 def nice_ceiling(value: float) -> float:
@@ -162,8 +163,10 @@ def line_chart(
             parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="2.5" fill="{colour}"/>')
         elif coords:
             text = " ".join(f"{cx:.1f},{cy:.1f}" for cx, cy in coords)
+            dash = ' stroke-dasharray="4 3"' if s.dashed else ""
             parts.append(
-                f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" stroke-linejoin="round" points="{text}"/>'
+                f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" stroke-linejoin="round"{dash} '
+                f'points="{text}"/>'
             )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every interpolated text above is escaped or a number

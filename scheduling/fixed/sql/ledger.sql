@@ -123,3 +123,8 @@ UPDATE scheduling_schedulepolicy
 SET timing_key = %(key)s, anchor_at = greatest(anchor_at, coalesce(%(at)s, now()))
 WHERE id = %(schedule_id)s AND timing_key IS DISTINCT FROM %(key)s
 RETURNING anchor_at;
+
+-- name: kind_paused
+-- Whether the kind is paused (scheduling_kindcontrol, the same switch that keeps its due_at jobs
+-- pending): the gate then skips the tick with the reason, so a paused kind runs through no door.
+SELECT coalesce((SELECT paused FROM scheduling_kindcontrol WHERE kind = %(kind)s), false);

@@ -120,9 +120,19 @@ class PeriodicTaskAdmin(common.CheckedSelectionMixin, beat_admin.PeriodicTaskAdm
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         """Everyone but a superuser may save only ``scheduling.run_fixed`` naming itself (``fixed_forms``)."""
         form = super().get_form(request, obj, change=change, **kwargs)
-        if getattr(request.user, "is_superuser", False):
-            return form
-        return fixed_forms.restrict_periodic_task_form(form, request.user)
+        if not getattr(request.user, "is_superuser", False):
+            form = fixed_forms.restrict_periodic_task_form(form, request.user)
+        if obj is not None and self._declared_in_code(obj):
+            form = fixed_forms.disable_fields(form, self.RAW_BEAT_FIELDS)
+        return form
+
+    # On a schedule declared in code, django-celery-beat's raw fields are sync's business, not an operator's:
+    # the task is always scheduling.run_fixed with {"schedule": name}, and one-off, start time, arguments and
+    # routing mean nothing to the gate. They are shown read-only (disabled: a post cannot change them).
+    RAW_BEAT_FIELDS = frozenset(
+        {"regtask", "task", "one_off", "start_time", "args", "kwargs", "expires", "expire_seconds", "queue",
+         "exchange", "routing_key", "priority", "headers"}
+    )  # fmt: skip
 
     def get_fieldsets(self, request: HttpRequest, obj: PeriodicTask | None = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
@@ -132,6 +142,22 @@ class PeriodicTaskAdmin(common.CheckedSelectionMixin, beat_admin.PeriodicTaskAdm
             (name, {**options, "fields": tuple(f for f in options["fields"] if f not in self.BEAT_TIMING_FIELDS)})
             for name, options in fieldsets
         ]
+
+    @staticmethod
+    def _declared_in_code(task: PeriodicTask) -> bool:
+        """Whether a ``schedules.declare()`` names this schedule (``timekeeper sync`` then rewrites it)."""
+        from scheduling.fixed import declarations
+
+        return task.name in declarations.declared()
+
+    def changeform_view(
+        self, request: HttpRequest, object_id: str | None = None, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        """The page, with a warning on a schedule declared in code: ``timekeeper sync`` overwrites edits of it."""
+        context = dict(extra_context or {})
+        task = self.get_object(request, object_id) if object_id else None
+        context["declared_in_code"] = task is not None and self._declared_in_code(task)
+        return super().changeform_view(request, object_id, form_url, context)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[PeriodicTask]:
         last_state = ScheduleRun.objects.filter(schedule__periodic_task=OuterRef("pk")).order_by("-tick")

@@ -179,3 +179,17 @@ def restrict_periodic_task_form(form_class: type[forms.ModelForm], user: Any) ->
 
     RestrictedPeriodicTaskForm.__name__ = f"Restricted{form_class.__name__}"
     return RestrictedPeriodicTaskForm
+
+
+def disable_fields(form_class: type[forms.ModelForm], names: frozenset[str]) -> type[forms.ModelForm]:
+    """``form_class`` with the fields in ``names`` shown read-only: disabled, so their values stay the instance's
+    whatever a post says (a schedule declared in code: ``timekeeper sync`` owns them)."""
+
+    class DisabledFieldsForm(form_class):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for name in names & set(self.fields):
+                self.fields[name].disabled = True
+
+    DisabledFieldsForm.__name__ = f"Declared{form_class.__name__}"
+    return DisabledFieldsForm

@@ -85,12 +85,12 @@ class NewJobForm(forms.Form):
     )
     on_conflict = forms.ChoiceField(
         choices=[
-            ("error", "error: refuse when the key already has a live job"),
             ("replace", "replace: move the key's pending job to this time and payload"),
             ("keep", "keep: leave the key's job as it is"),
+            ("error", "error: refuse when the key already has a live job"),
         ],
-        initial="error",
-        help_text="What to do when the key is taken.",
+        initial="replace",  # api.schedule's and the JSON API's default (a test holds them together)
+        help_text="What to do when the key is taken (the API's default: replace).",
     )
     max_attempts = forms.IntegerField(
         required=False, min_value=1, max_value=1000, help_text="Empty: the kind's default."

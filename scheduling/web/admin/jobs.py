@@ -10,6 +10,7 @@ retry) and report the rest, with their states, as not touched. Rows are never sa
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, cast
@@ -18,14 +19,15 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
-from django.db.models import Case, FloatField, IntegerField, Q, QuerySet, Value, When
+from django.db import OperationalError, transaction
+from django.db.models import Case, FloatField, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Extract, Now
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from scheduling import api
 from scheduling.core import conf, exceptions, registry, validation
@@ -37,9 +39,15 @@ from scheduling.models import (
 )
 from scheduling.models.due_at import ScheduledJobQuerySet
 from scheduling.templatetags.timekeeper_admin import relative
+from scheduling.web import store as web_store
 from scheduling.web.admin import bulk_actions, common, job_forms
 
 SELECTION_SHOWN = 20  # jobs listed on the reschedule page
+ERROR_CLASSES_SHOWN = 12  # error classes offered by the list's filter, the commonest first
+ERROR_CLASS_SAMPLE = 10_000  # dead jobs (the latest) and failed pending ones read to rank the error classes
+STATE_COUNT_CAP = 10_000  # per-state counts above the list are exact up to this many rows, then "10,000+"
+SEARCH_TIMEOUT_SECONDS = 2.0  # a search (payload or key) that runs longer is stopped, and the page says so
+LAST_ERROR_SHOWN = 60  # characters of the last error's first line in the list (the whole text is its tooltip)
 
 
 class JobAttemptInline(admin.TabularInline):
@@ -118,6 +126,61 @@ def due_at_kinds() -> list[str]:
     return sorted(name for name in registry.all_kinds() if name not in fixed_only or name in with_rows)
 
 
+def error_class_of(text: str) -> str:
+    """The class of an error text, as the list groups them: what precedes its first colon ("ValueError")."""
+    return text.split(":", 1)[0][:80]
+
+
+def payload_containing(path: str, value: str) -> dict[str, Any]:
+    """``a.b`` and ``5`` as ``{"a": {"b": 5}}``: the value as JSON when it parses (5, true, "x"), else as text."""
+    try:
+        parsed: Any = json.loads(value)
+    except ValueError:
+        parsed = value
+    for part in reversed(path.split(".")):
+        parsed = {part: parsed}
+    return cast(dict[str, Any], parsed)
+
+
+class ErrorClassFilter(admin.SimpleListFilter):
+    """The commonest error classes of failed and dead jobs, with counts (``web_store.error_classes``, sampled)."""
+
+    title = "error class"
+    parameter_name = "error_class"
+    ANY = "*"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        classes = web_store.error_classes(ERROR_CLASS_SAMPLE, ERROR_CLASSES_SHOWN)
+        out = [(self.ANY, "any error")]
+        out += [(c.error_class, f"{c.error_class or '(empty)'} ({c.count:,})") for c in classes]
+        if self.value() and self.value() not in {value for value, _label in out}:
+            out.append((str(self.value()), str(self.value())))  # a class linked from elsewhere, outside the top
+        return out
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> QuerySet[ScheduledJob]:
+        value = self.value()
+        if not value:
+            return queryset
+        if value == self.ANY:
+            return queryset.exclude(last_error="")
+        return queryset.filter(Q(last_error__startswith=f"{value}:") | Q(last_error=value))
+
+
+class RecurrenceFilter(admin.SimpleListFilter):
+    """A recurrence's occurrences (``?recurrence=<id>``), linked from its page; offered only while it is chosen."""
+
+    title = "recurrence"
+    parameter_name = "recurrence"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        value = str(self.value() or "")
+        return [(value, f"recurrence #{value}")] if value.isdigit() else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> QuerySet[ScheduledJob]:
+        value = str(self.value() or "")
+        return queryset.filter(recurrence_id=int(value)) if value.isdigit() else queryset
+
+
 class OverdueFilter(admin.SimpleListFilter):
     title = "overdue"
     parameter_name = "overdue"
@@ -136,11 +199,26 @@ class OverdueFilter(admin.SimpleListFilter):
 
 @admin.register(ScheduledJob)
 class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
-    list_display = ("id", "kind", "key", "owner", "due", "state_badge", "priority", "attempts_of")
-    list_display_links = ("id", "kind")
-    list_filter = (StateFilter, KindFilter, OverdueFilter)
+    list_display = (
+        "id",
+        "kind_and_recurrence",
+        "key_short",
+        "due",
+        "state_badge",
+        "priority_of",
+        "attempts_of",
+        "started",
+        "duration",
+        "error_class",
+        "last_error_short",
+    )
+    list_display_links = ("id",)
+    list_filter = (StateFilter, KindFilter, OverdueFilter, ErrorClassFilter, RecurrenceFilter)
     search_fields = ("key",)
-    search_help_text = "A job id, or (part of) a key."
+    search_help_text = (
+        "A job id; (part of) a key or a payload value (user-5); a payload field: user_id=5, account.id=7 "
+        '(JSON containment); or a JSON path: $.items[*] ? (@.sku == "A1").'
+    )
     date_hierarchy = "due_at"
     list_select_related = ("owner",)
     list_per_page = 100
@@ -150,7 +228,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     form = job_forms.ChangeJobForm
     actions = tuple(bulk_actions.list_action(entry) for entry in bulk_actions.BULK_ACTIONS)  # the one table
     fieldsets = (
-        (None, {"fields": ("kind", "key", "state", "priority", "due_at", "due_relative", "owner")}),
+        (None, {"fields": ("kind", "key", "state", "priority", "due_at", "due_relative", "owner", "recurrence_link")}),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Attempts", {"fields": ("attempts", "max_attempts", "lease_seconds", "last_error")}),
         ("Current claim", {"fields": ("claimed_time", "heartbeat_time", "claimed_by"), "classes": ("collapse",)}),
@@ -167,8 +245,13 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         """
         stuck_before = Now() - dt.timedelta(seconds=conf.get().stuck_after_seconds)
         due_epoch = Extract("due_at", "epoch")
+        last_attempt = JobAttempt.objects.filter(job=OuterRef("pk")).order_by("-number")  # jobattempt_job_number_idx
         return (
             self.model._default_manager.get_queryset()
+            .annotate(
+                last_started=Subquery(last_attempt.values("started_at")[:1]),
+                last_finished=Subquery(last_attempt.values("finished_at")[:1]),
+            )
             .annotate(
                 attention=Case(
                     When(state=JobState.DEAD, then=Value(0)),
@@ -190,10 +273,86 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
 
     # -- list columns
 
+    @admin.display(description="kind", ordering="kind")
+    def kind_and_recurrence(self, job: ScheduledJob) -> str:
+        """The kind, and the recurrence the job is an occurrence of, linked."""
+        if job.recurrence_id is None:
+            return job.kind
+        url = reverse("admin:scheduling_recurrence_change", args=[job.recurrence_id])
+        return format_html(
+            '{}<br><a class="tk-recurrence-link" href="{}">↻ recurrence #{}</a>', job.kind, url, job.recurrence_id
+        )
+
+    @admin.display(description="key · owner", ordering="key")
+    def key_short(self, job: ScheduledJob) -> str:
+        """The key (clipped, whole in its tooltip) and, beneath it, the owner."""
+        owner = str(job.owner) if job.owner_id is not None else job.former_owner or ""
+        key = format_html('<span class="tk-clip" title="{}">{}</span>', job.key, job.key) if job.key else "-"
+        if not owner:
+            return key
+        return format_html('{}<br><span class="quiet tk-clip" title="{}">{}</span>', key, owner, owner)
+
     @admin.display(description="due", ordering="due_at")
     def due(self, job: ScheduledJob) -> str:
         local = timezone.localtime(job.due_at)
-        return format_html('{}<br><span class="quiet">{}</span>', f"{local:%Y-%m-%d %H:%M:%S %Z}", relative(job.due_at))
+        return format_html(
+            '<span class="tk-when" title="{}">{}</span><br><span class="quiet tk-when">{}</span>',
+            f"{local:%Y-%m-%d %H:%M:%S %Z}",
+            f"{local:%Y-%m-%d %H:%M:%S}",
+            relative(job.due_at),
+        )
+
+    @admin.display(description="started", ordering="last_started")
+    def started(self, job: ScheduledJob) -> str:
+        """When the latest attempt started; for a claim a worker runs now, when it was claimed."""
+        at = self._running_since(job) or getattr(job, "last_started", None)
+        if at is None:
+            return "-"
+        local = timezone.localtime(at)
+        shown = f"{local:%H:%M:%S}" if local.date() == timezone.localdate() else f"{local:%m-%d %H:%M}"
+        return format_html('<span class="tk-when" title="{}">{}</span>', f"{local:%Y-%m-%d %H:%M:%S %Z}", shown)
+
+    @admin.display(description="duration")
+    def duration(self, job: ScheduledJob) -> str:
+        """The latest attempt's run time; for a running claim, how long it has run so far."""
+        running = self._running_since(job)
+        if running is not None:
+            return format_html('<span class="tk-when">{} …</span>', common.duration_text(timezone.now() - running))
+        started, finished = getattr(job, "last_started", None), getattr(job, "last_finished", None)
+        if started is None or finished is None:
+            return "-"
+        return format_html('<span class="tk-when">{}</span>', common.duration_text(finished - started))
+
+    @staticmethod
+    def _running_since(job: ScheduledJob) -> dt.datetime | None:
+        return job.claimed_at if job.state == JobState.CLAIMED and job.claimed_by else None
+
+    @admin.display(description="error class")
+    def error_class(self, job: ScheduledJob) -> str:
+        if not job.last_error:
+            return "-"
+        name = error_class_of(job.last_error)
+        url = reverse("admin:scheduling_scheduledjob_changelist") + "?" + urlencode({"error_class": name})
+        return format_html('<a class="tk-error-class" href="{}">{}</a>', url, name)
+
+    @admin.display(description="last error")
+    def last_error_short(self, job: ScheduledJob) -> str:
+        if not job.last_error:
+            return "-"
+        line = job.last_error.splitlines()[0]
+        name, colon, message = line.partition(":")
+        if colon and message.strip() and error_class_of(line) == name:
+            line = message.strip()  # the class has its own column
+        shown = line if len(line) <= LAST_ERROR_SHOWN else f"{line[: LAST_ERROR_SHOWN - 1]}…"
+        return format_html('<span class="tk-error" title="{}">{}</span>', job.last_error[:1000], shown)
+
+    @admin.display(description="recurrence")
+    def recurrence_link(self, job: ScheduledJob) -> str:
+        if job.recurrence_id is None:
+            return "-"
+        url = reverse("admin:scheduling_recurrence_change", args=[job.recurrence_id])
+        occurrence = f", occurrence of {common.seconds_text(job.occurrence_at)}" if job.occurrence_at else ""
+        return format_html('<a href="{}">recurrence #{}</a>{}', url, job.recurrence_id, occurrence)
 
     @admin.display(description="state", ordering="attention")
     def state_badge(self, job: ScheduledJob) -> str:
@@ -208,7 +367,11 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             " (overdue)" if overdue else " (stuck)" if stuck else "",
         )
 
-    @admin.display(description="attempts", ordering="attempts")
+    @admin.display(description="prio", ordering="priority")
+    def priority_of(self, job: ScheduledJob) -> int:
+        return job.priority
+
+    @admin.display(description="tries", ordering="attempts")
     def attempts_of(self, job: ScheduledJob) -> str:
         return f"{job.attempts}/{job.max_attempts}"
 
@@ -241,6 +404,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         if job is not None:
             editable = job.state == JobState.PENDING
             context |= {
+                "title": f"{'Change' if editable else 'View'} {self.model._meta.verbose_name}",
                 "show_save": editable,
                 "show_save_and_continue": editable,
                 "show_save_and_add_another": False,
@@ -293,7 +457,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
 
         if not self.has_view_permission(request):
             raise PermissionDenied
-        context = {"show": True, **dashboard.gather(request.GET.get("range"))}
+        context = {"show": True, **dashboard.gather(request.GET.get("range"), request.GET.get("kind"))}
         response = TemplateResponse(request, "scheduling/dashboard_body.html", context)
         response["Cache-Control"] = "no-store"
         return response
@@ -330,10 +494,64 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[ScheduledJob], search_term: str
     ) -> tuple[QuerySet[ScheduledJob], bool]:
+        """An id; a JSON path (``$...``); a payload field (``a.b=value``, JSON containment, the GIN index of
+        migration 0027); otherwise (part of) a key, or a payload value anywhere equal to the term.
+
+        Each search runs under ``SEARCH_TIMEOUT_SECONDS`` (``changelist_view``).
+        """
         term = search_term.strip()
+        if not term:
+            return queryset, False
         if term.isdigit() and len(term) <= 19:
             return queryset.filter(Q(pk=int(term)) | Q(key__icontains=term)), False
-        return super().get_search_results(request, queryset, search_term)
+        if term.startswith("$"):
+            if not web_store.valid_jsonpath(term):
+                self.message_user(request, f"Not a JSON path: {term}", messages.ERROR)
+                return queryset.none(), False
+            return cast(ScheduledJobQuerySet, queryset).payload_path_matches(term), False
+        path, eq, value = term.partition("=")
+        if eq and path.strip() and " " not in path.strip():
+            return queryset.filter(payload__contains=payload_containing(path.strip(), value.strip())), False
+        anywhere = cast(ScheduledJobQuerySet, queryset).payload_has_value(term)
+        return queryset.filter(Q(key__icontains=term) | anywhere), False
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        """The list, with per-state counts above it; a search runs under a statement timeout."""
+        context = {"state_counts": self._state_counts(), **(extra_context or {})}
+        if not request.GET.get("q", "").strip():
+            return super().changelist_view(request, context)
+        try:
+            with transaction.atomic():
+                web_store.limit_statement_time(SEARCH_TIMEOUT_SECONDS)
+                response = super().changelist_view(request, context)
+                if hasattr(response, "render"):
+                    response.render()  # the page's queries run here, under the limit
+                return response
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "pgcode", None) != "57014":  # query_canceled: the limit, nothing else
+                raise
+        self.message_user(
+            request,
+            f"The search took longer than {SEARCH_TIMEOUT_SECONDS:g} s and was stopped: narrow it with a filter "
+            "(state, kind) or search a payload field (user_id=5), which an index serves.",
+            messages.ERROR,
+        )
+        query = request.GET.copy()
+        query.pop("q", None)
+        return HttpResponseRedirect(f"{request.path}?{query.urlencode()}")
+
+    def _state_counts(self) -> list[dict[str, Any]]:
+        counts = web_store.state_counts(STATE_COUNT_CAP)
+        url = reverse("admin:scheduling_scheduledjob_changelist")
+        return [
+            {
+                "state": state,
+                "count": count,
+                "text": f"{STATE_COUNT_CAP:,}+" if count > STATE_COUNT_CAP else f"{count:,}",
+                "url": f"{url}?{urlencode({'state__exact': state})}",
+            }
+            for state, count in ((str(s), counts.get(str(s), 0)) for s in JobState.values)
+        ]
 
     # -- add and change go through scheduling.api
 

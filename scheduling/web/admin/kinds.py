@@ -73,7 +73,11 @@ class KindControlAdmin(admin.ModelAdmin):
         try:
             if action == "pause":
                 api.pause(kind)
-                self.message_user(request, f"Paused {kind}: its due jobs stay pending until it is resumed.")
+                self.message_user(
+                    request,
+                    f"Paused {kind}: its due jobs stay pending and its fixed-time schedules' ticks are skipped "
+                    "until it is resumed.",
+                )
             elif action == "resume":
                 api.resume(kind)
                 self.message_user(request, f"Resumed {kind}: its due jobs are claimed again.")

@@ -17,18 +17,26 @@ from zoneinfo import ZoneInfo
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.translation import ngettext
 
 from scheduling import api
 from scheduling.core import exceptions
-from scheduling.models import Recurrence
+from scheduling.models import Recurrence, ScheduledJob
 from scheduling.recurring import api as recurring_api
 from scheduling.web.admin import common
 
 NEXT_RUNS_SHOWN = 3  # occurrence instants shown per row of the list
+PAST_RUNS_SHOWN = 10  # a recurrence's latest occurrences listed on its page (all: the jobs list, filtered)
+PAGE_ACTIONS = {  # the buttons of a recurrence's page: the list's action each runs, for the states it applies to
+    "pause": ("pause_selected", "Pause", ("active",)),
+    "resume": ("resume_selected", "Resume", ("paused",)),
+    "cancel": ("cancel_selected", "Cancel", ("active", "paused", "ended")),
+}
 
 
 class ZoneFilter(admin.SimpleListFilter):
@@ -121,7 +129,7 @@ class RecurrenceAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         if not instants:
             return "-"
         return format_html_join(
-            "<br>",
+            mark_safe("<br>"),
             '<time class="tk-next-run" datetime="{}">{}</time>',
             ((i.isoformat(), _local(i, recurrence)) for i in instants),
         )
@@ -137,6 +145,53 @@ class RecurrenceAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return obj is None and super().has_change_permission(request, obj)  # actions, not edits
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        """The recurrence's page: pause, resume and cancel buttons for its state, its latest runs, no Delete
+        (a recurrence ends by cancel; it goes only with its owner, and the page says so)."""
+        context = dict(extra_context or {})
+        recurrence = self.get_object(request, object_id)
+        if recurrence is not None:
+            may = self.has_change_permission(request)  # the list's actions ask the same
+            jobs_url = reverse("admin:scheduling_scheduledjob_changelist")
+            context |= {
+                "show_delete": False,
+                "recurrence_actions": [
+                    {
+                        "name": name,
+                        "label": label,
+                        "url": reverse("admin:scheduling_recurrence_act", args=[recurrence.pk, name]),
+                    }
+                    for name, (_action, label, states) in PAGE_ACTIONS.items()
+                    if may and recurrence.state in states
+                ],
+                "past_runs": list(
+                    ScheduledJob.objects.filter(recurrence_id=recurrence.pk).order_by("-due_at", "-id")[
+                        :PAST_RUNS_SHOWN
+                    ]
+                ),
+                "past_runs_url": f"{jobs_url}?recurrence={recurrence.pk}",
+            }
+        return super().change_view(request, object_id, form_url, context)
+
+    def get_urls(self) -> list[Any]:
+        act = path(
+            "<int:object_id>/act/<str:action>/",
+            self.admin_site.admin_view(self.act_view),
+            name="scheduling_recurrence_act",
+        )
+        return [act, *super().get_urls()]
+
+    def act_view(self, request: HttpRequest, object_id: int, action: str) -> HttpResponse:
+        """POST from a recurrence's page: pause, resume or cancel it, as the list's action of that name does."""
+        if request.method != "POST" or action not in PAGE_ACTIONS:
+            return HttpResponseBadRequest(f"Post one of: {', '.join(PAGE_ACTIONS)}.")
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        getattr(self, PAGE_ACTIONS[action][0])(request, self.get_queryset(request).filter(pk=object_id))
+        return HttpResponseRedirect(reverse("admin:scheduling_recurrence_change", args=[object_id]))
 
     def delete_view(self, request: HttpRequest, object_id: str, extra_context: Any = None) -> Any:
         raise PermissionDenied("A recurrence ends by cancel; it is deleted only with its owner.")

@@ -11,12 +11,14 @@ WHERE role = %(role)s;
 
 -- name: attempt_lag_histogram
 -- The same lags as a histogram: bucket i holds lags in [bounds[i], bounds[i+1]) (0 below the
--- first bound); the caller makes the buckets cumulative.
+-- first bound); the caller makes the buckets cumulative. A lag counts from the later of the
+-- attempt's due time and the job's creation (a job scheduled into the past did not wait before it existed).
 WITH lags AS (
-    SELECT greatest(extract(epoch FROM started_at - due_at), 0)::float8 AS lag
-    FROM scheduling_jobattempt
-    WHERE finished_at >= now() - make_interval(secs => %(window)s)
-      AND started_at >= now() - make_interval(secs => %(window)s)
+    SELECT greatest(extract(epoch FROM a.started_at - greatest(a.due_at, j.created_at)), 0)::float8 AS lag
+    FROM scheduling_jobattempt AS a
+    JOIN scheduling_scheduledjob AS j ON j.id = a.job_id
+    WHERE a.finished_at >= now() - make_interval(secs => %(window)s)
+      AND a.started_at >= now() - make_interval(secs => %(window)s)
 )
 SELECT width_bucket(lag, %(bounds)s::float8[]) AS bucket, count(*) AS count, sum(lag) AS total_seconds
 FROM lags
@@ -52,15 +54,17 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: attempt_lag_buckets
--- Due-to-start lag (started_at - due_at, never below 0) of the attempts that started in the last
+-- Due-to-start lag (started_at minus the later of due_at and the job's creation, never below 0:
+-- a job scheduled into the past waited only from its creation) of the attempts that started in the last
 -- `window` seconds, per `bucket` seconds (date_bin from the epoch), with p50, p99 and max; the row
 -- whose bucket is NULL is the whole window (its p99 is where the dashboard clips its axis). The
--- finished_at bound lets jobattempt_finished_idx find the rows.
+-- finished_at bound lets jobattempt_finished_idx find the rows; each job is read by its key.
 WITH lags AS (
-    SELECT started_at, greatest(extract(epoch FROM started_at - due_at), 0)::float8 AS lag
-    FROM scheduling_jobattempt
-    WHERE finished_at >= now() - make_interval(secs => %(window)s)
-      AND started_at >= now() - make_interval(secs => %(window)s)
+    SELECT a.started_at, greatest(extract(epoch FROM a.started_at - greatest(a.due_at, j.created_at)), 0)::float8 AS lag
+    FROM scheduling_jobattempt AS a
+    JOIN scheduling_scheduledjob AS j ON j.id = a.job_id
+    WHERE a.finished_at >= now() - make_interval(secs => %(window)s)
+      AND a.started_at >= now() - make_interval(secs => %(window)s)
 )
 SELECT date_bin(make_interval(secs => %(bucket)s), started_at, timestamptz '1970-01-01 00:00:00+00') AS at,
        count(*) AS attempts,
@@ -73,7 +77,8 @@ ORDER BY 1 NULLS FIRST;
 
 -- name: waiting_history
 -- What was waiting at `points` + 1 instants over the last `window` seconds, rebuilt from row
--- timestamps (when each row became due, and when it started or ended), in two series: `waiting` (due and not started: pending, or
+-- timestamps (when each row became due, or was created if later: a job scheduled into the past
+-- waits from its creation, not before it existed; and when it started or ended), in two series: `waiting` (due and not started: pending, or
 -- claimed and not yet started by a worker) and `paused` (due, pending, of a kind paused now).
 -- A claim still not started keeps waiting until now; a started claim waited until its claim (its
 -- start time is not stored before its attempt is written). Pausing is read as it is now: a kind
@@ -84,21 +89,24 @@ WITH bounds AS (
 ), paused AS (
     SELECT kind FROM scheduling_kindcontrol WHERE paused
 ), waits AS (
-    SELECT 'w' AS series, a.due_at AS since, coalesce(a.started_at, a.finished_at) AS until
-    FROM scheduling_jobattempt AS a, bounds
+    SELECT 'w' AS series, greatest(a.due_at, j.created_at) AS since, coalesce(a.started_at, a.finished_at) AS until
+    FROM scheduling_jobattempt AS a
+    JOIN scheduling_scheduledjob AS j ON j.id = a.job_id, bounds
     WHERE a.finished_at >= bounds.t_start
     UNION ALL
-    SELECT 'w', j.due_at, CASE WHEN j.claimed_by = '' THEN now() + interval '1 day' ELSE j.claimed_at END
+    SELECT 'w', greatest(j.due_at, j.created_at),
+           CASE WHEN j.claimed_by = '' THEN now() + interval '1 day' ELSE j.claimed_at END
     FROM scheduling_scheduledjob AS j, bounds
     WHERE j.state = 'claimed' AND j.claimed_at IS NOT NULL AND (j.claimed_by = '' OR j.claimed_at >= bounds.t_start)
     UNION ALL
-    SELECT CASE WHEN j.kind IN (SELECT kind FROM paused) THEN 'p' ELSE 'w' END, j.due_at, now() + interval '1 day'
+    SELECT CASE WHEN j.kind IN (SELECT kind FROM paused) THEN 'p' ELSE 'w' END, greatest(j.due_at, j.created_at),
+           now() + interval '1 day'
     FROM scheduling_scheduledjob AS j
     WHERE j.state = 'pending' AND j.due_at <= now()
     UNION ALL
-    SELECT 'w', j.due_at, j.finished_at
+    SELECT 'w', greatest(j.due_at, j.created_at), j.finished_at
     FROM scheduling_scheduledjob AS j, bounds
-    WHERE j.state = 'cancelled' AND j.finished_at >= bounds.t_start AND j.due_at < j.finished_at
+    WHERE j.state = 'cancelled' AND j.finished_at >= bounds.t_start AND greatest(j.due_at, j.created_at) < j.finished_at
 ), spans AS (
     SELECT w.series,
            greatest(0, ceil(extract(epoch FROM w.since - b.t_start) / b.step))::int AS first_i,
@@ -166,3 +174,68 @@ WHERE state = 'pending' AND recurrence_id IS NOT NULL AND due_at > now()
   AND due_at <= now() + make_interval(secs => %(horizon)s)
 GROUP BY kind
 ORDER BY kind;
+
+-- name: outcome_buckets
+-- What finished in the last `window` seconds, per `bucket` seconds (date_bin from the epoch), kind
+-- and outcome: attempts that succeeded, attempts that failed (failed, timed out or taken back from a
+-- dead worker; a job's last failed attempt among them) and jobs that became dead. Attempts are found
+-- through jobattempt_finished_idx and their jobs by key; dead jobs through scheduledjob_finished_idx.
+SELECT date_bin(make_interval(secs => %(bucket)s), a.finished_at, timestamptz '1970-01-01 00:00:00+00') AS at,
+       j.kind, CASE WHEN a.outcome = 'succeeded' THEN 'succeeded' ELSE 'failed' END AS outcome, count(*) AS count
+FROM scheduling_jobattempt AS a
+JOIN scheduling_scheduledjob AS j ON j.id = a.job_id
+WHERE a.finished_at >= now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2, 3
+UNION ALL
+SELECT date_bin(make_interval(secs => %(bucket)s), finished_at, timestamptz '1970-01-01 00:00:00+00'), kind, 'dead', count(*)
+FROM scheduling_scheduledjob
+WHERE state = 'dead' AND finished_at >= now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2
+ORDER BY 1, 2, 3;
+
+-- name: error_classes
+-- The commonest error classes (the text before the first colon of last_error: "ValueError" of
+-- "ValueError: boom", "claim expired" of the sweeper's words) with their counts, among at most
+-- `sample` dead jobs (the latest first, from scheduledjob_finished_idx) and `sample` failed jobs
+-- waiting for a retry (the soonest first, from the pending index). The samples bound the cost: a
+-- million dead rows are not read to fill a list filter.
+SELECT left(split_part(last_error, ':', 1), 80) AS error_class, count(*) AS count
+FROM ((SELECT last_error FROM scheduling_scheduledjob
+       WHERE state = 'dead' AND finished_at IS NOT NULL
+       ORDER BY finished_at DESC LIMIT %(sample)s)
+      UNION ALL
+      (SELECT last_error FROM scheduling_scheduledjob
+       WHERE state = 'pending' AND last_error <> ''
+       ORDER BY due_at LIMIT %(sample)s)) AS failed
+WHERE last_error <> ''
+GROUP BY 1
+ORDER BY 2 DESC, 1
+LIMIT %(top)s;
+
+-- name: state_counts
+-- Jobs per state, each counted up to `cap` + 1 rows from the state's own index (the pending and
+-- claimed partial indexes, the finished index for done, cancelled and dead): a million done rows
+-- cost no more than `cap`. A count of cap + 1 means "more than cap".
+SELECT 'pending' AS state, (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending'
+                                                  LIMIT %(cap)s + 1) AS c) AS count
+UNION ALL
+SELECT 'claimed', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'claimed'
+                                         AND claimed_at IS NOT NULL LIMIT %(cap)s + 1) AS c)
+UNION ALL
+SELECT 'dead', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'dead'
+                                      AND finished_at IS NOT NULL LIMIT %(cap)s + 1) AS c)
+UNION ALL
+SELECT 'done', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'done'
+                                      AND finished_at IS NOT NULL LIMIT %(cap)s + 1) AS c)
+UNION ALL
+SELECT 'cancelled', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'cancelled'
+                                           AND finished_at IS NOT NULL LIMIT %(cap)s + 1) AS c);
+
+-- name: check_jsonpath
+-- Whether a JSON path parses (the jobs list's search): an error here is a message, not a broken page.
+SELECT %(path)s::jsonpath::text;
+
+-- name: limit_statement_time
+-- Stop any statement of the current transaction that runs longer than `ms` milliseconds (the jobs
+-- list's searches); the setting ends with the transaction.
+SELECT set_config('statement_timeout', %(ms)s, true);

@@ -179,6 +179,24 @@ def test_a_tick_past_its_starting_deadline_is_missed_not_run(make_schedule):
     assert gate.run("gate", old - dt.timedelta(seconds=1), trigger="manual").outcome == RunState.SUCCEEDED
 
 
+def test_a_paused_kind_skips_its_fixed_time_ticks_with_the_reason(make_schedule):
+    """While its kind is paused a schedule's ticks (beat's and run now's) are skipped, not run; resumed, they run."""
+    from scheduling import api
+
+    policy = make_schedule(failed_history_limit=5)
+    api.pause("tests.fixed_probe")
+    tick = db_now().replace(microsecond=0) - dt.timedelta(seconds=5)
+    assert gate.run("gate", tick).outcome == RunState.SKIPPED
+    assert run_of(policy, tick).error == (
+        "kind tests.fixed_probe is paused: its fixed-time runs are skipped until it is resumed"
+    )
+    assert gate.run("gate", tick + dt.timedelta(seconds=1), trigger="manual").outcome == RunState.SKIPPED
+    assert CALLS == []
+    api.resume("tests.fixed_probe")
+    assert gate.run("gate", tick + dt.timedelta(seconds=2)).outcome == RunState.SUCCEEDED
+    assert len(CALLS) == 1
+
+
 def test_history_is_pruned_to_its_limits_and_pruned_ticks_stay_refused(make_schedule):
     """Limits 2 succeeded / 1 failed keep the latest of each; a late delivery of a pruned tick is still refused."""
     policy = make_schedule(successful_history_limit=2, failed_history_limit=1)

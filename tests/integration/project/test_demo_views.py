@@ -97,6 +97,18 @@ def test_changing_the_end_moves_the_same_reminder(browser):
     assert (moved.id, moved.due_at) == (job.id, new_end - dt.timedelta(days=3))
 
 
+def test_changing_the_end_refuses_a_reminder_in_the_past_as_the_api_does(browser):
+    """A new end under three days away would put the reminder in the past: refused (400), nothing moves."""
+    trial = start(browser, timezone.now() + dt.timedelta(days=10))
+    job = reminder(trial)
+    response = browser.post(f"/trials/{trial.pk}/end", {"ends_at": local(timezone.now() + dt.timedelta(days=1))})
+    assert response.status_code == 400
+    assert "The reminder goes out 3 days before the end, which would be in the past" in response.content.decode()
+    trial.refresh_from_db()
+    assert abs(trial.ends_at - (timezone.now() + dt.timedelta(days=10))) < dt.timedelta(minutes=1)
+    assert reminder(trial).due_at == job.due_at
+
+
 def test_changing_the_end_after_the_reminder_went_out_schedules_a_new_one(browser):
     """If the reminder already ran, the new end gets a new reminder job."""
     trial = start(browser, timezone.now() + dt.timedelta(days=10))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import inspect
 import json
 from typing import Any
 
@@ -15,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
-from scheduling import api
+from scheduling import api, schedules
 from scheduling.core import store as core_store
 from scheduling.due_at import store as jobs_store
 from scheduling.models import ApiToken, JobState, ScheduledJob, SchedulePolicy, ScheduleRun
@@ -189,6 +190,15 @@ def _add(admin: Any, **fields: Any) -> Any:
     return admin.post(ADD, data)
 
 
+def test_the_add_form_defaults_to_the_apis_on_conflict(admin):
+    """The add form's on_conflict starts at api.schedule's default (replace), as the JSON API's does."""
+    default = inspect.signature(api.schedule).parameters["on_conflict"].default
+    assert default == "replace"
+    form = admin.get(ADD).context["adminform"].form
+    assert form.fields["on_conflict"].initial == default
+    assert '<option value="replace" selected>' in admin.get(ADD).content.decode()
+
+
 def test_add_schedules_through_the_api(admin, admin_user):
     """The add form calls api.schedule: the job is stored pending with the owner and key given."""
     response = _add(
@@ -320,6 +330,56 @@ def test_periodic_task_page_shows_timing_next_runs_and_history(admin, schedule):
     listing = admin.get("/admin/django_celery_beat/periodictask/").content.decode()
     assert "At 03:00 AM (Europe/Lisbon)" in listing
     assert "succeeded" in listing
+
+
+def test_a_schedule_declared_in_code_shows_beats_raw_fields_read_only_and_warns_that_sync_rewrites_it(admin, schedule):
+    """A declared schedule's page shows Task (custom), One-off, Start Datetime read-only (a post cannot change
+    them) and says sync overwrites edits; a schedule made in the admin keeps them editable, with no warning."""
+    schedules.sync(names=["nightly-settlement"])
+    declared = PeriodicTask.objects.get(name="nightly-settlement")
+    page_url = f"/admin/django_celery_beat/periodictask/{declared.pk}/change/"
+    response = admin.get(page_url)
+    page = response.content.decode()
+    assert 'id="declared-in-code"' in page
+    assert "<code>manage.py timekeeper sync</code>, run at every start, writes its name, timing" in page
+    form = response.context["adminform"].form
+    for field in ("task", "regtask", "one_off", "start_time", "kwargs", "args", "queue"):
+        assert form.fields[field].disabled, field
+    assert not form.fields["enabled"].disabled
+    made_here = admin.get(f"/admin/django_celery_beat/periodictask/{schedule.pk}/change/")
+    assert 'id="declared-in-code"' not in made_here.content.decode()
+    assert not made_here.context["adminform"].form.fields["one_off"].disabled
+
+
+def test_a_declared_schedules_form_keeps_its_raw_fields_whatever_is_posted(rf, admin_user):
+    """The declared schedule's form validates with a forged task, one-off and kwargs, and keeps the stored values."""
+    from django.contrib import admin as django_admin
+
+    schedules.sync(names=["nightly-settlement"])
+    declared = PeriodicTask.objects.get(name="nightly-settlement")
+    request = rf.get("/")
+    request.user = admin_user
+    model_admin = django_admin.site._registry[PeriodicTask]
+    form_class = model_admin.get_form(request, declared, change=True)
+    data = {
+        "name": declared.name,
+        "enabled": "",
+        "description": declared.description,
+        "task": "evil.task",
+        "regtask": "",
+        "one_off": "on",
+        "kwargs": '{"schedule": "another"}',
+        "args": "[1]",
+        "headers": "{}",
+        "priority": "",
+        "expire_seconds": "",
+    }
+    form = form_class(data, instance=declared)
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["task"] == "scheduling.run_fixed"
+    assert form.cleaned_data["one_off"] is False
+    assert form.cleaned_data["kwargs"] == declared.kwargs
+    assert form.cleaned_data["enabled"] is False  # the operator's switch still changes
 
 
 def test_run_now_sends_one_manual_tick_through_the_gate(admin, schedule, broker):

@@ -109,6 +109,15 @@ def test_run_now_says_when_a_paused_or_full_kind_holds_the_job_back(admin_client
     )
 
 
+def test_a_job_that_cannot_change_is_titled_view_and_a_pending_one_change(admin_client, run_sql):
+    """A dead job's page (nothing to save) is titled "View scheduled job"; a pending job's, "Change scheduled job"."""
+    dead = _dead(run_sql)
+    pending = api.schedule("demo.noop", {}, delay=3600)
+    assert "<h1>View scheduled job</h1>" in admin_client.get(_page(dead)).content.decode()
+    assert "| View scheduled job |" in admin_client.get(_page(dead)).content.decode()
+    assert "<h1>Change scheduled job</h1>" in admin_client.get(_page(pending.pk)).content.decode()
+
+
 def test_a_pending_jobs_page_cancels_and_runs_now(admin_client):
     """A pending job's page offers Run now, Reschedule and Cancel, each through the bulk calls."""
     job = api.schedule("demo.noop", {}, delay=3600)

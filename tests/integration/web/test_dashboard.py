@@ -7,7 +7,7 @@ import re
 import pytest
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from scheduling import api
+from scheduling import api, testing
 from scheduling import tasks as celery_tasks
 from scheduling.deferrals import countdowns
 from scheduling.due_at import claim
@@ -108,7 +108,79 @@ def test_waiting_history_keeps_a_claim_waiting_until_a_worker_starts_it(run_sql)
     """A job claimed ten minutes ago and never started is still waiting at every sample since its due time."""
     api.schedule("demo.noop", {}, delay=0)
     support.make_due(ago="20 minutes")
+    run_sql("UPDATE scheduling_scheduledjob SET created_at = now() - interval '20 minutes'")  # made 20 min ago
     jobs_store.claim_due_jobs(1)
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes'")
     history = web_store.waiting_history(900, 15)
     assert [p.waiting for p in history] == [1] * 16
+
+
+def test_a_job_scheduled_into_the_past_waits_only_from_its_creation(run_sql):
+    """A job created now but due two hours ago is waiting at the last sample only, not across the whole hour."""
+    api.schedule("demo.noop", {}, delay=0)
+    support.make_due(ago="2 hours")
+    history = web_store.waiting_history(3600, 60)
+    assert [p.waiting for p in history][-1] == 1
+    assert sum(p.waiting for p in history[:-1]) == 0
+
+
+def test_a_backdated_job_does_not_put_the_lag_at_hours(run_sql):
+    """The lag of a job created now but due two days ago counts from its creation: seconds, not 48 h."""
+    api.schedule("demo.noop", {}, delay=0)
+    support.make_due(ago="2 days")
+    assert testing.run_due().succeeded == 1
+    overall, _buckets = web_store.attempt_lag_buckets(3600, 60)
+    assert overall is not None
+    assert overall.p99 < 60
+    histogram = web_store.attempt_lag_histogram(3600, [1.0, 60.0, 3600.0])
+    assert [b.bucket for b in histogram] in ([0], [1]), "under a minute: the first buckets, not past the hour"
+
+
+def test_a_count_past_the_exact_limit_is_marked_as_an_estimate(admin_client, settings):
+    """Above the exact limit the pending card shows the planner's estimate with "≈"; an exact count has none."""
+    api.schedule_many("demo.noop", [{}, {}, {}], delay=3600)
+    page = admin_client.get(FRAGMENT).content.decode()
+    assert _card(page, "pending") == "3"
+    settings.SCHEDULING_STATUS_EXACT_LIMIT = 2
+    page = admin_client.get(FRAGMENT).content.decode()
+    assert "≈" in _card(page, "pending")
+    assert "pending (estimate)" in page
+
+
+def test_the_finished_chart_counts_succeeded_failed_and_dead_per_kind(admin_client):
+    """Outcomes per minute: the chart draws succeeded, failed and dead; the per-kind rows give window and totals."""
+    api.schedule_many("demo.noop", [{}, {}], delay=0)
+    api.schedule("demo.fail", {}, delay=0, max_attempts=1)
+    support.make_due()
+    testing.run_due()
+    page = admin_client.get(FRAGMENT).content.decode()
+    chart = page[page.index('id="tk-finished"') :]
+    chart = chart[: chart.index("</figure>")]
+    assert "Finished per minute (every kind)" in chart
+    for name in ("succeeded", "failed", "dead"):
+        assert f">{name}</text>" in chart
+    assert chart.count("<polyline") == 3
+    assert chart.count('stroke-dasharray="4 3"') == 1  # dead, which lies on failed here
+    assert _finished_row(page, "demo.noop") == ["demo.noop", "2", "0", "0", "2", "0", "0"]
+    assert _finished_row(page, "demo.fail") == ["demo.fail", "0", "1", "1", "0", "1", "1"]
+    one = admin_client.get(f"{FRAGMENT}?kind=demo.fail").content.decode()
+    assert "Finished per minute (demo.fail)" in one
+    assert "Finished per minute (every kind)" in admin_client.get(f"{FRAGMENT}?kind=nope").content.decode()
+
+
+def test_the_finished_totals_come_from_the_outcome_counters_and_survive_pruning(admin_client, run_sql):
+    """Deleting the history (as the pruner does) empties the window's counts but not the totals."""
+    api.schedule("demo.noop", {}, delay=0)
+    support.make_due()
+    testing.run_due()
+    run_sql("DELETE FROM scheduling_jobattempt")
+    run_sql("DELETE FROM scheduling_scheduledjob")
+    page = admin_client.get(FRAGMENT).content.decode()
+    assert _finished_row(page, "demo.noop") == ["demo.noop", "0", "0", "0", "1", "0", "0"]
+    assert "nothing finished in this period" in page
+
+
+def _finished_row(page: str, kind: str) -> list[str]:
+    row = re.search(rf'<tr data-finished-kind="{re.escape(kind)}">(.*?)</tr>', page, re.S)
+    assert row, f"no finished row for {kind}"
+    return [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any
 
 import pytest
@@ -136,7 +137,8 @@ def test_admin_kinds_page_lists_every_kind_and_pauses_resumes_caps(operator):
     assert 'data-kind="reports.settlement"' in page
     response = operator.post(f"{KINDS_PAGE}demo.noop/pause/", follow=True)
     assert [str(m) for m in response.context["messages"]] == [
-        "Paused demo.noop: its due jobs stay pending until it is resumed."
+        "Paused demo.noop: its due jobs stay pending and its fixed-time schedules' ticks are skipped "
+        "until it is resumed."
     ]
     assert 'data-kind="demo.noop" data-paused="true"' in response.content.decode()
     operator.post(f"{KINDS_PAGE}demo.noop/cap/", {"max_running": "2"})
@@ -146,6 +148,15 @@ def test_admin_kinds_page_lists_every_kind_and_pauses_resumes_caps(operator):
     operator.post(f"{KINDS_PAGE}demo.noop/resume/")
     operator.post(f"{KINDS_PAGE}demo.noop/cap/", {"max_running": ""})
     assert _control("demo.noop") == (False, None)
+
+
+def test_admin_kinds_page_calls_an_unpaused_kind_active_not_running(operator):
+    """A kind that is not paused reads "active" (not "running" beside a count of 0 running) and the page says
+    that a pause skips the kind's fixed-time ticks too."""
+    page = operator.get(KINDS_PAGE).content.decode()
+    row = page[page.index('data-kind="demo.noop"') :]
+    assert re.search(r'<td class="tk-kind-state">\s*active\s*</td>', row[: row.index("</tr>")])
+    assert "skips the ticks of its fixed-time schedules" in page
 
 
 def test_admin_kinds_page_refuses_changes_without_the_permission(django_user_model):

@@ -60,6 +60,8 @@ def test_metrics_report_the_table_the_attempts_and_the_broker(client):
     claimed = api.schedule("demo.fail", {}, due_at=now - dt.timedelta(seconds=200))
     ScheduledJob.objects.filter(pk=claimed.pk).update(state=JobState.CLAIMED, token=uuid.uuid4(), claimed_at=Now())
     finished = api.schedule("demo.record", {}, delay=1)
+    # Made before the attempts' due times: a lag counts from the later of due time and creation.
+    ScheduledJob.objects.filter(pk=finished.pk).update(created_at=now - dt.timedelta(hours=3))
     recent = now - dt.timedelta(seconds=10)
     for lag, outcome in ((0.003, "succeeded"), (0.2, "succeeded"), (4.0, "failed"), (4000.0, "timed_out")):
         attempt(finished, due=recent - dt.timedelta(seconds=lag), started=recent, outcome=outcome)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 import pytest
@@ -107,3 +108,48 @@ def test_change_recurrence_grants_the_actions_never_a_rewrite(client: Any, djang
     assert (stored.kind, stored.payload, stored.every_seconds) == ("demo.noop", {"v": 1}, 600)
     response = client.post(URL, {"action": "pause_selected", ACTION_CHECKBOX_NAME: [str(rec.id)]}, follow=True)
     assert "Paused 1 recurrence." in response.content.decode()
+def test_next_runs_are_separated_by_line_breaks_not_a_literal_br(admin_client: Any):
+    """The list's "Next runs" puts each instant on its own line: a <br> tag, never the text "<br>"."""
+    api.recur("demo.noop", {}, key="breaks", cron="0 9 * * *")
+    text = admin_client.get(URL).content.decode()
+    assert "&lt;br&gt;" not in text
+    assert text.count('</time><br><time class="tk-next-run"') == 2
+
+
+def test_a_recurrence_page_has_no_delete_button_and_says_why(admin_client: Any):
+    """The page offers no Delete (it would answer 403): a recurrence ends by cancel, as the page explains."""
+    recurrence = api.recur("demo.noop", {}, key="nodelete", every=3600)
+    page = admin_client.get(f"{URL}{recurrence.pk}/change/").content.decode()
+    assert "deletelink" not in page
+    assert f"{URL}{recurrence.pk}/delete/" not in page
+    assert "A recurrence ends by cancel and is deleted only with its owner" in page
+
+
+def test_a_recurrence_page_pauses_resumes_and_cancels_through_the_api(admin_client: Any):
+    """The page's buttons are those of its state; each runs the list's action on this recurrence and comes back."""
+    recurrence = api.recur("demo.noop", {}, key="buttons", every=3600)
+    page_url = f"{URL}{recurrence.pk}/change/"
+
+    def buttons() -> list[str]:
+        return re.findall(r'name="recurrence-action" value="(\w+)"', admin_client.get(page_url).content.decode())
+
+    assert buttons() == ["pause", "cancel"]
+    response = admin_client.post(f"{URL}{recurrence.pk}/act/pause/", follow=True)
+    assert response.redirect_chain[-1][0] == page_url
+    assert [str(m) for m in response.context["messages"]] == ["Paused 1 recurrence."]
+    assert Recurrence.objects.get(pk=recurrence.pk).state == RecurrenceState.PAUSED
+    assert buttons() == ["resume", "cancel"]
+    admin_client.post(f"{URL}{recurrence.pk}/act/resume/")
+    admin_client.post(f"{URL}{recurrence.pk}/act/cancel/")
+    assert Recurrence.objects.get(pk=recurrence.pk).state == RecurrenceState.CANCELLED
+    assert buttons() == []
+    assert admin_client.get(f"{URL}{recurrence.pk}/act/pause/").status_code == 400
+
+
+def test_a_recurrence_page_lists_its_latest_runs_and_links_to_all(admin_client: Any):
+    """The page lists the recurrence's occurrences (linked) and links to the jobs list filtered to them."""
+    recurrence = api.recur("demo.noop", {}, key="runs", every=3600)
+    occurrence = ScheduledJob.objects.get(recurrence_id=recurrence.pk)
+    page = admin_client.get(f"{URL}{recurrence.pk}/change/").content.decode()
+    assert f'<tr data-job="{occurrence.pk}">' in page
+    assert f'href="/admin/scheduling/scheduledjob/?recurrence={recurrence.pk}"' in page
