@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY cannot run in a transaction
 
     dependencies = [
-        ("scheduling", "0022_count_attempts_through_the_job_key"),
+        ("scheduling", "0027_scheduledjob_payload_search_index"),
     ]
 
     operations = [
