@@ -127,20 +127,24 @@ def isolated_registry(*, keep_tasks: bool = True) -> Iterator[None]:
     """An empty registry of kinds inside the block; the previous one is back after it.
 
     ``keep_tasks``: the Django tasks declared so far keep their kinds (their modules are not
-    imported again, so their decorators would not register them).
+    imported again, so their decorators would not register them); ``False``: no task is known in
+    the block, not even by its module path.
     """
-    saved, loaded = dict(registry._kinds), registry._loaded
+    saved, loaded, finders = dict(registry._kinds), registry._loaded, list(registry._finders)
     registry._kinds.clear()
     registry._loaded = True  # the apps' jobs modules are not imported into it
     try:
         if keep_tasks:
             for declared in list(backends._tasks.values()):
                 backends._register(declared)
+        else:
+            registry._finders.clear()  # nor are tasks found by their module path
         yield
     finally:
         registry._kinds.clear()
         registry._kinds.update(saved)
         registry._loaded = loaded
+        registry._finders[:] = finders
 
 
 def inline_deferrals() -> override_settings:

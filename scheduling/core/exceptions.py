@@ -8,6 +8,7 @@ SchedulingError
  ├── InvalidSchedule                bad due_at / delay (naive, both, neither, negative, out of range)
  │    └── OverCallerLimit           an outside caller asks for more than the kind allows them
  │         └── DueAtInPast          an outside caller's due_at is in the past (beyond the skew tolerance)
+ ├── ReturnValueTooLarge            a Django task returned more than SCHEDULING_MAX_RETURN_VALUE_BYTES of JSON
  ├── OverCreationLimit              an owner creates too fast or holds too many pending jobs (429)
  ├── DelayTooLong                   a broker countdown would outlive the visibility timeout guard
  ├── BrokerNotConfigured            no Celery app / Redis broker to send to (scheduling.E004)
@@ -83,6 +84,20 @@ class OverCallerLimit(InvalidSchedule):
 
 class DueAtInPast(OverCallerLimit):
     """Raised at a door when a caller's due time is further in the past than the clock-skew tolerance."""
+
+
+class ReturnValueTooLarge(SchedulingError):
+    """Raised on the worker when a Django task's return value, as JSON, is over ``SCHEDULING_MAX_RETURN_VALUE_BYTES``.
+
+    The attempt fails with this error (retried like any failure): nothing of the value is stored.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size, self.limit = size, limit
+        super().__init__(
+            f"The task's return value is {size} bytes of JSON, over SCHEDULING_MAX_RETURN_VALUE_BYTES ({limit}): "
+            "store large results elsewhere (a file, a model) and return a reference to them."
+        )
 
 
 class OverCreationLimit(SchedulingError):
@@ -206,6 +221,7 @@ __all__ = [
     "RecurrenceKeyConflict",
     "RecurrenceNotFound",
     "RecurrenceStateConflict",
+    "ReturnValueTooLarge",
     "ScheduleNotFound",
     "SchedulingError",
     "UnknownJobKind",

@@ -169,6 +169,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         due_epoch = Extract("due_at", "epoch")
         return (
             self.model._default_manager.get_queryset()
+            .without_return_value()  # a Django task's value: the admin does not show it
             .annotate(
                 attention=Case(
                     When(state=JobState.DEAD, then=Value(0)),

@@ -48,7 +48,7 @@ def test_a_view_enqueues_the_worker_runs_the_result_reads_back(cluster):
     assert worker_id.endswith(f":{execution.pid}")  # host:pid of the pool process that ran it
     result = tasks.add.get_result(ids["add"])
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
-    assert ScheduledJob.objects.filter(pk__in=[int(i) for i in ids.values()], state=JobState.DONE).count() == 3
+    assert ScheduledJob.objects.filter(task_result_id__in=list(ids.values()), state=JobState.DONE).count() == 3
 
 
 def test_a_cancelled_task_never_runs_on_the_worker(cluster):

@@ -68,7 +68,7 @@ def test_enqueue_writes_a_row_in_the_callers_transaction(sent):
     assert not ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add").exists()
     sent.clear()
     result = tasks.add.enqueue(2, b=3)
-    job = ScheduledJob.objects.get(pk=int(result.id))
+    job = ScheduledJob.objects.get(task_result_id=result.id)
     assert (job.kind, job.state, job.priority) == ("tests.taskkit.tasks.add", JobState.PENDING, 0)
     assert job.payload == {"args": [2], "kwargs": {"b": 3}, "queue_name": "default", "priority": 0}
     assert result.status == TaskResultStatus.READY
@@ -90,7 +90,7 @@ def test_run_keeps_the_return_value_and_fills_the_result(sent):
     done = tasks.add.get_result(result.id)
     assert done.status == TaskResultStatus.SUCCESSFUL
     assert done.return_value == 5
-    assert ScheduledJob.objects.get(pk=int(result.id)).return_value == 5
+    assert ScheduledJob.objects.get(task_result_id=result.id).return_value == 5
     assert done.enqueued_at <= done.started_at <= done.finished_at
     assert done.last_attempted_at == done.started_at
     assert done.attempts == 1
@@ -124,7 +124,7 @@ def test_failures_are_retried_with_one_error_per_attempt_and_the_context_counts_
 def test_a_task_out_of_attempts_is_failed():
     """max_attempts per call: one failure is FAILED, return_value raises, the error names the exception class."""
     result = tasks.flaky.options(max_attempts=1).enqueue(fail_until=99)
-    assert ScheduledJob.objects.get(pk=int(result.id)).max_attempts == 1
+    assert ScheduledJob.objects.get(task_result_id=result.id).max_attempts == 1
     testing.run_due()
     failed = tasks.flaky.get_result(result.id)
     assert failed.status == TaskResultStatus.FAILED
@@ -133,7 +133,7 @@ def test_a_task_out_of_attempts_is_failed():
     with pytest.raises(ValueError, match="failed"):
         _ = failed.return_value
     assert [e.exception_class for e in failed.errors] == [ValueError]
-    assert ScheduledJob.objects.get(pk=int(result.id)).state == JobState.DEAD
+    assert ScheduledJob.objects.get(task_result_id=result.id).state == JobState.DEAD
 
 
 def test_a_coroutine_task_runs_on_the_worker():
@@ -150,7 +150,7 @@ def test_a_return_value_json_cannot_hold_fails_the_task():
     failed = tasks.not_json.get_result(result.id)
     assert failed.status == TaskResultStatus.FAILED
     assert [e.exception_class_path for e in failed.errors] == ["builtins.TypeError"]
-    assert ScheduledJob.objects.get(pk=int(result.id)).return_value is None
+    assert ScheduledJob.objects.get(task_result_id=result.id).return_value is None
 
 
 def test_the_task_timeout_stops_it_and_names_job_timeout():
@@ -176,7 +176,7 @@ def test_run_after_is_the_due_time_and_must_be_aware():
     """run_after becomes due_at (the job waits for it); a naive run_after is InvalidTask and stores nothing."""
     later = timezone.now() + dt.timedelta(hours=1)
     result = tasks.add.using(run_after=later).enqueue(1, 1)
-    job = ScheduledJob.objects.get(pk=int(result.id))
+    job = ScheduledJob.objects.get(task_result_id=result.id)
     assert abs(job.due_at - later) < dt.timedelta(milliseconds=1)
     assert testing.run_due().started == 0
     assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
@@ -195,7 +195,7 @@ def test_an_unknown_queue_and_a_priority_out_of_range_are_invalid():
         TASKS={"default": {"BACKEND": "scheduling.backends.TimekeeperBackend", "QUEUES": ["default", "reports"]}}
     ):
         result = tasks.add.using(queue_name="reports").enqueue(1, 2)
-        assert ScheduledJob.objects.get(pk=int(result.id)).payload["queue_name"] == "reports"
+        assert ScheduledJob.objects.get(task_result_id=result.id).payload["queue_name"] == "reports"
         assert tasks.add.get_result(result.id).task.queue_name == "reports"
 
 
@@ -215,7 +215,7 @@ def test_django_priority_maps_onto_the_claim_order():
         100: 9,
     }
     result = tasks.record.enqueue("prio")  # @task(priority=50)
-    assert ScheduledJob.objects.get(pk=int(result.id)).priority == 5
+    assert ScheduledJob.objects.get(task_result_id=result.id).priority == 5
     assert tasks.record.get_result(result.id).task.priority == 50
 
 
@@ -226,8 +226,8 @@ def test_higher_priority_tasks_are_claimed_first():
     from scheduling.due_at import store
 
     (first,) = store.claim_due_jobs(1)
-    assert first.id == int(high.id)
-    assert int(low.id) in testing.run_due().job_ids
+    assert first.id == backends.task_job(high).pk
+    assert backends.task_job(low).pk in testing.run_due().job_ids
 
 
 def test_unknown_ids_and_other_jobs_are_not_task_results():
@@ -251,10 +251,10 @@ def test_cancel_and_reschedule_go_through_scheduling_api():
     later = timezone.now() + dt.timedelta(days=1)
     assert abs(backends.reschedule(moved, later) - later) < dt.timedelta(milliseconds=1)
     cancelled = tasks.add.enqueue(2, 2)
-    assert backends.cancel(cancelled) == int(cancelled.id)
+    assert backends.cancel(cancelled) == backends.task_job(cancelled).pk
     assert testing.run_due().started == 0
     assert tasks.add.get_result(cancelled.id).status == TaskResultStatus.FAILED
-    assert ScheduledJob.objects.get(pk=int(cancelled.id)).state == JobState.CANCELLED
+    assert ScheduledJob.objects.get(task_result_id=cancelled.id).state == JobState.CANCELLED
     ran = tasks.add.enqueue(3, 3)
     testing.run_due()
     with pytest.raises(exceptions.JobNotCancellable):
