@@ -80,7 +80,7 @@ class ScheduledJobQuerySet(models.QuerySet["ScheduledJob"]):
         return self.filter(owner_id=getattr(user, "pk", None)).without_return_value()
 
     def without_return_value(self) -> ScheduledJobQuerySet:
-        """The rows without ``return_value`` (up to SCHEDULING_MAX_RETURN_VALUE_BYTES each), for reads not showing it."""
+        """The rows without ``return_value`` (up to SCHEDULING_MAX_RETURN_VALUE_BYTES each): reads not showing it."""
         return self.defer("return_value")
 
 
