@@ -7,34 +7,43 @@ same code imports whichever is there) run as Timekeeper jobs:
 - **A task is a kind.** The first time a task is made (``@task`` at import), its kind is
   registered under the task's ``module_path`` (``shop.tasks.send_welcome``), with one handler that
   runs the function. So pause, cap, priority, rescue, retries with backoff, timeouts, metrics,
-  traces and the admin apply to tasks as to any kind. Workers know a task once its module is
-  imported: Celery's ``app.autodiscover_tasks()`` imports every installed app's ``tasks.py`` at
-  worker start; tasks kept elsewhere go in ``SCHEDULING_HANDLER_PACKAGES``. A worker that does not
-  know the kind retries the job a minute later, as for any unknown kind.
+  traces and the admin apply to tasks as to any kind. A process that has not imported a task's
+  module finds it by that path (a ``registry`` finder, loaded by ``apps.ready``): only a module
+  under an installed app or a ``SCHEDULING_HANDLER_PACKAGES`` package is imported, and only a
+  ``Task`` of a Timekeeper backend whose ``module_path`` is the kind counts.
 - **enqueue** is ``scheduling.api.schedule()``: one row in the caller's transaction (roll back and
   there is no task), ``due_at`` = ``run_after`` (aware datetimes only) or now; the payload is
-  ``{"args", "kwargs", "queue_name", "priority"}``. The result id is the job id (as a string):
-  ``cancel()`` / ``reschedule()`` here, or ``api.cancel(job_id=int(result.id))``.
+  ``{"args", "kwargs", "queue_name", "priority"}`` (and ``run_after``). Every refusal stores
+  nothing (``USE_TZ = False`` is one). ``result.task`` is the task enqueued. The result id is a
+  random UUID in the job's ``task_result_id``, never its sequential id (a task scheduled through
+  the JSON API gets ``signed_result_id(job id)`` at its first run); ``cancel()`` /
+  ``reschedule()`` here take tasks' result ids only. ``get_result`` shows any task to whoever has
+  its id: a host's "poll my task" view calls ``owned_result(result_id, request.user)``
+  (docs/installing.md, "Whose result is it").
 - **Priority**: Django's -100..100 onto the claim's 0-9 (higher first): ``p <= 0`` is 0, the
   default of every kind (there is nothing below it in the claim), and ``1..100`` is
   ``ceil(p * 9 / 100)`` (1-11 -> 1, ..., 89-100 -> 9). Order is kept; negative priorities tie
   with the default.
 - **Queues**: ``QUEUES`` (default ``["default"]``) lists the names a task may use; any other is
-  ``InvalidTask``. The due_at engine has one queue, the table, ordered by priority then due time:
-  the name is kept on the job (its payload's ``queue_name``, shown in the admin) and on the
-  result, and does not route work to other workers.
+  ``InvalidTask`` (the kind's schema says the same to the JSON API). The due_at engine has one
+  queue, the table, ordered by priority then due time: the name is kept on the job (its payload's
+  ``queue_name``, shown in the admin) and on the result, and does not route work to other workers.
 - **Running**: the kind's handler sends ``task_started``, calls the function (a coroutine through
-  ``async_to_sync``) with a ``TaskContext`` first when ``takes_context``, keeps the JSON return
-  value in the job's ``return_value`` (written in the handler's transaction: an atomic task's
-  value commits with its ``done``), and sends ``task_finished`` (SUCCESSFUL or FAILED) before the
-  outcome is recorded. A failure is retried with the kind's backoff up to ``max_attempts`` (the
-  result is READY again meanwhile), then FAILED.
+  ``async_to_sync``) with a ``TimekeeperTaskContext`` (Django's, plus ``owner_id``) first when
+  ``takes_context``, keeps the JSON return value in the job's ``return_value`` (written in the
+  handler's transaction: an atomic task's value commits with its ``done``; over
+  ``SCHEDULING_MAX_RETURN_VALUE_BYTES`` it is ``ReturnValueTooLarge``, the attempt's failure), and
+  sends ``task_finished`` (SUCCESSFUL or FAILED) before the outcome is recorded. The task's own
+  ``SystemExit`` / ``KeyboardInterrupt`` is its failure, not the worker's shutdown
+  (``executor.process_stopping``). A failure is retried with the kind's backoff up to
+  ``max_attempts`` (the result is READY meanwhile: Django's "ready to be executed again"), then FAILED.
 - **Results** are read from the row and its attempts: READY (pending, or claimed and not
   started), RUNNING (started), SUCCESSFUL (done), FAILED (dead or cancelled); ``errors`` holds one
-  ``TaskError`` per failed attempt (the exception's class path and its traceback, messages
-  withheld as in every attempt; a timeout is ``scheduling.core.executor.JobTimeout``, a claim
-  taken back from a dead worker ``scheduling.backends.WorkerLost``); ``worker_ids`` one worker per
-  attempt. An id that is not a task's job raises ``TaskResultDoesNotExist``.
+  ``TaskError`` per failed attempt (the exception's class path and Django's whole traceback,
+  message included; a timeout is ``scheduling.core.executor.JobTimeout``, a claim taken back from a
+  dead worker ``scheduling.backends.WorkerLost``, a claim a stopping worker gave back no error
+  while the task will run again); ``worker_ids`` one worker per attempt. Any id that is not a
+  task's result id raises ``TaskResultDoesNotExist``; a stored job is never ``InvalidTask``.
 
 Timekeeper's extras: per task with ``@backends.task(..., max_attempts=, timeout=, backoff=,
 atomic=, api=)`` (Django's ``@task`` arguments plus these: the kind's contract), per call with
