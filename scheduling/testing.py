@@ -39,7 +39,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db.models import DateTimeField, Func
-from django.db.models.functions import Now
 from django.test.utils import override_settings
 
 from scheduling import api, backends
@@ -94,7 +93,8 @@ def _due_by_the_wall_clock() -> None:
     would never be due. ``clock_timestamp()`` is the wall clock; those jobs' due time becomes ``now()``.
     """
     wall_clock = Func(function="clock_timestamp", output_field=DateTimeField())
-    late = ScheduledJob.objects.filter(state=JobState.PENDING, due_at__lte=wall_clock, due_at__gt=Now())
+    transaction_start = Func(function="now", output_field=DateTimeField())  # Django's Now() is statement time
+    late = ScheduledJob.objects.filter(state=JobState.PENDING, due_at__lte=wall_clock, due_at__gt=transaction_start)
     ids = list(late.values_list("id", flat=True))
     if ids:
         api.run_now_many(ids)

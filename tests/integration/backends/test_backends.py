@@ -377,7 +377,7 @@ def test_result_ids_are_random_and_no_other_id_shape_is_a_result():
 
 
 def test_a_job_that_is_no_task_is_no_result_and_cannot_be_cancelled_or_moved_as_one():
-    """A plain job, even with a result id (the backfill's shape), is TaskResultDoesNotExist to get, cancel, reschedule."""
+    """A plain job, even one with a result id (the backfill's), is TaskResultDoesNotExist to get, cancel, move."""
     import uuid
 
     plain = api.schedule("demo.record", {"label": "system"}, delay=60)
@@ -506,11 +506,8 @@ def _forget(module_name: str) -> None:
 
 def test_a_task_is_found_by_its_module_path_where_no_one_imported_it():
     """A task of a module under a handler package, forgotten by this process, still runs: found by its path."""
-    import sys
-
     from tests.taskkit.lazy import async_tasks
 
-    name = "tests.taskkit.lazy.async_tasks.ping"
     with override_settings(SCHEDULING_HANDLER_PACKAGES=["tests.taskkit"]):
         result = async_tasks.ping.enqueue("found")
         _forget("tests.taskkit.lazy.async_tasks")
@@ -581,7 +578,7 @@ def test_a_refusal_after_the_row_was_written_rolls_it_back():
 
 
 def test_a_tasks_own_sys_exit_and_keyboard_interrupt_are_its_failures():
-    """sys.exit() and KeyboardInterrupt inside a task: FAILED with that class and Django's traceback; run_due returns."""
+    """sys.exit() and KeyboardInterrupt in a task: FAILED with that class and Django's traceback; run_due returns."""
     exited = tasks.exits.options(max_attempts=1).enqueue("in-process")
     interrupted = tasks.interrupted.options(max_attempts=1).enqueue()
     report = testing.run_due()
