@@ -67,3 +67,32 @@ def test_a_cancelled_task_never_runs_on_the_worker(cluster):
     wait_for(lambda: tasks.record.get_result(control.id).is_finished, 60, message="the control task to run")
     assert tasks.record.get_result(cancelled.id).status == TaskResultStatus.FAILED
     assert list(Execution.objects.values_list("idempotency_key", flat=True)) == ["control"]
+
+
+def test_a_tasks_own_sys_exit_kills_no_pool_process(cluster):
+    """A task calling sys.exit() with 5 attempts: FAILED after 5 SystemExit errors, all run by one pool process."""
+    worker = cluster.worker(env=WORKER_ENV, concurrency=1)
+    wait_ready(worker)
+    result = tasks.exits.options(max_attempts=5).enqueue("sys-exit")
+    wait_for(lambda: tasks.exits.get_result(result.id).is_finished, 60, message=f"five attempts ({worker.log_path})")
+    failed = tasks.exits.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in failed.errors] == [SystemExit] * 5
+    assert all(e.traceback.endswith("SystemExit: 3\n") for e in failed.errors)
+    pids = set(Execution.objects.filter(kind="exits").values_list("pid", flat=True))
+    assert len(pids) == 1  # one pool process ran every attempt: none was killed and replaced
+    assert "WorkerLostError" not in worker.log_path.read_text()
+
+
+def test_a_worker_runs_a_task_whose_module_it_never_imported(cluster):
+    """tests/taskkit/lazy/async_tasks.py, imported by no worker at start, runs there: found by its module path."""
+    from tests.taskkit.lazy import async_tasks
+
+    worker = cluster.worker(env=WORKER_ENV)
+    wait_ready(worker)
+    result = async_tasks.ping.enqueue("lazy")
+    wait_for(lambda: async_tasks.ping.get_result(result.id).is_finished, 60, message=f"the task ({worker.log_path})")
+    done = async_tasks.ping.get_result(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL, done.errors
+    assert done.return_value["label"] == "lazy"
+    assert done.return_value["pid"] != os.getpid()
