@@ -158,22 +158,31 @@ def test_arguments_json_cannot_hold_are_refused_at_enqueue():
 
 
 def test_an_enqueued_task_is_seen_by_other_connections_only_after_commit():
-    """Inside the caller's transaction the row is there; another connection sees it only after the commit."""
+    """Inside the caller's transaction the result reads here; another thread (connection) finds it after the commit."""
+    import threading
 
-    def seen_elsewhere() -> int:
-        other = connections.create_connection("default")
-        try:
-            with other.cursor() as cursor:
-                cursor.execute("SELECT count(*) FROM scheduling_scheduledjob")
-                return int(cursor.fetchone()[0])
-        finally:
-            other.close()
+    def found_elsewhere(result_id: str) -> bool:
+        answer: list[bool] = []
+
+        def read() -> None:
+            try:
+                default_task_backend.get_result(result_id)
+                answer.append(True)
+            except TaskResultDoesNotExist:
+                answer.append(False)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        thread.join()
+        return answer[0]
 
     with transaction.atomic():
         result = t.noop.enqueue()
-        assert result.enqueued_at is not None
-        assert seen_elsewhere() == 0
-    assert seen_elsewhere() == 1
+        assert default_task_backend.get_result(result.id).id == result.id
+        assert found_elsewhere(result.id) is False
+    assert found_elsewhere(result.id) is True
 
 
 # --- Validation ----------------------------------------------------------------------------------

@@ -96,3 +96,49 @@ def test_a_worker_runs_a_task_whose_module_it_never_imported(cluster):
     assert done.status == TaskResultStatus.SUCCESSFUL, done.errors
     assert done.return_value["label"] == "lazy"
     assert done.return_value["pid"] != os.getpid()
+
+
+def test_the_worker_meets_the_peers_run_contract(cluster):
+    """On a real worker (tests/conformance's run checks): values, async, context, failures with whole tracebacks."""
+    from tests.taskkit import conformance as c
+
+    worker = cluster.worker(env=WORKER_ENV)
+    wait_ready(worker)
+    runs = {
+        "value": (c.meaning_of_life, c.meaning_of_life.enqueue()),
+        "async": (c.noop_async, c.noop_async.enqueue(1, two=3)),
+        "own_id": (c.own_result_id, c.own_result_id.enqueue()),
+        "context": (c.reads_its_context, c.reads_its_context.enqueue(1)),
+        "value_error": (c.fails_with_value_error, c.fails_with_value_error.enqueue()),
+        "system_exit": (c.fails_with_system_exit, c.fails_with_system_exit.enqueue()),
+        "sys_exit": (c.calls_sys_exit, c.calls_sys_exit.enqueue()),
+        "not_json": (c.returns_what_json_cannot_hold, c.returns_what_json_cannot_hold.enqueue()),
+    }
+
+    def read(name: str):
+        task, result = runs[name]
+        return task.get_result(result.id)
+
+    for name in runs:
+        wait_for(lambda name=name: read(name).is_finished, 60, message=f"{name} to finish ({worker.log_path})")
+    for name in ("value", "async", "own_id", "context"):
+        done = read(name)
+        assert (done.status, done.attempts, len(done.worker_ids)) == (TaskResultStatus.SUCCESSFUL, 1, 1), name
+        assert done.enqueued_at <= done.started_at <= done.finished_at
+        assert done.task == runs[name][0]
+    assert read("value").return_value == 42
+    assert (read("async").args, read("async").kwargs) == ([1], {"two": 3})
+    assert read("own_id").return_value == runs["own_id"][1].id
+    assert read("context").return_value["attempt"] == 1
+    expected = {
+        "value_error": (ValueError, "ValueError: This task failed due to ValueError\n"),
+        "system_exit": (SystemExit, "SystemExit: This task failed due to SystemExit\n"),
+        "sys_exit": (SystemExit, "SystemExit: 1\n"),
+        "not_json": (TypeError, None),
+    }
+    for name, (exception, ending) in expected.items():
+        failed = read(name)
+        assert (failed.status, [e.exception_class for e in failed.errors]) == (TaskResultStatus.FAILED, [exception])
+        assert ending is None or failed.errors[0].traceback.endswith(ending), failed.errors[0].traceback
+    assert "Unsupported type" in read("not_json").errors[0].traceback
+    assert "WorkerLostError" not in worker.log_path.read_text()
