@@ -602,7 +602,8 @@ class TimekeeperBackend(BaseTaskBackend):
             )
             ScheduledJob.objects.filter(pk=job.id, task_result_id__isnull=True).update(task_result_id=uuid.uuid4())
             row = ScheduledJob.objects.defer("return_value").get(pk=job.id)
-            result = self._read_row(row, task if outcome != "kept" else None)
+            fresh = outcome == "created"  # a new row has no attempts to read
+            result = self._read_row(row, task if outcome != "kept" else None, attempts=[] if fresh else None)
         if outcome != "kept":
             signals.task_enqueued.send(type(self), task_result=result)
         return result
@@ -611,11 +612,14 @@ class TimekeeperBackend(BaseTaskBackend):
         """The task's result read from its row; ``TaskResultDoesNotExist`` for any id that is not a task's result id."""
         return self._read_row(task_job(result_id, with_value=True), None)
 
-    def _read_row(self, row: ScheduledJob, enqueued: Task | None) -> TaskResult:
+    def _read_row(
+        self, row: ScheduledJob, enqueued: Task | None, *, attempts: list[JobAttempt] | None = None
+    ) -> TaskResult:
         declared = enqueued if enqueued is not None else task_for(row.kind)
         if declared is None:
             raise TaskResultDoesNotExist(f"No task result {str(row.task_result_id)!r}.")
-        attempts = list(JobAttempt.objects.filter(job_id=row.pk).order_by("number"))
+        if attempts is None:
+            attempts = list(JobAttempt.objects.filter(job_id=row.pk).order_by("number"))
         return _result(self, row, declared, attempts, enqueued)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -565,7 +565,7 @@ def test_a_refusal_after_the_row_was_written_rolls_it_back():
     """A failure inside enqueue after the insert (here: the result read) leaves no row, in autocommit."""
     original = backends.TimekeeperBackend._read_row
 
-    def broken(self: Any, row: Any, enqueued: Any) -> Any:
+    def broken(self: Any, row: Any, enqueued: Any, **kwargs: Any) -> Any:
         raise InvalidTask("refused late")
 
     backends.TimekeeperBackend._read_row = broken  # type: ignore[method-assign]
