@@ -92,3 +92,13 @@ def text_of(size: int) -> str:
 def whose(context: TaskContext) -> dict[str, Any]:
     """Return the owner and result id the context gives."""
     return {"owner_id": context.owner_id, "id": context.task_result.id}
+
+
+@backends.task(atomic=False, timeout=60, takes_context=True)
+def holds(context: TaskContext, label: str, seconds: float) -> str:
+    """Record an Execution (committed: not atomic) for this attempt, then hold the worker ``seconds``."""
+    import time
+
+    Execution.objects.create(idempotency_key=f"{label}:{context.attempt}", kind="holds", pid=os.getpid())
+    time.sleep(seconds)
+    return label

@@ -142,3 +142,25 @@ def test_the_worker_meets_the_peers_run_contract(cluster):
         assert ending is None or failed.errors[0].traceback.endswith(ending), failed.errors[0].traceback
     assert "Unsupported type" in read("not_json").errors[0].traceback
     assert "WorkerLostError" not in worker.log_path.read_text()
+
+
+def test_a_cold_shutdown_gives_the_task_back_without_an_error(cluster):
+    """A worker's cold shutdown mid-task: the claim is given back, the task READY with no WorkerLost error."""
+    import signal
+
+    from scheduling.due_at import runner
+    from scheduling.models import JobAttempt
+
+    cold = {**WORKER_ENV, "REMAP_SIGTERM": "SIGQUIT", "CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT_SECONDS": "1"}
+    worker = cluster.worker(env=cold)
+    wait_ready(worker)
+    result = tasks.holds.enqueue("cold", 60)
+    wait_for(
+        lambda: Execution.objects.filter(kind="holds").exists(), 60, message=f"the task to start ({worker.log_path})"
+    )
+    worker.signal(signal.SIGTERM)
+    assert worker.popen.wait(30) is not None
+    (attempt,) = JobAttempt.objects.filter(job__task_result_id=result.id)
+    assert attempt.error == runner.RELEASE_REASON  # given back by the stopping process, not the sweeper
+    after = tasks.holds.get_result(result.id)
+    assert (after.status, after.errors, after.attempts) == (TaskResultStatus.READY, [], 1)
