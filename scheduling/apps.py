@@ -6,6 +6,9 @@ before Django would fail on them with a traceback.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+
 from django.apps import AppConfig, apps
 from django.core.exceptions import ImproperlyConfigured
 
@@ -30,12 +33,17 @@ class SchedulingConfig(AppConfig):
 
         from scheduling import (
             api,
-            checks,  # noqa: F401 - registers the checks on import
+            checks,  # registers the checks on import (and says whether TASKS uses our backend)
         )
         from scheduling.fixed import policies
         from scheduling.models import Recurrence, SchedulePolicy
         from scheduling.recurring import api as recurring_api
         from scheduling.recurring import checks as recurring_checks  # noqa: F401 - registers E010, W009
+
+        if checks.uses_timekeeper_tasks():  # its registry finder: tasks found by module path in every process
+            # Django 5.2 without the django-tasks package: TASKS cannot work, and says so where it is used.
+            with contextlib.suppress(ImportError):
+                importlib.import_module("scheduling.backends")
 
         # A deleted user's waiting jobs and recurrences are cancelled first; their jobs keep who owned them.
         pre_delete.connect(api.on_owner_deleted, sender=get_user_model(), dispatch_uid="timekeeper-owner-deleted")

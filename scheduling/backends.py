@@ -7,34 +7,43 @@ same code imports whichever is there) run as Timekeeper jobs:
 - **A task is a kind.** The first time a task is made (``@task`` at import), its kind is
   registered under the task's ``module_path`` (``shop.tasks.send_welcome``), with one handler that
   runs the function. So pause, cap, priority, rescue, retries with backoff, timeouts, metrics,
-  traces and the admin apply to tasks as to any kind. Workers know a task once its module is
-  imported: Celery's ``app.autodiscover_tasks()`` imports every installed app's ``tasks.py`` at
-  worker start; tasks kept elsewhere go in ``SCHEDULING_HANDLER_PACKAGES``. A worker that does not
-  know the kind retries the job a minute later, as for any unknown kind.
+  traces and the admin apply to tasks as to any kind. A process that has not imported a task's
+  module finds it by that path (a ``registry`` finder, loaded by ``apps.ready``): only a module
+  under an installed app or a ``SCHEDULING_HANDLER_PACKAGES`` package is imported, and only a
+  ``Task`` of a Timekeeper backend whose ``module_path`` is the kind counts.
 - **enqueue** is ``scheduling.api.schedule()``: one row in the caller's transaction (roll back and
   there is no task), ``due_at`` = ``run_after`` (aware datetimes only) or now; the payload is
-  ``{"args", "kwargs", "queue_name", "priority"}``. The result id is the job id (as a string):
-  ``cancel()`` / ``reschedule()`` here, or ``api.cancel(job_id=int(result.id))``.
+  ``{"args", "kwargs", "queue_name", "priority"}`` (and ``run_after``). Every refusal stores
+  nothing (``USE_TZ = False`` is one). ``result.task`` is the task enqueued. The result id is a
+  random UUID in the job's ``task_result_id``, never its sequential id (a task scheduled through
+  the JSON API gets ``signed_result_id(job id)`` at its first run); ``cancel()`` /
+  ``reschedule()`` here take tasks' result ids only. ``get_result`` shows any task to whoever has
+  its id: a host's "poll my task" view calls ``owned_result(result_id, request.user)``
+  (docs/installing.md, "Whose result is it").
 - **Priority**: Django's -100..100 onto the claim's 0-9 (higher first): ``p <= 0`` is 0, the
   default of every kind (there is nothing below it in the claim), and ``1..100`` is
   ``ceil(p * 9 / 100)`` (1-11 -> 1, ..., 89-100 -> 9). Order is kept; negative priorities tie
   with the default.
 - **Queues**: ``QUEUES`` (default ``["default"]``) lists the names a task may use; any other is
-  ``InvalidTask``. The due_at engine has one queue, the table, ordered by priority then due time:
-  the name is kept on the job (its payload's ``queue_name``, shown in the admin) and on the
-  result, and does not route work to other workers.
+  ``InvalidTask`` (the kind's schema says the same to the JSON API). The due_at engine has one
+  queue, the table, ordered by priority then due time: the name is kept on the job (its payload's
+  ``queue_name``, shown in the admin) and on the result, and does not route work to other workers.
 - **Running**: the kind's handler sends ``task_started``, calls the function (a coroutine through
-  ``async_to_sync``) with a ``TaskContext`` first when ``takes_context``, keeps the JSON return
-  value in the job's ``return_value`` (written in the handler's transaction: an atomic task's
-  value commits with its ``done``), and sends ``task_finished`` (SUCCESSFUL or FAILED) before the
-  outcome is recorded. A failure is retried with the kind's backoff up to ``max_attempts`` (the
-  result is READY again meanwhile), then FAILED.
+  ``async_to_sync``) with a ``TimekeeperTaskContext`` (Django's, plus ``owner_id``) first when
+  ``takes_context``, keeps the JSON return value in the job's ``return_value`` (written in the
+  handler's transaction: an atomic task's value commits with its ``done``; over
+  ``SCHEDULING_MAX_RETURN_VALUE_BYTES`` it is ``ReturnValueTooLarge``, the attempt's failure), and
+  sends ``task_finished`` (SUCCESSFUL or FAILED) before the outcome is recorded. The task's own
+  ``SystemExit`` / ``KeyboardInterrupt`` is its failure, not the worker's shutdown
+  (``executor.process_stopping``). A failure is retried with the kind's backoff up to
+  ``max_attempts`` (the result is READY meanwhile: Django's "ready to be executed again"), then FAILED.
 - **Results** are read from the row and its attempts: READY (pending, or claimed and not
   started), RUNNING (started), SUCCESSFUL (done), FAILED (dead or cancelled); ``errors`` holds one
-  ``TaskError`` per failed attempt (the exception's class path and its traceback, messages
-  withheld as in every attempt; a timeout is ``scheduling.core.executor.JobTimeout``, a claim
-  taken back from a dead worker ``scheduling.backends.WorkerLost``); ``worker_ids`` one worker per
-  attempt. An id that is not a task's job raises ``TaskResultDoesNotExist``.
+  ``TaskError`` per failed attempt (the exception's class path and Django's whole traceback,
+  message included; a timeout is ``scheduling.core.executor.JobTimeout``, a claim taken back from a
+  dead worker ``scheduling.backends.WorkerLost``, a claim a stopping worker gave back no error
+  while the task will run again); ``worker_ids`` one worker per attempt. Any id that is not a
+  task's result id raises ``TaskResultDoesNotExist``; a stored job is never ``InvalidTask``.
 
 Timekeeper's extras: per task with ``@backends.task(..., max_attempts=, timeout=, backoff=,
 atomic=, api=)`` (Django's ``@task`` arguments plus these: the kind's contract), per call with
@@ -47,26 +56,36 @@ only: it is what makes a task schedulable through the JSON API; without it, it i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import hashlib
+import hmac
+import importlib
+import json
 import logging
 import math
+import re
+import traceback
+import uuid
 from collections.abc import Callable
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
+from django.apps import apps
+from django.conf import settings
 from django.core import checks
+from django.db import transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from scheduling import api
-from scheduling.core import exceptions, executor, registry
+from scheduling.core import conf, exceptions, executor, registry
 from scheduling.due_at.api import ON_CONFLICT_CHOICES
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 
 if TYPE_CHECKING:  # one set of names for the type checker; at run time, whichever framework is installed
-    from django.tasks import signals
+    from django.tasks import signals, task_backends
     from django.tasks import task as django_task
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
@@ -74,14 +93,14 @@ if TYPE_CHECKING:  # one set of names for the type checker; at run time, whichev
     from django.utils.json import normalize_json
 else:
     try:  # Django 6.0+: the framework is built in
-        from django.tasks import signals
+        from django.tasks import signals, task_backends
         from django.tasks import task as django_task
         from django.tasks.backends.base import BaseTaskBackend
         from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
         from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
         from django.utils.json import normalize_json
     except ImportError:  # Django 5.2: the django-tasks backport (0.12, whose API is Django 6.0's)
-        from django_tasks import signals
+        from django_tasks import signals, task_backends
         from django_tasks import task as django_task
         from django_tasks.backends.base import BaseTaskBackend
         from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
@@ -99,6 +118,7 @@ PAYLOAD_SCHEMA: dict[str, Any] = {  # what a task's row holds; the JSON API chec
         "kwargs": {"type": "object"},
         "queue_name": {"type": "string"},
         "priority": {"type": "integer", "minimum": -100, "maximum": 100},
+        "run_after": {"type": "string"},  # the task's run_after as enqueued (result.task shows it; due_at is the row's)
     },
     "required": ["args", "kwargs"],
     "additionalProperties": False,
@@ -109,6 +129,13 @@ JOB_OVERRIDES = ("timeout", "backoff", "atomic")  # per call, they are the job's
 
 class WorkerLost(exceptions.SchedulingError):
     """The class path of a task's error when its claim was taken back (the worker died or stopped)."""
+
+
+@dataclasses.dataclass(frozen=TaskContext.__dataclass_params__.frozen, slots=True, kw_only=True)  # type: ignore[literal-required, attr-defined, misc]  # as frozen as Django's (stubs differ by version)
+class TimekeeperTaskContext(TaskContext):
+    """Django's ``TaskContext`` plus the job's owner: ``owner_id`` (None for the system's tasks)."""
+
+    owner_id: int | None = None
 
 
 def job_priority(priority: int) -> int:
@@ -208,7 +235,7 @@ def _register(task_obj: Task) -> None:
         run.__doc__ = task_obj.func.__doc__ or f"Django task {name}."
     registry.handler(
         name,
-        schema=PAYLOAD_SCHEMA,
+        schema=_schema_for(task_obj),
         timeout=getattr(task_obj, "timeout", None),
         max_attempts=getattr(task_obj, "max_attempts", None),
         backoff=getattr(task_obj, "backoff", None),
@@ -217,18 +244,63 @@ def _register(task_obj: Task) -> None:
     )(run)
 
 
+def _schema_for(task_obj: Task) -> dict[str, Any]:
+    """``PAYLOAD_SCHEMA`` with ``queue_name`` one of the task's backend's ``QUEUES`` (every door checks it)."""
+    queues = sorted(getattr(task_obj.get_backend(), "queues", ()) or ())
+    if not queues:
+        return PAYLOAD_SCHEMA
+    properties = {**PAYLOAD_SCHEMA["properties"], "queue_name": {"type": "string", "enum": queues}}
+    return {**PAYLOAD_SCHEMA, "properties": properties}
+
+
 def task_for(kind: str) -> Task | None:
-    """The task whose kind is ``kind``, importing its module if this process has not; None if it is no task."""
+    """The task whose kind is ``kind``, found by its module path if this process has not seen it; None if none."""
     known = _tasks.get(kind)
     if known is not None:
         return known
+    _find_kind(kind)
+    return _tasks.get(kind)
+
+
+def _allowed_module(module_name: str) -> bool:
+    """Whether ``module_name`` may be imported to find a task: under an installed app or a handler package."""
+    roots = [app_config.name for app_config in apps.get_app_configs()] + list(conf.get().handler_packages)
+    return any(module_name == root or module_name.startswith(f"{root}.") for root in roots)
+
+
+_MODULE_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _find_kind(name: str) -> bool:
+    """Register the task whose module path is ``name`` (a ``registry`` finder): True if there is one.
+
+    Safely: only a module under an installed app (or a ``SCHEDULING_HANDLER_PACKAGES`` package) is
+    imported, and only a ``Task`` of a Timekeeper backend, whose module path is ``name``, counts.
+    """
+    if name in _tasks:
+        _register(_tasks[name])
+        return True
+    module_name, _, attribute = name.rpartition(".")
+    if not _MODULE_PATH.fullmatch(name) or not _allowed_module(module_name):
+        return False
     try:
-        found = import_string(kind)
+        module = importlib.import_module(module_name)
     except ImportError:
-        return None
-    if isinstance(found, Task):
-        return found
-    return _tasks.get(kind)  # the import registered it under its function's path
+        return False
+    except Exception:  # a module that fails to import is the kind's problem, logged; the job waits as unknown
+        logger.warning("a task's module failed to import", exc_info=True, extra={"kind": name, "action": "unknown"})
+        return False
+    found = getattr(module, attribute, None)
+    if not isinstance(found, Task) or found.module_path != name:
+        return False
+    try:
+        backend = found.get_backend()
+    except Exception:  # InvalidTaskBackend: its alias is not in TASKS
+        return False
+    if not isinstance(backend, TimekeeperBackend):
+        return False
+    _register(found)
+    return True
 
 
 def _handler_for(name: str) -> Callable[[registry.Job], None]:
@@ -238,31 +310,46 @@ def _handler_for(name: str) -> Callable[[registry.Job], None]:
     return run
 
 
+def signed_result_id(job_id: int) -> uuid.UUID:
+    """The result id of a task job scheduled through another door (the JSON API): signed, stable, not guessable."""
+    digest = hmac.new(settings.SECRET_KEY.encode(), f"timekeeper-task-result:{job_id}".encode(), hashlib.sha256)
+    return uuid.UUID(bytes=digest.digest()[:16], version=4)
+
+
 def _run(name: str, job: registry.Job) -> None:
     """Run one task job on the worker: signals, context, the call, the return value kept with the outcome."""
     declared = _tasks[name]
     backend = declared.get_backend()
     sender = type(backend)
     assert job.id is not None
-    row = ScheduledJob.objects.get(pk=job.id)
+    row = ScheduledJob.objects.defer("return_value").get(pk=job.id)
+    if row.task_result_id is None:  # scheduled through the JSON API: its signed id, the same at every attempt
+        row.task_result_id = signed_result_id(job.id)
+        ScheduledJob.objects.filter(pk=job.id, task_result_id__isnull=True).update(task_result_id=row.task_result_id)
     running = _result(backend, row, declared, list(row.attempt_set.order_by("number")))
     signals.task_started.send(sender=sender, task_result=running)
     args, kwargs = list(job.payload.get("args", [])), dict(job.payload.get("kwargs", {}))
     try:
         call = running.task.func
         if running.task.takes_context:
-            args.insert(0, TaskContext(task_result=running))
+            args.insert(0, TimekeeperTaskContext(task_result=running, owner_id=row.owner_id))
         value = async_to_sync(call)(*args, **kwargs) if iscoroutinefunction(call) else call(*args, **kwargs)
         value = normalize_json(value)
+        size, limit = len(json.dumps(value).encode()), conf.get().max_return_value_bytes
+        if size > limit:
+            raise exceptions.ReturnValueTooLarge(size, limit)
         ScheduledJob.objects.filter(pk=job.id, token=job.token).update(return_value=value)
-    except (SystemExit, KeyboardInterrupt):  # the worker is stopping: the claim is given back, not failed
-        raise
-    except BaseException as exc:  # JobTimeout too: the kind's timeout stopped it
+    except BaseException as exc:  # the task's own SystemExit and JobTimeout too (the kind's timeout stopped it)
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)) and executor.process_stopping(exc):
+            raise  # the worker is stopping: the claim is given back, not failed
+        error = _error(exc)
+        with contextlib.suppress(AttributeError, TypeError):  # the attempt keeps Django's whole traceback
+            setattr(exc, executor.KEPT_TRACEBACK_ATTRIBUTE, error.traceback)
         failed = _changed(
             running,
             status=TaskResultStatus.FAILED,
             finished_at=timezone.now(),
-            errors=[*running.errors, _error(exc)],
+            errors=[*running.errors, error],
         )
         signals.task_finished.send(sender=sender, task_result=failed)
         raise
@@ -275,7 +362,7 @@ def _error(exc: BaseException) -> TaskError:
     kind = type(exc)
     return TaskError(
         exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
-        traceback=executor.scrubbed_traceback(exc)[-executor.TRACEBACK_LIMIT :],
+        traceback="".join(traceback.format_exception(exc))[-executor.TRACEBACK_LIMIT :],
     )
 
 
@@ -288,19 +375,37 @@ def _changed(result: TaskResult, **changes: Any) -> TaskResult:
 # --- Results: read from the job's row and its attempts -------------------------------------------
 
 
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+
 def _attempt_error(attempt: JobAttempt) -> TaskError:
-    """One failed attempt as Django's TaskError: the class path from the traceback's last line."""
+    """One failed attempt as Django's TaskError: its class path and the traceback the worker kept.
+
+    A task's traceback is Django's whole text (``traceback.format_exception``: its last line is
+    ``ValueError: message``, a builtin without its module); an attempt recorded before that, or of a
+    kind that was not a task then, has the scrubbed form (``builtins.ValueError: (message withheld)``).
+    """
     if attempt.outcome == AttemptOutcome.TIMED_OUT:
         path = f"{executor.JobTimeout.__module__}.{executor.JobTimeout.__qualname__}"
     elif attempt.outcome == AttemptOutcome.RECLAIMED:
         path = f"{WorkerLost.__module__}.{WorkerLost.__qualname__}"
     else:
-        last = attempt.traceback.rstrip().rsplit("\n", 1)[-1]
-        path = last.split(":", 1)[0].strip() if ": (message withheld)" in last else "builtins.Exception"
+        path = _class_path(attempt.traceback, attempt.error.split(":", 1)[0].strip())
     return TaskError(exception_class_path=path, traceback=attempt.traceback or attempt.error)
 
 
+def _class_path(text: str, name: str) -> str:
+    """The exception's class path in a traceback's text, the class named ``name`` (from ``Type: message``)."""
+    for line in reversed(text.rstrip().splitlines()):
+        match = _EXCEPTION_LINE.match(line)
+        if match and match.group(1).rsplit(".", 1)[-1] == name:
+            found = match.group(1)
+            return found if "." in found else f"builtins.{found}"
+    return "builtins.Exception"
+
+
 def _status(row: ScheduledJob) -> TaskResultStatus:
+    """Django's status of a job: READY while it waits (a retry too: "ready to be executed again"), then RUNNING."""
     if row.state == JobState.PENDING or (row.state == JobState.CLAIMED and not row.claimed_by):
         return TaskResultStatus.READY
     if row.state == JobState.CLAIMED:
@@ -310,7 +415,55 @@ def _status(row: ScheduledJob) -> TaskResultStatus:
     return TaskResultStatus.FAILED  # dead, or cancelled (Django has no cancelled status)
 
 
-def _result(backend: BaseTaskBackend, row: ScheduledJob, declared: Task, attempts: list[JobAttempt]) -> TaskResult:
+def _is_error(attempt: JobAttempt, row: ScheduledJob, last: bool) -> bool:
+    """Whether an attempt is one of the task's errors: a failure, or a claim lost other than by a shutdown.
+
+    A claim a stopping worker gave back (``runner.RELEASE_REASON``) is no error of the task while it
+    will run again; it is one when it was the task's last attempt (the job is dead).
+    """
+    if attempt.outcome == AttemptOutcome.SUCCEEDED:
+        return False
+    if attempt.outcome == AttemptOutcome.RECLAIMED and attempt.error.startswith(RELEASED_PREFIX):
+        return last and row.state == JobState.DEAD
+    return True
+
+
+RELEASED_PREFIX = "released:"  # the start of scheduling.due_at.runner.RELEASE_REASON
+
+
+def _parsed_run_after(raw: Any) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+
+
+def _shown_task(declared: Task, payload: dict[str, Any]) -> Task:
+    """The task as enqueued: the declared one with the row's priority, queue and run_after.
+
+    Built without validation: a stored job is shown as it is even when the backend would refuse it
+    today (a queue since removed from QUEUES); the declared task itself when nothing differs.
+    """
+    changes = {
+        "priority": payload.get("priority", declared.priority),
+        "queue_name": payload.get("queue_name", declared.queue_name),
+        "run_after": _parsed_run_after(payload.get("run_after")),
+    }
+    if all(getattr(declared, name) == value for name, value in changes.items()):
+        return declared
+    copy = object.__new__(type(declared))
+    for field in dataclasses.fields(declared):
+        object.__setattr__(copy, field.name, changes.get(field.name, getattr(declared, field.name)))
+    return copy
+
+
+def _result(
+    backend: BaseTaskBackend,
+    row: ScheduledJob,
+    declared: Task,
+    attempts: list[JobAttempt],
+    enqueued: Task | None = None,
+) -> TaskResult:
     payload = row.payload if isinstance(row.payload, dict) else {}
     status = _status(row)
     worker_ids = [a.worker for a in attempts]
@@ -320,14 +473,9 @@ def _result(backend: BaseTaskBackend, row: ScheduledJob, declared: Task, attempt
         worker_ids.append(row.claimed_by)
         last_attempted = row.claimed_at
         starts.append(row.claimed_at)
-    shown = declared.using(
-        priority=payload.get("priority", declared.priority),
-        queue_name=payload.get("queue_name", declared.queue_name),
-        run_after=row.due_at,
-    )
     result: TaskResult = TaskResult(
-        task=shown,
-        id=str(row.id),
+        task=enqueued if enqueued is not None else _shown_task(declared, payload),
+        id=str(row.task_result_id),
         status=status,
         enqueued_at=row.created_at,
         started_at=starts[0] if starts else None,
@@ -337,7 +485,7 @@ def _result(backend: BaseTaskBackend, row: ScheduledJob, declared: Task, attempt
         args=list(payload.get("args", [])),
         kwargs=dict(payload.get("kwargs", {})),
         backend=backend.alias,
-        errors=[_attempt_error(a) for a in attempts if a.outcome != AttemptOutcome.SUCCEEDED],
+        errors=[_attempt_error(a) for i, a in enumerate(attempts) if _is_error(a, row, i == len(attempts) - 1)],
         worker_ids=worker_ids,
     )
     if status == TaskResultStatus.SUCCESSFUL:
@@ -345,22 +493,61 @@ def _result(backend: BaseTaskBackend, row: ScheduledJob, declared: Task, attempt
     return result
 
 
-def _job_id(result: TaskResult | str | int) -> int:
+def _result_uuid(result: TaskResult | str) -> uuid.UUID:
+    """A result id as its UUID; ``TaskResultDoesNotExist`` for any other shape (a job's number included)."""
     raw = result.id if isinstance(result, TaskResult) else result
     try:
-        return int(raw)
-    except (TypeError, ValueError):
+        return uuid.UUID(str(raw))
+    except (TypeError, ValueError, AttributeError):
         raise TaskResultDoesNotExist(f"No task result {raw!r}.") from None
 
 
-def cancel(result: TaskResult | str | int) -> int:
-    """Cancel a task that has not started (``scheduling.api.cancel``); ``JobNotCancellable`` otherwise."""
-    return api.cancel(job_id=_job_id(result))
+def task_job(
+    result: TaskResult | str, *, owner: Any = None, any_owner: bool = True, with_value: bool = False
+) -> ScheduledJob:
+    """The job behind a task's result id; ``TaskResultDoesNotExist`` unless it is a task's job (and ``owner``'s).
+
+    ``any_owner=False``: only a job whose owner is ``owner`` (None: the system's tasks) counts, the
+    check a host project's "poll my task" view makes (``owned_result``).
+    """
+    found = ScheduledJob.objects.filter(task_result_id=_result_uuid(result))
+    if not any_owner:
+        found = found.filter(owner_id=getattr(owner, "pk", owner))
+    row = (found if with_value else found.defer("return_value")).first()
+    if row is None or task_for(row.kind) is None:
+        raise TaskResultDoesNotExist(f"No task result {str(getattr(result, 'id', result))!r}.")
+    return row
 
 
-def reschedule(result: TaskResult | str | int, run_after: dt.datetime) -> dt.datetime:
-    """Move a task that has not started to ``run_after`` (aware); returns the stored due time."""
-    return api.reschedule(job_id=_job_id(result), due_at=run_after)
+def cancel(result: TaskResult | str) -> int:
+    """Cancel a task that has not started (``scheduling.api.cancel``); ``JobNotCancellable`` otherwise.
+
+    Only a task's result id is taken: any other id (a job's number, another kind's job) is ``TaskResultDoesNotExist``.
+    """
+    return api.cancel(job_id=task_job(result).pk)
+
+
+def reschedule(result: TaskResult | str, run_after: dt.datetime) -> dt.datetime:
+    """Move a task that has not started to ``run_after`` (aware); returns the stored due time (tasks only)."""
+    return api.reschedule(job_id=task_job(result).pk, due_at=run_after)
+
+
+def owned_result(result_id: str, owner: Any, *, alias: str = "default") -> TaskResult:
+    """The result ``result_id`` if ``owner`` enqueued it (``options(owner=...)``); ``TaskResultDoesNotExist`` if not.
+
+    What a host project's "poll my task" view calls with ``request.user``: a result id is random and
+    not guessable, but one leaked (a log, a shared link) must not show another user's args and value.
+    """
+    backend = _backend(alias)
+    row = task_job(result_id, owner=owner, any_owner=False, with_value=True)
+    return backend._read_row(row, None)
+
+
+def _backend(alias: str) -> TimekeeperBackend:
+    backend = task_backends[alias]
+    if not isinstance(backend, TimekeeperBackend):
+        raise InvalidTask(f"TASKS[{alias!r}] is not scheduling.backends.TimekeeperBackend.")
+    return backend
 
 
 class TimekeeperBackend(BaseTaskBackend):
@@ -384,38 +571,56 @@ class TimekeeperBackend(BaseTaskBackend):
         _register(task)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """One due_at row in the caller's transaction (``scheduling.api.schedule``), then ``task_enqueued``."""
+        """One due_at row in the caller's transaction (``scheduling.api.schedule``), then ``task_enqueued``.
+
+        Every refusal comes before anything is written, or rolls back what was: nothing is committed.
+        """
         self.validate_task(task)
-        payload = normalize_json(
-            {"args": list(args), "kwargs": dict(kwargs), "queue_name": task.queue_name, "priority": task.priority}
-        )
+        if not settings.USE_TZ:
+            raise InvalidTask("Timekeeper's backend needs USE_TZ = True (due times are aware datetimes).")
+        fields: dict[str, Any] = {
+            "args": list(args),
+            "kwargs": dict(kwargs),
+            "queue_name": task.queue_name,
+            "priority": task.priority,
+        }
+        if task.run_after is not None:
+            fields["run_after"] = task.run_after.isoformat()
+        payload = normalize_json(fields)
         timing: dict[str, Any] = {"due_at": task.run_after} if task.run_after is not None else {"delay": 0}
-        job, outcome = api.schedule_with_outcome(
-            task.module_path,
-            payload,
-            key=getattr(task, "key", None),
-            on_conflict=getattr(task, "on_conflict", "replace"),
-            max_attempts=getattr(task, "max_attempts", None),
-            owner=getattr(task, "owner", None),
-            priority=job_priority(task.priority),
-            **(task.job_overrides() if isinstance(task, TimekeeperTask) else {}),
-            **timing,
-        )
-        result = self._read(job.id, task)
+        with transaction.atomic():
+            job, outcome = api.schedule_with_outcome(
+                task.module_path,
+                payload,
+                key=getattr(task, "key", None),
+                on_conflict=getattr(task, "on_conflict", "replace"),
+                max_attempts=getattr(task, "max_attempts", None),
+                owner=getattr(task, "owner", None),
+                priority=job_priority(task.priority),
+                **(task.job_overrides() if isinstance(task, TimekeeperTask) else {}),
+                **timing,
+            )
+            ScheduledJob.objects.filter(pk=job.id, task_result_id__isnull=True).update(task_result_id=uuid.uuid4())
+            row = ScheduledJob.objects.defer("return_value").get(pk=job.id)
+            fresh = outcome == "created"  # a new row has no attempts to read
+            result = self._read_row(row, task if outcome != "kept" else None, attempts=[] if fresh else None)
         if outcome != "kept":
             signals.task_enqueued.send(type(self), task_result=result)
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
-        """The task's result read from its row; ``TaskResultDoesNotExist`` for an unknown id or a job of no task."""
-        return self._read(_job_id(result_id), None)
+        """The task's result read from its row; ``TaskResultDoesNotExist`` for any id that is not a task's result id."""
+        return self._read_row(task_job(result_id, with_value=True), None)
 
-    def _read(self, job_id: int, task: Task | None) -> TaskResult:
-        row = ScheduledJob.objects.filter(pk=job_id).first()
-        declared = task if task is not None else (task_for(row.kind) if row is not None else None)
-        if row is None or declared is None:
-            raise TaskResultDoesNotExist(f"No task result {str(job_id)!r}.")
-        return _result(self, row, declared, list(JobAttempt.objects.filter(job_id=job_id).order_by("number")))
+    def _read_row(
+        self, row: ScheduledJob, enqueued: Task | None, *, attempts: list[JobAttempt] | None = None
+    ) -> TaskResult:
+        declared = enqueued if enqueued is not None else task_for(row.kind)
+        if declared is None:
+            raise TaskResultDoesNotExist(f"No task result {str(row.task_result_id)!r}.")
+        if attempts is None:
+            attempts = list(JobAttempt.objects.filter(job_id=row.pk).order_by("number"))
+        return _result(self, row, declared, attempts, enqueued)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         """``scheduling.E009``: QUEUES must name at least one queue; the backend takes no OPTIONS."""
@@ -436,6 +641,9 @@ class TimekeeperBackend(BaseTaskBackend):
         ]
 
 
+registry.add_finder(_find_kind)  # a task is found by its module path wherever it is defined (safely)
+
+
 __all__ = [
     "PAYLOAD_SCHEMA",
     "InvalidTask",
@@ -445,10 +653,14 @@ __all__ = [
     "TaskResultStatus",
     "TimekeeperBackend",
     "TimekeeperTask",
+    "TimekeeperTaskContext",
     "WorkerLost",
     "cancel",
     "job_priority",
+    "owned_result",
     "reschedule",
+    "signed_result_id",
     "task",
     "task_for",
+    "task_job",
 ]

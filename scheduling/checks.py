@@ -332,6 +332,14 @@ def check_cancel_on_connection_loss(app_configs: Any = None, **kwargs: Any) -> l
 TIMEKEEPER_TASKS_BACKEND = "scheduling.backends.TimekeeperBackend"
 
 
+def uses_timekeeper_tasks() -> bool:
+    """Whether a TASKS entry uses Timekeeper's backend (then every process loads it: apps.ready)."""
+    from django.conf import settings
+
+    tasks_setting = getattr(settings, "TASKS", None) or {}
+    return any(isinstance(p, dict) and p.get("BACKEND") == TIMEKEEPER_TASKS_BACKEND for p in tasks_setting.values())
+
+
 @checks.register()
 def check_tasks_backport(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Before Django 6.0, the Tasks framework's checks and log receivers load with the backport's app."""

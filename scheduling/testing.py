@@ -10,11 +10,12 @@ In a test of your project (pytest-django or Django's ``TestCase``; PostgreSQL as
         report = testing.run_due(include_future=True)   # runs it here, in the test's process
         assert report.succeeded == 1
 
-- ``run_due()`` claims the jobs that are due now (by the database clock) and runs them in the
-  test's process through the real runner: the same claim, retries, attempts and outcomes as a
-  worker, Django tasks of ``scheduling.backends`` included. ``include_future=True`` first makes
-  every pending job due now (``api.run_now_many``). It loops until nothing is due (a job that
-  schedules another due job sees it run too), at most ``max_rounds`` times. No worker, no broker.
+- ``run_due()`` claims the jobs that are due now (by the database's wall clock, even inside
+  Django's ``TestCase``, whose transaction freezes ``now()``) and runs them in the test's process
+  through the real runner: the same claim, retries, attempts and outcomes as a worker, Django
+  tasks of ``scheduling.backends`` included. ``include_future=True`` first makes every pending job
+  due now (``api.run_now_many``). It loops until nothing is due (a job that schedules another due
+  job sees it run too), at most ``max_rounds`` times. No worker, no broker.
 - ``assert_scheduled(kind, payload=..., key=..., due_at=..., state=...)``: exactly ``count``
   (default 1) jobs of ``kind`` match; the failure message lists the jobs of that kind there are.
 - ``isolated_registry()``: a block with an empty registry of kinds (handlers declared inside it
@@ -37,6 +38,7 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
+from django.db.models import DateTimeField, Func
 from django.test.utils import override_settings
 
 from scheduling import api, backends
@@ -69,6 +71,8 @@ def run_due(*, include_future: bool = False, max_rounds: int = DEFAULT_MAX_ROUND
                 pending = list(ScheduledJob.objects.filter(state=JobState.PENDING).values_list("id", flat=True))
                 if pending:
                     api.run_now_many(pending)
+            else:
+                _due_by_the_wall_clock()
             claims = claim.claim_here(CLAIM_LIMIT)
             if not claims:
                 break
@@ -79,6 +83,21 @@ def run_due(*, include_future: bool = False, max_rounds: int = DEFAULT_MAX_ROUND
             report.succeeded += batch.succeeded
             report.failed += batch.failed
     return report
+
+
+def _due_by_the_wall_clock() -> None:
+    """Make due, for the claim, the pending jobs whose due time has passed by the wall clock.
+
+    The claim compares with ``now()``, which PostgreSQL freezes at the start of a transaction: inside
+    Django's ``TestCase`` (one transaction per test), a task enqueued with ``run_after=timezone.now()``
+    would never be due. ``clock_timestamp()`` is the wall clock; those jobs' due time becomes ``now()``.
+    """
+    wall_clock = Func(function="clock_timestamp", output_field=DateTimeField())
+    transaction_start = Func(function="now", output_field=DateTimeField())  # Django's Now() is statement time
+    late = ScheduledJob.objects.filter(state=JobState.PENDING, due_at__lte=wall_clock, due_at__gt=transaction_start)
+    ids = list(late.values_list("id", flat=True))
+    if ids:
+        api.run_now_many(ids)
 
 
 def assert_scheduled(
@@ -127,20 +146,24 @@ def isolated_registry(*, keep_tasks: bool = True) -> Iterator[None]:
     """An empty registry of kinds inside the block; the previous one is back after it.
 
     ``keep_tasks``: the Django tasks declared so far keep their kinds (their modules are not
-    imported again, so their decorators would not register them).
+    imported again, so their decorators would not register them); ``False``: no task is known in
+    the block, not even by its module path.
     """
-    saved, loaded = dict(registry._kinds), registry._loaded
+    saved, loaded, finders = dict(registry._kinds), registry._loaded, list(registry._finders)
     registry._kinds.clear()
     registry._loaded = True  # the apps' jobs modules are not imported into it
     try:
         if keep_tasks:
             for declared in list(backends._tasks.values()):
                 backends._register(declared)
+        else:
+            registry._finders.clear()  # nor are tasks found by their module path
         yield
     finally:
         registry._kinds.clear()
         registry._kinds.update(saved)
         registry._loaded = loaded
+        registry._finders[:] = finders
 
 
 def inline_deferrals() -> override_settings:

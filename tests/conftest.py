@@ -71,6 +71,7 @@ def broker() -> Iterator[redis.Redis]:
 SERVICE_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
                     "live_server", "raw_connect", "broker", "cluster"}  # fmt: skip
 LEVEL_OF_MARKER = {"e2e": "e2e", "browser": "browser"}  # a test with this marker lives under tests/<level>/
+INTERNAL_FIXTURES = {"run_sql", "raw_connect", "broker"}  # the tables' SQL and Redis: not Django's Tasks API
 
 
 def misplaced(level: str, markers: set[str], fixtures: set[str]) -> str | None:
@@ -79,6 +80,13 @@ def misplaced(level: str, markers: set[str], fixtures: set[str]) -> str | None:
         used = sorted(fixtures & SERVICE_FIXTURES) + (["django_db"] if "django_db" in markers else [])
         if used:
             return f"a unit test touches no service, but it uses {', '.join(used)}: move it to tests/integration"
+    if level == "conformance":
+        used = sorted(fixtures & INTERNAL_FIXTURES)
+        if used:
+            return (
+                f"a conformance test goes through Django's Tasks API, but it uses {', '.join(used)}: "
+                "move it to tests/integration"
+            )
     for marker, home in LEVEL_OF_MARKER.items():
         if marker in markers and level != home:
             return f"a test marked {marker} lives under tests/{home}/, not tests/{level}/"
@@ -100,6 +108,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problems.append(f"{item.nodeid}: {why}")
     if problems:
         raise pytest.UsageError("tests at the wrong level:\n" + "\n".join(problems))
+
+
 BLOATED_BYTES = 512 * 1024  # a table file larger than this is truncated after a test, not emptied with DELETE
 
 

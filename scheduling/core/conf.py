@@ -50,6 +50,7 @@ class Settings:
     default_timeout_seconds: float = 300.0
     max_payload_bytes: int = 64 * 1024
     max_payload_depth: int = 32  # levels of nested lists/objects a payload may have
+    max_return_value_bytes: int = 1024 * 1024  # a Django task's return value as JSON; over it the attempt fails
     handler_packages: tuple[str, ...] = ()  # packages whose modules register handlers, besides every app's jobs.py
     # --- broker deferrals -----------------------------------------------------------------------------
     broker_delay_max_seconds: float = 900.0  # like SQS DelaySeconds; must stay below the visibility timeout

@@ -9,6 +9,7 @@ SchedulingError
  │    └── OverCallerLimit           an outside caller asks for more than the kind allows them
  │         ├── DueAtInPast          an outside caller's due_at is in the past (beyond the skew tolerance)
  │         └── RecurrenceTooFrequent an outside caller's recurrence runs closer than the minimum interval
+ ├── ReturnValueTooLarge            a Django task returned more than SCHEDULING_MAX_RETURN_VALUE_BYTES of JSON
  ├── OverCreationLimit              an owner creates too fast, or holds too many pending jobs or recurrences (429)
  ├── DelayTooLong                   a broker countdown would outlive the visibility timeout guard
  ├── BrokerNotConfigured            no Celery app / Redis broker to send to (scheduling.E004)
@@ -88,6 +89,20 @@ class DueAtInPast(OverCallerLimit):
 
 class RecurrenceTooFrequent(OverCallerLimit):
     """Raised at a door when a caller's recurrence (``every`` or cron) runs more often than the minimum interval."""
+
+
+class ReturnValueTooLarge(SchedulingError):
+    """Raised on the worker when a Django task's return value, as JSON, is over ``SCHEDULING_MAX_RETURN_VALUE_BYTES``.
+
+    The attempt fails with this error (retried like any failure): nothing of the value is stored.
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size, self.limit = size, limit
+        super().__init__(
+            f"The task's return value is {size} bytes of JSON, over SCHEDULING_MAX_RETURN_VALUE_BYTES ({limit}): "
+            "store large results elsewhere (a file, a model) and return a reference to them."
+        )
 
 
 class OverCreationLimit(SchedulingError):
@@ -212,6 +227,7 @@ __all__ = [
     "RecurrenceKeyConflict",
     "RecurrenceNotFound",
     "RecurrenceStateConflict",
+    "ReturnValueTooLarge",
     "ScheduleNotFound",
     "SchedulingError",
     "UnknownJobKind",

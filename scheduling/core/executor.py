@@ -5,6 +5,12 @@
 runner, the broker deferral task and the fixed-time gate all call it; what they do with the
 result (retry, dead, ledger) is theirs.
 
+A handler's own ``SystemExit`` or ``KeyboardInterrupt`` (``sys.exit()`` in a job) is that job's
+failure, like any exception: the pool process lives on. Only the process's real shutdown goes up:
+billiard's terminate handler has fired in this process (a pool child's SIGTERM of a cold shutdown),
+or Celery's own ``WorkerShutdown`` / ``WorkerTerminate``. A prefork child ignores SIGINT, so a
+``KeyboardInterrupt`` there is always the job's own.
+
 Timeouts: Celery's prefork children run tasks on their main thread, so a real-time interval timer
 (SIGALRM) can interrupt the handler wherever it is, even in a blocking call (PEP 475 retries the
 call only after the signal handler ran, and ours raises). Off the main thread (thread pools) there
@@ -89,6 +95,30 @@ def scrubbed_traceback(exc: BaseException) -> str:
     return "\n\nwhile handling or caused by:\n".join(reversed(parts))
 
 
+KEPT_TRACEBACK_ATTRIBUTE = "timekeeper_traceback"  # a handler's own traceback text for its exception
+
+
+def kept_traceback(exc: BaseException) -> str:
+    """The traceback kept for a failure: scrubbed (``scrubbed_traceback``), unless the handler gave its own.
+
+    A handler that owns its failures' text (a Django task: ``scheduling.backends`` keeps Django's
+    whole traceback, as Django's backends do) sets it on the exception as ``KEPT_TRACEBACK_ATTRIBUTE``.
+    """
+    own = getattr(exc, KEPT_TRACEBACK_ATTRIBUTE, None)
+    return own if isinstance(own, str) else scrubbed_traceback(exc)
+
+
+def process_stopping(exc: BaseException) -> bool:
+    """Whether a ``SystemExit`` / ``KeyboardInterrupt`` is this process's shutdown, not a handler's own exit."""
+    from billiard import common
+    from celery import exceptions as celery_exceptions
+
+    if isinstance(exc, (celery_exceptions.WorkerShutdown, celery_exceptions.WorkerTerminate)):
+        return True
+    fired = getattr(common, "terminate_handler_fired", None)
+    return bool(fired()) if fired is not None else bool(common._should_have_exited[0])
+
+
 def error_text(exc: BaseException) -> str:
     """``Type: message``, bounded: what a person reads first about a failure."""
     return f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_LIMIT]
@@ -124,7 +154,12 @@ def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Resu
             raise
         logger.warning("job timed out", extra={**log, "action": "timed_out", "timeout_seconds": timeout})
         return Result(TIMED_OUT, f"timed out after {timeout:g}s")
+    except (SystemExit, KeyboardInterrupt) as exc:
+        if process_stopping(exc):
+            raise
+        logger.warning("job raised %s", type(exc).__name__, extra={**log, "action": "failed"})
+        return Result(FAILED, error_text(exc), kept_traceback(exc)[-TRACEBACK_LIMIT:])
     except Exception as exc:
         logger.warning("job raised %s", type(exc).__name__, extra={**log, "action": "failed"})
-        return Result(FAILED, error_text(exc), scrubbed_traceback(exc)[-TRACEBACK_LIMIT:])
+        return Result(FAILED, error_text(exc), kept_traceback(exc)[-TRACEBACK_LIMIT:])
     return Result(SUCCEEDED)

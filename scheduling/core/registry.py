@@ -402,13 +402,30 @@ def handler_modules() -> list[str]:
     return names
 
 
+_finders: list[Callable[[str], bool]] = []  # called in order for a kind not registered yet (add_finder)
+
+
+def add_finder(finder: Callable[[str], bool]) -> None:
+    """Ask ``finder(name)`` for a kind that is not registered: it may register it (True) or not (False).
+
+    Django tasks use it (``scheduling.backends``): a task is found by its module path wherever it is
+    defined under an installed app, whether or not this process imported its module at start.
+    """
+    if finder not in _finders:
+        _finders.append(finder)
+
+
 def get(name: str) -> Kind:
-    """The registered kind ``name``, or ``UnknownJobKind``."""
+    """The registered kind ``name`` (asking the finders for one not registered yet), or ``UnknownJobKind``."""
     autodiscover()
     try:
         return _kinds[name]
     except KeyError:
-        raise exceptions.UnknownJobKind(name) from None
+        pass
+    for finder in list(_finders):
+        if finder(name) and name in _kinds:
+            return _kinds[name]
+    raise exceptions.UnknownJobKind(name)
 
 
 def all_kinds() -> dict[str, Kind]:

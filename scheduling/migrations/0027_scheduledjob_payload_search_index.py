@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY cannot run in a transaction
 
     dependencies = [
-        ("scheduling", "0024_one_live_occurrence_and_why_a_recurrence_paused"),
+        ("scheduling", "0025_scheduledjob_add_task_result_id"),
     ]
 
     operations = [

@@ -89,10 +89,15 @@ class ScheduledJobQuerySet(models.QuerySet["ScheduledJob"]):
         """What ``user`` may see: every row with the admin's view permission, their own rows otherwise.
 
         The staff flag alone grants nothing: the API asks for the same model permissions as the admin.
+        A Django task's return value is not read (``without_return_value``): the API does not show it.
         """
         if getattr(user, "is_active", False) and user.has_perm("scheduling.view_scheduledjob"):
-            return self
-        return self.filter(owner_id=getattr(user, "pk", None))
+            return self.without_return_value()
+        return self.filter(owner_id=getattr(user, "pk", None)).without_return_value()
+
+    def without_return_value(self) -> ScheduledJobQuerySet:
+        """The rows without ``return_value`` (up to SCHEDULING_MAX_RETURN_VALUE_BYTES each): reads not showing it."""
+        return self.defer("return_value")
 
 
 class ScheduledJob(models.Model):
@@ -177,6 +182,12 @@ class ScheduledJob(models.Model):
         null=True,
         blank=True,
         help_text="What a Django task (scheduling.backends) returned, written with its outcome; empty for other kinds.",
+    )
+    task_result_id = models.UUIDField(
+        "task result id",
+        null=True,
+        blank=True,
+        help_text="A Django task's result id (random, never the job's id: scheduling.backends); empty for other kinds.",
     )
     recurrence = models.ForeignKey(
         "Recurrence",
@@ -302,6 +313,12 @@ class ScheduledJob(models.Model):
             models.CheckConstraint(
                 condition=models.Q(priority__gte=MIN_PRIORITY, priority__lte=MAX_PRIORITY),
                 name="scheduledjob_priority_range",
+            ),
+            # A task's result id names one job (get_result, cancel and reschedule look it up here).
+            models.UniqueConstraint(
+                fields=["task_result_id"],
+                name="scheduledjob_task_result_id_uniq",
+                condition=models.Q(task_result_id__isnull=False),
             ),
             # Each occurrence of a recurrence at most once (a cancelled one frees its instant, so a
             # resumed recurrence can plan it again). The planner's insert names it in ON CONFLICT.

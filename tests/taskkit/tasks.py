@@ -65,3 +65,40 @@ def open_to_users(note: str) -> str:
     """A task any authenticated user may enqueue through the JSON API."""
     transaction.on_commit(lambda: None)
     return note
+
+
+@backends.task(takes_context=True, atomic=False, backoff=registry.Backoff(0.05, 0.1))
+def exits(context: TaskContext, label: str, code: int = 3) -> None:
+    """Record an Execution (committed: not atomic) with this process's pid, then call sys.exit(code)."""
+    import sys
+
+    Execution.objects.create(idempotency_key=f"{label}:{context.attempt}", kind="exits", pid=os.getpid())
+    sys.exit(code)
+
+
+@task
+def interrupted() -> None:
+    """Raise KeyboardInterrupt (a pool process ignores SIGINT: this is the task's own)."""
+    raise KeyboardInterrupt("the task's own interrupt")
+
+
+@task
+def text_of(size: int) -> str:
+    """Return ``size`` characters (a return value as large as asked)."""
+    return "x" * size
+
+
+@task(takes_context=True)
+def whose(context: TaskContext) -> dict[str, Any]:
+    """Return the owner and result id the context gives."""
+    return {"owner_id": context.owner_id, "id": context.task_result.id}
+
+
+@backends.task(atomic=False, timeout=60, takes_context=True)
+def holds(context: TaskContext, label: str, seconds: float) -> str:
+    """Record an Execution (committed: not atomic) for this attempt, then hold the worker ``seconds``."""
+    import time
+
+    Execution.objects.create(idempotency_key=f"{label}:{context.attempt}", kind="holds", pid=os.getpid())
+    time.sleep(seconds)
+    return label

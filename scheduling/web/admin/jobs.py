@@ -248,6 +248,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         last_attempt = JobAttempt.objects.filter(job=OuterRef("pk")).order_by("-number")  # jobattempt_job_number_idx
         return (
             self.model._default_manager.get_queryset()
+            .without_return_value()  # a Django task's value: the admin does not show it
             .annotate(
                 last_started=Subquery(last_attempt.values("started_at")[:1]),
                 last_finished=Subquery(last_attempt.values("finished_at")[:1]),

@@ -7,6 +7,7 @@ Tasks run in the test's process through ``scheduling.testing.run_due`` (the real
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import django
 import pytest
@@ -68,7 +69,7 @@ def test_enqueue_writes_a_row_in_the_callers_transaction(sent):
     assert not ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add").exists()
     sent.clear()
     result = tasks.add.enqueue(2, b=3)
-    job = ScheduledJob.objects.get(pk=int(result.id))
+    job = ScheduledJob.objects.get(task_result_id=result.id)
     assert (job.kind, job.state, job.priority) == ("tests.taskkit.tasks.add", JobState.PENDING, 0)
     assert job.payload == {"args": [2], "kwargs": {"b": 3}, "queue_name": "default", "priority": 0}
     assert result.status == TaskResultStatus.READY
@@ -90,7 +91,7 @@ def test_run_keeps_the_return_value_and_fills_the_result(sent):
     done = tasks.add.get_result(result.id)
     assert done.status == TaskResultStatus.SUCCESSFUL
     assert done.return_value == 5
-    assert ScheduledJob.objects.get(pk=int(result.id)).return_value == 5
+    assert ScheduledJob.objects.get(task_result_id=result.id).return_value == 5
     assert done.enqueued_at <= done.started_at <= done.finished_at
     assert done.last_attempted_at == done.started_at
     assert done.attempts == 1
@@ -124,7 +125,7 @@ def test_failures_are_retried_with_one_error_per_attempt_and_the_context_counts_
 def test_a_task_out_of_attempts_is_failed():
     """max_attempts per call: one failure is FAILED, return_value raises, the error names the exception class."""
     result = tasks.flaky.options(max_attempts=1).enqueue(fail_until=99)
-    assert ScheduledJob.objects.get(pk=int(result.id)).max_attempts == 1
+    assert ScheduledJob.objects.get(task_result_id=result.id).max_attempts == 1
     testing.run_due()
     failed = tasks.flaky.get_result(result.id)
     assert failed.status == TaskResultStatus.FAILED
@@ -133,7 +134,7 @@ def test_a_task_out_of_attempts_is_failed():
     with pytest.raises(ValueError, match="failed"):
         _ = failed.return_value
     assert [e.exception_class for e in failed.errors] == [ValueError]
-    assert ScheduledJob.objects.get(pk=int(result.id)).state == JobState.DEAD
+    assert ScheduledJob.objects.get(task_result_id=result.id).state == JobState.DEAD
 
 
 def test_a_coroutine_task_runs_on_the_worker():
@@ -150,7 +151,7 @@ def test_a_return_value_json_cannot_hold_fails_the_task():
     failed = tasks.not_json.get_result(result.id)
     assert failed.status == TaskResultStatus.FAILED
     assert [e.exception_class_path for e in failed.errors] == ["builtins.TypeError"]
-    assert ScheduledJob.objects.get(pk=int(result.id)).return_value is None
+    assert ScheduledJob.objects.get(task_result_id=result.id).return_value is None
 
 
 def test_the_task_timeout_stops_it_and_names_job_timeout():
@@ -176,7 +177,7 @@ def test_run_after_is_the_due_time_and_must_be_aware():
     """run_after becomes due_at (the job waits for it); a naive run_after is InvalidTask and stores nothing."""
     later = timezone.now() + dt.timedelta(hours=1)
     result = tasks.add.using(run_after=later).enqueue(1, 1)
-    job = ScheduledJob.objects.get(pk=int(result.id))
+    job = ScheduledJob.objects.get(task_result_id=result.id)
     assert abs(job.due_at - later) < dt.timedelta(milliseconds=1)
     assert testing.run_due().started == 0
     assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
@@ -195,7 +196,7 @@ def test_an_unknown_queue_and_a_priority_out_of_range_are_invalid():
         TASKS={"default": {"BACKEND": "scheduling.backends.TimekeeperBackend", "QUEUES": ["default", "reports"]}}
     ):
         result = tasks.add.using(queue_name="reports").enqueue(1, 2)
-        assert ScheduledJob.objects.get(pk=int(result.id)).payload["queue_name"] == "reports"
+        assert ScheduledJob.objects.get(task_result_id=result.id).payload["queue_name"] == "reports"
         assert tasks.add.get_result(result.id).task.queue_name == "reports"
 
 
@@ -215,7 +216,7 @@ def test_django_priority_maps_onto_the_claim_order():
         100: 9,
     }
     result = tasks.record.enqueue("prio")  # @task(priority=50)
-    assert ScheduledJob.objects.get(pk=int(result.id)).priority == 5
+    assert ScheduledJob.objects.get(task_result_id=result.id).priority == 5
     assert tasks.record.get_result(result.id).task.priority == 50
 
 
@@ -226,8 +227,8 @@ def test_higher_priority_tasks_are_claimed_first():
     from scheduling.due_at import store
 
     (first,) = store.claim_due_jobs(1)
-    assert first.id == int(high.id)
-    assert int(low.id) in testing.run_due().job_ids
+    assert first.id == backends.task_job(high).pk
+    assert backends.task_job(low).pk in testing.run_due().job_ids
 
 
 def test_unknown_ids_and_other_jobs_are_not_task_results():
@@ -251,10 +252,10 @@ def test_cancel_and_reschedule_go_through_scheduling_api():
     later = timezone.now() + dt.timedelta(days=1)
     assert abs(backends.reschedule(moved, later) - later) < dt.timedelta(milliseconds=1)
     cancelled = tasks.add.enqueue(2, 2)
-    assert backends.cancel(cancelled) == int(cancelled.id)
+    assert backends.cancel(cancelled) == backends.task_job(cancelled).pk
     assert testing.run_due().started == 0
     assert tasks.add.get_result(cancelled.id).status == TaskResultStatus.FAILED
-    assert ScheduledJob.objects.get(pk=int(cancelled.id)).state == JobState.CANCELLED
+    assert ScheduledJob.objects.get(task_result_id=cancelled.id).state == JobState.CANCELLED
     ran = tasks.add.enqueue(3, 3)
     testing.run_due()
     with pytest.raises(exceptions.JobNotCancellable):
@@ -355,3 +356,252 @@ def test_a_cap_on_the_tasks_kind_limits_how_many_are_claimed():
     statuses = {tasks.add.get_result(r.id).status for r in (first, second)}
     assert statuses == {TaskResultStatus.READY}  # claimed but not started is still READY
     assert ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add", state=JobState.PENDING).count() == 1
+
+
+# --- Issue 33: opaque ids, bounds, queues, module paths, errors, the enqueued task -------------------
+
+
+def test_result_ids_are_random_and_no_other_id_shape_is_a_result():
+    """A result id is a UUID, not the job's number; the job's number, junk, an unknown UUID: TaskResultDoesNotExist."""
+    import uuid
+
+    backend = task_backends["default"]
+    first, second = tasks.add.enqueue(1, 1), tasks.add.enqueue(2, 2)
+    rows = [ScheduledJob.objects.get(task_result_id=r.id) for r in (first, second)]
+    assert [str(uuid.UUID(r.id)) for r in (first, second)] == [first.id, second.id]
+    assert {first.id, second.id}.isdisjoint({str(row.pk) for row in rows})
+    for other in (str(rows[0].pk), str(rows[0].pk + 1), "not-a-uuid", "", str(uuid.uuid4())):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(other)
+    assert backend.get_result(second.id).args == [2, 2]
+
+
+def test_a_job_that_is_no_task_is_no_result_and_cannot_be_cancelled_or_moved_as_one():
+    """A plain job, even one with a result id (the backfill's), is TaskResultDoesNotExist to get, cancel, move."""
+    import uuid
+
+    plain = api.schedule("demo.record", {"label": "system"}, delay=60)
+    ScheduledJob.objects.filter(pk=plain.pk).update(task_result_id=uuid.uuid4())
+    result_id = str(ScheduledJob.objects.get(pk=plain.pk).task_result_id)
+    later = timezone.now() + dt.timedelta(days=1)
+    for other in (str(plain.pk), result_id):
+        with pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result(other)
+        with pytest.raises(TaskResultDoesNotExist):
+            backends.cancel(other)
+        with pytest.raises(TaskResultDoesNotExist):
+            backends.reschedule(other, later)
+    stored = ScheduledJob.objects.get(pk=plain.pk)
+    assert (stored.state, stored.due_at) == (JobState.PENDING, plain.due_at)
+
+
+def test_owned_result_answers_the_owner_only_and_the_context_names_the_owner():
+    """owned_result(id, user): the owner's task only (another user's is TaskResultDoesNotExist); context.owner_id."""
+    alice = User.objects.create_user("alice-tasks", password="pw")
+    bob = User.objects.create_user("bob-tasks", password="pw")
+    mine = tasks.whose.options(owner=alice).enqueue()
+    system = tasks.whose.enqueue()
+    assert backends.owned_result(mine.id, alice).id == mine.id
+    assert backends.owned_result(system.id, None).id == system.id
+    for result_id, user in ((mine.id, bob), (mine.id, None), (system.id, alice)):
+        with pytest.raises(TaskResultDoesNotExist):
+            backends.owned_result(result_id, user)
+    testing.run_due()
+    assert backends.owned_result(mine.id, alice).return_value == {"owner_id": alice.pk, "id": mine.id}
+    assert tasks.whose.get_result(system.id).return_value == {"owner_id": None, "id": system.id}
+
+
+def test_a_task_scheduled_through_the_json_api_gets_a_signed_result_id_at_its_run():
+    """A task job made by api.schedule (the JSON API's door) runs with signed_result_id(job id), stable across reads."""
+    job = api.schedule("tests.taskkit.tasks.whose", {"args": [], "kwargs": {}}, delay=0)
+    assert ScheduledJob.objects.get(pk=job.pk).task_result_id is None
+    testing.run_due()
+    expected = str(backends.signed_result_id(job.pk))
+    assert str(ScheduledJob.objects.get(pk=job.pk).task_result_id) == expected
+    assert tasks.whose.get_result(expected).return_value == {"owner_id": None, "id": expected}
+
+
+@override_settings(SCHEDULING_MAX_RETURN_VALUE_BYTES=1000)
+def test_a_return_value_over_the_bound_fails_the_attempt_and_stores_nothing():
+    """Over SCHEDULING_MAX_RETURN_VALUE_BYTES: FAILED with ReturnValueTooLarge naming the setting; at it, kept."""
+    over = tasks.text_of.options(max_attempts=1).enqueue(2000)
+    under = tasks.text_of.enqueue(900)
+    testing.run_due()
+    failed = tasks.text_of.get_result(over.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in failed.errors] == [exceptions.ReturnValueTooLarge]
+    assert "SCHEDULING_MAX_RETURN_VALUE_BYTES (1000)" in failed.errors[0].traceback
+    assert ScheduledJob.objects.get(task_result_id=over.id).return_value is None
+    assert tasks.text_of.get_result(under.id).return_value == "x" * 900
+
+
+def test_the_jobs_api_and_the_admin_do_not_read_return_values():
+    """GET /api/jobs/, /api/jobs/<id>, the admin's list and job page: no SELECT reads return_value."""
+    from django.contrib.auth.models import Permission
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    staff = User.objects.create_user("viewer", password="pw", is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(codename__in=["view_scheduledjob", "change_scheduledjob"]))
+    result = tasks.text_of.options(owner=staff).enqueue(50_000)
+    testing.run_due()
+    job = ScheduledJob.objects.get(task_result_id=result.id)
+    assert len(job.return_value) == 50_000
+    client = Client()
+    client.force_login(staff)
+    pages = ["/api/jobs/", f"/api/jobs/{job.pk}", "/admin/scheduling/scheduledjob/"]
+    pages.append(f"/admin/scheduling/scheduledjob/{job.pk}/change/")
+    for page in pages:
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(page).status_code == 200, page
+        reads = [q["sql"] for q in queries.captured_queries if "return_value" in q["sql"]]
+        assert reads == [], (page, reads)
+
+
+def test_the_json_api_refuses_a_task_queue_outside_queues():
+    """POST /api/jobs/ of a task with queue_name not in QUEUES: 400, nothing stored; a queue in QUEUES: 201."""
+    import json
+
+    from django.test import Client
+
+    user = User.objects.create_user("api-user", password="pw")
+    client = Client()
+    client.force_login(user)
+
+    def post(queue: str) -> Any:
+        payload = {"args": ["hi"], "kwargs": {}, "queue_name": queue}
+        body = {"kind": "tests.taskkit.tasks.open_to_users", "payload": payload, "delay": 0}
+        return client.post("/api/jobs/", json.dumps(body), content_type="application/json")
+
+    refused = post("reports")
+    assert refused.status_code == 400, refused.content
+    assert not ScheduledJob.objects.filter(kind="tests.taskkit.tasks.open_to_users").exists()
+    accepted = post("default")
+    assert accepted.status_code == 201, accepted.content
+
+
+def test_a_stored_job_with_a_queue_no_longer_in_queues_reads_and_runs():
+    """A task stored on a queue since removed from QUEUES: get_result answers (no InvalidTask) and it runs."""
+    queues = {"default": {"BACKEND": "scheduling.backends.TimekeeperBackend", "QUEUES": ["default", "reports"]}}
+    with override_settings(TASKS=queues):
+        result = tasks.add.using(queue_name="reports").enqueue(3, 4)
+    read = task_backends["default"].get_result(result.id)
+    assert (read.status, read.task.queue_name) == (TaskResultStatus.READY, "reports")
+    testing.run_due()
+    assert tasks.add.get_result(result.id).return_value == 7
+
+
+def _forget(module_name: str) -> None:
+    """This process forgets a task module: its tasks, their kinds, the module itself."""
+    import sys
+
+    from scheduling.core import registry as core_registry
+
+    for name in [n for n in backends._tasks if n.startswith(f"{module_name}.")]:
+        backends._tasks.pop(name)
+        core_registry._kinds.pop(name, None)
+    sys.modules.pop(module_name, None)
+
+
+def test_a_task_is_found_by_its_module_path_where_no_one_imported_it():
+    """A task of a module under a handler package, forgotten by this process, still runs: found by its path."""
+    from tests.taskkit.lazy import async_tasks
+
+    with override_settings(SCHEDULING_HANDLER_PACKAGES=["tests.taskkit"]):
+        result = async_tasks.ping.enqueue("found")
+        _forget("tests.taskkit.lazy.async_tasks")
+        assert testing.run_due().succeeded == 1
+        done = task_backends["default"].get_result(result.id)
+    assert (done.status, done.return_value["label"]) == (TaskResultStatus.SUCCESSFUL, "found")
+
+
+def test_only_tasks_of_this_backend_under_installed_apps_are_found_by_path():
+    """No module outside the installed apps and handler packages is imported; a plain function is no task."""
+    import sys
+
+    _forget("tests.taskkit.lazy.async_tasks")
+    assert backends.task_for("tests.taskkit.lazy.async_tasks.ping") is None  # tests.taskkit: not an app here
+    assert "tests.taskkit.lazy.async_tasks" not in sys.modules
+    assert "this" not in sys.modules  # the stdlib's module that prints when imported
+    assert backends.task_for("this.d") is None
+    assert "this" not in sys.modules
+    with override_settings(SCHEDULING_HANDLER_PACKAGES=["tests.taskkit"]):
+        assert backends.task_for("tests.taskkit.lazy.async_tasks.not_a_task") is None
+        assert backends.task_for("tests.taskkit.lazy.async_tasks.ping") is not None
+    with pytest.raises(exceptions.UnknownJobKind):
+        registry.get("tasks.models.Execution")
+
+
+def test_a_failed_tasks_traceback_is_whole_as_djangos():
+    """TaskError.traceback is Django's text: frames and the last line "ValueError: <message>"."""
+    result = tasks.flaky.options(max_attempts=1).enqueue(fail_until=9)
+    testing.run_due()
+    (error,) = tasks.flaky.get_result(result.id).errors
+    assert error.traceback.startswith("Traceback (most recent call last):")
+    assert error.traceback.endswith("ValueError: attempt 1 fails on purpose\n")
+    assert "in flaky" in error.traceback
+    assert error.exception_class is ValueError
+
+
+def test_result_task_is_the_task_enqueued():
+    """result.task == the task enqueued, from enqueue and from get_result, with and without run_after or priority."""
+    later = timezone.now() + dt.timedelta(hours=1)
+    for enqueued in (tasks.add, tasks.add.using(run_after=later), tasks.add.using(priority=30), tasks.record):
+        result = enqueued.enqueue(*([1, 2] if enqueued.func is tasks.add.func else ["same"]))
+        assert result.task == enqueued
+        assert task_backends["default"].get_result(result.id).task == enqueued
+
+
+@override_settings(USE_TZ=False)
+def test_enqueue_with_use_tz_off_is_refused_and_stores_nothing():
+    """USE_TZ = False: enqueue raises InvalidTask before anything is stored."""
+    with pytest.raises(InvalidTask, match="USE_TZ"):
+        tasks.add.enqueue(1, 2)
+    assert not ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add").exists()
+
+
+def test_a_refusal_after_the_row_was_written_rolls_it_back():
+    """A failure inside enqueue after the insert (here: the result read) leaves no row, in autocommit."""
+    original = backends.TimekeeperBackend._read_row
+
+    def broken(self: Any, row: Any, enqueued: Any, **kwargs: Any) -> Any:
+        raise InvalidTask("refused late")
+
+    backends.TimekeeperBackend._read_row = broken  # type: ignore[method-assign]
+    try:
+        with pytest.raises(InvalidTask, match="refused late"):
+            tasks.add.enqueue(1, 2)
+    finally:
+        backends.TimekeeperBackend._read_row = original  # type: ignore[method-assign]
+    assert not ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add").exists()
+
+
+def test_a_tasks_own_sys_exit_and_keyboard_interrupt_are_its_failures():
+    """sys.exit() and KeyboardInterrupt in a task: FAILED with that class and Django's traceback; run_due returns."""
+    exited = tasks.exits.options(max_attempts=1).enqueue("in-process")
+    interrupted = tasks.interrupted.options(max_attempts=1).enqueue()
+    report = testing.run_due()
+    assert (report.started, report.failed) == (2, 2)
+    (exit_error,) = tasks.exits.get_result(exited.id).errors
+    assert exit_error.exception_class is SystemExit
+    assert exit_error.traceback.endswith("SystemExit: 3\n")
+    (interrupt_error,) = tasks.interrupted.get_result(interrupted.id).errors
+    assert interrupt_error.exception_class is KeyboardInterrupt
+    assert interrupt_error.traceback.endswith("KeyboardInterrupt: the task's own interrupt\n")
+
+
+def test_a_claim_given_back_by_a_shutdown_is_no_error_while_the_task_will_run_again():
+    """A stopping worker's release: READY with no WorkerLost error; on the last attempt (dead) it is the error."""
+    from scheduling.due_at import runner, store
+
+    again = tasks.add.enqueue(1, 1)
+    last = tasks.add.options(max_attempts=1).enqueue(2, 2)
+    claims = store.claim_due_jobs(10)
+    store.start_jobs([(c.id, c.token) for c in claims], "stopping:1")
+    store.release_jobs([(c.id, c.token) for c in claims], runner.RELEASE_REASON)
+    retried = tasks.add.get_result(again.id)
+    assert (retried.status, retried.errors) == (TaskResultStatus.READY, [])
+    dead = tasks.add.get_result(last.id)
+    assert dead.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in dead.errors] == [backends.WorkerLost]

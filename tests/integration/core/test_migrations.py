@@ -138,3 +138,30 @@ def test_0020_drops_only_the_owner_indexes_that_owner_state_covers_and_keeps_the
     assert before["scheduling_scheduledjob"] == sorted(
         [*after["scheduling_scheduledjob"], "scheduling_scheduledjob_owner_id_84d233e4"]
     )
+
+
+def test_0025_gives_stored_task_jobs_a_random_result_id_and_other_jobs_none():
+    """Back to 0022, task-shaped and plain jobs; after 0025 each task job has its own UUID, the plain job none."""
+    import uuid
+
+    from django.utils import timezone
+
+    before = _migrate(("scheduling", "0022_count_attempts_through_the_job_key"))
+    jobs = before.loader.project_state([("scheduling", "0022_count_attempts_through_the_job_key")]).apps.get_model(
+        "scheduling", "ScheduledJob"
+    )
+    common = {"due_at": timezone.now(), "max_attempts": 5, "lease_seconds": 30}
+    tasks = [
+        jobs.objects.create(kind="shop.tasks.a", payload={"args": [1], "kwargs": {}}, **common).pk,
+        jobs.objects.create(
+            kind="shop.tasks.b", payload={"args": [], "kwargs": {}, "queue_name": "default", "priority": 5}, **common
+        ).pk,
+    ]
+    plain = jobs.objects.create(kind="demo.record", payload={"label": "x", "args": []}, **common).pk
+    _migrate(("scheduling", "0025_scheduledjob_add_task_result_id"))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, task_result_id FROM scheduling_scheduledjob ORDER BY id")
+        ids = dict(cursor.fetchall())
+    assert ids[plain] is None
+    assert all(uuid.UUID(str(ids[pk])).version == 4 for pk in tasks)
+    assert ids[tasks[0]] != ids[tasks[1]]

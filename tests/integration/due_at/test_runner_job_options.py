@@ -182,11 +182,11 @@ def test_a_tasks_options_carry_the_jobs_own_options_through_using_to_the_runner(
     result = (
         tasks.sleepy.options(timeout=5, backoff=registry.Backoff(3, 6), atomic=True).using(priority=10).enqueue(1.5)
     )
-    row = ScheduledJob.objects.get(pk=int(result.id))
+    row = ScheduledJob.objects.get(task_result_id=result.id)
     assert (row.timeout_seconds, row.backoff_base_seconds, row.backoff_cap_seconds, row.atomic) == (5, 3, 6, True)
     assert registry.get("tests.taskkit.tasks.sleepy").timeout_seconds == 1.0  # the kind keeps the task's
     plain = tasks.sleepy.options(key="plain").enqueue(0)
-    assert ScheduledJob.objects.get(pk=int(plain.id)).timeout_seconds is None
+    assert ScheduledJob.objects.get(task_result_id=plain.id).timeout_seconds is None
     testing.run_due()
     assert tasks.sleepy.get_result(result.id).status == backends.TaskResultStatus.SUCCESSFUL
-    assert ScheduledJob.objects.get(pk=int(result.id)).state == JobState.DONE
+    assert ScheduledJob.objects.get(task_result_id=result.id).state == JobState.DONE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from django.test import TestCase
 from django.utils import timezone
 
 from scheduling import api, registry, testing
@@ -101,3 +102,20 @@ def test_inline_deferrals_make_defer_a_row_that_run_due_runs():
     assert Execution.objects.filter(kind="demo.record").count() == 1
     assert ScheduledJob.objects.get(pk=handle.id).state == JobState.DONE
     assert api.defer("demo.record", {"label": "deferred"}, 5).mechanism == "deferrals"
+
+
+class RunDueInsideTestCase(TestCase):
+    """Django's TestCase: one transaction per test, whose now() PostgreSQL freezes at its start."""
+
+    def test_a_task_enqueued_for_now_during_the_test_runs(self) -> None:
+        """run_due() runs a task enqueued with run_after=timezone.now() inside the TestCase (wall clock, not now())."""
+        result = tasks.add.using(run_after=timezone.now()).enqueue(20, 22)
+        with self.captureOnCommitCallbacks(execute=True):
+            report = testing.run_due()
+        assert report.succeeded == 1
+        assert tasks.add.get_result(result.id).return_value == 42
+
+    def test_a_task_for_later_still_waits(self) -> None:
+        """A task due in an hour is not run by run_due() (only what the wall clock says is due)."""
+        tasks.add.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue(1, 1)
+        assert testing.run_due().started == 0

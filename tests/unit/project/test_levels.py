@@ -26,6 +26,14 @@ def test_an_e2e_test_outside_tests_e2e_is_refused() -> None:
     assert "tests/browser/" in (conftest.misplaced("e2e", {"browser"}, set()) or "")
 
 
+def test_a_conformance_test_using_the_tables_or_redis_directly_is_refused() -> None:
+    """tests/conformance speaks Django's Tasks API: run_sql, raw_connect and broker are named as misplaced there."""
+    assert "run_sql" in (conftest.misplaced("conformance", {"django_db"}, {"run_sql", "db"}) or "")
+    assert "broker" in (conftest.misplaced("conformance", set(), {"broker"}) or "")
+    assert conftest.misplaced("conformance", {"django_db"}, {"transactional_db", "caplog"}) is None
+    assert "tests/e2e/" in (conftest.misplaced("conformance", {"e2e"}, set()) or "")
+
+
 def test_a_unit_test_cannot_start_a_process() -> None:
     """``subprocess.run`` inside a unit test fails with a message saying where the test belongs."""
     with pytest.raises(AssertionError, match="starts no process"):
