@@ -11,14 +11,15 @@ committing path below, one scheduled ``atomic=True`` of a committing kind in the
 
 Atomic kinds (the default, ``@registry.handler(atomic=True)``) run inside one transaction per
 chunk, each job behind a savepoint (``_run_isolated``: none sent for a job that runs no SQL, one
-round trip beyond its statements for one that does). The chunk first locks its claims (so no sweeper can take them) and
-writes the outcomes in the same transaction: a job's effect and its ``done`` commit together, with
-one WAL flush per chunk. A job that fails, times out or leaves its transaction broken (a database
-error caught and ignored) is rolled back to its savepoint: its writes and its ``on_commit``
-callbacks go, its siblings' stay, and every handler runs exactly once per attempt whatever the
-others do. A handler that returns after ``transaction.set_rollback(True)`` is done with its
-writes and callbacks discarded (``ROLLED_BACK_NOTE`` on its attempt). A chunk closes after ``ATOMIC_CHUNK_SECONDS`` or ``ATOMIC_CHUNK_JOBS`` jobs (or at the
-batch's end), so its locks are short. Each job's ``transaction.on_commit`` callbacks run after
+round trip beyond its statements for one that does). The chunk first locks its claims (so no
+sweeper can take them) and writes the outcomes in the same transaction: a job's effect and its
+``done`` commit together, with one WAL flush per chunk. A job that fails, times out or leaves its
+transaction broken (a database error caught and ignored) is rolled back to its savepoint: its
+writes and its ``on_commit`` callbacks go, its siblings' stay, and every handler runs exactly once
+per attempt whatever the others do. A handler that returns after ``transaction.set_rollback(True)``
+is done with its writes and callbacks discarded (``ROLLED_BACK_NOTE`` on its attempt). A chunk
+closes after ``ATOMIC_CHUNK_SECONDS`` or ``ATOMIC_CHUNK_JOBS`` jobs (or at the batch's end), so its
+locks are short. Each job's ``transaction.on_commit`` callbacks run after
 that commit, each guarded: one raising stops no other, and its failure is logged with the job id
 and kept on the job's attempt. A job's deferred constraints (Django's foreign keys) are checked
 inside its savepoint, so a bad reference fails that job, not the chunk's COMMIT; every constraint
@@ -145,7 +146,7 @@ def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchRepo
     atomic = [j for j in started if _is_atomic(j, kinds[j.kind])]
     others = [j for j in started if not _is_atomic(j, kinds[j.kind])]
     settled: set[int] = set()  # jobs whose outcome was committed (or that are no longer ours)
-    with lease.holding([(j.id, j.token) for j in started]):
+    with lease.holding([(j.id, j.token) for j in started]), executor.alarms():
         try:
             if atomic:
                 _run_atomic(atomic, kinds, clock, report, settled)
