@@ -7,12 +7,16 @@ never timed.
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 
 from scheduling import api, registry
 from scheduling.due_at import runner, store
+from scheduling.models import JobState, ScheduledJob
 from tasks.models import Execution
 from tests import support
 
@@ -35,20 +39,38 @@ def _read(job: registry.Job) -> None:
     Execution.objects.filter(idempotency_key=job.idempotency_key).exists()
 
 
+def _mixed(job: registry.Job) -> None:
+    """No SQL, unless the payload says: write one row then fail, sleep past the timeout, or break the transaction."""
+    if job.payload.get("write"):
+        Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=0)
+    if job.payload.get("fail"):
+        raise RuntimeError("failing after a write, on purpose")
+    if job.payload.get("hang"):
+        time.sleep(float(job.payload["hang"]))
+    if job.payload.get("break"):
+        with contextlib.suppress(DatabaseError), connection.cursor() as cursor:  # swallowed on purpose
+            cursor.execute("SELECT 1 / 0")
+
+
+registry.handler("trips.mixed", schema={"type": "object"}, timeout=0.1, batch_size=100)(_mixed)
 registry.handler("trips.noop", schema={"type": "object"}, timeout=10, batch_size=100)(_noop)
 registry.handler("trips.insert", schema={"type": "object"}, timeout=10, batch_size=100)(_insert)
 registry.handler("trips.read", schema={"type": "object"}, timeout=10, batch_size=100)(_read)
 
 
-def _statements(kind: str, count: int) -> list[str]:
-    """The statements sent while ``count`` jobs of ``kind`` run as one batch (one chunk)."""
-    api.schedule_many(kind, [{}] * count, delay=60)
+def _statements(kind: str, count: int, payloads: list[dict] | None = None) -> list[str]:
+    """The statements sent while ``count`` jobs of ``kind`` (or one per payload) run as one batch (one chunk)."""
+    payloads = payloads or [{}] * count
+    ScheduledJob.objects.filter(state=JobState.PENDING).delete()  # an earlier run's failures, retried later
+    api.schedule_many(kind, payloads, delay=60)
     support.make_due(state="pending")
     claims = store.claim_due_jobs(500)
-    assert len(claims) == count
+    assert len(claims) == len(payloads)
     with CaptureQueriesContext(connection) as captured:
         report = runner.run_batch([(c.id, c.token) for c in claims])
-    assert (report.succeeded, report.chunks) == (count, 1)
+    assert (report.succeeded + report.failed, report.chunks) == (len(payloads), 1)
+    failing = ("fail", "hang", "break")
+    assert report.succeeded == sum(1 for p in payloads if not any(p.get(f) for f in failing))
     return [_first_line(q["sql"]) for q in captured.captured_queries]
 
 
@@ -69,6 +91,15 @@ def test_a_job_that_runs_no_sql_sends_no_statement_for_its_isolation():
     """Fifty no-op jobs in one chunk send exactly the statements one does: no savepoint, no check per job."""
     per_job, one, many = _per_job("trips.noop")
     assert per_job == 0, f"{len(many)} statements for {BATCH} no-op jobs, {len(one)} for one: {many}"
+
+
+def test_jobs_that_run_no_sql_send_nothing_beside_failing_slow_and_broken_siblings():
+    """Thirty no-op jobs among failing, timed-out and broken siblings add not one statement to the five siblings'."""
+    siblings = [{"write": True, "fail": True}, {"hang": 0.3}, {"break": True}, {"write": True, "fail": True}, {}]
+    alone = _statements("trips.mixed", 0, siblings)
+    mixed = [siblings[0], *[{}] * 10, siblings[1], *[{}] * 10, siblings[2], siblings[3], *[{}] * 10, siblings[4]]
+    among = _statements("trips.mixed", 0, mixed)
+    assert len(among) == len(alone), f"{len(among) - len(alone)} statements for 30 no-op jobs: {among}"
 
 
 def test_a_one_insert_job_costs_at_most_one_round_trip_beyond_its_insert():
