@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from scheduling import api, registry
-from scheduling.due_at import runner, store
+from scheduling.due_at import lease, runner, store
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution, Notification
 from tests import support
@@ -80,6 +80,7 @@ def _clean(run_sql) -> Iterator[None]:
     run_sql(f"CREATE TABLE {TABLE} (k text CONSTRAINT {TABLE}_k UNIQUE DEFERRABLE INITIALLY IMMEDIATE)")
     yield
     run_sql(f"DROP TABLE {TABLE}")
+    lease.stop()  # its thread's connection is closed before the test database is dropped
 
 
 def _run(kind: str, payloads: list[dict]) -> tuple[list[int], runner.BatchReport]:

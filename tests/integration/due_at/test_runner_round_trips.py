@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 
 import pytest
 from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 
 from scheduling import api, registry
-from scheduling.due_at import runner, store
+from scheduling.due_at import lease, runner, store
 from scheduling.models import JobState, ScheduledJob
 from tasks.models import Execution
 from tests import support
@@ -56,6 +57,12 @@ registry.handler("trips.mixed", schema={"type": "object"}, timeout=0.1, batch_si
 registry.handler("trips.noop", schema={"type": "object"}, timeout=10, batch_size=100)(_noop)
 registry.handler("trips.insert", schema={"type": "object"}, timeout=10, batch_size=100)(_insert)
 registry.handler("trips.read", schema={"type": "object"}, timeout=10, batch_size=100)(_read)
+
+
+@pytest.fixture(autouse=True)
+def _stop_heartbeat() -> Iterator[None]:
+    yield
+    lease.stop()  # its thread's connection is closed before the test database is dropped
 
 
 def _statements(kind: str, count: int, payloads: list[dict] | None = None) -> list[str]:
