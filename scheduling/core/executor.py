@@ -58,8 +58,36 @@ class Result:
         return self.outcome == SUCCEEDED
 
 
+SUCCESS = Result(SUCCEEDED)
+
+
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
     raise JobTimeout()
+
+
+_held = threading.local()  # .depth: how many ``alarms()`` blocks keep the handler installed (main thread only)
+
+
+@contextlib.contextmanager
+def alarms() -> Iterator[None]:
+    """Keep ``deadline``'s SIGALRM handler installed through the block (a batch of jobs).
+
+    Each ``deadline`` inside then only arms and disarms its timer: installing and restoring a
+    handler per job was most of the executor's own time in a worker's profile (bench/README.md).
+    Off the main thread, nothing to do (no deadline is enforced there).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    depth = getattr(_held, "depth", 0)
+    previous = signal.signal(signal.SIGALRM, _on_alarm) if depth == 0 else None
+    _held.depth = depth + 1
+    try:
+        yield
+    finally:
+        _held.depth = depth
+        if depth == 0:
+            signal.signal(signal.SIGALRM, previous)
 
 
 @contextlib.contextmanager
@@ -68,13 +96,15 @@ def deadline(seconds: float | None) -> Iterator[bool]:
     if not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread():
         yield False
         return
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    held = getattr(_held, "depth", 0) > 0
+    previous = None if held else signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield True
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        if not held:
+            signal.signal(signal.SIGALRM, previous)
 
 
 def scrubbed_traceback(exc: BaseException) -> str:
@@ -144,7 +174,6 @@ def invoke(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Res
 
 
 def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Result:
-    log = {"kind": kind.name, "job_id": job.id, "ref": job.ref, "attempt": job.attempt}
     owns_deadline = False
     try:
         with deadline(timeout) as owns_deadline:
@@ -152,14 +181,18 @@ def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Resu
     except JobTimeout:
         if not owns_deadline:
             raise
-        logger.warning("job timed out", extra={**log, "action": "timed_out", "timeout_seconds": timeout})
+        logger.warning("job timed out", extra={**_log(kind, job), "action": "timed_out", "timeout_seconds": timeout})
         return Result(TIMED_OUT, f"timed out after {timeout:g}s")
     except (SystemExit, KeyboardInterrupt) as exc:
         if process_stopping(exc):
             raise
-        logger.warning("job raised %s", type(exc).__name__, extra={**log, "action": "failed"})
+        logger.warning("job raised %s", type(exc).__name__, extra={**_log(kind, job), "action": "failed"})
         return Result(FAILED, error_text(exc), kept_traceback(exc)[-TRACEBACK_LIMIT:])
     except Exception as exc:
-        logger.warning("job raised %s", type(exc).__name__, extra={**log, "action": "failed"})
+        logger.warning("job raised %s", type(exc).__name__, extra={**_log(kind, job), "action": "failed"})
         return Result(FAILED, error_text(exc), kept_traceback(exc)[-TRACEBACK_LIMIT:])
-    return Result(SUCCEEDED)
+    return SUCCESS
+
+
+def _log(kind: registry.Kind, job: registry.Job) -> dict[str, object]:
+    return {"kind": kind.name, "job_id": job.id, "ref": job.ref, "attempt": job.attempt}

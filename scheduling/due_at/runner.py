@@ -10,16 +10,20 @@ is used in place of its kind's: a job scheduled ``atomic=False`` of an atomic ki
 committing path below, one scheduled ``atomic=True`` of a committing kind in the atomic path.
 
 Atomic kinds (the default, ``@registry.handler(atomic=True)``) run inside one transaction per
-chunk, with a savepoint per job. The chunk first locks its claims (so no sweeper can take them) and
-writes the outcomes in the same transaction: a job's effect and its ``done`` commit together, with
-one WAL flush per chunk. A job that fails, times out or leaves its transaction broken (a database
-error caught and ignored) is rolled back to its savepoint: its writes and its ``on_commit``
-callbacks go, its siblings' stay, and every handler runs exactly once per attempt whatever the
-others do. A chunk closes after ``ATOMIC_CHUNK_SECONDS`` or ``ATOMIC_CHUNK_JOBS`` jobs (or at the
-batch's end), so its locks are short. Each job's ``transaction.on_commit`` callbacks run after
+chunk, each job behind a savepoint (``_run_isolated``: none sent for a job that runs no SQL, one
+round trip beyond its statements for one that does). The chunk first locks its claims (so no
+sweeper can take them) and writes the outcomes in the same transaction: a job's effect and its
+``done`` commit together, with one WAL flush per chunk. A job that fails, times out or leaves its
+transaction broken (a database error caught and ignored) is rolled back to its savepoint: its
+writes and its ``on_commit`` callbacks go, its siblings' stay, and every handler runs exactly once
+per attempt whatever the others do. A handler that returns after ``transaction.set_rollback(True)``
+is done with its writes and callbacks discarded (``ROLLED_BACK_NOTE`` on its attempt). A chunk
+closes after ``ATOMIC_CHUNK_SECONDS`` or ``ATOMIC_CHUNK_JOBS`` jobs (or at the batch's end), so its
+locks are short. Each job's ``transaction.on_commit`` callbacks run after
 that commit, each guarded: one raising stops no other, and its failure is logged with the job id
 and kept on the job's attempt. A job's deferred constraints (Django's foreign keys) are checked
-inside its savepoint, so a bad reference fails that job, not the chunk's COMMIT. A chunk lost with
+inside its savepoint, so a bad reference fails that job, not the chunk's COMMIT; every constraint
+keeps its own mode for the next job (``sql/isolation.sql``). A chunk lost with
 its transaction (a stall past its idle limit, a deadlock, a database restart) costs a chunk of
 several jobs no attempt: they are refunded and run alone after their backoff (a chunk of one is
 charged); after a COMMIT whose answer was lost, the jobs found committed keep their outcomes and
@@ -68,6 +72,11 @@ LOST_REASON = "released: the database ended the batch's transaction before the j
 BROKEN_TRANSACTION_ERROR = (
     "TransactionManagementError: the handler caught a database error and went on, leaving its transaction "
     "broken; its writes were rolled back (wrap the statement that may fail in transaction.atomic())"
+)
+
+ROLLED_BACK_NOTE = (
+    "rolled back: the handler returned with its transaction marked for rollback (transaction.set_rollback(True), "
+    "or an error caught inside a block Django rolls back); its writes and on_commit callbacks were discarded"
 )
 
 T = TypeVar("T")
@@ -137,7 +146,7 @@ def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchRepo
     atomic = [j for j in started if _is_atomic(j, kinds[j.kind])]
     others = [j for j in started if not _is_atomic(j, kinds[j.kind])]
     settled: set[int] = set()  # jobs whose outcome was committed (or that are no longer ours)
-    with lease.holding([(j.id, j.token) for j in started]):
+    with lease.holding([(j.id, j.token) for j in started]), executor.alarms():
         try:
             if atomic:
                 _run_atomic(atomic, kinds, clock, report, settled)
@@ -291,9 +300,7 @@ def _run_chunk(
     """
     with transaction.atomic():
         limit = _stall_limit_seconds(pending, kinds)
-        if limit is not None:
-            store.bound_transaction(limit)
-        held = set(store.lock_claims([(j.id, j.token) for j in pending]))
+        held = set(store.lock_claims([(j.id, j.token) for j in pending], bound_seconds=limit))
         for job in pending:
             if job.id not in held:  # taken back before it ran: the sweeper recorded the attempt
                 logger.warning("claim lost before the job ran", extra={"job_id": job.id, "action": "lost"})
@@ -304,14 +311,18 @@ def _run_chunk(
         successes: list[store.Outcome] = []
         failures: list[store.Outcome] = []
         opened = time.monotonic()
-        while pending and len(chunk) < ATOMIC_CHUNK_JOBS:
-            if chunk and time.monotonic() - opened >= ATOMIC_CHUNK_SECONDS:
-                break
-            job = pending[0]
-            chunk.append(job)
-            outcome = _run_isolated(job, kinds[job.kind], clock)
-            (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
-            pending = pending[1:]
+        if pending:
+            store.open_job_savepoint()
+        statements = _Statements()
+        with connection.execute_wrapper(statements):
+            while pending and len(chunk) < ATOMIC_CHUNK_JOBS:
+                if chunk and time.monotonic() - opened >= ATOMIC_CHUNK_SECONDS:
+                    break
+                job = pending[0]
+                chunk.append(job)
+                outcome = _run_isolated(job, kinds[job.kind], clock, statements)
+                (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
+                pending = pending[1:]
         if pending:
             # The heartbeat cannot renew rows this transaction locks: renew the batch's jobs still to
             # run here, visible at the commit, so a batch of long chunks keeps their leases.
@@ -320,6 +331,8 @@ def _run_chunk(
         # leave the heartbeat now: once this commits, their claims are over, not lost.
         lease.release([(j.id, j.token) for j in chunk])
         _record(report, successes, failures)
+        for rolled_back in (o for o in successes if o.error):  # it asked for its rollback: say so on its attempt
+            store.note_attempt(rolled_back.id, rolled_back.token, rolled_back.error)
         callbacks[:] = [(func.job_id, func) for _, func, _ in _commit_hooks() if isinstance(func, _Guarded)]
     report.chunks += 1
     settled.update(j.id for j in chunk)
@@ -338,49 +351,86 @@ def _stall_limit_seconds(jobs: Sequence[store.StartedJob], kinds: Kinds) -> floa
     return max(timeouts) + STALL_MARGIN_SECONDS
 
 
-def _run_isolated(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock) -> store.Outcome:
-    """Run one job of a chunk behind its own savepoint: a failure rolls back this job's writes only.
+class _Statements:
+    """Counts the statements sent through Django's connection (``connection.execute_wrapper``).
 
-    The savepoint is never released (a release is a round trip, and the commit releases them all);
-    a chunk holds at most ``ATOMIC_CHUNK_JOBS`` of them. The job's ``on_commit`` callbacks stay
-    queued for the chunk's commit, each guarded so that one raising stops no other; a failed job's
-    callbacks are dropped with its writes.
+    A chunk installs one for its jobs; each job starts at zero. It sees every statement of the ORM
+    and of ``connection.cursor()``'s ``execute`` and ``executemany`` (a handler's ``atomic()``
+    blocks included), not what bypasses Django's cursor (``callproc``, ``copy_expert``, a driver
+    cursor): such work goes inside ``transaction.atomic()``, whose savepoint is seen.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        self.count += 1
+        return execute(sql, params, many, context)
+
+
+def _run_isolated(
+    job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock, statements: _Statements
+) -> store.Outcome:
+    """Run one job of a chunk behind the open savepoint: a failure rolls back this job's writes only.
+
+    The chunk keeps one savepoint open (``tk_job``, ``sql/isolation.sql``) and a job starts behind it,
+    clean. A job that sends no statement leaves it clean for the next: it costs no round trip. One
+    that sends statements and succeeds costs one: its deferred constraints are checked (a bad
+    reference fails this job, not the chunk's COMMIT) and the next savepoint is opened, in one
+    ``execute``. One that fails rolls back to the savepoint, which stays open and clean. Savepoints
+    are never released (the commit releases them all); a chunk holds at most ``ATOMIC_CHUNK_JOBS``.
+
+    A handler that returns after ``transaction.set_rollback(True)`` (Django's flag: this block's
+    writes must not commit) has its writes and callbacks rolled back and is done: it chose the
+    rollback and raised nothing. The note ``ROLLED_BACK_NOTE`` goes on its attempt. One that caught
+    a database error and went on (its transaction refuses statements) failed: retried.
+
+    The job's ``on_commit`` callbacks stay queued for the chunk's commit, each guarded so that one
+    raising stops no other; a failed or rolled-back job's callbacks are dropped with its writes.
     """
     callbacks_before = len(_commit_hooks())
-    savepoint = transaction.savepoint()
+    statements.count = 0
     outcome = _outcome(job, kind, clock)
-    checked_failed = False
-    if outcome.outcome == AttemptOutcome.SUCCEEDED and not store.transaction_broken():
-        try:
-            # A deferred constraint (a foreign key to a row a sibling deleted) fails here, as this
-            # job's failure, not at the chunk's COMMIT, where it would take every sibling with it.
-            store.check_deferred_constraints()
-        except IntegrityError as exc:
-            checked_failed = True
-            outcome = dataclasses.replace(
-                outcome,
-                outcome=AttemptOutcome.FAILED,
-                error=executor.error_text(exc),
-                retry_delay_seconds=_retry(job, kind),
-            )
-    elif outcome.outcome == AttemptOutcome.SUCCEEDED:
-        # The handler caught a database error and went on: its transaction cannot be used, so its
-        # writes are lost. A failure (retried), never a success with half its writes missing.
-        outcome = dataclasses.replace(
-            outcome,
-            outcome=AttemptOutcome.FAILED,
-            error=BROKEN_TRANSACTION_ERROR,
-            retry_delay_seconds=_retry(job, kind),
-        )
-    if outcome.outcome != AttemptOutcome.SUCCEEDED:
-        transaction.set_rollback(False)  # Django refuses statements while it marks the block broken
-        transaction.savepoint_rollback(savepoint)
-        del _commit_hooks()[callbacks_before:]  # (the rollback replaced the list: it is read again)
-        if checked_failed:  # the savepoint's rollback may leave the constraints immediate
-            store.defer_constraints()
-        return outcome
+    sent = statements.count > 0
+    if outcome.outcome == AttemptOutcome.SUCCEEDED:
+        if store.transaction_failed():
+            # The handler caught a database error and went on: its transaction cannot be used, so its
+            # writes are lost. A failure (retried), never a success with half its writes missing.
+            outcome = _failed(outcome, job, kind, BROKEN_TRANSACTION_ERROR)
+        elif connection.needs_rollback:
+            logger.info("job rolled back its own writes", extra={"job_id": job.id, "action": "rolled_back"})
+            outcome = dataclasses.replace(outcome, error=ROLLED_BACK_NOTE)
+        elif not sent:
+            return _keep_callbacks(outcome, job, callbacks_before)
+        else:
+            try:
+                store.check_job_open_next()
+            except IntegrityError as exc:
+                # A deferred constraint (a foreign key to a row a sibling deleted) fails here, as this
+                # job's failure, not at the chunk's COMMIT, where it would take every sibling with it.
+                outcome = _failed(outcome, job, kind, executor.error_text(exc))
+            else:
+                return _keep_callbacks(outcome, job, callbacks_before)
+    transaction.set_rollback(False)  # Django refuses statements while it marks the block broken
+    if sent or store.transaction_failed():
+        store.roll_back_job()
+    del _commit_hooks()[callbacks_before:]
+    return outcome
+
+
+def _failed(outcome: store.Outcome, job: store.StartedJob, kind: registry.Kind | None, error: str) -> store.Outcome:
+    return dataclasses.replace(
+        outcome, outcome=AttemptOutcome.FAILED, error=error, retry_delay_seconds=_retry(job, kind)
+    )
+
+
+def _keep_callbacks(outcome: store.Outcome, job: store.StartedJob, callbacks_before: int) -> store.Outcome:
+    """The job succeeded: its on_commit callbacks stay queued for the chunk's commit, each guarded."""
     hooks = _commit_hooks()
-    hooks[callbacks_before:] = [(sids, _guarded(func, job), robust) for sids, func, robust in hooks[callbacks_before:]]
+    if len(hooks) > callbacks_before:
+        hooks[callbacks_before:] = [
+            (sids, _guarded(func, job), robust) for sids, func, robust in hooks[callbacks_before:]
+        ]
     return outcome
 
 

@@ -339,11 +339,17 @@ def heartbeat_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
     return _async_commit_values("heartbeat_jobs", _claims(claims))
 
 
-def lock_claims(claims: Sequence[tuple[int, str]]) -> list[int]:
-    """Lock the claims still held under their tokens, in the caller's transaction; returns their ids."""
+def lock_claims(claims: Sequence[tuple[int, str]], *, bound_seconds: float | None = None) -> list[int]:
+    """Lock the claims still held under their tokens, in the caller's transaction; returns their ids.
+
+    ``bound_seconds``: ``bound_transaction(bound_seconds)`` first, in the same round trip.
+    """
     if not claims:
         return []
-    return SQL.fetch_values("lock_claims", _claims(claims))
+    if bound_seconds is None:
+        return SQL.fetch_values("lock_claims", _claims(claims))
+    params = {**_claims(claims), **_bound(bound_seconds)}
+    return SQL.fetch_values("lock_claims", params, prefix=SQL["bound_transaction"] + ";\n")
 
 
 def bound_transaction(seconds: float) -> None:
@@ -352,17 +358,19 @@ def bound_transaction(seconds: float) -> None:
     PostgreSQL ends the session past either limit, and with it the transaction's row locks: a stopped
     or hung process cannot keep its claims locked for ever. ``SET LOCAL``: the limits end with it.
     """
-    SQL.execute("bound_transaction", {"ms": str(max(1, round(seconds * 1000)))})
+    SQL.execute("bound_transaction", _bound(seconds))
 
 
-def transaction_broken() -> bool:
-    """Whether the current transaction can take no more statements (a database error was caught and ignored).
+def _bound(seconds: float) -> dict[str, str]:
+    return {"ms": str(max(1, round(seconds * 1000)))}
 
-    Django's own flag (set when an ORM call failed inside ``atomic``), or the driver's transaction
-    status (a raw statement failed): neither costs a round trip.
+
+def transaction_failed() -> bool:
+    """Whether the current transaction refuses statements: one failed and the error was caught and ignored.
+
+    The driver's transaction status, without a round trip. (Django's own ``needs_rollback`` flag may
+    be set without a failed statement: ``transaction.set_rollback(True)``.)
     """
-    if connection.needs_rollback:
-        return True
     raw = connection.connection
     info = getattr(raw, "info", None)
     return info is not None and info.transaction_status == TRANSACTION_STATUS_INERROR
@@ -371,6 +379,11 @@ def transaction_broken() -> bool:
 def record_callback_failure(job_id: int, token: str, error: str) -> bool:
     """Note on a job's attempt (under ``token``) that one of its on_commit callbacks failed; False if none matched."""
     return bool(SQL.fetch_values("record_callback_failure", {"id": job_id, "token": token, "error": error}))
+
+
+def note_attempt(job_id: int, token: str, note: str) -> bool:
+    """Add ``note`` to the text of a job's attempt (under ``token``); False if none matched."""
+    return record_callback_failure(job_id, token, note)
 
 
 def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
@@ -469,14 +482,22 @@ def committed_jobs(claims: Sequence[tuple[int, str]]) -> dict[int, bool]:
     return SQL.fetch_pairs("committed_jobs", _claims(claims))
 
 
-def defer_constraints() -> None:
-    """Defer the current transaction's deferrable constraints again (after a failed check)."""
-    SQL.execute("defer_constraints")
+def open_job_savepoint() -> None:
+    """Open the savepoint the next atomic job runs behind (``isolation.sql``)."""
+    SQL.execute("open_job_savepoint")
 
 
-def check_deferred_constraints() -> None:
-    """Check the current transaction's deferred constraints now (IntegrityError if one fails), then defer again."""
-    SQL.execute("check_deferred_constraints")
+def check_job_open_next() -> None:
+    """Check the job's deferred constraints (IntegrityError if one fails), then open the next job's savepoint.
+
+    One round trip; every constraint keeps the mode it had (``isolation.sql`` says how).
+    """
+    SQL.execute("check_job_open_next")
+
+
+def roll_back_job() -> None:
+    """Roll the current job back to its savepoint, which stays open for the next job."""
+    SQL.execute("roll_back_job")
 
 
 # --- Sweeping and status ---------------------------------------------------------------------------

@@ -410,14 +410,3 @@ SELECT a.job_id, a.outcome = 'succeeded' AS succeeded
 FROM scheduling_jobattempt AS a
 JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token) ON a.job_id = t.id AND a.token = t.token
 WHERE a.outcome <> 'reclaimed';
-
--- name: check_deferred_constraints
--- An atomic job's deferred constraints (Django creates foreign keys DEFERRABLE INITIALLY DEFERRED)
--- are checked inside the job's savepoint, so a bad reference fails that job, not its chunk's
--- COMMIT; then they are deferred again for the next job.
-SET CONSTRAINTS ALL IMMEDIATE;
-SET CONSTRAINTS ALL DEFERRED;
-
--- name: defer_constraints
--- After a job's failed constraint check and its savepoint's rollback: defer again for the next job.
-SET CONSTRAINTS ALL DEFERRED;

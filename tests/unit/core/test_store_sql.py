@@ -33,7 +33,7 @@ def test_every_named_block_is_loaded(store):
     assert names
     assert sorted(loaded) == sorted(names)
     for name, sql in loaded.items():
-        assert re.search(r"\b(SELECT|INSERT|UPDATE|DELETE|WITH|SET CONSTRAINTS)\b", sql), name
+        assert re.search(r"\b(SELECT|INSERT|UPDATE|DELETE|WITH|SET CONSTRAINTS|SAVEPOINT)\b", sql), name
         assert not sql.rstrip().endswith(";"), name
 
 

@@ -108,7 +108,7 @@ def test_report_write_replaces_only_the_table_between_the_markers(tmp_path):
         report.write(readme)
 
 
-@pytest.mark.parametrize("name", ["realistic", "failures", "burst", "rescue", "lag"])
+@pytest.mark.parametrize("name", ["realistic", "failures", "burst", "rescue", "lag", "throughput"])
 def test_scenarios_import_and_take_quick(name):
     """Each of these scenarios imports without services; its main takes ``quick`` (what run passes)."""
     import importlib
@@ -120,11 +120,12 @@ def test_scenarios_import_and_take_quick(name):
 
 
 def test_scenario_targets():
-    """The targets printed beside the figures: 2000 jobs/s and 2x Celery, 60 s, 45 s, 50 ms."""
-    from bench import burst, lag, realistic, rescue
+    """The targets printed beside the figures: issue 32's (3,500 jobs/s, 4x Celery, 0.75x floor; 10,000, 0.6x raw)."""
+    from bench import burst, lag, realistic, rescue, throughput
 
-    assert (realistic.TARGET_JOBS_PER_S, realistic.TARGET_RATIO_VS_CELERY) == (2000, 2.0)
-    assert realistic.TARGET_RATIO_VS_CELERY_DEFAULT == 1.0
+    assert (realistic.TARGET_JOBS_PER_S, realistic.TARGET_RATIO_VS_CELERY) == (3500, 4.0)
+    assert realistic.TARGET_RATIO_VS_FLOOR == 0.75
+    assert (throughput.TARGET_JOBS_PER_S, throughput.TARGET_RATIO_VS_RAW_BATCH_50) == (10_000, 0.6)
     assert burst.TARGET_DRAIN_S == 60.0
     assert rescue.TARGET_S == 45.0
     assert (lag.RATE_PER_S, lag.HIGH_RATE_PER_S, lag.TARGET_P99_MS) == (200, 1000, 50)

@@ -1,0 +1,130 @@
+"""What a job's isolation costs in round trips: statements counted with Django's CaptureQueriesContext.
+
+Each test runs the same kind once with one job and once with fifty in one batch (one chunk): the
+difference, divided by 49, is what one more job costs, whatever the batch itself costs. Counted,
+never timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.db import DatabaseError, connection
+from django.test.utils import CaptureQueriesContext
+
+from scheduling import api, registry
+from scheduling.due_at import lease, runner, store
+from scheduling.models import JobState, ScheduledJob
+from tasks.models import Execution
+from tests import support
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BATCH = 50
+
+
+def _noop(job: registry.Job) -> None:
+    """Run no SQL at all."""
+
+
+def _insert(job: registry.Job) -> None:
+    """One ORM INSERT, as demo.record does."""
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=0)
+
+
+def _read(job: registry.Job) -> None:
+    """One SELECT, no write."""
+    Execution.objects.filter(idempotency_key=job.idempotency_key).exists()
+
+
+def _mixed(job: registry.Job) -> None:
+    """No SQL, unless the payload says: write one row then fail, sleep past the timeout, or break the transaction."""
+    if job.payload.get("write"):
+        Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=0)
+    if job.payload.get("fail"):
+        raise RuntimeError("failing after a write, on purpose")
+    if job.payload.get("hang"):
+        time.sleep(float(job.payload["hang"]))
+    if job.payload.get("break"):
+        with contextlib.suppress(DatabaseError), connection.cursor() as cursor:  # swallowed on purpose
+            cursor.execute("SELECT 1 / 0")
+
+
+registry.handler("trips.mixed", schema={"type": "object"}, timeout=0.1, batch_size=100)(_mixed)
+registry.handler("trips.noop", schema={"type": "object"}, timeout=10, batch_size=100)(_noop)
+registry.handler("trips.insert", schema={"type": "object"}, timeout=10, batch_size=100)(_insert)
+registry.handler("trips.read", schema={"type": "object"}, timeout=10, batch_size=100)(_read)
+
+
+@pytest.fixture(autouse=True)
+def _stop_heartbeat() -> Iterator[None]:
+    yield
+    lease.stop()  # its thread's connection is closed before the test database is dropped
+
+
+def _statements(kind: str, count: int, payloads: list[dict] | None = None) -> list[str]:
+    """The statements sent while ``count`` jobs of ``kind`` (or one per payload) run as one batch (one chunk)."""
+    payloads = payloads or [{}] * count
+    ScheduledJob.objects.filter(state=JobState.PENDING).delete()  # an earlier run's failures, retried later
+    api.schedule_many(kind, payloads, delay=60)
+    support.make_due(state="pending")
+    claims = store.claim_due_jobs(500)
+    assert len(claims) == len(payloads)
+    with CaptureQueriesContext(connection) as captured:
+        report = runner.run_batch([(c.id, c.token) for c in claims])
+    assert (report.succeeded + report.failed, report.chunks) == (len(payloads), 1)
+    failing = ("fail", "hang", "break")
+    assert report.succeeded == sum(1 for p in payloads if not any(p.get(f) for f in failing))
+    return [_first_line(q["sql"]) for q in captured.captured_queries]
+
+
+def _first_line(sql: str) -> str:
+    """A statement's first line that is not a comment, cut short: enough to say what it was."""
+    lines = [line for line in sql.splitlines() if line.strip() and not line.startswith("--")]
+    return (lines[0] if lines else sql)[:60]
+
+
+def _per_job(kind: str) -> tuple[float, list[str], list[str]]:
+    """Round trips one more job of ``kind`` costs in a batch, and the statements of the two runs."""
+    one = _statements(kind, 1)
+    many = _statements(kind, BATCH)
+    return (len(many) - len(one)) / (BATCH - 1), one, many
+
+
+def test_a_job_that_runs_no_sql_sends_no_statement_for_its_isolation():
+    """Fifty no-op jobs in one chunk send exactly the statements one does: no savepoint, no check per job."""
+    per_job, one, many = _per_job("trips.noop")
+    assert per_job == 0, f"{len(many)} statements for {BATCH} no-op jobs, {len(one)} for one: {many}"
+
+
+def test_jobs_that_run_no_sql_send_nothing_beside_failing_slow_and_broken_siblings():
+    """Thirty no-op jobs among failing, timed-out and broken siblings add not one statement to the five siblings'."""
+    siblings = [{"write": True, "fail": True}, {"hang": 0.3}, {"break": True}, {"write": True, "fail": True}, {}]
+    alone = _statements("trips.mixed", 0, siblings)
+    mixed = [siblings[0], *[{}] * 10, siblings[1], *[{}] * 10, siblings[2], siblings[3], *[{}] * 10, siblings[4]]
+    among = _statements("trips.mixed", 0, mixed)
+    assert len(among) == len(alone), f"{len(among) - len(alone)} statements for 30 no-op jobs: {among}"
+
+
+def test_a_one_insert_job_costs_at_most_one_round_trip_beyond_its_insert():
+    """Fifty one-INSERT jobs in one chunk: each costs its INSERT and at most one more round trip."""
+    per_job, _, many = _per_job("trips.insert")
+    assert per_job <= 2, f"{per_job:.2f} round trips per one-INSERT job: {many[:8]}"
+    assert Execution.objects.count() == 1 + BATCH
+
+
+def test_a_read_only_job_costs_at_most_one_round_trip_beyond_its_select():
+    """Fifty one-SELECT jobs in one chunk: each costs its SELECT and at most one more round trip."""
+    per_job, _, many = _per_job("trips.read")
+    assert per_job <= 2, f"{per_job:.2f} round trips per one-SELECT job: {many[:8]}"
+
+
+def test_the_round_trip_tests_count_every_statement_the_runner_sends():
+    """The counter sees the runner's own statements: a batch of one costs a handful, each ending as asked."""
+    one = _statements("trips.insert", 1)
+    assert any(sql.startswith('INSERT INTO "tasks_execution"') for sql in one), one
+    assert 2 <= len(one) <= 12, one
+    assert runner.ATOMIC_CHUNK_JOBS >= BATCH, "the fifty jobs fit one chunk"
