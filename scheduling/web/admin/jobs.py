@@ -28,8 +28,9 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from scheduling import api
-from scheduling.core import conf, exceptions, registry, validation
+from scheduling.core import audit, conf, exceptions, registry, validation
 from scheduling.models import (
+    AuditRecord,
     JobAttempt,
     JobState,
     ScheduledJob,
@@ -39,7 +40,9 @@ from scheduling.models.due_at import ScheduledJobQuerySet
 from scheduling.templatetags.timekeeper_admin import relative
 from scheduling.web.admin import bulk_actions, common, job_forms
 
-SELECTION_SHOWN = 20  # jobs listed on the reschedule page
+SELECTION_SHOWN = 20  # jobs listed on the reschedule and confirmation pages
+HISTORY_SHOWN = 200  # audit records listed on a job's History page (the audit list has them all)
+FINISHED = (JobState.DONE, JobState.CANCELLED, JobState.DEAD)
 
 
 class JobAttemptInline(admin.TabularInline):
@@ -214,7 +217,12 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
 
     @admin.display(description="due")
     def due_relative(self, job: ScheduledJob) -> str:
-        return f"{timezone.localtime(job.due_at):%Y-%m-%d %H:%M:%S %Z} ({relative(job.due_at)})"
+        """The due time, and how far off it is while the job may still run; a finished job says it ended instead."""
+        when = f"{timezone.localtime(job.due_at):%Y-%m-%d %H:%M:%S %Z}"
+        if job.state in FINISHED:
+            ended = f" {relative(job.finished_at)}" if job.finished_at else ""
+            return f"was due {when}; {job.state}{ended}, will not run"
+        return f"{when} ({relative(job.due_at)})"
 
     # Read-only times to the second (Django's own display stops at the minute).
     claimed_time = common.to_the_second("claimed_at", "claimed at")
@@ -309,8 +317,22 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             return HttpResponseRedirect(reverse("admin:scheduling_scheduledjob_changelist"))
         if not self._may(request, entry, job):
             raise PermissionDenied
+        if entry.confirm and "confirm" not in request.POST:
+            return self._confirm(request, entry, [job.pk], across=False)
         self.run_bulk_action(entry, request, [job.pk])
         return HttpResponseRedirect(reverse("admin:scheduling_scheduledjob_change", args=[job.pk]))
+
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
+        """Django's History (the admin's own log entries) with the audit trail's records naming this job."""
+        records: list[AuditRecord] = []
+        if object_id.isdecimal() and len(object_id) <= 19:
+            records = list(AuditRecord.objects.for_job(int(object_id)).select_related("user")[:HISTORY_SHOWN])
+        context = {
+            "audit_records": records,
+            "audit_url": reverse("admin:scheduling_auditrecord_changelist") + f"?job={object_id}",
+            **(extra_context or {}),
+        }
+        return super().history_view(request, object_id, context)
 
     def get_fieldsets(self, request: HttpRequest, obj: ScheduledJob | None = None) -> Any:
         """A job that cannot be moved shows its due time once, to the second ("due"), not the editable field too."""
@@ -411,12 +433,20 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     ) -> HttpResponse | None:
         """Run ``entry``'s bulk call on ``selection`` (after its form, if it asks for input) and report it."""
         values: dict[str, Any] = {}
+        across = request.POST.get("select_across", "0") == "1"
+        if (
+            entry.confirm
+            and "confirm" not in request.POST
+            and (across or len(selection) > conf.get().admin_confirm_over)
+        ):
+            return self._confirm(request, entry, selection, across=across)
         if entry.form is not None:
             form = entry.form(request.POST if "apply" in request.POST else None)
             if not ("apply" in request.POST and form.is_valid()):
                 return self._ask(request, entry, form, selection)
             values = dict(form.cleaned_data)
-        result = entry.call(selection, **values)
+        with audit.noting(**({"filter": request.GET.urlencode() or "(none)", "all_matching": True} if across else {})):
+            result = entry.call(selection, **values)
         shown = {name: common.seconds_text(v) if isinstance(v, dt.datetime) else v for name, v in values.items()}
         if result.changed:
             self.message_user(request, entry.done_message(len(result.changed), shown), messages.SUCCESS)
@@ -454,6 +484,32 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             "action": entry.action,
         }
         return TemplateResponse(request, f"admin/scheduling/scheduledjob/{entry.name}.html", context)
+
+    def _confirm(
+        self, request: HttpRequest, entry: bulk_actions.BulkAction, selection: list[int], *, across: bool
+    ) -> HttpResponse:
+        """Ask before an action that cannot be undone: what it would change, posted back with ``confirm``."""
+        selected = ScheduledJob.objects.filter(pk__in=selection)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{entry.label}: are you sure?",
+            "opts": self.model._meta,
+            "entry": entry,
+            "jobs": list(selected.select_related("owner").order_by("due_at", "id")[:SELECTION_SHOWN]),
+            "total": len(selection),
+            "more": max(len(selection) - SELECTION_SHOWN, 0),
+            "changeable": selected.filter(state__in=entry.states).count(),
+            "across": across,
+            "filters": request.GET.urlencode(),
+            "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action": entry.action if request.POST.get("action") else "",
+            "job_page": reverse("admin:scheduling_scheduledjob_change", args=[selection[0]])
+            if len(selection) == 1
+            else "",
+        }
+        return TemplateResponse(request, "admin/scheduling/scheduledjob/confirm.html", context)
 
     def _warn_held_back(self, request: HttpRequest, job_ids: Sequence[int]) -> None:
         """Jobs made due whose kind is paused, or capped and full, wait: say so beside "within a second"."""
