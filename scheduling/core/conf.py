@@ -85,6 +85,7 @@ class Settings:
     liveness_max_age_seconds: float = 60.0  # `timekeeper probe worker` (or beat) fails when its loop's file is older
     # --- traces --------------------------------------------------------------------------------------
     tracing: bool = False  # OpenTelemetry spans of schedule, claim and run (OTLP to OTEL_EXPORTER_OTLP_ENDPOINT)
+    job_task_events: bool = True  # each job's attempt as Celery task events for Flower, when workers send task events
 
     @classmethod
     def from_django(cls) -> Settings:

@@ -1,0 +1,209 @@
+"""Each due_at job's attempt as a Celery task in Flower: task events sent per job, one message per batch.
+
+Workers run jobs in batches (one ``scheduling.run_batch`` Celery task for up to 50 jobs), so
+Flower's task list would show batches, all green, whatever their jobs did. When the worker sends
+task events (``-E``, or ``CELERY_WORKER_SEND_TASK_EVENTS = True`` as in ``project/settings.py``),
+the runner's batch report is turned here into the events Celery itself sends for a task, one set
+per job attempt, under a synthetic task id:
+
+- ``task-received`` (``name`` = the job's kind, ``args`` = ``[<job id>]``, never the payload,
+  which may hold personal data; ``kwargs`` = the attempt number; ``parent_id`` = the batch's task id,
+  ``eta`` = the job's due time), then ``task-started``,
+- then ``task-succeeded`` (``runtime``; the return value withheld), ``task-failed`` (the attempt
+  failed and the job is dead: ``exception`` is the error's type and the job id, the message and
+  traceback stay on the job's page in the admin) or ``task-retried`` (failed, retried later).
+
+All of a batch's events are buffered and published as one ``task.multi`` message when the batch's
+outcomes are written (Celery's event receiver and Flower accept a list of events per message), so
+the broker sees one extra message per batch, not four per job. Events are best effort: a broker
+error drops them (logged), never the batch. ``SCHEDULING_JOB_TASK_EVENTS = False`` turns them off.
+Which state Flower shows, and the A/B cost: docs/operations.md, "Flower".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import datetime as dt
+import logging
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from celery.events.dispatcher import EventDispatcher
+from kombu.exceptions import KombuError
+
+from scheduling.core import broker, conf
+from scheduling.models import AttemptOutcome, JobState
+
+if TYPE_CHECKING:
+    from scheduling.due_at import store
+
+logger = logging.getLogger(__name__)
+
+EVENTS_PER_MESSAGE = 10_000  # the dispatcher's buffer limit: a batch's events go in one message (50 jobs: 200)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobEvent:
+    """One finished attempt, as the runner recorded it (only outcomes that were kept: token still valid)."""
+
+    job_id: int
+    kind: str
+    attempt: int  # 1 for the first attempt
+    due_at: dt.datetime
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    outcome: str  # AttemptOutcome
+    state_after: str  # JobState: done, pending (retried) or dead
+    error: str = ""
+
+
+class Collector:
+    """A batch's finished attempts, gathered from the runner's hooks (``started`` and ``recorded``)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, store.StartedJob] = {}
+        self.events: list[JobEvent] = []
+
+
+_collector: contextvars.ContextVar[Collector | None] = contextvars.ContextVar("timekeeper_job_events", default=None)
+
+
+@contextlib.contextmanager
+def collecting(*, batch_id: str | None, hostname: str | None) -> Iterator[Collector]:
+    """Around a batch (``scheduling.tasks.run_batch``): gather its jobs' outcomes, then send them as one message.
+
+    Nothing is gathered outside a worker (no task id or hostname: the task called directly) or when
+    the worker sends no task events.
+    """
+    if not (batch_id and hostname and enabled()):
+        yield Collector()
+        return
+    collector = Collector()
+    token = _collector.set(collector)
+    try:
+        yield collector
+    finally:
+        _collector.reset(token)
+        send(collector.events, batch_id=batch_id, hostname=hostname)
+
+
+def started(jobs: Iterable[store.StartedJob]) -> None:
+    """Runner hook: the batch's started jobs (kind, attempt, due time by id). Nothing outside ``collecting``."""
+    collector = _collector.get()
+    if collector is not None:
+        collector.jobs.update((job.id, job) for job in jobs)
+
+
+def recorded(successes: Iterable[store.Outcome], failures: Iterable[store.Outcome], kept: dict[int, str]) -> None:
+    """Runner hook: outcomes written, ``kept`` the ids whose claim still held with the state each left the job in."""
+    collector = _collector.get()
+    if collector is None:
+        return
+    for outcome in [*successes, *failures]:
+        job = collector.jobs.get(outcome.id)
+        if job is None or outcome.id not in kept:
+            continue
+        collector.events.append(
+            JobEvent(
+                job_id=job.id,
+                kind=job.kind,
+                attempt=job.attempts,
+                due_at=job.due_at,
+                started_at=outcome.started_at,
+                finished_at=outcome.finished_at,
+                outcome=outcome.outcome,
+                state_after=kept[outcome.id],
+                error=outcome.error,
+            )
+        )
+
+
+_dispatcher: dict[int, EventDispatcher] = {}  # per process id: a forked pool process makes its own
+
+
+def enabled() -> bool:
+    """Whether this worker sends task events (Celery's ``worker_send_task_events``) and ours are not turned off."""
+    return bool(conf.get().job_task_events and broker.app().conf.worker_send_task_events)
+
+
+def _get(hostname: str) -> EventDispatcher:
+    pid = os.getpid()
+    dispatcher = _dispatcher.get(pid)
+    if dispatcher is None or dispatcher.hostname != hostname:
+        app = broker.app()
+        dispatcher = app.events.Dispatcher(
+            app.connection_for_write(),
+            hostname=hostname,
+            buffer_group=["task"],
+            buffer_limit=EVENTS_PER_MESSAGE,
+            buffer_while_offline=False,  # a broker error drops the batch's events instead of piling them up
+        )
+        _dispatcher.clear()
+        _dispatcher[pid] = dispatcher
+    return dispatcher
+
+
+def error_type(error: str) -> str:
+    """The exception's type from an attempt's error line ("ValueError: ..." -> "ValueError"), never its message."""
+    head = error.split(":", 1)[0].strip()
+    return head if head.replace(".", "").replace("_", "").isalnum() else "Error"
+
+
+def fields(event: JobEvent, batch_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """The Celery task events (type, fields) of one attempt, in the order Celery sends them."""
+    task_id = str(uuid.uuid4())
+    started, finished = event.started_at.timestamp(), event.finished_at.timestamp()
+    received = {
+        "uuid": task_id,
+        "name": event.kind,
+        "args": f"[{event.job_id}]",  # the job id; the payload is withheld (it may hold personal data)
+        "kwargs": f"{{'attempt': {event.attempt}}}",
+        "retries": event.attempt - 1,
+        "eta": event.due_at.isoformat(),
+        "expires": None,
+        "root_id": batch_id,
+        "parent_id": batch_id,
+        "timestamp": started,
+    }
+    out: list[tuple[str, dict[str, Any]]] = [
+        ("task-received", received),
+        ("task-started", {"uuid": task_id, "timestamp": started}),
+    ]
+    runtime = max(finished - started, 0.0)
+    if event.outcome == AttemptOutcome.SUCCEEDED:
+        out.append(("task-succeeded", {"uuid": task_id, "result": "", "runtime": runtime, "timestamp": finished}))
+        return out
+    reason = f"{error_type(event.error)} (job {event.job_id}, attempt {event.attempt}: {event.outcome})"
+    if event.state_after == JobState.DEAD:
+        failed = {"uuid": task_id, "exception": reason, "traceback": "", "timestamp": finished}
+        out.append(("task-failed", failed))
+    else:
+        out.append(("task-retried", {"uuid": task_id, "exception": reason, "timestamp": finished}))
+    return out
+
+
+def send(events: Sequence[JobEvent], *, batch_id: str, hostname: str) -> int:
+    """Publish ``events`` as one message of Celery task events (when the worker sends task events); how many."""
+    if not events or not enabled():
+        return 0
+    try:
+        dispatcher = _get(hostname)
+        count = 0
+        for event in events:
+            for event_type, values in fields(event, batch_id):
+                dispatcher.send(event_type, **values)
+                count += 1
+        dispatcher.flush()
+    except (OSError, KombuError) as exc:
+        _dispatcher.clear()  # a fresh connection next time
+        logger.warning(
+            "job task events not sent (Flower will miss them): %s",
+            type(exc).__name__,
+            extra={"jobs": len(events), "action": "task_events_dropped"},
+        )
+        return 0
+    return count
