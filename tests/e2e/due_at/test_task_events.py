@@ -37,6 +37,7 @@ def test_flower_shows_a_failing_job_failed_and_a_succeeding_one_succeeded(cluste
     attempts = sorted(_tasks(base, "demo.fail"), key=lambda t: t["retries"])
     assert [t["state"] for t in attempts] == ["RETRY", "RETRY", "FAILURE"]
     assert all(t["args"] == f"[{failing.id}]" for t in attempts)
+    assert [t["uuid"].rsplit("-", 1)[0] for t in attempts] == [f"job-{failing.id}-{n}" for n in (1, 2, 3)]
     assert "DemoFailure" in dead["exception"]
     assert f"job {failing.id}, attempt 3" in dead["exception"]
     (succeeded,) = harness.wait_for(
