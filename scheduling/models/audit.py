@@ -36,6 +36,13 @@ class AuditAction(models.TextChoices):
     CAP = "cap", "cap kind"
     TOKEN_CREATE = "token_create", "create token"
     TOKEN_REVOKE = "token_revoke", "revoke token"
+    RECURRENCE_PAUSE = "recurrence_pause", "pause recurrence"
+    RECURRENCE_RESUME = "recurrence_resume", "resume recurrence"
+    RECURRENCE_CANCEL = "recurrence_cancel", "cancel recurrence"
+    SCHEDULE_RUN_NOW = "schedule_run_now", "run schedule now"
+    SCHEDULE_ENABLE = "schedule_enable", "enable schedule"
+    SCHEDULE_DISABLE = "schedule_disable", "disable schedule"
+    SCHEDULE_TOGGLE = "schedule_toggle", "toggle schedule"
 
 
 class AuditRecordQuerySet(models.QuerySet["AuditRecord"]):

@@ -151,3 +151,35 @@ def test_a_record_commits_with_the_change_or_not_at_all(admin_user):
             pass
     assert AuditRecord.objects.count() == 0
     assert ScheduledJob.objects.get(pk=ids[0]).state == JobState.PENDING
+
+
+def test_admin_recurrence_and_fixed_schedule_actions_are_recorded(admin_client, broker):
+    """Pausing and cancelling recurrences, disabling and running a fixed-time schedule now are recorded."""
+    from django_celery_beat.models import CrontabSchedule, PeriodicTask
+
+    from scheduling.models import SchedulePolicy
+
+    first = api.recur("demo.noop", {}, key="digest:1", cron="0 9 * * *", timezone="Asia/Tokyo")
+    second = api.recur("demo.noop", {}, key="digest:2", cron="0 9 * * *", timezone="Asia/Tokyo")
+    recurrences = "/admin/scheduling/recurrence/"
+    both = {ACTION_CHECKBOX_NAME: [str(first.id), str(second.id)], "index": "0"}
+    admin_client.post(recurrences, {**both, "action": "pause_selected"})
+    admin_client.post(recurrences, {**both, "action": "cancel_selected", ACTION_CHECKBOX_NAME: [str(first.id)]})
+    crontab = CrontabSchedule.objects.create(minute="0", hour="3", timezone="Europe/Lisbon")
+    task = PeriodicTask.objects.create(
+        name="nightly-audit", task="scheduling.run_fixed", kwargs='{"schedule": "nightly-audit"}', crontab=crontab
+    )
+    SchedulePolicy.objects.create(periodic_task=task, kind="demo.record", payload={})
+    tasks = "/admin/django_celery_beat/periodictask/"
+    one = {ACTION_CHECKBOX_NAME: [str(task.pk)], "index": "0"}
+    admin_client.post(tasks, {**one, "action": "run_now_selected"})
+    admin_client.post(tasks, {**one, "action": "disable_tasks"})
+    assert [(a, s, c) for _, _, a, s, c in _records()] == [
+        ("recurrence_pause", 2, 2),
+        ("recurrence_cancel", 1, 1),
+        ("schedule_run_now", 1, 1),
+        ("schedule_disable", 1, 1),
+    ]
+    run = AuditRecord.objects.get(action="schedule_run_now")
+    assert (run.kind, run.target, run.door) == ("demo.record", "schedule nightly-audit", "admin")
+    assert AuditRecord.objects.get(action="recurrence_pause").details == {"recurrence_ids": [first.id, second.id]}
