@@ -39,6 +39,7 @@ def test_a_cancel_from_the_job_page_asks_then_shows_in_its_history(page, django_
     page.click('button[value="cancel"]')
     page.wait_for_selector("#confirm-form")
     assert "1 job selected; 1 of them would change" in page.inner_text("#confirm-summary")
+    assert page.get_attribute("#confirm-form input[type=submit]", "value") == "Yes, cancel this job"
     page.shot("confirm-one-job")
     page.click("text=No, take me back")
     page.wait_for_url(f"**{JOBS}{job.id}/change/")
@@ -78,6 +79,7 @@ def test_a_bulk_cancel_of_all_matching_asks_with_the_count(page, django_user_mod
     summary = page.inner_text("#confirm-summary")
     assert "All 101 jobs matching the list's filter (kind=demo.record)" in summary
     assert "… and 81 more" in page.inner_text("#confirm-jobs")
+    assert page.get_attribute("#confirm-form input[type=submit]", "value") == "Yes, cancel 101 jobs"
     page.shot("confirm-all-matching")
     assert set(ScheduledJob.objects.filter(pk__in=ids).values_list("state", flat=True)) == {JobState.PENDING}
     page.click("#confirm-form input[type=submit]")

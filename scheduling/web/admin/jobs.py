@@ -26,6 +26,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.translation import ngettext
 
 from scheduling import api
 from scheduling.core import audit, conf, exceptions, registry, validation
@@ -490,15 +491,25 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     ) -> HttpResponse:
         """Ask before an action that cannot be undone: what it would change, posted back with ``confirm``."""
         selected = ScheduledJob.objects.filter(pk__in=selection)
+        changeable = selected.filter(state__in=entry.states).count()
+        verb = entry.name.replace("_", " ")
+        if len(selection) == 1 and not across:
+            confirm_label = f"Yes, {verb} this job"
+        else:
+            confirm_label = ngettext("Yes, %(verb)s %(count)d job", "Yes, %(verb)s %(count)d jobs", changeable) % {
+                "verb": verb,
+                "count": changeable,
+            }
         context = {
             **self.admin_site.each_context(request),
-            "title": f"{entry.label}: are you sure?",
+            "title": "Are you sure?",
+            "confirm_label": confirm_label,
             "opts": self.model._meta,
             "entry": entry,
             "jobs": list(selected.select_related("owner").order_by("due_at", "id")[:SELECTION_SHOWN]),
             "total": len(selection),
             "more": max(len(selection) - SELECTION_SHOWN, 0),
-            "changeable": selected.filter(state__in=entry.states).count(),
+            "changeable": changeable,
             "across": across,
             "filters": request.GET.urlencode(),
             "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
