@@ -27,7 +27,7 @@ def _event(outcome: str, state_after: str, error: str = "") -> task_events.JobEv
 
 
 @pytest.mark.parametrize(
-    ("outcome", "state_after", "last"),
+    ("outcome", "state_after", "kind_of_event"),
     [
         (AttemptOutcome.SUCCEEDED, JobState.DONE, "task-succeeded"),
         (AttemptOutcome.FAILED, JobState.DEAD, "task-failed"),
@@ -35,27 +35,28 @@ def _event(outcome: str, state_after: str, error: str = "") -> task_events.JobEv
         (AttemptOutcome.TIMED_OUT, JobState.DEAD, "task-failed"),
     ],
 )
-def test_an_attempt_is_received_started_then_its_outcome(outcome, state_after, last):
-    """received (at the start), then succeeded, failed (dead) or retried (pending again), under one task id."""
-    events = task_events.fields(_event(outcome, state_after, "ValueError: card 4111 declined"), "batch-1")
-    assert [t for t, _ in events] == ["task-received", last]
-    assert {f["uuid"] for _, f in events} == {"job-42-2-batch-1"}  # searchable in Flower by "job-42"
-    received = events[0][1]
-    assert (received["name"], received["args"], received["retries"], received["parent_id"]) == (
+def test_an_attempt_is_one_event_of_its_outcome_carrying_the_task(outcome, state_after, kind_of_event):
+    """Succeeded, failed (dead) or retried (pending again), with the kind, job id, times and the batch."""
+    event_type, values = task_events.fields(_event(outcome, state_after, "ValueError: card 4111 declined"), "batch-1")
+    assert event_type == kind_of_event
+    assert (values["uuid"], values["name"], values["args"], values["retries"], values["parent_id"]) == (
+        "job-42-2-batch-1",  # searchable in Flower by "job-42"
         "billing.invoice",
         "[42]",
         1,
         "batch-1",
     )
-    assert events[0][1]["timestamp"] == (T0 + dt.timedelta(seconds=1)).timestamp()
-    assert "4111" not in str(events)  # the error's message may hold personal data: only its type leaves
+    start = (T0 + dt.timedelta(seconds=1)).timestamp()
+    assert (values["received"], values["started"], values["runtime"]) == (start, start, pytest.approx(0.25))
+    assert values["timestamp"] == (T0 + dt.timedelta(seconds=1.25)).timestamp()
+    assert "4111" not in str(values)  # the error's message may hold personal data: only its type leaves
 
 
-def test_a_success_carries_its_runtime_and_no_result():
-    """task-succeeded has the attempt's runtime and no result (a return value may hold personal data)."""
-    (_, (_, succeeded)) = task_events.fields(_event(AttemptOutcome.SUCCEEDED, JobState.DONE), "b")
-    assert succeeded["runtime"] == pytest.approx(0.25)
-    assert "result" not in succeeded
+def test_a_success_carries_no_result():
+    """task-succeeded has no result (a return value may hold personal data) and no exception."""
+    _, values = task_events.fields(_event(AttemptOutcome.SUCCEEDED, JobState.DONE), "b")
+    assert "result" not in values
+    assert "exception" not in values
 
 
 @pytest.mark.parametrize(
