@@ -30,6 +30,8 @@
   ``django_tasks`` backport is not in ``INSTALLED_APPS`` (its system checks, scheduling.E009
   among them, and its task log lines do not run). scheduling.E009 itself is the backend's own
   check (``scheduling/backends.py``, ``TimekeeperBackend.check``), run through Django's tasks checks.
+- scheduling.W015: the admin is installed but ``scheduling.web.middleware.AuditMiddleware`` is not in
+  ``MIDDLEWARE`` (after ``AuthenticationMiddleware``): admin actions would leave no audit record.
 
 Celery's settings are read from Celery's own configuration (``current_app.conf``), however the
 project fills it.
@@ -357,5 +359,27 @@ def check_tasks_backport(app_configs: Any = None, **kwargs: Any) -> list[checks.
             "backport of django.tasks) is not in INSTALLED_APPS: its checks and task log lines do not run.",
             hint="Add 'django_tasks' to INSTALLED_APPS (pip install 'django-timekeeper[tasks]').",
             id="scheduling.W006",
+        )
+    ]
+
+
+AUDIT_MIDDLEWARE = "scheduling.web.middleware.AuditMiddleware"
+
+
+@checks.register()
+def check_audit_middleware(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The admin's actions are recorded only when the audit middleware names the request's user."""
+    from django.apps import apps
+    from django.conf import settings
+
+    middleware = list(getattr(settings, "MIDDLEWARE", []) or [])
+    if not apps.is_installed("django.contrib.admin") or AUDIT_MIDDLEWARE in middleware:
+        return []
+    return [
+        checks.Warning(
+            "The admin is installed but Timekeeper's audit middleware is not in MIDDLEWARE: cancels, reschedules, "
+            "pauses and token changes made in the admin would leave no audit record.",
+            hint=f"Add {AUDIT_MIDDLEWARE!r} to MIDDLEWARE after Django's AuthenticationMiddleware.",
+            id="scheduling.W015",
         )
     ]

@@ -25,7 +25,7 @@ from django import db
 from scheduling.core import holdings, reconnect, remote_control, tracing
 from scheduling.deferrals import countdowns
 from scheduling.due_at import claim as claim_module
-from scheduling.due_at import control, liveness, runner
+from scheduling.due_at import control, liveness, runner, task_events
 from scheduling.due_at import sweep as sweep_module
 from scheduling.fixed import gate, messages, orphans
 from scheduling.models import RunTrigger
@@ -41,10 +41,11 @@ def claim() -> dict[str, Any]:
     return {"claimed": report.claimed, "batches": report.batches}
 
 
-@shared_task(name="scheduling.run_batch", ignore_result=True, acks_late=True, reject_on_worker_lost=True)
-def run_batch(claims: list[list[Any]]) -> dict[str, Any]:
-    """Run a batch of claimed jobs, each given as [id, token]."""
-    report = runner.run_batch([(int(c[0]), str(c[1])) for c in claims])
+@shared_task(name="scheduling.run_batch", bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
+def run_batch(self: Task, claims: list[list[Any]]) -> dict[str, Any]:
+    """Run a batch of claimed jobs, each given as [id, token]; each job's attempt reaches Flower as a task."""
+    with task_events.collecting(batch_id=self.request.id, hostname=self.request.hostname):
+        report = runner.run_batch([(int(c[0]), str(c[1])) for c in claims])
     return {"started": report.started, "succeeded": report.succeeded, "failed": report.failed}
 
 
@@ -191,6 +192,13 @@ def start_control_loop(sender: Any = None, **kwargs: Any) -> None:
 def stop_control_loop(sender: Any = None, **kwargs: Any) -> None:
     """A stopping worker ends its control loop within two seconds (another worker's loop takes over)."""
     control.stop()
+
+
+@signals.celeryd_after_setup.connect
+def carry_task_events_flag(sender: Any = None, instance: Any = None, conf: Any = None, **kwargs: Any) -> None:
+    """``celery worker -E`` reaches the pool processes (forked later) as ``worker_send_task_events``: job events."""
+    if getattr(instance, "task_events", False) and conf is not None:
+        conf.worker_send_task_events = True
 
 
 @signals.celeryd_after_setup.connect

@@ -73,6 +73,7 @@ class Settings:
     metrics_token: str = ""  # when set, /metrics needs "Authorization: Bearer <token>"; /healthz shows details with it
     metrics_public: bool = False  # True: /metrics answers anyone when no token is set (DEBUG off refuses otherwise)
     metrics_cache_seconds: float = 5.0  # a scrape within this long of the last one gets the same text
+    admin_confirm_over: int = 100  # jobs: an admin cancel of more (or of "all N matching") asks for confirmation first
     # --- JSON API limits (superusers are exempt from the rate and the quota; docs/security.md) ------------
     api_max_job_seconds: float = 600.0  # API jobs' worst case: attempts x the kind's timeout at most this; 0: no bound
     api_create_rate_per_second: float = 10.0  # API creations per owner per second, sustained (all web processes); 0 off
@@ -87,6 +88,7 @@ class Settings:
     liveness_max_age_seconds: float = 60.0  # `timekeeper probe worker` (or beat) fails when its loop's file is older
     # --- traces --------------------------------------------------------------------------------------
     tracing: bool = False  # OpenTelemetry spans of schedule, claim and run (OTLP to OTEL_EXPORTER_OTLP_ENDPOINT)
+    job_task_events: bool = True  # each job's attempt as Celery task events for Flower, when workers send task events
 
     @classmethod
     def from_django(cls) -> Settings:

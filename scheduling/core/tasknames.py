@@ -4,8 +4,11 @@ Timekeeper's Celery tasks are generic (``scheduling.run_batch`` runs any kind, `
 any schedule), so Flower would show every job under four names. Celery's ``shadow`` header
 replaces the name shown in monitoring and logs without changing which task runs:
 
-- ``scheduling.run_batch`` -> the batch's kind, e.g. ``reminders.trial_ending`` (``claim`` passes it:
-  a batch holds one kind, and the message carries only ids and tokens);
+- ``scheduling.run_batch`` -> ``batch:<kind>``, e.g. ``batch:reminders.trial_ending`` (``claim``
+  passes it: a batch holds one kind, and the message carries only ids and tokens). The kind's own
+  name is left to its jobs: each job's attempt reaches Flower as a task of that name with its true
+  state (``scheduling.due_at.task_events``), so a batch that ran a failing job is not shown as
+  that job succeeding;
 - ``scheduling.run_deferred`` -> the deferral's kind (its first argument);
 - ``scheduling.run_fixed`` -> ``fixed:<schedule name>`` (its ``schedule`` keyword argument).
 
@@ -29,8 +32,8 @@ MAX_NAME_LENGTH = 200
 
 
 def batch(kind: str) -> str:
-    """The name a batch of ``kind`` jobs shows under."""
-    return kind[:MAX_NAME_LENGTH]
+    """The name a batch of ``kind`` jobs shows under (its jobs show under ``kind``)."""
+    return f"batch:{kind}"[:MAX_NAME_LENGTH]
 
 
 def deferral(kind: str) -> str:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from scheduling.core import conf, exceptions, registry, tracing, validation
+from scheduling.core import audit, conf, exceptions, registry, tracing, validation
 from scheduling.core import store as core_store
 from scheduling.due_at import claim, store
 from scheduling.models import JobState, ScheduledJob
@@ -256,6 +256,7 @@ def cancel(job_id: int | None = None, *, key: str | None = None, owner: Any = No
     target = _find(job_id, key, owner)
     if store.cancel_job(target):
         logger.info("job cancelled", extra={"job_id": target, "action": "cancelled"})
+        audit.record("cancel", changed=1, job_ids=[target])
         return target
     state = store.job_state(target)
     if state is None:
@@ -285,6 +286,7 @@ def reschedule(
     if row is not None:
         claim.wake_on_commit(row.in_seconds, asked_at)
         logger.info("job rescheduled", extra={"job_id": target, "action": "rescheduled"})
+        audit.record("reschedule", changed=1, job_ids=[target], details={"due_at": row.due_at.isoformat()})
         return row.due_at
     state = store.job_state(target)
     if state is None:
@@ -310,6 +312,7 @@ def pause(kind: str) -> store.KindControlRow:
     registry.get(kind)
     row = store.set_kind_paused(kind, True)
     logger.info("kind paused", extra={"kind": kind, "action": "paused"})
+    audit.record("pause", changed=1, selected=1, kind=kind, target=f"kind {kind}")
     return row
 
 
@@ -332,6 +335,7 @@ def resume(kind: str) -> store.KindControlRow:
     row = store.set_kind_paused(kind, False)
     claim.wake_on_commit(0.0, time.monotonic())
     logger.info("kind resumed", extra={"kind": kind, "action": "resumed"})
+    audit.record("resume", changed=1, selected=1, kind=kind, target=f"kind {kind}")
     return row
 
 
@@ -352,6 +356,7 @@ def set_max_running(kind: str, max_running: int | None) -> store.KindControlRow:
     row = store.set_kind_max_running(kind, max_running)
     claim.wake_on_commit(0.0, time.monotonic())
     logger.info("kind capped", extra={"kind": kind, "max_running": max_running, "action": "capped"})
+    audit.record("cap", changed=1, selected=1, kind=kind, target=f"kind {kind}", details={"max_running": max_running})
     return row
 
 
@@ -416,8 +421,17 @@ def _selection(ids: Iterable[int]) -> list[int]:
     return sorted({int(job_id) for job_id in ids})
 
 
-def _bulk_result(selected: list[int], changed: Iterable[int], action: str) -> BulkResult:
-    """Report the change: the others' states are read after it (one SELECT, only when some were left)."""
+# The bulk calls' log action -> the audit trail's action (scheduling.core.audit, AuditAction).
+AUDIT_ACTIONS = {"cancelled": "cancel", "rescheduled": "reschedule", "run_now": "run_now", "retried": "retry"}
+
+
+def _bulk_result(
+    selected: list[int], changed: Iterable[int], action: str, details: dict[str, Any] | None = None
+) -> BulkResult:
+    """Report the change: the others' states are read after it (one SELECT, only when some were left).
+
+    Recorded in the audit trail when a door acts (``audit.record``: who, the ids asked for, how many changed).
+    """
     done = sorted(set(changed))
     others = sorted(set(selected) - set(done))
     states = store.job_states(others) if others else {}
@@ -436,6 +450,7 @@ def _bulk_result(selected: list[int], changed: Iterable[int], action: str) -> Bu
             "job_ids": list(result.changed[:100]),
         },
     )
+    audit.record(AUDIT_ACTIONS[action], changed=len(result.changed), job_ids=selected, details=details)
     return result
 
 
@@ -460,7 +475,7 @@ def reschedule_many(
     moved = store.reschedule_jobs(selected, resolved_due_at)
     if moved:
         claim.wake_on_commit(min(job.in_seconds for job in moved), asked_at)
-    return _bulk_result(selected, [job.id for job in moved], "rescheduled")
+    return _bulk_result(selected, [job.id for job in moved], "rescheduled", {"due_at": resolved_due_at.isoformat()})
 
 
 def run_now_many(ids: Iterable[int]) -> BulkResult:

@@ -141,7 +141,7 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
                 tasknames.RUN_BATCH,
                 args=[[[c.id, c.token] for c in batch]],
                 time_limit=hard_time_limit(batch),
-                shadow=tasknames.batch(batch[0].kind),  # Flower shows the kind (a batch holds one)
+                shadow=tasknames.batch(batch[0].kind),  # Flower shows batch:<kind> (a batch holds one)
             )
             sent += 1
     except kombu.exceptions.OperationalError:

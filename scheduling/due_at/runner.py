@@ -56,7 +56,7 @@ from django.db import DatabaseError, IntegrityError, InterfaceError, Operational
 
 from scheduling.core import exceptions, executor, leadership, registry, tracing
 from scheduling.core import store as core_store
-from scheduling.due_at import lease, store
+from scheduling.due_at import lease, store, task_events
 from scheduling.models import AttemptOutcome, JobState
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,7 @@ def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:
 
 def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchReport:
     started = store.start_jobs(claims, leadership.process_name())
+    task_events.started(started)  # Flower: each job's attempt as a task (nothing unless the worker sends events)
     span.set("kinds", sorted({j.kind for j in started}))
     report = BatchReport(started=len(started), skipped=len(claims) - len(started))
     if report.skipped:
@@ -230,6 +231,7 @@ def _record(report: BatchReport, successes: list[store.Outcome], failures: list[
         )
     for job in moved:
         logger.info("job failed", extra={"job_id": job.id, "action": "dead" if job.state == JobState.DEAD else "retry"})
+    task_events.recorded(successes, failures, {**dict.fromkeys(done, JobState.DONE), **{m.id: m.state for m in moved}})
     report.succeeded += len(done)
     report.failed += len(moved)
     report.stale += len(stale)

@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import Case, Value, When
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
-from scheduling.core import tasknames
+from scheduling.core import audit, tasknames
 from scheduling.fixed import declarations
 from scheduling.models import SchedulePolicy
 
@@ -82,4 +82,7 @@ def _switch(task_ids: Iterable[int], enabled: bool | None) -> int:
         policies.filter(periodic_task__enabled=True, suspend=True).update(suspend=False)
         policies.filter(periodic_task__enabled=False, suspend=False).update(suspend=True)
         PeriodicTasks.update_changed()
+        action = "schedule_toggle" if enabled is None else "schedule_enable" if enabled else "schedule_disable"
+        names = list(PeriodicTask.objects.filter(pk__in=ids).order_by("name").values_list("name", flat=True)[:20])
+        audit.record(action, changed=switched, selected=len(ids), target=", ".join(names), details={"task_ids": ids})
     return switched

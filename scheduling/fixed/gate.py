@@ -43,7 +43,7 @@ from celery import current_app
 from django.db import transaction
 from django_celery_beat.models import PeriodicTask
 
-from scheduling.core import conf, exceptions, executor, leadership, locks, registry, tasknames
+from scheduling.core import audit, conf, exceptions, executor, leadership, locks, registry, tasknames
 from scheduling.core import store as core_store
 from scheduling.fixed import messages, store
 from scheduling.models import ConcurrencyPolicy, RunState, RunTrigger, SchedulePolicy
@@ -181,6 +181,14 @@ def run_now(schedule: str | PeriodicTask | SchedulePolicy) -> str:
     kwargs = messages.message_kwargs(name, tick, RunTrigger.MANUAL, policy_id=policy.pk)
     result = current_app.send_task(tasknames.RUN_FIXED, kwargs=kwargs)
     logger.info("manual run sent", extra={"schedule": name, "tick": tick.isoformat(), "action": "run_now"})
+    audit.record(
+        "schedule_run_now",
+        changed=1,
+        selected=1,
+        kind=policy.kind,
+        target=f"schedule {name}",
+        details={"tick": tick.isoformat(), "task_id": str(result.id)},
+    )
     return str(result.id)
 
 

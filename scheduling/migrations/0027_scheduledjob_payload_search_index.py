@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
     atomic = False  # CREATE INDEX CONCURRENTLY cannot run in a transaction
 
     dependencies = [
-        ("scheduling", "0025_scheduledjob_add_task_result_id"),
+        ("scheduling", "0026_auditrecord_operators_audit_trail"),
     ]
 
     operations = [

@@ -18,6 +18,7 @@ from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 
+from scheduling.core import audit
 from scheduling.models import ApiToken
 
 TOKEN_BYTES = 32  # entropy of a new token (it is shown as URL-safe base64, 43 characters)
@@ -33,6 +34,7 @@ def issue_token(user: Any, name: str) -> tuple[ApiToken, str]:
     """Create a token for ``user``; returns the row and the secret, which is not stored anywhere."""
     raw = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
     token = ApiToken.objects.create(user=user, name=name, key_hash=hash_token(raw))
+    audit.record("token_create", changed=1, selected=1, target=f"token #{token.pk} {name!r} for {user.get_username()}")
     return token, raw
 
 
@@ -47,7 +49,13 @@ def change_token(token_id: int, *, name: str, revoke: bool = False) -> bool:
 
 def revoke_tokens(token_ids: Iterable[int]) -> int:
     """Revoke the live tokens among ``token_ids`` (one UPDATE); how many were live. Revoking is one way."""
-    return ApiToken.objects.filter(pk__in=list(token_ids), revoked=False).update(revoked=True)
+    ids = sorted({int(i) for i in token_ids})
+    revoked = ApiToken.objects.filter(pk__in=ids, revoked=False).update(revoked=True)
+    shown = ", ".join(f"#{i}" for i in ids[: audit.TARGET_IDS_SHOWN])
+    audit.record(
+        "token_revoke", changed=revoked, selected=len(ids), target=f"token{'s' if len(ids) != 1 else ''} {shown}"
+    )
+    return revoked
 
 
 @dataclasses.dataclass(frozen=True)

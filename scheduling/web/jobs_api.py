@@ -42,8 +42,8 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
 from scheduling import api
-from scheduling.core import exceptions, executor, registry, validation
-from scheduling.models import JobState, ScheduledJob
+from scheduling.core import audit, exceptions, executor, registry, validation
+from scheduling.models import AuditDoor, JobState, ScheduledJob
 from scheduling.web import auth, paging
 
 logger = logging.getLogger(__name__)
@@ -261,7 +261,8 @@ def _endpoint(allowed: tuple[str, ...]) -> Any:
                 if problem:
                     return error_response(ApiError(403, "csrf_failed", f"CSRF check failed: {problem}"))
             try:
-                return view(request, caller.user, *args, **kwargs)
+                with audit.acting(audit.Actor(door=AuditDoor.API, user=caller.user)):
+                    return view(request, caller.user, *args, **kwargs)
             except ApiError as exc:
                 return error_response(exc, exc.headers)
             except Exception as exc:

@@ -1,4 +1,6 @@
-"""A request whose query string or form holds a NUL character is answered 400 before any view runs.
+"""Two middlewares: a request with a NUL character is refused; every request names its actor for the audit trail.
+
+A request whose query string or form holds a NUL character is answered 400 before any view runs.
 
 PostgreSQL cannot store or compare text with NUL in it (psycopg2 raises ``ValueError``), so a
 ``?kind=%00`` on an admin list, a NUL in ``_selected_action`` or in a login form would otherwise
@@ -6,6 +8,10 @@ end as a 500 in whichever view touched the database first. One check at the door
 view, including Django's own admin pages and filters. (Lone surrogates cannot arrive this way:
 Django decodes query strings and forms with replacement characters.) JSON bodies are the jobs
 API's to check, where the reason is given per field.
+
+``AuditMiddleware`` (after Django's ``AuthenticationMiddleware``) runs each request as its
+signed-in user's actions (``scheduling.core.audit.acting``): the admin's (door ``admin``) or another
+view's (``web``); the JSON API names its token's user itself (door ``api``).
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+
+from scheduling.core import audit
+from scheduling.models import AuditDoor
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -40,3 +49,24 @@ class RefuseNulInputMiddleware:
                 return JsonResponse({"error": {"status": 400, "code": "bad_request", "message": reason}}, status=400)
             return HttpResponseBadRequest(reason)
         return self.get_response(request)
+
+
+class AuditMiddleware:
+    """Runs the request as its user's actions for the audit trail; the door is read from the resolved URL."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        with audit.acting(_request_actor(request)):
+            return self.get_response(request)
+
+
+def _request_actor(request: HttpRequest) -> audit.Actor:
+    """The request's user, and ``admin`` for the admin site's URLs (``web`` for other views), read when recorded."""
+
+    def door() -> str:
+        match = getattr(request, "resolver_match", None)
+        return AuditDoor.ADMIN if match is not None and "admin" in match.namespaces else AuditDoor.WEB
+
+    return audit.Actor(door=door, user=lambda: getattr(request, "user", None))

@@ -26,7 +26,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from scheduling import api, exceptions
-from scheduling.core import liveness
+from scheduling.core import audit, liveness
 from scheduling.management import kinds_cli, recurrences_cli, schedules_cli, status_cli
 from scheduling.models import JobState, ScheduledJob
 
@@ -205,12 +205,13 @@ class Command(BaseCommand):
             self.probe(options)
             return
         try:
-            if subcommand == "jobs":
-                self.list_jobs(options)
-            elif subcommand in ("cancel", "retry", "reschedule"):
-                self.change(subcommand, options)
-            else:
-                RUNNERS[subcommand](self, options)
+            with audit.acting(audit.cli_actor()):  # the changes below are recorded as cli:<OS user>'s
+                if subcommand == "jobs":
+                    self.list_jobs(options)
+                elif subcommand in ("cancel", "retry", "reschedule"):
+                    self.change(subcommand, options)
+                else:
+                    RUNNERS[subcommand](self, options)
         except (OperationalError, InterfaceError) as exc:
             raise CommandError(
                 f"Cannot reach the {status_cli.describe_database()}: {exc}. Is PostgreSQL up and DATABASE_URL right?"

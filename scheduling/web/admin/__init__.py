@@ -6,6 +6,7 @@
 - ``recurrences``: recurring per-entity work (read-only rows, bulk pause, resume, cancel).
 - ``kinds``: pause, resume and cap a kind.
 - ``tokens``: API tokens.
+- ``audit``: the operators' audit trail (read-only, filterable; a job's History lists its records).
 - ``common``: what they share (times to the second, the checked selection, form fields).
 
 The admin holds no scheduling logic: it goes through the same door as application code
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from scheduling.web.admin import fixed, jobs, kinds, recurrences, tokens  # noqa: F401 - each registers its admins
+from scheduling.web.admin import audit, fixed, jobs, kinds, recurrences, tokens  # noqa: F401 - each registers its admins
 
 DASHBOARD_INDEX_TEMPLATE = "scheduling/admin/index.html"  # extends the project's admin/index.html, adds the dashboard
 

@@ -38,6 +38,8 @@ class BulkAction:
     permission: str = "change"  # the model permission it needs (ModelAdmin.has_<permission>_permission)
     form: type[forms.Form] | None = None  # asks for input first, on admin/scheduling/scheduledjob/<name>.html
     due_now: bool = False  # the changed jobs are due now: say which wait behind a paused or capped kind
+    confirm: bool = False  # cannot be undone: a job's page, "all N matching" and selections over
+    # SCHEDULING_ADMIN_CONFIRM_OVER jobs ask first (admin/scheduling/scheduledjob/confirm.html)
 
     def done_message(self, count: int, values: dict[str, Any]) -> str:
         return ngettext(*self.done, count) % {"count": count, **values}
@@ -92,6 +94,7 @@ BULK_ACTIONS: tuple[BulkAction, ...] = (
             "%(count)d job was not touched: only pending jobs can be cancelled (it was %(states)s).",
             "%(count)d jobs were not touched: only pending jobs can be cancelled (they were %(states)s).",
         ),
+        confirm=True,
     ),
     BulkAction(
         name="retry",

@@ -28,10 +28,12 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
+from django.utils.translation import ngettext
 
 from scheduling import api
-from scheduling.core import conf, exceptions, registry, validation
+from scheduling.core import audit, conf, exceptions, registry, validation
 from scheduling.models import (
+    AuditRecord,
     JobAttempt,
     JobState,
     ScheduledJob,
@@ -42,12 +44,14 @@ from scheduling.templatetags.timekeeper_admin import relative
 from scheduling.web import store as web_store
 from scheduling.web.admin import bulk_actions, common, job_forms
 
-SELECTION_SHOWN = 20  # jobs listed on the reschedule page
+SELECTION_SHOWN = 20  # jobs listed on the reschedule and confirmation pages
 ERROR_CLASSES_SHOWN = 12  # error classes offered by the list's filter, the commonest first
 ERROR_CLASS_SAMPLE = 10_000  # dead jobs (the latest) and failed pending ones read to rank the error classes
 STATE_COUNT_CAP = 10_000  # per-state counts above the list are exact up to this many rows, then "10,000+"
 SEARCH_TIMEOUT_SECONDS = 2.0  # a search (payload or key) that runs longer is stopped, and the page says so
 LAST_ERROR_SHOWN = 60  # characters of the last error's first line in the list (the whole text is its tooltip)
+HISTORY_SHOWN = 200  # audit records listed on a job's History page (the audit list has them all)
+FINISHED = (JobState.DONE, JobState.CANCELLED, JobState.DEAD)
 
 
 class JobAttemptInline(admin.TabularInline):
@@ -378,7 +382,12 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
 
     @admin.display(description="due")
     def due_relative(self, job: ScheduledJob) -> str:
-        return f"{timezone.localtime(job.due_at):%Y-%m-%d %H:%M:%S %Z} ({relative(job.due_at)})"
+        """The due time, and how far off it is while the job may still run; a finished job says it ended instead."""
+        when = f"{timezone.localtime(job.due_at):%Y-%m-%d %H:%M:%S %Z}"
+        if job.state in FINISHED:
+            ended = f" {relative(job.finished_at)}" if job.finished_at else ""
+            return f"was due {when}; {job.state}{ended}, will not run"
+        return f"{when} ({relative(job.due_at)})"
 
     # Read-only times to the second (Django's own display stops at the minute).
     claimed_time = common.to_the_second("claimed_at", "claimed at")
@@ -474,8 +483,22 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             return HttpResponseRedirect(reverse("admin:scheduling_scheduledjob_changelist"))
         if not self._may(request, entry, job):
             raise PermissionDenied
+        if entry.confirm and "confirm" not in request.POST:
+            return self._confirm(request, entry, [job.pk], across=False)
         self.run_bulk_action(entry, request, [job.pk])
         return HttpResponseRedirect(reverse("admin:scheduling_scheduledjob_change", args=[job.pk]))
+
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
+        """Django's History (the admin's own log entries) with the audit trail's records naming this job."""
+        records: list[AuditRecord] = []
+        if object_id.isdecimal() and len(object_id) <= 19:
+            records = list(AuditRecord.objects.for_job(int(object_id)).select_related("user")[:HISTORY_SHOWN])
+        context = {
+            "audit_records": records,
+            "audit_url": reverse("admin:scheduling_auditrecord_changelist") + f"?job={object_id}",
+            **(extra_context or {}),
+        }
+        return super().history_view(request, object_id, context)
 
     def get_fieldsets(self, request: HttpRequest, obj: ScheduledJob | None = None) -> Any:
         """A job that cannot be moved shows its due time once, to the second ("due"), not the editable field too."""
@@ -630,12 +653,20 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     ) -> HttpResponse | None:
         """Run ``entry``'s bulk call on ``selection`` (after its form, if it asks for input) and report it."""
         values: dict[str, Any] = {}
+        across = request.POST.get("select_across", "0") == "1"
+        if (
+            entry.confirm
+            and "confirm" not in request.POST
+            and (across or len(selection) > conf.get().admin_confirm_over)
+        ):
+            return self._confirm(request, entry, selection, across=across)
         if entry.form is not None:
             form = entry.form(request.POST if "apply" in request.POST else None)
             if not ("apply" in request.POST and form.is_valid()):
                 return self._ask(request, entry, form, selection)
             values = dict(form.cleaned_data)
-        result = entry.call(selection, **values)
+        with audit.noting(**({"filter": request.GET.urlencode() or "(none)", "all_matching": True} if across else {})):
+            result = entry.call(selection, **values)
         shown = {name: common.seconds_text(v) if isinstance(v, dt.datetime) else v for name, v in values.items()}
         if result.changed:
             self.message_user(request, entry.done_message(len(result.changed), shown), messages.SUCCESS)
@@ -673,6 +704,42 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             "action": entry.action,
         }
         return TemplateResponse(request, f"admin/scheduling/scheduledjob/{entry.name}.html", context)
+
+    def _confirm(
+        self, request: HttpRequest, entry: bulk_actions.BulkAction, selection: list[int], *, across: bool
+    ) -> HttpResponse:
+        """Ask before an action that cannot be undone: what it would change, posted back with ``confirm``."""
+        selected = ScheduledJob.objects.filter(pk__in=selection)
+        changeable = selected.filter(state__in=entry.states).count()
+        verb = entry.name.replace("_", " ")
+        if len(selection) == 1 and not across:
+            confirm_label = f"Yes, {verb} this job"
+        else:
+            confirm_label = ngettext("Yes, %(verb)s %(count)d job", "Yes, %(verb)s %(count)d jobs", changeable) % {
+                "verb": verb,
+                "count": changeable,
+            }
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Are you sure?",
+            "confirm_label": confirm_label,
+            "opts": self.model._meta,
+            "entry": entry,
+            "jobs": list(selected.select_related("owner").order_by("due_at", "id")[:SELECTION_SHOWN]),
+            "total": len(selection),
+            "more": max(len(selection) - SELECTION_SHOWN, 0),
+            "changeable": changeable,
+            "across": across,
+            "filters": request.GET.urlencode(),
+            "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "action": entry.action if request.POST.get("action") else "",
+            "job_page": reverse("admin:scheduling_scheduledjob_change", args=[selection[0]])
+            if len(selection) == 1
+            else "",
+        }
+        return TemplateResponse(request, "admin/scheduling/scheduledjob/confirm.html", context)
 
     def _warn_held_back(self, request: HttpRequest, job_ids: Sequence[int]) -> None:
         """Jobs made due whose kind is paused, or capped and full, wait: say so beside "within a second"."""

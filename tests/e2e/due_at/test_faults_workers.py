@@ -101,10 +101,10 @@ def _finished_lines(proc: Proc, task_id: str) -> list[str]:
 def _batches_received(proc: Proc, kind: str) -> list[str]:
     """Ids of the run_batch messages ``proc`` received for ``kind``, once per delivery.
 
-    Worker logs show a batch under its kind's name (Celery's ``shadow`` header), or as
+    Worker logs show a batch as ``batch:<kind>`` (Celery's ``shadow`` header), or as
     ``scheduling.run_batch`` when no name was given.
     """
-    return re.findall(rf"(?:scheduling\.run_batch|{re.escape(kind)})\[([0-9a-f-]+)\] received", proc.log())
+    return re.findall(rf"(?:scheduling\.run_batch|batch:{re.escape(kind)})\[([0-9a-f-]+)\] received", proc.log())
 
 
 def _owner(procs: list[Proc], pid: int) -> Proc:

@@ -30,14 +30,17 @@ def queued(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
 
 
 def test_a_due_at_batch_is_named_by_its_kind(broker):
-    """claim_and_dispatch sends scheduling.run_batch messages whose shadow name is the batch's kind."""
+    """claim_and_dispatch sends scheduling.run_batch messages shown as batch:<kind> (the kind's name is its jobs')."""
     api.schedule("reminders.trial_ending", {"user_id": 1, "trial_id": 2}, delay=0)
     api.schedule("demo.noop", {}, delay=0)
     report = claim.claim_and_dispatch()
     assert report.claimed == 2
     messages = queued(broker, settings.CELERY_TASK_DEFAULT_QUEUE)
     names = sorted((m["headers"]["task"], m["headers"]["shadow"]) for m in messages)
-    assert names == [("scheduling.run_batch", "demo.noop"), ("scheduling.run_batch", "reminders.trial_ending")]
+    assert names == [
+        ("scheduling.run_batch", "batch:demo.noop"),
+        ("scheduling.run_batch", "batch:reminders.trial_ending"),
+    ]
 
 
 def test_a_broker_deferral_is_named_by_its_kind(broker, django_capture_on_commit_callbacks):

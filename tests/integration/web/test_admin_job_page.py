@@ -127,7 +127,10 @@ def test_a_pending_jobs_page_cancels_and_runs_now(admin_client):
     response = admin_client.post(f"{CHANGELIST}{job.id}/act/run_now/", follow=True)
     assert [str(m) for m in response.context["messages"]] == ["1 job is due now; a worker takes it within a second."]
     assert ScheduledJob.objects.get(pk=job.id).due_at <= timezone.now()
-    response = admin_client.post(f"{CHANGELIST}{job.id}/act/cancel/", follow=True)
+    asked = admin_client.post(f"{CHANGELIST}{job.id}/act/cancel/")
+    assert 'id="confirm-form"' in asked.content.decode()  # a cancel asks first; nothing changed yet
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.PENDING
+    response = admin_client.post(f"{CHANGELIST}{job.id}/act/cancel/", {"confirm": "yes"}, follow=True)
     assert [str(m) for m in response.context["messages"]] == ["Cancelled 1 job."]
     page = admin_client.get(_page(job.id)).content.decode()
     assert 'name="_save"' not in page
@@ -234,7 +237,7 @@ def test_every_bulk_action_is_a_list_action_and_a_page_button_that_changes_the_j
     before = ScheduledJob.objects.get(pk=job_id)
     later = (timezone.localtime() + dt.timedelta(hours=2)).replace(microsecond=0)
     if entry.form is None:
-        response = admin_client.post(f"{CHANGELIST}{job_id}/act/{entry.name}/", follow=True)
+        response = admin_client.post(f"{CHANGELIST}{job_id}/act/{entry.name}/", {"confirm": "yes"}, follow=True)
     else:  # the page's button posts the list's action for this job: its form first, then "apply"
         data = {"action": entry.action, ACTION_CHECKBOX_NAME: [str(job_id)], "index": "0"}
         assert admin_client.post(CHANGELIST, data).context["form"].__class__ is entry.form

@@ -1,0 +1,224 @@
+"""Each due_at job's attempt as a Celery task in Flower: task events sent per job, one message per batch.
+
+Workers run jobs in batches (one ``scheduling.run_batch`` Celery task for up to 50 jobs), so
+Flower's task list would show batches, all green, whatever their jobs did. When the worker sends
+task events (``-E``, or ``CELERY_WORKER_SEND_TASK_EVENTS = True`` as in ``project/settings.py``),
+the runner's batch report is turned here into the events Celery itself sends for a task, one set
+per job attempt, under a synthetic task id:
+
+- one event per attempt, its outcome: ``task-succeeded`` (no result: a return value may hold
+  personal data), ``task-failed`` (the attempt
+  failed and the job is dead: ``exception`` is the error's type and the job id, the message and
+  traceback stay on the job's page in the admin) or ``task-retried`` (failed, retried later);
+- carrying what a ``task-received`` and ``task-started`` would: task id ``job-<id>-<attempt>-<batch>``
+  (search Flower for ``job-<id>``), ``name`` = the job's kind, ``args`` = ``[<job id>]`` (never the
+  payload, which may hold personal data), ``retries`` = attempts before this one, ``parent_id`` =
+  the batch's task id, ``eta`` = the job's due time, ``received`` and ``started`` (the attempt's
+  start), ``runtime``. Celery's event state puts every field of an event on the task, so Flower
+  shows the task whole from this one event, at half the bytes of three.
+
+All of a batch's events are buffered and published as one ``task.multi`` message when the batch's
+outcomes are written (Celery's event receiver and Flower accept a list of events per message), so
+the broker sees one extra message per batch, not four per job. Events are best effort: a broker
+error drops them (logged), never the batch. ``SCHEDULING_JOB_TASK_EVENTS = False`` turns them off.
+Which state Flower shows, and the A/B cost: docs/operations.md, "Flower".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import datetime as dt
+import logging
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from celery.events.event import get_exchange
+from celery.utils.time import utcoffset
+from kombu import Exchange, Producer
+from kombu.exceptions import KombuError
+
+from scheduling.core import broker, conf
+from scheduling.models import AttemptOutcome, JobState
+
+if TYPE_CHECKING:
+    from scheduling.due_at import store
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobEvent:
+    """One finished attempt, as the runner recorded it (only outcomes that were kept: token still valid)."""
+
+    job_id: int
+    kind: str
+    attempt: int  # 1 for the first attempt
+    due_at: dt.datetime
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    outcome: str  # AttemptOutcome
+    state_after: str  # JobState: done, pending (retried) or dead
+    error: str = ""
+
+
+class Collector:
+    """A batch's finished attempts, gathered from the runner's hooks (``started`` and ``recorded``)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, store.StartedJob] = {}
+        self.events: list[JobEvent] = []
+
+
+_collector: contextvars.ContextVar[Collector | None] = contextvars.ContextVar("timekeeper_job_events", default=None)
+
+
+@contextlib.contextmanager
+def collecting(*, batch_id: str | None, hostname: str | None) -> Iterator[Collector]:
+    """Around a batch (``scheduling.tasks.run_batch``): gather its jobs' outcomes, then send them as one message.
+
+    Nothing is gathered outside a worker (no task id or hostname: the task called directly) or when
+    the worker sends no task events.
+    """
+    if not (batch_id and hostname and enabled()):
+        yield Collector()
+        return
+    collector = Collector()
+    token = _collector.set(collector)
+    try:
+        yield collector
+    finally:
+        _collector.reset(token)
+        send(collector.events, batch_id=batch_id, hostname=hostname)
+
+
+def started(jobs: Iterable[store.StartedJob]) -> None:
+    """Runner hook: the batch's started jobs (kind, attempt, due time by id). Nothing outside ``collecting``."""
+    collector = _collector.get()
+    if collector is not None:
+        collector.jobs.update((job.id, job) for job in jobs)
+
+
+def recorded(successes: Iterable[store.Outcome], failures: Iterable[store.Outcome], kept: dict[int, str]) -> None:
+    """Runner hook: outcomes written, ``kept`` the ids whose claim still held with the state each left the job in."""
+    collector = _collector.get()
+    if collector is None:
+        return
+    for outcome in [*successes, *failures]:
+        job = collector.jobs.get(outcome.id)
+        if job is None or outcome.id not in kept:
+            continue
+        collector.events.append(
+            JobEvent(
+                job_id=job.id,
+                kind=job.kind,
+                attempt=job.attempts,
+                due_at=job.due_at,
+                started_at=outcome.started_at,
+                finished_at=outcome.finished_at,
+                outcome=outcome.outcome,
+                state_after=kept[outcome.id],
+                error=outcome.error,
+            )
+        )
+
+
+def enabled() -> bool:
+    """Whether this worker sends task events (Celery's ``worker_send_task_events``) and ours are not turned off."""
+    return bool(conf.get().job_task_events and broker.app().conf.worker_send_task_events)
+
+
+@dataclasses.dataclass
+class _Publisher:
+    """This process's producer on Celery's event exchange (a forked pool process makes its own)."""
+
+    pid: int
+    producer: Producer
+    exchange: Exchange
+
+
+_publisher: list[_Publisher] = []
+
+
+def _get() -> _Publisher:
+    pid = os.getpid()
+    if not _publisher or _publisher[0].pid != pid:
+        app = broker.app()
+        connection = app.connection_for_write()
+        exchange = get_exchange(connection, name=app.conf.event_exchange)
+        producer = Producer(connection, exchange=exchange, serializer=app.conf.event_serializer, auto_declare=False)
+        _publisher[:] = [_Publisher(pid, producer, exchange)]
+    return _publisher[0]
+
+
+def error_type(error: str) -> str:
+    """The exception's type from an attempt's error line ("ValueError: ..." -> "ValueError"), never its message."""
+    head = error.split(":", 1)[0].strip()
+    return head if head.replace(".", "").replace("_", "").isalnum() else "Error"
+
+
+def fields(event: JobEvent, batch_id: str) -> tuple[str, dict[str, Any]]:
+    """The one Celery task event (type, fields) of an attempt: its outcome, carrying what Flower shows of the task.
+
+    Celery's state (which Flower keeps) takes every field of an event onto the task, so the outcome
+    event alone gives it its name, args, received and started times, runtime and state; a separate
+    ``task-received`` would double the bytes for the same page.
+    """
+    started, finished = event.started_at.timestamp(), event.finished_at.timestamp()
+    values: dict[str, Any] = {
+        "uuid": f"job-{event.job_id}-{event.attempt}-{batch_id[:8]}",  # unique per attempt; Flower finds "job-<id>"
+        "name": event.kind,
+        "args": f"[{event.job_id}]",  # the job id; the payload is withheld (it may hold personal data)
+        "retries": event.attempt - 1,
+        "eta": event.due_at.isoformat(),
+        "parent_id": batch_id,
+        "received": started,  # the attempt is received as it starts
+        "started": started,
+        "runtime": max(finished - started, 0.0),
+        "timestamp": finished,
+    }
+    if event.outcome == AttemptOutcome.SUCCEEDED:
+        return "task-succeeded", values
+    values["exception"] = f"{error_type(event.error)} (job {event.job_id}, attempt {event.attempt}: {event.outcome})"
+    if event.state_after == JobState.DEAD:
+        return "task-failed", {**values, "traceback": ""}
+    return "task-retried", values
+
+
+def send(events: Sequence[JobEvent], *, batch_id: str, hostname: str) -> int:
+    """Publish ``events`` as one ``task.multi`` message of Celery task events; how many events were sent.
+
+    The events are the dicts Celery's ``EventDispatcher`` would build (type, hostname, utcoffset,
+    pid, Lamport clock, timestamp and the fields), built here directly: one publish per batch,
+    no lock or buffer per event.
+    """
+    if not events or not enabled():
+        return 0
+    app = broker.app()
+    base = {"hostname": hostname, "utcoffset": utcoffset(), "pid": os.getpid()}
+    body = []
+    for event in events:
+        event_type, values = fields(event, batch_id)
+        body.append({"type": event_type, **base, "clock": app.clock.forward(), **values})
+    try:
+        publisher = _get()
+        publisher.producer.publish(
+            body,
+            routing_key="task.multi",  # Celery's routing key for a list of task events (EventDispatcher.flush)
+            exchange=publisher.exchange.name,
+            declare=[publisher.exchange],
+            headers={"hostname": hostname},
+            delivery_mode=1,  # transient, as Celery's events
+            retry=False,
+        )
+    except (OSError, KombuError) as exc:
+        _publisher.clear()  # a fresh connection next time
+        logger.warning(
+            "job task events not sent (Flower will miss them): %s",
+            type(exc).__name__,
+            extra={"jobs": len(events), "action": "task_events_dropped"},
+        )
+        return 0
+    return len(body)

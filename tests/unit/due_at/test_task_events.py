@@ -1,0 +1,68 @@
+"""A job's attempt as Celery task events: the fields Flower reads, and nothing of the payload or error message."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from scheduling.due_at import task_events
+from scheduling.models import AttemptOutcome, JobState
+
+T0 = dt.datetime(2030, 1, 1, 9, 0, tzinfo=dt.UTC)
+
+
+def _event(outcome: str, state_after: str, error: str = "") -> task_events.JobEvent:
+    return task_events.JobEvent(
+        job_id=42,
+        kind="billing.invoice",
+        attempt=2,
+        due_at=T0,
+        started_at=T0 + dt.timedelta(seconds=1),
+        finished_at=T0 + dt.timedelta(seconds=1.25),
+        outcome=outcome,
+        state_after=state_after,
+        error=error,
+    )
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state_after", "kind_of_event"),
+    [
+        (AttemptOutcome.SUCCEEDED, JobState.DONE, "task-succeeded"),
+        (AttemptOutcome.FAILED, JobState.DEAD, "task-failed"),
+        (AttemptOutcome.FAILED, JobState.PENDING, "task-retried"),
+        (AttemptOutcome.TIMED_OUT, JobState.DEAD, "task-failed"),
+    ],
+)
+def test_an_attempt_is_one_event_of_its_outcome_carrying_the_task(outcome, state_after, kind_of_event):
+    """Succeeded, failed (dead) or retried (pending again), with the kind, job id, times and the batch."""
+    event_type, values = task_events.fields(_event(outcome, state_after, "ValueError: card 4111 declined"), "batch-1")
+    assert event_type == kind_of_event
+    assert (values["uuid"], values["name"], values["args"], values["retries"], values["parent_id"]) == (
+        "job-42-2-batch-1",  # searchable in Flower by "job-42"
+        "billing.invoice",
+        "[42]",
+        1,
+        "batch-1",
+    )
+    start = (T0 + dt.timedelta(seconds=1)).timestamp()
+    assert (values["received"], values["started"], values["runtime"]) == (start, start, pytest.approx(0.25))
+    assert values["timestamp"] == (T0 + dt.timedelta(seconds=1.25)).timestamp()
+    assert "4111" not in str(values)  # the error's message may hold personal data: only its type leaves
+
+
+def test_a_success_carries_no_result():
+    """task-succeeded has no result (a return value may hold personal data) and no exception."""
+    _, values = task_events.fields(_event(AttemptOutcome.SUCCEEDED, JobState.DONE), "b")
+    assert "result" not in values
+    assert "exception" not in values
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [("ValueError: x", "ValueError"), ("tasks.demo.DemoFailure: boom", "tasks.demo.DemoFailure"), ("a b: c", "Error")],
+)
+def test_error_type_keeps_the_type_only(error, shown):
+    """The exception's dotted type name is kept; anything else becomes "Error"."""
+    assert task_events.error_type(error) == shown
