@@ -301,9 +301,9 @@ def _attempt_error(attempt: JobAttempt) -> TaskError:
 
 
 def _status(row: ScheduledJob) -> TaskResultStatus:
-    if row.state == JobState.PENDING or (row.state == JobState.CLAIMED and not row.claimed_by):
+    if row.state in (JobState.PENDING, JobState.CLAIMED):
         return TaskResultStatus.READY
-    if row.state == JobState.CLAIMED:
+    if row.state == JobState.RUNNING:
         return TaskResultStatus.RUNNING
     if row.state == JobState.DONE:
         return TaskResultStatus.SUCCESSFUL

@@ -54,10 +54,10 @@ WHERE id = %(id)s
 RETURNING id;
 
 -- name: last_run_occurrence_at
--- The latest occurrence instant that left pending (claimed, done, dead; cancelled ones never ran):
+-- The latest occurrence instant that left pending (claimed, running, done, dead; cancelled ones never ran):
 -- a changed or resumed rule plans strictly after it. Walks the unique occurrence index backwards.
 SELECT max(occurrence_at) FROM scheduling_scheduledjob
-WHERE recurrence_id = %(id)s AND state IN ('claimed', 'done', 'dead');
+WHERE recurrence_id = %(id)s AND state IN ('claimed', 'running', 'done', 'dead');
 
 -- name: move_pending_occurrence
 -- The pending occurrence moves to the changed rule's next instant (and takes the new payload):

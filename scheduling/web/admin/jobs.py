@@ -30,6 +30,7 @@ from django.utils.html import format_html
 from scheduling import api
 from scheduling.core import conf, exceptions, registry, validation
 from scheduling.models import (
+    CLAIM_STATES,
     JobAttempt,
     JobState,
     ScheduledJob,
@@ -172,9 +173,9 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             .annotate(
                 attention=Case(
                     When(state=JobState.DEAD, then=Value(0)),
-                    When(state=JobState.CLAIMED, claimed_at__lt=stuck_before, then=Value(1)),
+                    When(state__in=CLAIM_STATES, claimed_at__lt=stuck_before, then=Value(1)),
                     When(state=JobState.PENDING, due_at__lte=Now(), then=Value(2)),
-                    When(state=JobState.CLAIMED, then=Value(3)),
+                    When(state__in=CLAIM_STATES, then=Value(3)),
                     When(state=JobState.PENDING, then=Value(4)),
                     default=Value(5),
                     output_field=IntegerField(),

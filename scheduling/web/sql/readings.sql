@@ -88,9 +88,10 @@ WITH bounds AS (
     FROM scheduling_jobattempt AS a, bounds
     WHERE a.finished_at >= bounds.t_start
     UNION ALL
-    SELECT 'w', j.due_at, CASE WHEN j.claimed_by = '' THEN now() + interval '1 day' ELSE j.claimed_at END
+    SELECT 'w', j.due_at, CASE WHEN j.state = 'claimed' THEN now() + interval '1 day' ELSE j.claimed_at END
     FROM scheduling_scheduledjob AS j, bounds
-    WHERE j.state = 'claimed' AND j.claimed_at IS NOT NULL AND (j.claimed_by = '' OR j.claimed_at >= bounds.t_start)
+    WHERE j.state IN ('claimed', 'running') AND j.claimed_at IS NOT NULL
+      AND (j.state = 'claimed' OR j.claimed_at >= bounds.t_start)
     UNION ALL
     SELECT CASE WHEN j.kind IN (SELECT kind FROM paused) THEN 'p' ELSE 'w' END, j.due_at, now() + interval '1 day'
     FROM scheduling_scheduledjob AS j
