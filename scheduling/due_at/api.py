@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -125,7 +124,6 @@ def schedule_with_outcome(
             priority=job_priority,
             overrides=overrides,
         )
-        asked_at = time.monotonic()
         outcome = "created"
         if key is None:
             row = store.insert_job(new, on_conflict)
@@ -144,7 +142,7 @@ def schedule_with_outcome(
                 return ScheduledJob.objects.get(pk=upserted.id), "kept"
             outcome = "created" if upserted.inserted else "replaced"
             job_id, stored_due_at, in_seconds = upserted.id, upserted.due_at, upserted.in_seconds
-        claim.wake_on_commit(in_seconds, asked_at)
+        claim.wake_on_commit(in_seconds)
         logger.info("job scheduled", extra={"job_id": job_id, "kind": kind, "action": "scheduled"})
         job = ScheduledJob(
             id=job_id,
@@ -199,7 +197,6 @@ def schedule_many(
         overrides = _overrides(timeout, backoff, atomic)
         if not encoded:
             return []
-        asked_at = time.monotonic()
         rows = store.insert_jobs(
             kind,
             encoded,
@@ -211,7 +208,7 @@ def schedule_many(
             priority=job_priority,
             overrides=overrides,
         )
-        claim.wake_on_commit(min(row.in_seconds for row in rows), asked_at)  # one wake-up: all rows share the due time
+        claim.wake_on_commit(min(row.in_seconds for row in rows))  # one wake-up: all rows share the due time
         logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
         span.set("job_ids", [row.id for row in rows])
         return [row.id for row in rows]
@@ -280,10 +277,9 @@ def reschedule(
     if resolved_due_at is None:
         assert resolved_delay is not None
         resolved_due_at = _from_now(resolved_delay)
-    asked_at = time.monotonic()
     row = store.reschedule_job(target, resolved_due_at)
     if row is not None:
-        claim.wake_on_commit(row.in_seconds, asked_at)
+        claim.wake_on_commit(row.in_seconds)
         logger.info("job rescheduled", extra={"job_id": target, "action": "rescheduled"})
         return row.due_at
     state = store.job_state(target)
@@ -330,7 +326,7 @@ def resume(kind: str) -> store.KindControlRow:
     """Resume ``kind``: its due jobs are claimed again (the control loop is woken on commit)."""
     _registered_or_controlled(kind)
     row = store.set_kind_paused(kind, False)
-    claim.wake_on_commit(0.0, time.monotonic())
+    claim.wake_on_commit(0.0)
     logger.info("kind resumed", extra={"kind": kind, "action": "resumed"})
     return row
 
@@ -350,7 +346,7 @@ def set_max_running(kind: str, max_running: int | None) -> store.KindControlRow:
     ):
         raise exceptions.InvalidSchedule(f"max_running must be a whole number from 1 to 1000000, got {max_running!r}.")
     row = store.set_kind_max_running(kind, max_running)
-    claim.wake_on_commit(0.0, time.monotonic())
+    claim.wake_on_commit(0.0)
     logger.info("kind capped", extra={"kind": kind, "max_running": max_running, "action": "capped"})
     return row
 
@@ -456,20 +452,18 @@ def reschedule_many(
     if resolved_due_at is None:
         assert resolved_delay is not None
         resolved_due_at = _from_now(resolved_delay)
-    asked_at = time.monotonic()
     moved = store.reschedule_jobs(selected, resolved_due_at)
     if moved:
-        claim.wake_on_commit(min(job.in_seconds for job in moved), asked_at)
+        claim.wake_on_commit(min(job.in_seconds for job in moved))
     return _bulk_result(selected, [job.id for job in moved], "rescheduled")
 
 
 def run_now_many(ids: Iterable[int]) -> BulkResult:
     """Make the pending jobs among ``ids`` due now (one statement) and wake the claim loop on commit."""
     selected = _selection(ids)
-    asked_at = time.monotonic()
     changed = store.run_jobs_now(selected) if selected else []
     if changed:
-        claim.wake_on_commit(0.0, asked_at)
+        claim.wake_on_commit(0.0)
     return _bulk_result(selected, changed, "run_now")
 
 
@@ -480,10 +474,9 @@ def retry_dead_many(ids: Iterable[int]) -> BulkResult:
     the claim loop is woken on commit.
     """
     selected = _selection(ids)
-    asked_at = time.monotonic()
     changed = store.retry_dead_jobs(selected) if selected else []
     if changed:
-        claim.wake_on_commit(0.0, asked_at)
+        claim.wake_on_commit(0.0)
     return _bulk_result(selected, changed, "retried")
 
 

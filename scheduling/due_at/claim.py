@@ -158,7 +158,7 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
     return ClaimReport(len(claims) - given_back, sent, given_back, more_due=more_due)
 
 
-def wake_on_commit(in_seconds: float, asked_at: float) -> None:
+def wake_on_commit(in_seconds: float) -> None:
     """Tell the control loop, when the caller's transaction commits, that a row is due within its interval.
 
     NOTIFY is transactional: sent only if the transaction commits, so a rolled-back job wakes no one.

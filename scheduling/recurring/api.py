@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -87,7 +86,7 @@ def _plan(row: store.RecurrenceRow, occurrence: rules.Occurrence, prev: dt.datet
     )
     if not created:  # we hold the row's lock: only a bug can make this happen
         raise exceptions.SchedulingError(f"Recurrence {row.id}: occurrence {occurrence.at} could not be created.")
-    claim.wake_on_commit(created[0].in_seconds, time.monotonic())
+    claim.wake_on_commit(created[0].in_seconds)
     return created[0]
 
 
@@ -401,7 +400,7 @@ def change_recurrence(
                 moved = store.move_pending_occurrence(row.id, occurrence.at, occurrence.due_at)
                 if moved is not None:
                     store.set_recurrence_current(row.id, occurrence.at)
-                    claim.wake_on_commit(moved.in_seconds, time.monotonic())
+                    claim.wake_on_commit(moved.in_seconds)
         logger.info("recurrence changed", extra={"recurrence_id": row.id, "action": "changed"})
     return Recurrence.objects.get(pk=target)
 
