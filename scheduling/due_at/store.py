@@ -226,6 +226,7 @@ class Claim:
     due_at: dt.datetime | None = None
     run_alone: bool = False  # its batch died with its process once: it is sent in a batch of its own
     timeout_seconds: float | None = None  # its own timeout (schedule(timeout=...)); None: the kind's
+    batch: int = 0  # the batch the claim cut it into: its rank, 1 the most urgent (claim.batches_for)
 
 
 @dataclasses.dataclass(frozen=True)

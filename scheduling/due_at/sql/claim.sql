@@ -38,8 +38,8 @@ SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY k
 -- dropped by the cap, leaving the claim short and every other kind waiting).
 --
 -- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s), in
--- order of urgency. Rows are cut into the batches the claim sends, exactly as claim.batches_for
--- cuts them: per kind, most urgent first, %(batch_sizes)s rows each (1 for a kind not listed), and
+-- order of urgency. Rows are cut into the batches the claim sends (the only place batches are cut;
+-- each row returns its batch's rank, claim.batches_for groups by it): per kind, most urgent first, %(batch_sizes)s rows each (1 for a kind not listed), and
 -- a run_alone row (its batch died with its process) in a batch of its own. A batch's urgency is its
 -- first row's. Batches are kept while the room allows and fewer than %(limit)s rows come before
 -- them: a batch_size=1 kind is claimed one row per free message, not %(limit)s rows to give back.
@@ -188,7 +188,11 @@ WITH controls AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM allowed))
     RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone, j.timeout_seconds
 )
-SELECT id, token, kind, priority, due_at, run_alone, timeout_seconds FROM claimed ORDER BY priority DESC, due_at, id;
+-- Each row says which batch it is in (its rank, most urgent batch first): the claim sends exactly
+-- these batches (claim.batches_for groups by it), so batches are cut here and nowhere else.
+SELECT c.id, c.token, c.kind, c.priority, c.due_at, c.run_alone, c.timeout_seconds, r.batch_rank AS batch
+FROM claimed AS c JOIN ranked AS r USING (id)
+ORDER BY c.priority DESC, c.due_at, c.id;
 
 -- name: next_due_times
 -- Distinct due instants coming up soon, for early wake-ups (the row stays the truth).
