@@ -27,6 +27,8 @@ SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY k
 -- where the planner's statistics see few rows; due_at for the common one), so the cost follows the
 -- rows taken, not the rows pending. Append runs the branches in order and the walk's LIMIT stops it
 -- once enough rows are locked. The literal priorities let the planner use each value's statistics.
+-- The branch is written once: the loader repeats a "-- repeat p in 9..0 joined by UNION ALL" block
+-- for each priority, highest first, with {p} replaced (core/db.py, parse_queries).
 -- Strict priorities: while more rows of a higher priority are due than a claim takes, lower ones
 -- wait (docs/operations.md, "Priorities"); a cap bounds a kind's share.
 --
@@ -57,99 +59,22 @@ WITH controls AS (
     -- (kind, priority, due_at) index, stopped once its room is locked (rows not yet due are never read)
     SELECT r.* FROM controls AS c
     CROSS JOIN LATERAL (
+        -- repeat p in 9..0 joined by UNION ALL
         SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 9 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k9
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 8 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k8
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 7 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k7
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 6 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k6
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 5 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k5
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 4 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k4
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 3 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k3
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 2 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k2
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 1 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k1
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 0 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k0
+                       WHERE state = 'pending' AND kind = c.kind AND priority = {p} AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k{p}
+        -- end repeat
         LIMIT least(c.room, %(limit)s)
     ) AS r
     WHERE NOT c.paused AND c.room > 0
 ), walk AS (
     SELECT * FROM (
+    -- repeat p in 9..0 joined by UNION ALL
     SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 9 AND due_at <= now()
+                   WHERE state = 'pending' AND priority = {p} AND due_at <= now()
                      AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p9
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 8 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p8
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 7 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p7
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 6 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p6
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 5 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p5
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 4 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p4
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 3 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p3
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 2 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p2
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 1 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p1
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 0 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p0
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p{p}
+    -- end repeat
     ) AS by_priority
     LIMIT %(limit)s
 ), due AS (

@@ -54,6 +54,28 @@ def test_comments_before_first_name_are_ignored():
     assert db.parse_queries("-- header\n-- name: q\nSELECT 1;\n") == {"q": "SELECT 1"}
 
 
+def test_a_repeat_block_is_written_out_once_per_value_highest_first():
+    """A part written once (``-- repeat p in 2..0 joined by UNION ALL``) becomes one copy per value, joined."""
+    text = (
+        "-- name: q\nSELECT * FROM (\n  -- repeat p in 2..0 joined by UNION ALL\n  SELECT {p} AS n\n"
+        "  -- end repeat\n) AS t;\n"
+    )
+    assert db.parse_queries(text) == {
+        "q": "SELECT * FROM (\n  SELECT 2 AS n\n  UNION ALL\n  SELECT 1 AS n\n  UNION ALL\n  SELECT 0 AS n\n) AS t"
+    }
+
+
+def test_the_claims_priority_walk_is_written_once_and_expanded_for_every_priority():
+    """claim.sql writes each branch once; the loaded claim walks priorities 9..0 in the walk and for capped kinds."""
+    source = (PACKAGE / "due_at" / "sql" / "claim.sql").read_text()
+    assert source.count("FOR UPDATE SKIP LOCKED) AS p{p}") == 1
+    assert source.count("FOR UPDATE SKIP LOCKED) AS k{p}") == 1
+    claim = jobs_store.SQL["claim_due_jobs"]
+    assert [int(n) for n in re.findall(r"SKIP LOCKED\) AS p(\d)", claim)] == list(range(9, -1, -1))
+    assert [int(n) for n in re.findall(r"SKIP LOCKED\) AS k(\d)", claim)] == list(range(9, -1, -1))
+    assert "{p}" not in re.sub(r"^\s*--.*$", "", claim, flags=re.MULTILINE)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Row:
     id: int
