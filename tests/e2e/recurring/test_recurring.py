@@ -10,7 +10,7 @@ import pytest
 
 from scheduling import api
 from scheduling.core import store
-from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
+from scheduling.models import CLAIM_STATES, AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
 from tests.e2e.harness import Cluster, wait_for, wait_ready
 from tests.faultkit.kinds import handlers as fault_kinds  # registers the test kinds in this process
@@ -57,4 +57,4 @@ def test_kill_9_mid_occurrence_reruns_it_and_plans_the_next_once(cluster: Cluste
     assert len(jobs) == 2, "the next occurrence was created once, not again after the rerun"
     assert jobs[1].occurrence_at == starts + dt.timedelta(hours=1)
     assert jobs[1].state == JobState.PENDING
-    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+    assert not ScheduledJob.objects.filter(state__in=CLAIM_STATES).exists()
