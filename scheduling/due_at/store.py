@@ -20,6 +20,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from scheduling.core import conf, db, registry
+from scheduling.core import options as options_
 from scheduling.due_at import lifecycle
 from scheduling.models import JobState
 
@@ -68,31 +69,15 @@ NO_OVERRIDES = Overrides()
 
 @dataclasses.dataclass(frozen=True)
 class NewJob:
+    """A job to insert: its kind, payload and checked options (``core.options.ValidOptions``), whole."""
+
     kind: str
     payload: Any
-    due_at: dt.datetime | None
-    delay_seconds: float | None
-    lease_seconds: int
-    max_attempts: int
-    key: str | None
-    owner_id: int | None
-    priority: int = 0
-    overrides: Overrides | None = None  # the call's timeout, backoff, atomic (None: the kind's)
+    options: options_.ValidOptions
 
     def params(self) -> dict[str, Any]:
         """The statement parameters of an insert or a keyed upsert."""
-        return {
-            "kind": self.kind,
-            "payload": json.dumps(self.payload),
-            "due_at": self.due_at,
-            "delay": self.delay_seconds or 0.0,
-            "lease_seconds": self.lease_seconds,
-            "max_attempts": self.max_attempts,
-            "key": self.key,
-            "owner_id": self.owner_id,
-            "priority": self.priority,
-            **(self.overrides or NO_OVERRIDES).params(),
-        }
+        return {"kind": self.kind, "payload": json.dumps(self.payload), **self.options.params()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +99,7 @@ class LiveJob:
 
 def insert_job(job: NewJob, on_conflict: str) -> DueJob | None:
     """Insert (or, with a key, upsert) a job; None when the key's live job was left alone."""
-    if job.key is None:
+    if job.options.key is None:
         return SQL.fetch_one(DueJob, "insert_job", job.params())
     upserted = upsert_keyed_job(job, on_conflict)
     return None if upserted is None else DueJob(id=upserted.id, due_at=upserted.due_at, in_seconds=upserted.in_seconds)
@@ -139,36 +124,14 @@ def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
     yet started is taken back); ``keep`` and ``error`` return it unchanged (``inserted`` False).
     None only if the statement returned nothing (not expected: every branch returns its row).
     """
-    assert job.key is not None
+    assert job.options.key is not None
     name = "upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep"
     return SQL.fetch_one(KeyedUpsert, name, job.params())
 
 
-def insert_jobs(
-    kind: str,
-    payloads: Sequence[str],
-    *,
-    due_at: dt.datetime | None,
-    delay_seconds: float | None,
-    lease_seconds: int,
-    max_attempts: int,
-    owner_id: int | None,
-    priority: int = 0,
-    overrides: Overrides | None = None,
-) -> list[DueJob]:
-    """Insert many jobs of one kind (payloads already JSON text), in the payloads' order."""
-    params = {
-        "kind": kind,
-        "payloads": list(payloads),
-        "due_at": due_at,
-        "delay": delay_seconds or 0.0,
-        "lease_seconds": lease_seconds,
-        "max_attempts": max_attempts,
-        "owner_id": owner_id,
-        "priority": priority,
-        **(overrides or NO_OVERRIDES).params(),
-    }
-    return SQL.fetch_all(DueJob, "insert_jobs", params)
+def insert_jobs(kind: str, payloads: Sequence[str], options: options_.ValidOptions) -> list[DueJob]:
+    """Insert many jobs of one kind (payloads already JSON text), in the payloads' order (no key)."""
+    return SQL.fetch_all(DueJob, "insert_jobs", {"kind": kind, "payloads": list(payloads), **options.params()})
 
 
 def live_job_by_key(key: str, owner_id: int | None = None) -> LiveJob | None:
