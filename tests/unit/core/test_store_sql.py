@@ -76,6 +76,17 @@ def test_the_claims_priority_walk_is_written_once_and_expanded_for_every_priorit
     assert "{p}" not in re.sub(r"^\s*--.*$", "", claim, flags=re.MULTILINE)
 
 
+def test_every_way_out_of_claimed_and_running_is_the_one_transition_statement():
+    """Of the claim and sweep statements only set_job_states ends a claim (clears its token or claimed_at)."""
+    ending = re.compile(r"\b(token|claimed_at)\s*=\s*(NULL|CASE)", flags=re.IGNORECASE)
+    writers = sorted(
+        name
+        for name, sql in jobs_store.SQL.queries.items()
+        if ending.search(re.sub(r"--[^\n]*", "", sql)) and name not in ("upsert_job_replace", "retry_dead_jobs")
+    )
+    assert writers == ["set_job_states"]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Row:
     id: int
