@@ -62,6 +62,8 @@ from django.utils.module_loading import import_string
 
 from scheduling import api
 from scheduling.core import exceptions, executor, registry
+from scheduling.core import options as job_options
+from scheduling.due_at import api as due_at_api
 from scheduling.due_at.api import ON_CONFLICT_CHOICES
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 
@@ -390,9 +392,7 @@ class TimekeeperBackend(BaseTaskBackend):
             {"args": list(args), "kwargs": dict(kwargs), "queue_name": task.queue_name, "priority": task.priority}
         )
         timing: dict[str, Any] = {"due_at": task.run_after} if task.run_after is not None else {"delay": 0}
-        job, outcome = api.schedule_with_outcome(
-            task.module_path,
-            payload,
+        options = job_options.JobOptions(
             key=getattr(task, "key", None),
             on_conflict=getattr(task, "on_conflict", "replace"),
             max_attempts=getattr(task, "max_attempts", None),
@@ -401,6 +401,7 @@ class TimekeeperBackend(BaseTaskBackend):
             **(task.job_overrides() if isinstance(task, TimekeeperTask) else {}),
             **timing,
         )
+        job, outcome = due_at_api.schedule_with_options(task.module_path, payload, options)
         result = self._read(job.id, task)
         if outcome != "kept":
             signals.task_enqueued.send(type(self), task_result=result)
