@@ -3,7 +3,7 @@
 ``api.schedule_many("demo.record", ...)`` with a ``due_at`` a few seconds after the insert commits
 (the database clock). One ``celery worker --concurrency 2`` (``bench.tk_worker``: the platform's app
 with the control loop's "sweep ran" line logged) claims and runs them. A sampler thread reads, every
-100 ms, the claimed-not-started rows (``state = 'claimed' AND claimed_by = ''``, through the claimed
+100 ms, the claimed-not-started rows (``state = 'claimed'``, through the claimed
 set's index) and the queued messages (Redis LLEN of the job queue's key, with the broker's key
 prefix). Reported: drain time from the due instant (last attempt's finish), start lag (attempt
 ``started_at - due_at``), the largest claimed-not-started and queued figures seen, the sweeps that
@@ -62,7 +62,7 @@ class Sampler(threading.Thread):
                     int(
                         _one(
                             "SELECT count(*) FROM scheduling_scheduledjob"
-                            " WHERE state = 'claimed' AND claimed_at IS NOT NULL AND claimed_by = ''"
+                            " WHERE state = 'claimed' AND claimed_at IS NOT NULL"
                         )[0]
                     )
                     if self.count_claims

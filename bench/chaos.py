@@ -241,7 +241,7 @@ class Soak:
         names = [f"{socket.gethostname()}:{pid}" for pid in pids]
         rows = self._sql(
             "SELECT id FROM scheduling_scheduledjob"
-            " WHERE state = 'claimed' AND claimed_at IS NOT NULL AND claimed_by = ANY(%s)",
+            " WHERE state = 'running' AND claimed_at IS NOT NULL AND claimed_by = ANY(%s)",
             [names],
         )
         return [int(r[0]) for r in rows]
@@ -351,7 +351,8 @@ class Soak:
         drained: float | None = None
         while time.monotonic() - started < DRAIN_TIMEOUT_S:
             open_jobs = self._sql(
-                "SELECT count(*) FROM scheduling_scheduledjob WHERE id = ANY(%s) AND state IN ('pending', 'claimed')",
+                "SELECT count(*) FROM scheduling_scheduledjob"
+                " WHERE id = ANY(%s) AND state IN ('pending', 'claimed', 'running')",
                 [ids],
             )[0][0]
             if open_jobs == 0 and drained is None:

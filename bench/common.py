@@ -151,7 +151,8 @@ def jobs_left(due_by: Any = None) -> bool:
     ((left,),) = sql(
         "SELECT EXISTS (SELECT 1 FROM scheduling_scheduledjob"
         "               WHERE state = 'pending' AND (%(due_by)s::timestamptz IS NULL OR due_at <= %(due_by)s))"
-        " OR EXISTS (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'claimed' AND claimed_at IS NOT NULL)",
+        " OR EXISTS (SELECT 1 FROM scheduling_scheduledjob"
+        "            WHERE state IN ('claimed', 'running') AND claimed_at IS NOT NULL)",
         {"due_by": due_by},
     )
     return bool(left)

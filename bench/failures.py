@@ -51,7 +51,7 @@ def _run(jobs: int, mixed: bool) -> dict[str, Any]:
         with transaction.atomic():
             api.schedule_many(kinds.KIND, payloads, delay=0)
         realistic._wait(
-            "SELECT count(*) FROM scheduling_scheduledjob WHERE state NOT IN ('pending', 'claimed')",
+            "SELECT count(*) FROM scheduling_scheduledjob WHERE state NOT IN ('pending', 'claimed', 'running')",
             jobs,
             DRAIN_TIMEOUT_S,
             worker.alive,

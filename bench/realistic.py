@@ -82,7 +82,7 @@ def run_timekeeper(jobs: int) -> dict[str, Any]:
         with common.stopwatch() as enqueue, transaction.atomic():
             api.schedule_many(KIND, [{} for _ in range(jobs)], delay=0)
         _wait(
-            "SELECT count(*) FROM scheduling_scheduledjob WHERE state NOT IN ('pending', 'claimed')",
+            "SELECT count(*) FROM scheduling_scheduledjob WHERE state NOT IN ('pending', 'claimed', 'running')",
             jobs,
             DRAIN_TIMEOUT_S,
             worker.alive,

@@ -39,7 +39,7 @@ def _started_pid(job_id: int, timeout: float) -> int:
     """The pid of the pool process that started ``job_id`` (from ``claimed_by``), waiting for the start."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = _one("SELECT claimed_by FROM scheduling_scheduledjob WHERE id = %s AND state = 'claimed'", [job_id])
+        row = _one("SELECT claimed_by FROM scheduling_scheduledjob WHERE id = %s AND state = 'running'", [job_id])
         if row and row[0]:
             return int(row[0].rsplit(":", 1)[1])
         time.sleep(0.05)

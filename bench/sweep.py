@@ -31,7 +31,7 @@ FILL_STRANDED = """
 INSERT INTO scheduling_scheduledjob
     (kind, payload, due_at, state, token, claimed_at, heartbeat_at, claimed_by, lease_seconds, attempts,
      max_attempts, last_error, created_at, updated_at)
-SELECT 'demo.noop', '{}'::jsonb, now() - interval '1 hour', 'claimed', gen_random_uuid(),
+SELECT 'demo.noop', '{}'::jsonb, now() - interval '1 hour', 'running', gen_random_uuid(),
        now() - interval '10 minutes', now() - interval '10 minutes', 'gone-host:1', 60,
        CASE WHEN g %% 10 = 0 THEN 5 ELSE 1 END, 5, '', now(), now()
 FROM generate_series(1, %(n)s) AS g
@@ -118,7 +118,9 @@ def main(quick: bool = False) -> dict[str, Any]:
     logging.getLogger("scheduling.sweep").setLevel(logging.ERROR)  # 10,000 "claim expired" lines otherwise
     (reclaimed, killed), reclaim_s, reclaim_stmts = timed(sweep.reclaim_expired)
     pruned, prune_s, prune_stmts = timed(sweep.prune)
-    left = _execute("SELECT count(*) FILTER (WHERE state = 'claimed'), count(*) FROM scheduling_scheduledjob")[0]
+    left = _execute(
+        "SELECT count(*) FILTER (WHERE state IN ('claimed', 'running')), count(*) FROM scheduling_scheduledjob"
+    )[0]
 
     def stats(samples: list[tuple[str, float]]) -> dict[str, float]:
         ms = [s[1] for s in samples]

@@ -246,7 +246,7 @@ TASKS = {"default": {"BACKEND": "scheduling.backends.TimekeeperBackend", "QUEUES
 # --- Flower ----------------------------------------------------------------------------------------
 FLOWER_BASIC_AUTH = os.environ.get("FLOWER_BASIC_AUTH", "")  # "user:password"; required by the run command
 
-# --- Timekeeper's own tunables (defaults in scheduling/conf.py) -----------------------------------
+# --- Timekeeper's own tunables (defaults in scheduling/core/conf.py) -----------------------------------
 SCHEDULING_BROKER_DELAY_MAX_SECONDS = env.get_int("SCHEDULING_BROKER_DELAY_MAX_SECONDS", 900, minimum=0)
 SCHEDULING_VISIBILITY_MARGIN_SECONDS = env.get_int("SCHEDULING_VISIBILITY_MARGIN_SECONDS", 300, minimum=1)
 # Job handlers: tasks/jobs.py, found like every installed app's jobs.py (no SCHEDULING_HANDLER_PACKAGES needed).

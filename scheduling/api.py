@@ -77,7 +77,7 @@ def retire_owner(owner: Any) -> jobs_api.BulkResult:
     (a job or occurrence inserted for them meanwhile cannot commit before the deletion, and fails
     after it); their recurrences are cancelled (``cancel_recurrences``: no further occurrence); their
     pending jobs are cancelled (``cancel_many``: one statement, conditional on ``pending``), and so
-    are their claims not yet started (conditional on ``claimed_by = ''``: the runner then finds the
+    are their claims not yet started (conditional on the ``claimed`` state: the runner then finds the
     claim lost); and every job of theirs gets ``former_owner`` ("username (#id)"), since the deletion
     then empties the owner and the history must not read as the system's. Running jobs are left to
     end with the attempt they are on (their ``max_attempts`` becomes their ``attempts``: a failure is
@@ -92,7 +92,7 @@ def retire_owner(owner: Any) -> jobs_api.BulkResult:
     from django.db.models import Case, F, Value, When
     from django.db.models.functions import Now
 
-    from scheduling.models import JobState, Recurrence, RecurrenceState, ScheduledJob
+    from scheduling.models import LIVE_STATES, JobState, Recurrence, RecurrenceState, ScheduledJob
 
     owner_id = getattr(owner, "pk", owner)
     with transaction.atomic():
@@ -104,16 +104,16 @@ def retire_owner(owner: Any) -> jobs_api.BulkResult:
         recurring_api.cancel_recurrences(theirs)
         waiting = ScheduledJob.objects.filter(owner_id=owner_id, state=JobState.PENDING).values_list("pk", flat=True)
         result = jobs_api.cancel_many(waiting)
-        # A claim not yet started ran nothing: cancelled too (conditional on claimed_by = '', which
+        # A claim not yet started ran nothing: cancelled too (conditional on the claimed state, which
         # start_jobs requires, so the runner sees the claim as lost). Left claimed, it would stay in
         # the waiting-key index and collide with the system's job of that key once the owner is emptied.
-        unstarted = ScheduledJob.objects.filter(owner_id=owner_id, state=JobState.CLAIMED, claimed_by="").update(
+        unstarted = ScheduledJob.objects.filter(owner_id=owner_id, state=JobState.CLAIMED).update(
             state=JobState.CANCELLED, finished_at=Now(), updated_at=Now()
         )
         # One statement: every job of theirs says who owned it; a claimed one's current attempt is its
         # last; a job still live (running) gives up its key, so the key never reaches the system's namespace.
-        last_attempt = Case(When(state=JobState.CLAIMED, then=F("attempts")), default=F("max_attempts"))
-        live_key = Case(When(state__in=[JobState.PENDING, JobState.CLAIMED], then=Value(None)), default=F("key"))
+        last_attempt = Case(When(state=JobState.RUNNING, then=F("attempts")), default=F("max_attempts"))
+        live_key = Case(When(state__in=LIVE_STATES, then=Value(None)), default=F("key"))
         marked = ScheduledJob.objects.filter(owner_id=owner_id).update(
             former_owner=label[:200], max_attempts=last_attempt, key=live_key
         )

@@ -81,6 +81,8 @@ from django.utils import timezone
 
 from scheduling import api
 from scheduling.core import conf, exceptions, executor, registry
+from scheduling.core import options as job_options
+from scheduling.due_at import api as due_at_api
 from scheduling.due_at.api import ON_CONFLICT_CHOICES
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 
@@ -406,9 +408,9 @@ def _class_path(text: str, name: str) -> str:
 
 def _status(row: ScheduledJob) -> TaskResultStatus:
     """Django's status of a job: READY while it waits (a retry too: "ready to be executed again"), then RUNNING."""
-    if row.state == JobState.PENDING or (row.state == JobState.CLAIMED and not row.claimed_by):
+    if row.state in (JobState.PENDING, JobState.CLAIMED):
         return TaskResultStatus.READY
-    if row.state == JobState.CLAIMED:
+    if row.state == JobState.RUNNING:
         return TaskResultStatus.RUNNING
     if row.state == JobState.DONE:
         return TaskResultStatus.SUCCESSFUL
@@ -588,18 +590,17 @@ class TimekeeperBackend(BaseTaskBackend):
             fields["run_after"] = task.run_after.isoformat()
         payload = normalize_json(fields)
         timing: dict[str, Any] = {"due_at": task.run_after} if task.run_after is not None else {"delay": 0}
+        options = job_options.JobOptions(
+            key=getattr(task, "key", None),
+            on_conflict=getattr(task, "on_conflict", "replace"),
+            max_attempts=getattr(task, "max_attempts", None),
+            owner=getattr(task, "owner", None),
+            priority=job_priority(task.priority),
+            **(task.job_overrides() if isinstance(task, TimekeeperTask) else {}),
+            **timing,
+        )
         with transaction.atomic():
-            job, outcome = api.schedule_with_outcome(
-                task.module_path,
-                payload,
-                key=getattr(task, "key", None),
-                on_conflict=getattr(task, "on_conflict", "replace"),
-                max_attempts=getattr(task, "max_attempts", None),
-                owner=getattr(task, "owner", None),
-                priority=job_priority(task.priority),
-                **(task.job_overrides() if isinstance(task, TimekeeperTask) else {}),
-                **timing,
-            )
+            job, outcome = due_at_api.schedule_with_options(task.module_path, payload, options)
             ScheduledJob.objects.filter(pk=job.id, task_result_id__isnull=True).update(task_result_id=uuid.uuid4())
             row = ScheduledJob.objects.defer("return_value").get(pk=job.id)
             fresh = outcome == "created"  # a new row has no attempts to read

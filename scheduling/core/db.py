@@ -45,8 +45,37 @@ Json = Annotated[Any, _JSON]  # a field holding a decoded jsonb value
 _NAME = re.compile(r"^--\s*name:\s*(?P<name>\w+)\s*$")
 
 
+# A part written once and repeated for each value of a range, highest first when the range goes down:
+#     -- repeat p in 9..0 joined by UNION ALL
+#     SELECT ... WHERE priority = {p} ... AS p{p}
+#     -- end repeat
+# (the claim's walk down the priorities: literal values, so the planner reads each one's statistics).
+_REPEAT = re.compile(
+    r"^(?P<indent>[ \t]*)--\s*repeat\s+(?P<var>\w+)\s+in\s+(?P<first>\d+)\.\.(?P<last>\d+)"
+    r"\s+joined by\s+(?P<joiner>.+?)\s*\n"
+    r"(?P<body>.*?)^[ \t]*--\s*end repeat\s*$",
+    flags=re.MULTILINE | re.DOTALL,
+)
+
+
+def expand_repeats(sql: str) -> str:
+    """``sql`` with each ``-- repeat`` block written out once per value, ``{var}`` replaced, joined."""
+
+    def expand(match: re.Match[str]) -> str:
+        first, last = int(match["first"]), int(match["last"])
+        step = 1 if last >= first else -1
+        body = match["body"].rstrip("\n")
+        copies = [body.replace("{" + match["var"] + "}", str(v)) for v in range(first, last + step, step)]
+        return f"\n{match['indent']}{match['joiner']}\n".join(copies)
+
+    return _REPEAT.sub(expand, sql)
+
+
 def parse_queries(text: str, source: str = "") -> dict[str, str]:
-    """Split a file of ``-- name: x`` blocks into {name: statement}; comments stay in the text."""
+    """Split a file of ``-- name: x`` blocks into {name: statement}; comments stay in the text.
+
+    A ``-- repeat`` block in a statement is written out (``expand_repeats``).
+    """
     queries: dict[str, list[str]] = {}
     current: list[str] | None = None
     for line in text.splitlines():
@@ -58,7 +87,7 @@ def parse_queries(text: str, source: str = "") -> dict[str, str]:
             current = queries[name] = []
         elif current is not None:
             current.append(line)
-    return {name: "\n".join(lines).strip().rstrip(";") for name, lines in queries.items()}
+    return {name: expand_repeats("\n".join(lines)).strip().rstrip(";") for name, lines in queries.items()}
 
 
 class Statements:

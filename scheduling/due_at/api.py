@@ -17,18 +17,18 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from scheduling.core import audit, conf, exceptions, registry, tracing, validation
+from scheduling.core import options as options_
 from scheduling.core import store as core_store
 from scheduling.due_at import claim, store
 from scheduling.models import JobState, ScheduledJob
 
 logger = logging.getLogger(__name__)
 
-ON_CONFLICT_CHOICES = ("replace", "keep", "error")
+ON_CONFLICT_CHOICES = options_.ON_CONFLICT_CHOICES
 
 
 def schedule(
@@ -67,9 +67,7 @@ def schedule(
     committing as it goes. Kept on the row; a ``replace`` sets them anew, a ``keep`` leaves the
     waiting job's. Bad values raise ``InvalidSchedule`` before anything is stored.
     """
-    return schedule_with_outcome(
-        kind,
-        payload,
+    options = options_.JobOptions(
         due_at=due_at,
         delay=delay,
         key=key,
@@ -80,7 +78,8 @@ def schedule(
         timeout=timeout,
         backoff=backoff,
         atomic=atomic,
-    )[0]
+    )
+    return schedule_with_options(kind, payload, options)[0]
 
 
 def schedule_with_outcome(
@@ -99,33 +98,29 @@ def schedule_with_outcome(
     atomic: bool | None = None,
 ) -> tuple[ScheduledJob, str]:
     """``schedule()``, also saying what happened: "created", "replaced" or "kept"."""
+    options = options_.JobOptions(
+        due_at=due_at,
+        delay=delay,
+        key=key,
+        on_conflict=on_conflict,
+        max_attempts=max_attempts,
+        owner=owner,
+        priority=priority,
+        timeout=timeout,
+        backoff=backoff,
+        atomic=atomic,
+    )
+    return schedule_with_options(kind, payload, options)
+
+
+def schedule_with_options(kind: str, payload: Any, options: options_.JobOptions) -> tuple[ScheduledJob, str]:
+    """``schedule()`` with its options as one ``JobOptions`` value; (the job, "created", "replaced" or "kept")."""
     with tracing.span("timekeeper.schedule", kind=kind, mechanism=registry.Mechanism.DUE_AT) as span:
         job_kind = registry.get(kind)
         validation.encode_payload(job_kind, payload)
-        resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
-        validation.check_key(key)
-        if on_conflict not in ON_CONFLICT_CHOICES:
-            raise exceptions.InvalidSchedule(
-                f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, got {on_conflict!r}."
-            )
-        attempts = validation.check_max_attempts(job_kind, max_attempts)
-        job_priority = validation.check_priority(job_kind, priority)
-        overrides = _overrides(timeout, backoff, atomic)
-        owner_id = getattr(owner, "pk", owner)
-
-        new = store.NewJob(
-            kind=kind,
-            payload=payload,
-            due_at=resolved_due_at,
-            delay_seconds=resolved_delay,
-            lease_seconds=job_kind.lease_seconds,
-            max_attempts=attempts,
-            key=key,
-            owner_id=owner_id,
-            priority=job_priority,
-            overrides=overrides,
-        )
-        asked_at = time.monotonic()
+        valid = options.validated(job_kind)
+        key, on_conflict = valid.key, valid.on_conflict
+        new = store.NewJob(kind=kind, payload=payload, options=valid)
         outcome = "created"
         if key is None:
             row = store.insert_job(new, on_conflict)
@@ -144,7 +139,7 @@ def schedule_with_outcome(
                 return ScheduledJob.objects.get(pk=upserted.id), "kept"
             outcome = "created" if upserted.inserted else "replaced"
             job_id, stored_due_at, in_seconds = upserted.id, upserted.due_at, upserted.in_seconds
-        claim.wake_on_commit(in_seconds, asked_at)
+        claim.wake_on_commit(in_seconds)
         logger.info("job scheduled", extra={"job_id": job_id, "kind": kind, "action": "scheduled"})
         job = ScheduledJob(
             id=job_id,
@@ -152,16 +147,16 @@ def schedule_with_outcome(
             payload=payload,
             due_at=stored_due_at,
             state=JobState.PENDING,
-            lease_seconds=job_kind.lease_seconds,
+            lease_seconds=valid.lease_seconds,
             attempts=0,
-            max_attempts=attempts,
+            max_attempts=valid.max_attempts,
             key=key,
-            owner_id=owner_id,
-            priority=job_priority,
-            timeout_seconds=overrides.timeout_seconds,
-            backoff_base_seconds=overrides.backoff_base_seconds,
-            backoff_cap_seconds=overrides.backoff_cap_seconds,
-            atomic=overrides.atomic,
+            owner_id=valid.owner_id,
+            priority=valid.priority,
+            timeout_seconds=valid.timeout_seconds,
+            backoff_base_seconds=valid.backoff_base_seconds,
+            backoff_cap_seconds=valid.backoff_cap_seconds,
+            atomic=valid.atomic,
         )
         job._state.adding = False
         span.set("job_id", job_id)
@@ -193,39 +188,24 @@ def schedule_many(
     with tracing.span("timekeeper.schedule_many", kind=kind, mechanism=mechanism, count=len(payloads)) as span:
         job_kind = registry.get(kind)
         encoded = [validation.encode_payload(job_kind, payload) for payload in payloads]
-        resolved_due_at, resolved_delay = validation.resolve_time(due_at, delay)
-        attempts = validation.check_max_attempts(job_kind, max_attempts)
-        job_priority = validation.check_priority(job_kind, priority)
-        overrides = _overrides(timeout, backoff, atomic)
+        options = options_.JobOptions(
+            due_at=due_at,
+            delay=delay,
+            max_attempts=max_attempts,
+            owner=owner,
+            priority=priority,
+            timeout=timeout,
+            backoff=backoff,
+            atomic=atomic,
+        )
+        valid = options.validated(job_kind)
         if not encoded:
             return []
-        asked_at = time.monotonic()
-        rows = store.insert_jobs(
-            kind,
-            encoded,
-            due_at=resolved_due_at,
-            delay_seconds=resolved_delay,
-            lease_seconds=job_kind.lease_seconds,
-            max_attempts=attempts,
-            owner_id=getattr(owner, "pk", owner),
-            priority=job_priority,
-            overrides=overrides,
-        )
-        claim.wake_on_commit(min(row.in_seconds for row in rows), asked_at)  # one wake-up: all rows share the due time
+        rows = store.insert_jobs(kind, encoded, valid)
+        claim.wake_on_commit(min(row.in_seconds for row in rows))  # one wake-up: all rows share the due time
         logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})
         span.set("job_ids", [row.id for row in rows])
         return [row.id for row in rows]
-
-
-def _overrides(timeout: Any, backoff: Any, atomic: Any) -> store.Overrides:
-    """The job's own timeout, backoff and atomicity, checked (``InvalidSchedule``); None fields: the kind's."""
-    own_backoff = validation.check_backoff(backoff)
-    return store.Overrides(
-        timeout_seconds=validation.check_timeout(timeout),
-        backoff_base_seconds=own_backoff.base_seconds if own_backoff else None,
-        backoff_cap_seconds=own_backoff.cap_seconds if own_backoff else None,
-        atomic=validation.check_atomic(atomic),
-    )
 
 
 def _from_now(delay: float) -> dt.datetime:
@@ -281,10 +261,9 @@ def reschedule(
     if resolved_due_at is None:
         assert resolved_delay is not None
         resolved_due_at = _from_now(resolved_delay)
-    asked_at = time.monotonic()
     row = store.reschedule_job(target, resolved_due_at)
     if row is not None:
-        claim.wake_on_commit(row.in_seconds, asked_at)
+        claim.wake_on_commit(row.in_seconds)
         logger.info("job rescheduled", extra={"job_id": target, "action": "rescheduled"})
         audit.record("reschedule", changed=1, job_ids=[target], details={"due_at": row.due_at.isoformat()})
         return row.due_at
@@ -333,7 +312,7 @@ def resume(kind: str) -> store.KindControlRow:
     """Resume ``kind``: its due jobs are claimed again (the control loop is woken on commit)."""
     _registered_or_controlled(kind)
     row = store.set_kind_paused(kind, False)
-    claim.wake_on_commit(0.0, time.monotonic())
+    claim.wake_on_commit(0.0)
     logger.info("kind resumed", extra={"kind": kind, "action": "resumed"})
     audit.record("resume", changed=1, selected=1, kind=kind, target=f"kind {kind}")
     return row
@@ -354,7 +333,7 @@ def set_max_running(kind: str, max_running: int | None) -> store.KindControlRow:
     ):
         raise exceptions.InvalidSchedule(f"max_running must be a whole number from 1 to 1000000, got {max_running!r}.")
     row = store.set_kind_max_running(kind, max_running)
-    claim.wake_on_commit(0.0, time.monotonic())
+    claim.wake_on_commit(0.0)
     logger.info("kind capped", extra={"kind": kind, "max_running": max_running, "action": "capped"})
     audit.record("cap", changed=1, selected=1, kind=kind, target=f"kind {kind}", details={"max_running": max_running})
     return row
@@ -471,20 +450,18 @@ def reschedule_many(
     if resolved_due_at is None:
         assert resolved_delay is not None
         resolved_due_at = _from_now(resolved_delay)
-    asked_at = time.monotonic()
     moved = store.reschedule_jobs(selected, resolved_due_at)
     if moved:
-        claim.wake_on_commit(min(job.in_seconds for job in moved), asked_at)
+        claim.wake_on_commit(min(job.in_seconds for job in moved))
     return _bulk_result(selected, [job.id for job in moved], "rescheduled", {"due_at": resolved_due_at.isoformat()})
 
 
 def run_now_many(ids: Iterable[int]) -> BulkResult:
     """Make the pending jobs among ``ids`` due now (one statement) and wake the claim loop on commit."""
     selected = _selection(ids)
-    asked_at = time.monotonic()
     changed = store.run_jobs_now(selected) if selected else []
     if changed:
-        claim.wake_on_commit(0.0, asked_at)
+        claim.wake_on_commit(0.0)
     return _bulk_result(selected, changed, "run_now")
 
 
@@ -496,10 +473,9 @@ def retry_dead_many(ids: Iterable[int]) -> BulkResult:
     the claim loop is woken on commit.
     """
     selected = _selection(ids)
-    asked_at = time.monotonic()
     changed = store.retry_dead_jobs(selected) if selected else []
     if changed:
-        claim.wake_on_commit(0.0, asked_at)
+        claim.wake_on_commit(0.0)
     return _bulk_result(selected, changed, "retried")
 
 

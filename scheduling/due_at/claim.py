@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import defaultdict
 from collections.abc import Sequence
 
 import kombu.exceptions
@@ -53,39 +52,21 @@ class ClaimReport:
     queue_full: bool = False  # nothing was claimed because the queue had no room
 
 
-def batch_size(kind_name: str) -> int:
-    """Jobs per run_batch message for ``kind_name`` (1 for a kind this process does not know)."""
-    try:
-        return registry.get(kind_name).batch_size
-    except exceptions.UnknownJobKind:
-        return 1  # the run records the failure per job
-
-
 def batch_sizes() -> dict[str, int]:
-    """Every registered kind's batch size, for the claim statement to cut batches as ``batches_for`` does."""
+    """Every registered kind's batch size, for the claim statement to cut batches (a kind not in it: 1)."""
     return {name: kind.batch_size for name, kind in registry.all_kinds().items()}
 
 
 def batches_for(claims: Sequence[store.Claim]) -> list[list[store.Claim]]:
-    """Cut claims (most urgent first) into batches, most urgent batch first.
+    """The batches the claim statement cut (``Claim.batch``), most urgent batch first, rows in claim order.
 
-    Per kind, in the claims' order, the kind's batch size each; a ``run_alone`` claim (its batch
-    died with its process) goes in a batch of its own. A batch is as urgent as its first claim.
-    ``claim_due_jobs`` cuts the same batches when it decides how many rows fit the queue's room.
+    The statement is the one place batches are cut (per kind, the kind's batch size each, a
+    ``run_alone`` claim alone; ``batch_sizes()`` gives it the sizes): here they are only grouped.
     """
-    position = {c.id: i for i, c in enumerate(claims)}
-    by_kind: dict[str, list[store.Claim]] = defaultdict(list)
-    out: list[list[store.Claim]] = []
+    by_batch: dict[int, list[store.Claim]] = {}
     for c in claims:
-        if c.run_alone:
-            out.append([c])
-        else:
-            by_kind[c.kind].append(c)
-    for kind_name, items in by_kind.items():
-        size = batch_size(kind_name)
-        out.extend(items[i : i + size] for i in range(0, len(items), size))
-    out.sort(key=lambda batch: position[batch[0].id])
-    return out
+        by_batch.setdefault(c.batch, []).append(c)
+    return sorted(by_batch.values(), key=lambda batch: batch[0].batch)
 
 
 def hard_time_limit(batch: Sequence[store.Claim]) -> float:
@@ -158,7 +139,7 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
     return ClaimReport(len(claims) - given_back, sent, given_back, more_due=more_due)
 
 
-def wake_on_commit(in_seconds: float, asked_at: float) -> None:
+def wake_on_commit(in_seconds: float) -> None:
     """Tell the control loop, when the caller's transaction commits, that a row is due within its interval.
 
     NOTIFY is transactional: sent only if the transaction commits, so a rolled-back job wakes no one.

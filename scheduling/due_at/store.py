@@ -19,7 +19,9 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from scheduling.core import conf, db
+from scheduling.core import conf, db, registry
+from scheduling.core import options as options_
+from scheduling.due_at import lifecycle
 from scheduling.models import JobState
 
 SQL = db.Statements(Path(__file__).with_name("sql"))
@@ -67,31 +69,15 @@ NO_OVERRIDES = Overrides()
 
 @dataclasses.dataclass(frozen=True)
 class NewJob:
+    """A job to insert: its kind, payload and checked options (``core.options.ValidOptions``), whole."""
+
     kind: str
     payload: Any
-    due_at: dt.datetime | None
-    delay_seconds: float | None
-    lease_seconds: int
-    max_attempts: int
-    key: str | None
-    owner_id: int | None
-    priority: int = 0
-    overrides: Overrides | None = None  # the call's timeout, backoff, atomic (None: the kind's)
+    options: options_.ValidOptions
 
     def params(self) -> dict[str, Any]:
         """The statement parameters of an insert or a keyed upsert."""
-        return {
-            "kind": self.kind,
-            "payload": json.dumps(self.payload),
-            "due_at": self.due_at,
-            "delay": self.delay_seconds or 0.0,
-            "lease_seconds": self.lease_seconds,
-            "max_attempts": self.max_attempts,
-            "key": self.key,
-            "owner_id": self.owner_id,
-            "priority": self.priority,
-            **(self.overrides or NO_OVERRIDES).params(),
-        }
+        return {"kind": self.kind, "payload": json.dumps(self.payload), **self.options.params()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +99,7 @@ class LiveJob:
 
 def insert_job(job: NewJob, on_conflict: str) -> DueJob | None:
     """Insert (or, with a key, upsert) a job; None when the key's live job was left alone."""
-    if job.key is None:
+    if job.options.key is None:
         return SQL.fetch_one(DueJob, "insert_job", job.params())
     upserted = upsert_keyed_job(job, on_conflict)
     return None if upserted is None else DueJob(id=upserted.id, due_at=upserted.due_at, in_seconds=upserted.in_seconds)
@@ -138,36 +124,14 @@ def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
     yet started is taken back); ``keep`` and ``error`` return it unchanged (``inserted`` False).
     None only if the statement returned nothing (not expected: every branch returns its row).
     """
-    assert job.key is not None
+    assert job.options.key is not None
     name = "upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep"
     return SQL.fetch_one(KeyedUpsert, name, job.params())
 
 
-def insert_jobs(
-    kind: str,
-    payloads: Sequence[str],
-    *,
-    due_at: dt.datetime | None,
-    delay_seconds: float | None,
-    lease_seconds: int,
-    max_attempts: int,
-    owner_id: int | None,
-    priority: int = 0,
-    overrides: Overrides | None = None,
-) -> list[DueJob]:
-    """Insert many jobs of one kind (payloads already JSON text), in the payloads' order."""
-    params = {
-        "kind": kind,
-        "payloads": list(payloads),
-        "due_at": due_at,
-        "delay": delay_seconds or 0.0,
-        "lease_seconds": lease_seconds,
-        "max_attempts": max_attempts,
-        "owner_id": owner_id,
-        "priority": priority,
-        **(overrides or NO_OVERRIDES).params(),
-    }
-    return SQL.fetch_all(DueJob, "insert_jobs", params)
+def insert_jobs(kind: str, payloads: Sequence[str], options: options_.ValidOptions) -> list[DueJob]:
+    """Insert many jobs of one kind (payloads already JSON text), in the payloads' order (no key)."""
+    return SQL.fetch_all(DueJob, "insert_jobs", {"kind": kind, "payloads": list(payloads), **options.params()})
 
 
 def live_job_by_key(key: str, owner_id: int | None = None) -> LiveJob | None:
@@ -225,6 +189,7 @@ class Claim:
     due_at: dt.datetime | None = None
     run_alone: bool = False  # its batch died with its process once: it is sent in a batch of its own
     timeout_seconds: float | None = None  # its own timeout (schedule(timeout=...)); None: the kind's
+    batch: int = 0  # the batch the claim cut it into: its rank, 1 the most urgent (claim.batches_for)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,9 +353,8 @@ def note_attempt(job_id: int, token: str, note: str) -> bool:
 
 def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
     """Give back claims that were never sent: pending again, their attempt uncounted; returns their ids."""
-    if not claims:
-        return []
-    return _async_commit_values("unclaim_jobs", _claims(claims))
+    changes = [Change(i, t, lifecycle.Event.UNSENT) for i, t in claims]
+    return [moved.id for moved in set_job_states(changes, asynchronous=True)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,19 +371,23 @@ class Outcome:
     traceback: str = ""  # a failure's formatted traceback (bounded by the executor), kept on its attempt
 
 
-def complete_jobs(outcomes: Sequence[Outcome]) -> list[int]:
-    """Mark succeeded jobs done; returns the ids whose token still matched."""
-    if not outcomes:
-        return []
-    params = {
-        "ids": [o.id for o in outcomes],
-        "tokens": [o.token for o in outcomes],
-        "started": [o.started_at for o in outcomes],
-        "finished": [o.finished_at for o in outcomes],
-    }
-    # Outcomes commit synchronously: a completion the worker was told about survives a crash (and
-    # its flush makes every earlier asynchronous claim and start durable too).
-    return SQL.fetch_values("complete_jobs", params)
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One row for ``set_job_states``: a claim (id, token), what happened to it, and what comes with it."""
+
+    id: int
+    token: str
+    event: lifecycle.Event
+    together: bool = False  # CRASHED: it died with other unfinished jobs of its batch or chunk
+    delay_seconds: float = 0.0  # a retry is due this long after the statement (its backoff)
+    error: str = ""  # the job's last_error and its attempt's error
+    started_at: dt.datetime | None = None  # the attempt's start (None: when it was claimed)
+    finished_at: dt.datetime | None = None  # the attempt's end (None: now)
+    traceback: str = ""
+
+    @property
+    def plan_name(self) -> str:
+        return f"{self.event.value}:together" if self.together else self.event.value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,50 +397,92 @@ class MovedJob:
     id: int
     state: JobState
     due_at: dt.datetime | None = None
-    refunded: bool = False  # the sweeper: its batch died together, the attempt was not counted
+    refunded: bool = False  # its batch died together: the attempt was not counted
     batch: str = ""  # the sweeper: the batch it was started in ("holder claimed_at")
+
+
+def set_job_states(changes: Sequence[Change], *, asynchronous: bool = False) -> list[MovedJob]:
+    """Write the lifecycle's decisions for claims still held under their tokens: one statement.
+
+    Each row's decision comes from its event's plan (``lifecycle.plan``), looked up by the facts the
+    row reads when it is written; rows taken back meanwhile (stale tokens) are left alone and not
+    returned. ``asynchronous``: a give-back of the claim path (see ``_async_commit_values``).
+    """
+    if not changes:
+        return []
+    params = transition_params(changes)
+    if asynchronous and conf.get().async_commit and connection.get_autocommit():
+        with transaction.atomic():
+            return SQL.fetch_all(MovedJob, "set_job_states", params, prefix=ASYNC_COMMIT)
+    # Outcomes commit synchronously: a completion the worker was told about survives a crash (and
+    # its flush makes every earlier asynchronous claim and start durable too).
+    return SQL.fetch_all(MovedJob, "set_job_states", params)
+
+
+def transition_params(changes: Sequence[Change]) -> dict[str, Any]:
+    """The parameters of ``set_job_states`` for ``changes``: the rows, and the plans of their events."""
+    plans = {
+        c.plan_name: lifecycle.encoded(lifecycle.plan(c.event, together=c.together))
+        for c in {c.plan_name: c for c in changes}.values()
+    }
+    return {
+        "ids": [c.id for c in changes],
+        "tokens": [c.token for c in changes],
+        "from_states": [",".join(lifecycle.FROM_STATES[c.event]) for c in changes],
+        "events": [c.plan_name for c in changes],
+        "delays": [c.delay_seconds for c in changes],
+        "errors": [c.error for c in changes],
+        "started": [c.started_at for c in changes],
+        "finished": [c.finished_at for c in changes],
+        "tracebacks": [c.traceback for c in changes],
+        "plans": json.dumps(plans),
+    }
+
+
+def _outcome_change(o: Outcome) -> Change:
+    event = lifecycle.Event.SUCCEEDED if o.outcome == "succeeded" else lifecycle.Event(o.outcome)
+    return Change(
+        o.id,
+        o.token,
+        event,
+        delay_seconds=o.retry_delay_seconds,
+        error=o.error,
+        started_at=o.started_at,
+        finished_at=o.finished_at,
+        traceback=o.traceback,
+    )
+
+
+def complete_jobs(outcomes: Sequence[Outcome]) -> list[int]:
+    """Mark succeeded jobs done; returns the ids whose token still matched."""
+    return [moved.id for moved in set_job_states([_outcome_change(o) for o in outcomes])]
 
 
 def fail_jobs(outcomes: Sequence[Outcome]) -> list[MovedJob]:
     """Record failures; returns the jobs whose token still matched (pending again with a due time, or dead)."""
-    if not outcomes:
-        return []
-    params = {
-        "ids": [o.id for o in outcomes],
-        "tokens": [o.token for o in outcomes],
-        "started": [o.started_at for o in outcomes],
-        "finished": [o.finished_at for o in outcomes],
-        "outcomes": [o.outcome for o in outcomes],
-        "errors": [o.error for o in outcomes],
-        "delays": [o.retry_delay_seconds for o in outcomes],
-        "tracebacks": [o.traceback for o in outcomes],
-    }
-    return SQL.fetch_all(MovedJob, "fail_jobs", params)
+    return set_job_states([_outcome_change(o) for o in outcomes])
 
 
 def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[MovedJob]:
-    """Give claims back (pending, or dead when their attempts are spent); the attempt is recorded as reclaimed."""
-    if not claims:
-        return []
-    return SQL.fetch_all(MovedJob, "release_jobs", {**_claims(claims), "reason": reason})
+    """Give claims back (pending, or dead when their attempts are spent); the attempt is recorded as reclaimed.
+
+    Returns (id, state) of the jobs given back (their due time is unchanged: due at once).
+    """
+    moved = set_job_states([Change(i, t, lifecycle.Event.RELEASED, error=reason) for i, t in claims])
+    return [MovedJob(m.id, m.state) for m in moved]
 
 
 def release_lost_chunk(claims: Sequence[tuple[int, str, float]], reason: str) -> list[MovedJob]:
     """Give back the claims (id, token, backoff seconds) of an atomic chunk lost with its transaction.
 
-    A chunk of more than one job is refunded and its jobs run alone next (``refunded`` True); a job
-    alone in its chunk, or already running alone, is charged the attempt. Due again after the backoff.
+    A chunk of more than one job died together: its jobs are refunded and run alone next
+    (``refunded`` True); a job alone in its chunk, or already running alone, is charged the attempt.
+    Due again after the backoff (``lifecycle.Event.CRASHED``).
     """
-    if not claims:
-        return []
-    params = {
-        "ids": [c[0] for c in claims],
-        "tokens": [c[1] for c in claims],
-        "delays": [c[2] for c in claims],
-        "shared": len(claims) > 1,
-        "reason": reason,
-    }
-    return SQL.fetch_all(MovedJob, "release_lost_chunk", params)
+    together = len(claims) > 1
+    return set_job_states(
+        [Change(i, t, lifecycle.Event.CRASHED, together=together, delay_seconds=d, error=reason) for i, t, d in claims]
+    )
 
 
 def committed_jobs(claims: Sequence[tuple[int, str]]) -> dict[int, bool]:
@@ -503,6 +513,37 @@ def roll_back_job() -> None:
 # --- Sweeping and status ---------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class ExpiredClaim:
+    """A claim the sweeper found expired and locked: what the lifecycle needs to decide its fate."""
+
+    id: int
+    token: str
+    kind: str
+    state: JobState  # claimed (never started) or running
+    attempts: int
+    max_attempts: int
+    run_alone: bool
+    backoff_base_seconds: float | None
+    backoff_cap_seconds: float | None
+    batch: str  # "holder claimed_at": the batch it was started in
+    batch_rows: int  # rows of its batch still running (itself included)
+
+
+def lock_expired_claims(
+    *, heartbeats: bool, sweep_after_seconds: float, limit: int, queued_ids: Collection[int] | None
+) -> list[ExpiredClaim]:
+    """Lock (for the caller's transaction) up to ``limit`` expired claims; see ``sweep.sql``."""
+    params = {
+        "heartbeats": heartbeats,
+        "sweep_after": sweep_after_seconds,
+        "limit": limit,
+        "check_unstarted": queued_ids is not None,
+        "covered": list(queued_ids or []),
+    }
+    return SQL.fetch_all(ExpiredClaim, "lock_expired_claims", params)
+
+
 def sweep_expired_claims(
     *,
     heartbeats: bool,
@@ -517,25 +558,30 @@ def sweep_expired_claims(
 
     With ``queued_ids`` None (the broker did not answer) claims never started are left alone.
     ``backoffs`` maps a kind to its backoff (base, cap seconds): a started claim taken back is due
-    again after it (``default_backoff`` for a kind not in it). Jobs whose batch died together are
-    not charged the attempt and are flagged to run alone (``refunded``); ``shared_batches`` are the
-    batches an earlier statement of the same sweep found shared (``MovedJob.batch`` of refunded jobs).
+    again after it (``default_backoff`` for a kind not in it; the job's own first). Jobs whose batch
+    died together are not charged the attempt and are flagged to run alone (``refunded``);
+    ``shared_batches`` are the batches an earlier statement of the same sweep found shared
+    (``MovedJob.batch`` of refunded jobs). Two statements in one transaction: the expired claims are
+    locked and read, the lifecycle decides (``lifecycle.expired``), one transition writes.
     """
     table = dict(backoffs or {})
-    params = {
-        "heartbeats": heartbeats,
-        "sweep_after": sweep_after_seconds,
-        "limit": limit,
-        "check_unstarted": queued_ids is not None,
-        "covered": list(queued_ids or []),
-        "kinds": list(table),
-        "backoff_base": [base for base, _ in table.values()],
-        "backoff_cap": [cap for _, cap in table.values()],
-        "default_backoff_base": default_backoff[0],
-        "default_backoff_cap": default_backoff[1],
-        "shared_batches": list(shared_batches),
-    }
-    return SQL.fetch_all(MovedJob, "sweep_expired_claims", params)
+    shared = set(shared_batches)
+    with transaction.atomic():
+        expired = lock_expired_claims(
+            heartbeats=heartbeats, sweep_after_seconds=sweep_after_seconds, limit=limit, queued_ids=queued_ids
+        )
+        changes = []
+        for c in expired:
+            event, together, error = lifecycle.expired(c.state, c.run_alone, c.batch_rows, c.batch in shared)
+            if c.backoff_base_seconds is not None and c.backoff_cap_seconds is not None:
+                base, cap = c.backoff_base_seconds, c.backoff_cap_seconds  # the job's own: schedule(backoff=...)
+            else:
+                base, cap = table.get(c.kind, default_backoff)
+            delay = registry.Backoff(base, cap).delay(c.attempts)
+            changes.append(Change(c.id, c.token, event, together=together, delay_seconds=delay, error=error))
+        moved = set_job_states(changes)
+    batches = {c.id: c.batch for c in expired}
+    return [dataclasses.replace(m, batch=batches.get(m.id, "")) for m in moved]
 
 
 def prune_finished_jobs(*, days: int, limit: int) -> int:

@@ -3,9 +3,10 @@
 Run by the control loop (``due_at.control``) every ``SCHEDULING_SWEEP_INTERVAL_SECONDS``, beside the
 claim and never behind jobs in a queue. A started claim is dead when its heartbeat is older than
 its lease; a claim never started is dead when it is older than its lease and its message is no
-longer in the job queue (lost with the broker). Each statement handles a bounded batch
-(``SKIP LOCKED``, ``LIMIT``) and commits on its own, so no lock is held for long however much
-there is to do; the loop stops when a batch comes back short.
+longer in the job queue (lost with the broker). Each turn locks a bounded batch (``SKIP LOCKED``,
+``LIMIT``), lets ``due_at.lifecycle`` decide each job's fate and writes it with the one transition
+statement, and commits on its own, so no lock is held for long however much there is to do; the
+loop stops when a batch comes back short.
 
 Crash isolation: a started claim taken back is due again after its kind's backoff, not at once.
 When several jobs of one batch died with their process, none of them is charged the attempt (it

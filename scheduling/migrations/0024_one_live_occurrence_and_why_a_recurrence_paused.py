@@ -24,13 +24,13 @@ WHERE j.recurrence_id IS NOT NULL AND j.state = 'pending'
   AND EXISTS (
       SELECT 1 FROM scheduling_scheduledjob AS o
       WHERE o.recurrence_id = j.recurrence_id AND o.id <> j.id
-        AND (o.state = 'claimed' OR (o.state = 'pending' AND o.id > j.id)))
+        AND (o.state IN ('claimed', 'running') OR (o.state = 'pending' AND o.id > j.id)))
 """
 
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("scheduling", "0022_count_attempts_through_the_job_key"),
+        ("scheduling", "0023_scheduledjob_running_state"),
     ]
 
     operations = [

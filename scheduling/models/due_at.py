@@ -17,6 +17,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Now
 
 __all__ = [
+    "CLAIM_STATES",
     "FINAL_STATES",
     "LIVE_STATES",
     "MAX_PRIORITY",
@@ -32,13 +33,15 @@ __all__ = [
 
 class JobState(models.TextChoices):
     PENDING = "pending", "pending"
-    CLAIMED = "claimed", "claimed"
+    CLAIMED = "claimed", "claimed"  # claimed by the leader, its batch message queued: not started
+    RUNNING = "running", "running"  # started by a worker (claimed_by says which), under its lease
     DONE = "done", "done"
     CANCELLED = "cancelled", "cancelled"
     DEAD = "dead", "dead"
 
 
-LIVE_STATES = (JobState.PENDING, JobState.CLAIMED)
+LIVE_STATES = (JobState.PENDING, JobState.CLAIMED, JobState.RUNNING)
+CLAIM_STATES = (JobState.CLAIMED, JobState.RUNNING)  # holding a claim token: queued or running
 FINAL_STATES = (JobState.DONE, JobState.CANCELLED, JobState.DEAD)
 
 
@@ -64,11 +67,12 @@ class ScheduledJobQuerySet(models.QuerySet["ScheduledJob"]):
         return self.filter(state__in=LIVE_STATES)
 
     def in_states(self, states: Sequence[str]) -> ScheduledJobQuerySet:
-        """Rows in any of ``states``; claimed ones through the claimed set's index (``claimed_at`` names it)."""
-        others = [s for s in states if s != JobState.CLAIMED]
+        """Rows in any of ``states``; claimed and running ones through the claimed set's index (``claimed_at``)."""
+        others = [s for s in states if s not in CLAIM_STATES]
+        claims = [s for s in states if s in CLAIM_STATES]
         match = models.Q(state__in=others)
-        if JobState.CLAIMED in states:
-            match |= models.Q(state=JobState.CLAIMED, claimed_at__isnull=False)
+        if claims:
+            match |= models.Q(state__in=claims, claimed_at__isnull=False)
         return self.filter(match)
 
     def payload_path_matches(self, path: str) -> ScheduledJobQuerySet:
@@ -263,7 +267,7 @@ class ScheduledJob(models.Model):
             models.Index(
                 fields=["heartbeat_at"],
                 name="scheduledjob_claimed_set_idx",
-                condition=models.Q(state="claimed", claimed_at__isnull=False),
+                condition=models.Q(state__in=["claimed", "running"], claimed_at__isnull=False),
             ),
             models.Index(
                 fields=["finished_at"],
@@ -281,7 +285,7 @@ class ScheduledJob(models.Model):
         constraints = [
             # Keys are per owner: one waiting job per (owner, key), NULL owner = the system's namespace
             # (coalesce to 0, no user has that id). Waiting: pending and never run, or claimed on its
-            # first attempt and not yet started by a worker. A started (running) job is outside the
+            # first attempt (not yet started by a worker). A started (running) job is outside the
             # index, so schedule(key=K) never meets its row lock and a successor can wait beside it;
             # the rows a failed, released or swept attempt returns to pending (attempts >= 1) are
             # outside it too, so those paths never meet a unique violation. The upserts name this
@@ -291,10 +295,10 @@ class ScheduledJob(models.Model):
                 "key",
                 name="scheduledjob_waiting_owner_key_uniq",
                 condition=models.Q(key__isnull=False)
-                & (models.Q(state="pending", attempts=0) | models.Q(state="claimed", claimed_by="", attempts=1)),
+                & (models.Q(state="pending", attempts=0) | models.Q(state="claimed", attempts=1)),
             ),
             models.CheckConstraint(
-                condition=models.Q(state__in=["pending", "claimed", "done", "cancelled", "dead"]),
+                condition=models.Q(state__in=["pending", "claimed", "running", "done", "cancelled", "dead"]),
                 name="scheduledjob_state_valid",
             ),
             models.CheckConstraint(condition=models.Q(max_attempts__gte=1), name="scheduledjob_max_attempts_positive"),
@@ -302,11 +306,12 @@ class ScheduledJob(models.Model):
                 condition=models.Q(attempts__lte=models.F("max_attempts")), name="scheduledjob_attempts_within_max"
             ),
             models.CheckConstraint(
-                condition=~models.Q(state="claimed") | models.Q(token__isnull=False, claimed_at__isnull=False),
+                condition=~models.Q(state__in=["claimed", "running"])
+                | models.Q(token__isnull=False, claimed_at__isnull=False),
                 name="scheduledjob_claim_has_token",
             ),
             models.CheckConstraint(
-                condition=models.Q(state__in=["pending", "claimed"]) | models.Q(finished_at__isnull=False),
+                condition=models.Q(state__in=["pending", "claimed", "running"]) | models.Q(finished_at__isnull=False),
                 name="scheduledjob_final_has_finished_at",
             ),
             models.CheckConstraint(condition=models.Q(lease_seconds__gte=1), name="scheduledjob_lease_positive"),

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -97,7 +96,7 @@ def _plan(
     if not created:
         logger.warning("occurrence not created", extra={"recurrence_id": row.id, "action": "plan_refused"})
         return None
-    claim.wake_on_commit(created[0].in_seconds, time.monotonic())
+    claim.wake_on_commit(created[0].in_seconds)
     return created[0]
 
 
@@ -483,7 +482,7 @@ def change_recurrence(
                 moved = store.move_pending_occurrence(row.id, occurrence.at, occurrence.due_at, options)
                 if moved is not None:
                     store.set_recurrence_current(row.id, occurrence.at)
-                    claim.wake_on_commit(moved.in_seconds, time.monotonic())
+                    claim.wake_on_commit(moved.in_seconds)
         logger.info("recurrence changed", extra={"recurrence_id": row.id, "action": "changed"})
     return Recurrence.objects.get(pk=target)
 

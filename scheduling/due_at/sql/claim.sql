@@ -27,6 +27,8 @@ SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY k
 -- where the planner's statistics see few rows; due_at for the common one), so the cost follows the
 -- rows taken, not the rows pending. Append runs the branches in order and the walk's LIMIT stops it
 -- once enough rows are locked. The literal priorities let the planner use each value's statistics.
+-- The branch is written once: the loader repeats a "-- repeat p in 9..0 joined by UNION ALL" block
+-- for each priority, highest first, with {p} replaced (core/db.py, parse_queries).
 -- Strict priorities: while more rows of a higher priority are due than a claim takes, lower ones
 -- wait (docs/operations.md, "Priorities"); a cap bounds a kind's share.
 --
@@ -38,8 +40,8 @@ SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY k
 -- dropped by the cap, leaving the claim short and every other kind waiting).
 --
 -- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s), in
--- order of urgency. Rows are cut into the batches the claim sends, exactly as claim.batches_for
--- cuts them: per kind, most urgent first, %(batch_sizes)s rows each (1 for a kind not listed), and
+-- order of urgency. Rows are cut into the batches the claim sends (the only place batches are cut;
+-- each row returns its batch's rank, claim.batches_for groups by it): per kind, most urgent first, %(batch_sizes)s rows each (1 for a kind not listed), and
 -- a run_alone row (its batch died with its process) in a batch of its own. A batch's urgency is its
 -- first row's. Batches are kept while the room allows and fewer than %(limit)s rows come before
 -- them: a batch_size=1 kind is claimed one row per free message, not %(limit)s rows to give back.
@@ -49,7 +51,7 @@ WITH controls AS (
     SELECT c.kind, c.paused,
            CASE WHEN c.max_running IS NULL THEN NULL
                 ELSE greatest(0, c.max_running - (SELECT count(*) FROM scheduling_scheduledjob AS r
-                                                  WHERE r.state = 'claimed' AND r.kind = c.kind)) END AS room
+                                                  WHERE r.state IN ('claimed', 'running') AND r.kind = c.kind)) END AS room
     FROM scheduling_kindcontrol AS c
     WHERE c.paused OR c.max_running IS NOT NULL
 ), capped AS (
@@ -57,99 +59,22 @@ WITH controls AS (
     -- (kind, priority, due_at) index, stopped once its room is locked (rows not yet due are never read)
     SELECT r.* FROM controls AS c
     CROSS JOIN LATERAL (
+        -- repeat p in 9..0 joined by UNION ALL
         SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 9 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k9
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 8 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k8
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 7 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k7
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 6 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k6
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 5 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k5
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 4 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k4
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 3 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k3
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 2 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k2
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 1 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k1
-        UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = 0 AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k0
+                       WHERE state = 'pending' AND kind = c.kind AND priority = {p} AND due_at <= now()
+                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k{p}
+        -- end repeat
         LIMIT least(c.room, %(limit)s)
     ) AS r
     WHERE NOT c.paused AND c.room > 0
 ), walk AS (
     SELECT * FROM (
+    -- repeat p in 9..0 joined by UNION ALL
     SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 9 AND due_at <= now()
+                   WHERE state = 'pending' AND priority = {p} AND due_at <= now()
                      AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p9
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 8 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p8
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 7 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p7
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 6 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p6
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 5 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p5
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 4 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p4
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 3 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p3
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 2 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p2
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 1 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p1
-    UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
-                   WHERE state = 'pending' AND priority = 0 AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
-                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p0
+                   ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p{p}
+    -- end repeat
     ) AS by_priority
     LIMIT %(limit)s
 ), due AS (
@@ -188,7 +113,11 @@ WITH controls AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM allowed))
     RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone, j.timeout_seconds
 )
-SELECT id, token, kind, priority, due_at, run_alone, timeout_seconds FROM claimed ORDER BY priority DESC, due_at, id;
+-- Each row says which batch it is in (its rank, most urgent batch first): the claim sends exactly
+-- these batches (claim.batches_for groups by it), so batches are cut here and nowhere else.
+SELECT c.id, c.token, c.kind, c.priority, c.due_at, c.run_alone, c.timeout_seconds, r.batch_rank AS batch
+FROM claimed AS c JOIN ranked AS r USING (id)
+ORDER BY c.priority DESC, c.due_at, c.id;
 
 -- name: next_due_times
 -- Distinct due instants coming up soon, for early wake-ups (the row stays the truth).
@@ -200,15 +129,15 @@ ORDER BY at
 LIMIT %(limit)s;
 
 -- name: start_jobs
--- A claim runs at most once: only rows still claimed under the presented token and not yet
--- started are handed to the handler. A redelivered message finds them started and leaves them
+-- A claim runs at most once: only rows still claimed under the presented token (not yet started)
+-- become running and are handed to the handler. A redelivered message finds them started and leaves them
 -- to the sweeper, which records the attempt and counts it against max_attempts. The jobs come
 -- back in the message's order (the claim's: most urgent first), which is the order they run in.
 WITH started AS (
     UPDATE scheduling_scheduledjob AS j
-    SET claimed_by = %(worker)s, heartbeat_at = now()
+    SET state = 'running', claimed_by = %(worker)s, heartbeat_at = now()
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) WITH ORDINALITY AS t(id, token, n)
-    WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed' AND j.claimed_by = ''
+    WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed'
     RETURNING j.id, j.token::text AS token, j.kind, j.payload, j.attempts, j.max_attempts, j.due_at, t.n,
               j.timeout_seconds, j.backoff_base_seconds, j.backoff_cap_seconds, j.atomic
 )
@@ -224,10 +153,10 @@ WITH mine AS (
     SELECT j.id
     FROM scheduling_scheduledjob AS j
     JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token) ON j.id = t.id AND j.token = t.token
-    WHERE j.state = 'claimed' AND j.claimed_by <> ''
+    WHERE j.state = 'running'
 ), free AS (
     SELECT id FROM scheduling_scheduledjob
-    WHERE id IN (SELECT id FROM mine) AND state = 'claimed'
+    WHERE id IN (SELECT id FROM mine) AND state = 'running'
     FOR UPDATE SKIP LOCKED
 ), renewed AS (
     UPDATE scheduling_scheduledjob AS j
@@ -245,7 +174,7 @@ SELECT id FROM mine;
 SELECT j.id
 FROM scheduling_scheduledjob AS j
 JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token) ON j.id = t.id AND j.token = t.token
-WHERE j.state = 'claimed'
+WHERE j.state = 'running'
 ORDER BY j.id
 FOR UPDATE OF j;
 
@@ -272,135 +201,58 @@ SET error = left(CASE WHEN error = '' THEN %(error)s ELSE error || E'\n' || %(er
 WHERE job_id = %(id)s AND token = %(token)s::uuid
 RETURNING id;
 
--- name: unclaim_jobs
--- Claims the claim could not send (no room left in the queue, or the broker did not answer) go
--- back to pending at once, as if never claimed: the attempt the claim counted is given back.
--- A job whose owner was deleted (former_owner set, api.retire_owner) is cancelled instead: pending
--- again it would run as nobody's job and count in the system's backlog (owner_id IS NULL).
-UPDATE scheduling_scheduledjob AS j
-SET state = CASE WHEN j.former_owner <> '' THEN 'cancelled' ELSE 'pending' END,
-    finished_at = CASE WHEN j.former_owner <> '' THEN now() END,
-    token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
-    attempts = j.attempts - 1, updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
-WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed' AND j.claimed_by = ''
-RETURNING j.id;
-
--- name: complete_jobs
--- Success for a batch: conditional on the token, so a worker whose claim was taken back (and
--- maybe run again by someone else) cannot overwrite the newer attempt. One attempt row per job.
+-- name: set_job_states
+-- Every way out of claimed and running, in one statement (the model: River's
+-- JobSetStateIfRunningMany): the runner's outcomes, a claim given back unsent, a worker's shutdown,
+-- a lost chunk and the sweeper. Each row comes with its claim token, the state the caller believes
+-- it is in, and the name of its event's plan; only a row still in such a state under that token
+-- changes (a stale token changes nothing and is not returned). Nothing is decided here: the plan
+-- (%(plans)s, built by due_at.lifecycle.plan) holds the decision for each combination of the facts
+-- a row may have changed while its holder decided: attempts spent (api.retire_owner makes the
+-- current attempt the last), owner deleted (former_owner), run_alone. The row is locked and read
+-- first (FOR UPDATE re-reads a row changed meanwhile), so the decision follows what the row says now.
+-- A retry is due after %(delays)s seconds from this statement (clock_timestamp(): inside an atomic
+-- chunk now() is when the chunk began). The attempt is recorded when the decision says so.
 WITH input AS (
-    SELECT t.id, t.token, t.started_at, t.finished_at, j.due_at, j.attempts, j.claimed_by
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(started)s::timestamptz[], %(finished)s::timestamptz[])
-         AS t(id, token, started_at, finished_at)
-    JOIN scheduling_scheduledjob AS j ON j.id = t.id
-), done AS (
-    UPDATE scheduling_scheduledjob AS j
-    SET state = 'done', finished_at = now(), updated_at = now(), heartbeat_at = NULL, last_error = ''
+    SELECT t.*
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(from_states)s::text[], %(events)s::text[],
+                %(delays)s::float8[], %(errors)s::text[], %(started)s::timestamptz[], %(finished)s::timestamptz[],
+                %(tracebacks)s::text[])
+         AS t(id, token, from_states, event, delay, error, started_at, finished_at, traceback)
+), judged AS (
+    SELECT input.*, j.due_at AS old_due_at, j.attempts, j.claimed_at, j.claimed_by,
+           %(plans)s::jsonb -> input.event
+               -> ((j.attempts >= j.max_attempts)::int * 4 + (j.former_owner <> '')::int * 2 + j.run_alone::int) AS d
     FROM input
-    WHERE j.id = input.id AND j.token = input.token AND j.state = 'claimed'
-    RETURNING j.id
-), logged AS (
-    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
-    SELECT input.id, input.attempts, input.token, input.claimed_by, input.due_at, input.started_at,
-           input.finished_at, 'succeeded', ''
-    FROM input JOIN done USING (id)
-)
-SELECT id FROM done;
-
--- name: fail_jobs
--- Failure or timeout for a batch: back to pending with the due time pushed by the caller's
--- backoff, or dead when the attempts are spent. Conditional on the token like complete_jobs.
--- The backoff counts from this statement (clock_timestamp()), not from the transaction's start:
--- inside an atomic chunk now() is when the chunk began, and a job that ran longer than its
--- backoff would be due again the moment the chunk commits.
-WITH input AS (
-    SELECT t.*, j.due_at AS old_due_at, j.attempts, j.max_attempts, j.claimed_by
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(started)s::timestamptz[], %(finished)s::timestamptz[],
-                %(outcomes)s::text[], %(errors)s::text[], %(delays)s::float8[], %(tracebacks)s::text[])
-         AS t(id, token, started_at, finished_at, outcome, error, delay, traceback)
-    JOIN scheduling_scheduledjob AS j ON j.id = t.id
-), failed AS (
+    JOIN scheduling_scheduledjob AS j
+      ON j.id = input.id AND j.token = input.token AND j.state = ANY(string_to_array(input.from_states, ','))
+    FOR UPDATE OF j
+), moved AS (
     UPDATE scheduling_scheduledjob AS j
-    SET state = CASE WHEN input.attempts >= input.max_attempts THEN 'dead' ELSE 'pending' END,
-        due_at = CASE WHEN input.attempts >= input.max_attempts THEN j.due_at
-                      ELSE clock_timestamp() + make_interval(secs => input.delay) END,
-        finished_at = CASE WHEN input.attempts >= input.max_attempts THEN now() END,
-        token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
-        last_error = input.error, updated_at = now()
-    FROM input
-    WHERE j.id = input.id AND j.token = input.token AND j.state = 'claimed'
-    RETURNING j.id, j.state, j.due_at
+    SET state = judged.d ->> 'state',
+        due_at = CASE WHEN (judged.d ->> 'backoff')::boolean
+                      THEN clock_timestamp() + make_interval(secs => judged.delay) ELSE j.due_at END,
+        finished_at = CASE WHEN (judged.d ->> 'finished')::boolean THEN clock_timestamp() END,
+        attempts = j.attempts - CASE WHEN (judged.d ->> 'uncount')::boolean THEN 1 ELSE 0 END,
+        max_attempts = j.max_attempts + CASE WHEN (judged.d ->> 'refund')::boolean THEN 1 ELSE 0 END,
+        run_alone = j.run_alone OR (judged.d ->> 'run_alone')::boolean,
+        token = CASE WHEN (judged.d ->> 'keep_claim')::boolean THEN j.token END,
+        claimed_at = CASE WHEN (judged.d ->> 'keep_claim')::boolean THEN j.claimed_at END,
+        claimed_by = CASE WHEN (judged.d ->> 'keep_claim')::boolean THEN j.claimed_by ELSE '' END,
+        heartbeat_at = NULL, last_error = judged.error, updated_at = now()
+    FROM judged
+    WHERE j.id = judged.id
+    RETURNING j.id, j.state, j.due_at, (judged.d ->> 'refund')::boolean AS refunded
 ), logged AS (
     INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error,
                                        traceback)
-    SELECT input.id, input.attempts, input.token, input.claimed_by, input.old_due_at, input.started_at,
-           input.finished_at, input.outcome, input.error, input.traceback
-    FROM input JOIN failed USING (id)
+    SELECT judged.id, judged.attempts, judged.token, judged.claimed_by, judged.old_due_at,
+           coalesce(judged.started_at, judged.claimed_at), coalesce(judged.finished_at, clock_timestamp()),
+           judged.d ->> 'record', judged.error, judged.traceback
+    FROM judged JOIN moved USING (id)
+    WHERE judged.d ->> 'record' IS NOT NULL
 )
-SELECT id, state, due_at FROM failed;
-
--- name: release_jobs
--- A worker shutting down gives back claims it has not finished: back to pending now, the attempt
--- recorded as reclaimed (it counts against max_attempts, so a job that always outlives shutdowns dies).
-WITH input AS (
-    SELECT t.id, t.token, j.due_at, j.attempts, j.max_attempts, j.claimed_at, j.claimed_by
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
-    JOIN scheduling_scheduledjob AS j ON j.id = t.id
-), released AS (
-    UPDATE scheduling_scheduledjob AS j
-    SET state = CASE WHEN input.attempts >= input.max_attempts THEN 'dead' ELSE 'pending' END,
-        finished_at = CASE WHEN input.attempts >= input.max_attempts THEN now() END,
-        token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
-        last_error = %(reason)s, updated_at = now()
-    FROM input
-    WHERE j.id = input.id AND j.token = input.token AND j.state = 'claimed'
-    RETURNING j.id, j.state
-), logged AS (
-    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
-    SELECT input.id, input.attempts, input.token, input.claimed_by, input.due_at, input.claimed_at, now(),
-           'reclaimed', %(reason)s
-    FROM input JOIN released USING (id)
-)
-SELECT id, state FROM released;
-
--- name: release_lost_chunk
--- An atomic chunk lost with its transaction (the idle limit ended a stalled handler, a deadlock, a
--- PostgreSQL restart): nothing of it committed, and nothing says which job was to blame. As the
--- sweeper does for a batch that died together: in a chunk of more than one job each is refunded
--- (max_attempts + 1, the attempt recorded as reclaimed), flagged run_alone (so a culprit's next
--- loss is its own) and due after its kind's backoff (%(delays)s, computed by the caller); a job
--- already run_alone, or alone in its chunk, is charged the attempt (dead when spent), with backoff.
--- A job whose owner was deleted (former_owner set, api.retire_owner) that would go back to pending is
--- cancelled instead: pending again it would run as nobody's job and count in the system's backlog.
-WITH input AS (
-    SELECT t.id, t.token, t.delay, j.due_at, j.attempts, j.max_attempts, j.claimed_at, j.claimed_by,
-           %(shared)s AND NOT j.run_alone AS shared,
-           (%(shared)s AND NOT j.run_alone OR j.attempts < j.max_attempts) AS retried,
-           j.former_owner <> '' AS retired
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays)s::float8[]) AS t(id, token, delay)
-    JOIN scheduling_scheduledjob AS j ON j.id = t.id
-), released AS (
-    UPDATE scheduling_scheduledjob AS j
-    SET state = CASE WHEN input.retried AND input.retired THEN 'cancelled'
-                     WHEN input.retried THEN 'pending' ELSE 'dead' END,
-        finished_at = CASE WHEN NOT input.retried OR input.retired THEN clock_timestamp() END,
-        max_attempts = j.max_attempts + CASE WHEN input.shared THEN 1 ELSE 0 END,
-        run_alone = true,
-        due_at = CASE WHEN input.retried AND NOT input.retired
-                      THEN clock_timestamp() + make_interval(secs => input.delay) ELSE j.due_at END,
-        token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
-        last_error = %(reason)s, updated_at = clock_timestamp()
-    FROM input
-    WHERE j.id = input.id AND j.token = input.token AND j.state = 'claimed'
-    RETURNING j.id, j.state, j.due_at, input.shared
-), logged AS (
-    INSERT INTO scheduling_jobattempt (job_id, number, token, worker, due_at, started_at, finished_at, outcome, error)
-    SELECT input.id, input.attempts, input.token, input.claimed_by, input.due_at, input.claimed_at, clock_timestamp(),
-           'reclaimed', %(reason)s
-    FROM input JOIN released USING (id)
-)
-SELECT id, state, due_at, shared AS refunded FROM released;
+SELECT id, state, due_at, refunded FROM moved;
 
 -- name: committed_jobs
 -- After an ambiguous COMMIT (the connection dropped while committing): the jobs of the chunk that

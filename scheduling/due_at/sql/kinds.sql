@@ -22,22 +22,22 @@ SELECT c.kind, c.paused, c.max_running,
        (SELECT count(*) FROM scheduling_scheduledjob AS j
         WHERE j.state = 'pending' AND j.kind = c.kind AND j.due_at <= now()) AS due,
        (SELECT count(*) FROM scheduling_scheduledjob AS j
-        WHERE j.state = 'claimed' AND j.kind = c.kind) AS claimed
+        WHERE j.state IN ('claimed', 'running') AND j.kind = c.kind) AS claimed
 FROM scheduling_kindcontrol AS c
 ORDER BY c.kind;
 
 -- name: kind_breakdown
--- Per kind: due (pending, due time passed), claimed and not started (queued; claimed_by is set by
--- the start), running, and dead in the last 24 h. Each arm of the WHERE is an indexed range (the
+-- Per kind: due (pending, due time passed), claimed and not started (queued), running (started),
+-- and dead in the last 24 h. Each arm of the WHERE is an indexed range (the
 -- pending partial index, the claimed partial index, finished_at), so a big history is not read.
 SELECT kind,
        count(*) FILTER (WHERE state = 'pending') AS due,
-       count(*) FILTER (WHERE state = 'claimed' AND claimed_by = '') AS claimed,
-       count(*) FILTER (WHERE state = 'claimed' AND claimed_by <> '') AS running,
+       count(*) FILTER (WHERE state = 'claimed') AS claimed,
+       count(*) FILTER (WHERE state = 'running') AS running,
        count(*) FILTER (WHERE state = 'dead') AS dead_24h
 FROM scheduling_scheduledjob
 WHERE (state = 'pending' AND due_at <= now())
-   OR (state = 'claimed' AND claimed_at IS NOT NULL)
+   OR (state IN ('claimed', 'running') AND claimed_at IS NOT NULL)
    OR (state = 'dead' AND finished_at > now() - interval '24 hours')
 GROUP BY kind
 ORDER BY kind;

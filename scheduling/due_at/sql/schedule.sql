@@ -53,7 +53,7 @@ WITH retry AS (
       AND NOT EXISTS (
           SELECT 1 FROM scheduling_scheduledjob AS w
           WHERE coalesce(w.owner_id, 0) = coalesce(%(owner_id)s::integer, 0) AND w.key = %(key)s
-            AND ((w.state = 'pending' AND w.attempts = 0) OR (w.state = 'claimed' AND w.claimed_by = '' AND w.attempts = 1)))
+            AND ((w.state = 'pending' AND w.attempts = 0) OR (w.state = 'claimed' AND w.attempts = 1)))
     ORDER BY r.id DESC
     LIMIT 1
     FOR UPDATE OF r
@@ -78,7 +78,7 @@ WITH retry AS (
     WHERE NOT EXISTS (SELECT 1 FROM retry)
     ON CONFLICT ((coalesce(owner_id, 0)), key)
         WHERE key IS NOT NULL AND ((attempts = 0 AND state = 'pending')
-                                   OR (attempts = 1 AND claimed_by = '' AND state = 'claimed'))
+                                   OR (attempts = 1 AND state = 'claimed'))
     DO UPDATE
         SET kind = EXCLUDED.kind, payload = EXCLUDED.payload, due_at = EXCLUDED.due_at,
             state = 'pending', token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
@@ -106,7 +106,7 @@ WITH retry AS (
       AND NOT EXISTS (
           SELECT 1 FROM scheduling_scheduledjob AS w
           WHERE coalesce(w.owner_id, 0) = coalesce(%(owner_id)s::integer, 0) AND w.key = %(key)s
-            AND ((w.state = 'pending' AND w.attempts = 0) OR (w.state = 'claimed' AND w.claimed_by = '' AND w.attempts = 1)))
+            AND ((w.state = 'pending' AND w.attempts = 0) OR (w.state = 'claimed' AND w.attempts = 1)))
     ORDER BY r.id DESC
     LIMIT 1
     FOR UPDATE OF r
@@ -120,7 +120,7 @@ WITH retry AS (
     WHERE NOT EXISTS (SELECT 1 FROM retry)
     ON CONFLICT ((coalesce(owner_id, 0)), key)
         WHERE key IS NOT NULL AND ((attempts = 0 AND state = 'pending')
-                                   OR (attempts = 1 AND claimed_by = '' AND state = 'claimed'))
+                                   OR (attempts = 1 AND state = 'claimed'))
     DO UPDATE SET key = scheduling_scheduledjob.key
     RETURNING id, due_at, (xmax = 0) AS inserted, state
 )
@@ -135,7 +135,7 @@ SELECT id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8, inser
 -- job and a waiting successor may coexist; the successor is the key's job.
 SELECT id, state FROM scheduling_scheduledjob
 WHERE coalesce(owner_id, 0) = coalesce(%(owner_id)s::integer, 0) AND key = %(key)s
-  AND key IS NOT NULL AND state IN ('pending', 'claimed')
+  AND key IS NOT NULL AND state IN ('pending', 'claimed', 'running')
 ORDER BY state = 'pending' DESC, id DESC
 LIMIT 1;
 
@@ -198,7 +198,7 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead'
         NOT EXISTS (
             SELECT 1 FROM scheduling_scheduledjob AS o
             WHERE coalesce(o.owner_id, 0) = coalesce(j.owner_id, 0) AND o.key = j.key
-              AND (o.state = 'pending' OR (o.state = 'claimed' AND o.claimed_by = '')))
+              AND o.state IN ('pending', 'claimed'))
         AND j.id = (
             SELECT max(d.id) FROM scheduling_scheduledjob AS d
             WHERE d.id = ANY(%(ids)s::bigint[]) AND d.state = 'dead'

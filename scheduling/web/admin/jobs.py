@@ -33,6 +33,7 @@ from django.utils.translation import ngettext
 from scheduling import api
 from scheduling.core import audit, conf, exceptions, registry, validation
 from scheduling.models import (
+    CLAIM_STATES,
     AuditRecord,
     JobAttempt,
     JobState,
@@ -260,9 +261,9 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             .annotate(
                 attention=Case(
                     When(state=JobState.DEAD, then=Value(0)),
-                    When(state=JobState.CLAIMED, claimed_at__lt=stuck_before, then=Value(1)),
+                    When(state__in=CLAIM_STATES, claimed_at__lt=stuck_before, then=Value(1)),
                     When(state=JobState.PENDING, due_at__lte=Now(), then=Value(2)),
-                    When(state=JobState.CLAIMED, then=Value(3)),
+                    When(state__in=CLAIM_STATES, then=Value(3)),
                     When(state=JobState.PENDING, then=Value(4)),
                     default=Value(5),
                     output_field=IntegerField(),
@@ -330,7 +331,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
 
     @staticmethod
     def _running_since(job: ScheduledJob) -> dt.datetime | None:
-        return job.claimed_at if job.state == JobState.CLAIMED and job.claimed_by else None
+        return job.claimed_at if job.state == JobState.RUNNING else None
 
     @admin.display(description="error class")
     def error_class(self, job: ScheduledJob) -> str:

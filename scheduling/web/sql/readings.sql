@@ -95,9 +95,10 @@ WITH bounds AS (
     WHERE a.finished_at >= bounds.t_start
     UNION ALL
     SELECT 'w', greatest(j.due_at, j.created_at),
-           CASE WHEN j.claimed_by = '' THEN now() + interval '1 day' ELSE j.claimed_at END
+           CASE WHEN j.state = 'claimed' THEN now() + interval '1 day' ELSE j.claimed_at END
     FROM scheduling_scheduledjob AS j, bounds
-    WHERE j.state = 'claimed' AND j.claimed_at IS NOT NULL AND (j.claimed_by = '' OR j.claimed_at >= bounds.t_start)
+    WHERE j.state IN ('claimed', 'running') AND j.claimed_at IS NOT NULL
+      AND (j.state = 'claimed' OR j.claimed_at >= bounds.t_start)
     UNION ALL
     SELECT CASE WHEN j.kind IN (SELECT kind FROM paused) THEN 'p' ELSE 'w' END, greatest(j.due_at, j.created_at),
            now() + interval '1 day'
@@ -214,12 +215,15 @@ LIMIT %(top)s;
 
 -- name: state_counts
 -- Jobs per state, each counted up to `cap` + 1 rows from the state's own index (the pending and
--- claimed partial indexes, the finished index for done, cancelled and dead): a million done rows
+-- claimed set's partial indexes, the finished index for done, cancelled and dead): a million done rows
 -- cost no more than `cap`. A count of cap + 1 means "more than cap".
 SELECT 'pending' AS state, (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending'
                                                   LIMIT %(cap)s + 1) AS c) AS count
 UNION ALL
 SELECT 'claimed', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'claimed'
+                                         AND claimed_at IS NOT NULL LIMIT %(cap)s + 1) AS c)
+UNION ALL
+SELECT 'running', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'running'
                                          AND claimed_at IS NOT NULL LIMIT %(cap)s + 1) AS c)
 UNION ALL
 SELECT 'dead', (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'dead'

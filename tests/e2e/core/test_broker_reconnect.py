@@ -43,7 +43,7 @@ def _running_batch(stack: Stack, ids: list[int]) -> bool:
     """Some of ``ids`` are done and some started and not done: a batch is in the middle of its work."""
     done, started = stack.sql(
         "SELECT count(*) FILTER (WHERE state = 'done'),"
-        " count(*) FILTER (WHERE state = 'claimed' AND claimed_by <> '')"
+        " count(*) FILTER (WHERE state = 'running')"
         " FROM scheduling_scheduledjob WHERE id = ANY(%s)",
         [ids],
     )[0]

@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from scheduling import api
-from scheduling.models import JobAttempt, JobState, ScheduledJob
+from scheduling.models import CLAIM_STATES, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
 from tests.e2e.harness import wait_for, wait_ready
 
@@ -74,7 +74,7 @@ def test_one_worker_and_no_beat_claim_run_and_sweep_with_every_process_running_h
     # A claim whose worker vanished (started, no heartbeat for longer than its lease): the sweeper takes it back.
     stranded = api.schedule("demo.record", {"label": "stranded"}, delay=3600)
     ScheduledJob.objects.filter(pk=stranded.id).update(
-        state=JobState.CLAIMED,
+        state=JobState.RUNNING,
         token="00000000-0000-0000-0000-000000000001",
         claimed_by="gone:1",
         attempts=1,
@@ -86,7 +86,7 @@ def test_one_worker_and_no_beat_claim_run_and_sweep_with_every_process_running_h
 
     def both_running() -> set[int]:
         started = Execution.objects.filter(idempotency_key__in=[f"job:{j.id}" for j in sleepers])
-        still_claimed = ScheduledJob.objects.filter(pk__in=[j.id for j in sleepers], state=JobState.CLAIMED).count()
+        still_claimed = ScheduledJob.objects.filter(pk__in=[j.id for j in sleepers], state__in=CLAIM_STATES).count()
         return {e.pid for e in started} if still_claimed == 2 else set()
 
     pids = wait_for(lambda: len(both_running()) == 2 and both_running(), 30, message="both sleepers running at once")

@@ -28,7 +28,7 @@ from scheduling import tasks as celery_tasks
 from scheduling.core import locks
 from scheduling.deferrals import countdowns
 from scheduling.due_at import control, runner
-from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
+from scheduling.models import CLAIM_STATES, AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution, Notification
 from tests.e2e.harness import Cluster, Proc, wait_for, wait_ready
 from tests.faultkit import measure
@@ -134,7 +134,7 @@ def test_kill_9_of_the_pool_process_mid_job_reruns_it_once(cluster):
     assert runs[1].pid != first.pid
     assert runs[1].pid in worker.children(), "the worker replaced its pool process and ran the job again"
     assert _notifications(job.id) == 1, "the re-run sends nothing: one side effect"
-    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+    assert not ScheduledJob.objects.filter(state__in=CLAIM_STATES).exists()
     # reject_on_worker_lost put the message back; its redelivery found the claim started and ran nothing.
     wait_for(lambda: "claims skipped" in worker.log(), 10, message="the redelivered batch to be skipped")
     reclaim_s = measure.seconds(reclaimed.finished_at, killed_at)
@@ -181,7 +181,7 @@ def test_kill_9_mid_atomic_batch_leaves_no_effect_and_every_job_commits_once(clu
     first_chunk = [i for i in ids if _outcomes(i)[0] == AttemptOutcome.RECLAIMED]
     assert ids[2] in first_chunk, "the held job was in the killed chunk and was taken back"
     assert all(_outcomes(i)[-1] == AttemptOutcome.SUCCEEDED for i in ids)
-    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+    assert not ScheduledJob.objects.filter(state__in=CLAIM_STATES).exists()
 
 
 def test_kill_9_of_a_whole_worker_mid_job_reruns_it_on_another(cluster):
@@ -209,7 +209,7 @@ def test_kill_9_of_a_whole_worker_mid_job_reruns_it_on_another(cluster):
     assert len(runs) == 2
     assert runs[1].pid in survivor.children(), "the surviving worker ran it"
     assert _notifications(job.id) == 1
-    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+    assert not ScheduledJob.objects.filter(state__in=CLAIM_STATES).exists()
     # The dead worker never acknowledged its run_batch message: Redis gives it to the survivor once
     # it is older than the visibility timeout, and the claim's token, no longer current, makes it a no-op.
     (lost,) = _batches_received(victim, "faults.effect")
@@ -382,7 +382,7 @@ def test_a_poison_job_in_a_batch_dies_alone_and_its_siblings_finish_with_their_b
     assert all("not counted" not in a.error for a in alone_errors), "each crash alone was charged"
     retried = JobAttempt.objects.filter(job_id__in=ids, number=2).order_by("started_at")
     assert all(a.started_at > batch_error.finished_at for a in retried), "retried after the reclaim, not in it"
-    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+    assert not ScheduledJob.objects.filter(state__in=CLAIM_STATES).exists()
     assert worker.popen.poll() is None
     measure.record(
         "10b poison job in an atomic batch of 10 (max_attempts 2)",
@@ -422,7 +422,7 @@ def test_a_capped_kind_with_a_backlog_never_exceeds_its_cap_nor_holds_up_another
     ran = JobAttempt.objects.filter(job_id__in=capped, outcome=AttemptOutcome.SUCCEEDED)
     wait_for(ran.exists, 60, message="the capped kind runs too, three at a time")
     assert _most_at_once(list(ran.values_list("started_at", "finished_at"))) <= 3, "never more than the cap at once"
-    assert ScheduledJob.objects.filter(pk__in=capped, state=JobState.CLAIMED).count() <= 3
+    assert ScheduledJob.objects.filter(pk__in=capped, state__in=CLAIM_STATES).count() <= 3
     measure.record(
         "16 cap 3 on a kind with 300 due 0.1 s jobs, 10 of another kind due after them",
         "the other kind ran while the capped backlog waited; at most 3 capped jobs at once",
@@ -525,7 +525,7 @@ def test_sigterm_finishes_the_short_job_and_requeues_the_long_one_once(cluster):
     wait_for(lambda: Execution.objects.filter(idempotency_key=key).exists(), 30, message="the countdown to run")
     time.sleep(3)  # a negative (no second copy runs): a window; a copy put back at w1's exit would come at once
     assert Execution.objects.filter(idempotency_key=key).count() == 1, "no countdown lost, none doubled"
-    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+    assert not ScheduledJob.objects.filter(state__in=CLAIM_STATES).exists()
     ran = JobAttempt.objects.get(job_id=long.id, number=2)
     measure.record(
         "11 SIGTERM (soft shutdown) with a short and a long job",

@@ -15,7 +15,7 @@ import pytest
 
 from scheduling import api
 from scheduling.core import store
-from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
+from scheduling.models import CLAIM_STATES, AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
 from tests.e2e.harness import Cluster, wait_for, wait_ready
 from tests.faultkit.kinds import handlers as fault_kinds  # registers the test kinds in this process
@@ -63,7 +63,7 @@ def test_kill_9_mid_occurrence_reruns_it_and_plans_the_next_once(cluster: Cluste
     assert len(jobs) == 2, "the next occurrence was created once"
     assert jobs[1].occurrence_at == starts + dt.timedelta(hours=1)
     assert jobs[1].state == JobState.PENDING
-    assert not ScheduledJob.objects.filter(state=JobState.CLAIMED).exists()
+    assert not ScheduledJob.objects.filter(state__in=CLAIM_STATES).exists()
 
 
 def test_a_failed_occurrences_retry_is_the_one_live_occurrence_and_cancel_stops_it(cluster: Cluster):
@@ -71,7 +71,7 @@ def test_a_failed_occurrences_retry_is_the_one_live_occurrence_and_cancel_stops_
     worker = cluster.worker("w1", concurrency=2, env=FAST)
     wait_ready(worker)
     rec = api.recur("faults.fail_first", {"hold": 2}, key="flaky", every=2)  # the planner sees it running
-    live = ScheduledJob.objects.filter(recurrence_id=rec.id, state__in=[JobState.PENDING, JobState.CLAIMED])
+    live = ScheduledJob.objects.filter(recurrence_id=rec.id, state__in=[JobState.PENDING, *CLAIM_STATES])
     retry = wait_for(
         lambda: list(live.filter(state=JobState.PENDING, attempts=1)), 30, message="the first occurrence's retry"
     )[0]

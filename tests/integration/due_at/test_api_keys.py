@@ -16,7 +16,7 @@ import pytest
 from django.db import connection, transaction
 
 from scheduling import api, exceptions, registry
-from scheduling.due_at import runner, store
+from scheduling.due_at import lifecycle, runner, store
 from scheduling.models import AttemptOutcome, JobState, ScheduledJob
 from tests import support
 
@@ -83,10 +83,13 @@ def _chunk_holding(raw_connect: Callable[..., Any], started: store.StartedJob, t
     assert cursor.fetchall() == [(started.id,)]
     now = dt.datetime.now(dt.UTC)
     if then == "done":
-        cursor.execute(store.SQL["complete_jobs"], {**claims, "started": [now], "finished": [now]})
+        done = store.Change(started.id, started.token, lifecycle.Event.SUCCEEDED, started_at=now, finished_at=now)
+        cursor.execute(store.SQL["set_job_states"], store.transition_params([done]))
     elif then == "failed":
-        outcome = {"outcomes": ["failed"], "errors": ["boom"], "delays": [0.0], "tracebacks": [""]}
-        cursor.execute(store.SQL["fail_jobs"], {**claims, "started": [now], "finished": [now], **outcome})
+        failed = store.Change(
+            started.id, started.token, lifecycle.Event.FAILED, error="boom", started_at=now, finished_at=now
+        )
+        cursor.execute(store.SQL["set_job_states"], store.transition_params([failed]))
     return chunk
 
 
@@ -110,7 +113,7 @@ def test_schedule_by_key_never_waits_on_the_running_jobs_chunk(run_sql, raw_conn
     assert (outcome, job.state) == ("created", JobState.PENDING)
     assert job.id != started.id, "the running job is never replaced or returned"
     chunk.commit()
-    final = {"locked": JobState.CLAIMED, "done": JobState.DONE, "failed": JobState.PENDING}[then]
+    final = {"locked": JobState.RUNNING, "done": JobState.DONE, "failed": JobState.PENDING}[then]
     assert ScheduledJob.objects.get(pk=started.id).state == final
     assert ScheduledJob.objects.get(pk=job.id).payload == {"v": 1}
     again, outcome = api.schedule_with_outcome("demo.noop", {"v": 2}, delay=HOUR, key="acct:1", on_conflict="keep")
@@ -132,7 +135,7 @@ def test_replace_keep_and_error_act_on_the_waiting_successor(run_sql, raw_connec
         _no_waiting(lambda: api.schedule("demo.noop", {"v": 4}, delay=HOUR, key="acct:2", on_conflict="error"))
     assert refused.value.job_id == first.id
     chunk.commit()
-    assert _keyed("acct:2") == [(started.id, JobState.CLAIMED, 1), (first.id, JobState.PENDING, 0)]
+    assert _keyed("acct:2") == [(started.id, JobState.RUNNING, 1), (first.id, JobState.PENDING, 0)]
     assert ScheduledJob.objects.get(pk=first.id).payload == {"v": 2}
 
 

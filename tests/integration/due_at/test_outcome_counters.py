@@ -75,7 +75,7 @@ def test_a_rolled_back_outcome_is_not_counted(run_sql):
         record_then_fail()
     assert seen_inside == [1], "counted inside the transaction"
     assert counters() == {}
-    assert ScheduledJob.objects.get(pk=claim.id).state == JobState.CLAIMED
+    assert ScheduledJob.objects.get(pk=claim.id).state == JobState.RUNNING
 
 
 def test_counters_survive_pruning_and_metrics_expose_them_as_totals(client, run_sql):

@@ -169,7 +169,7 @@ def test_after_the_deletion_a_system_schedule_of_the_same_key_creates_a_fresh_sy
     hank.delete()
     before = ScheduledJob.objects.get(pk=hers)
     # out of the key namespace: a running job loses its key, a claim not started is cancelled (final)
-    assert (before.state, before.key) == ((JobState.CLAIMED, None) if started else (JobState.CANCELLED, "nightly"))
+    assert (before.state, before.key) == ((JobState.RUNNING, None) if started else (JobState.CANCELLED, "nightly"))
 
     kept = api.schedule("demo.record", {"n": 1}, key="nightly", delay=3600, on_conflict="keep")
     replaced = api.schedule("demo.record", {"n": 2}, key="nightly", delay=3600, on_conflict="replace")
@@ -249,3 +249,29 @@ def test_a_deleted_owners_lost_shared_chunk_released_is_cancelled_not_refunded(d
     assert {(job.id, job.state) for job in released} == {(i, JobState.CANCELLED) for i in ids}
     assert set(states(ids).values()) == {(JobState.CANCELLED, None, label)}
     assert jobs_store.claim_due_jobs(10) == []
+
+
+def test_a_deleted_owners_running_jobs_released_on_shutdown_are_cancelled_like_every_give_back(
+    django_user_model: Any, run_sql
+):
+    """A worker's shutdown gives a retired owner's running jobs back: cancelled, as every give-back (was dead)."""
+    claims, label = _running_pair(django_user_model, run_sql, "mona")
+    ids = [c[0] for c in claims]
+
+    released = jobs_store.release_jobs(claims, runner.RELEASE_REASON)
+
+    assert {(job.id, job.state) for job in released} == {(i, JobState.CANCELLED) for i in ids}
+    assert set(states(ids).values()) == {(JobState.CANCELLED, None, label)}
+    assert jobs_store.claim_due_jobs(10) == []
+
+
+def test_a_deleted_owners_running_job_that_fails_is_dead_its_attempt_was_the_last(django_user_model: Any, run_sql):
+    """A retired owner's running job whose handler fails ends dead: the attempt it was on was its last."""
+    claims, label = _running_pair(django_user_model, run_sql, "nell")
+    now = store.database_now()
+    failures = [jobs_store.Outcome(i, t, now, now, "failed", "boom", 0.0) for i, t in claims]
+
+    moved = jobs_store.fail_jobs(failures)
+
+    assert {(job.id, job.state) for job in moved} == {(i, JobState.DEAD) for i, _ in claims}
+    assert set(states([i for i, _ in claims]).values()) == {(JobState.DEAD, None, label)}

@@ -42,7 +42,7 @@ def test_run_batch_completes_and_records_the_attempt(run_sql):
 def test_a_claim_runs_at_most_once(run_sql):
     """A second delivery of the same batch (same token) runs nothing: the claim was already started."""
     claim = _claim_one(run_sql, payload={"label": "once"})
-    run_sql("UPDATE scheduling_scheduledjob SET claimed_by = 'crashed:1' WHERE id = %s", [claim.id])
+    run_sql("UPDATE scheduling_scheduledjob SET state = 'running', claimed_by = 'crashed:1' WHERE id = %s", [claim.id])
     report = runner.run_batch([(claim.id, claim.token)])
     assert (report.started, report.skipped) == (0, 1)
     assert Execution.objects.count() == 0
@@ -101,7 +101,7 @@ def test_sweeper_reclaims_after_the_lease_only(run_sql):
     claim = _claim_one(run_sql)
     jobs_store.start_jobs([(claim.id, claim.token)], "w:1")
     assert sweep.reclaim_expired() == (0, 0)
-    assert ScheduledJob.objects.get(pk=claim.id).state == JobState.CLAIMED
+    assert ScheduledJob.objects.get(pk=claim.id).state == JobState.RUNNING
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '61 seconds' WHERE id = %s", [claim.id])
     assert sweep.reclaim_expired() == (1, 0)
     job = ScheduledJob.objects.get(pk=claim.id)

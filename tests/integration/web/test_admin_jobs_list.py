@@ -151,7 +151,8 @@ def test_a_running_claim_shows_when_it_was_claimed_and_how_long_it_has_run(admin
     support.make_due()
     jobs_store.claim_due_jobs(1)
     run_sql(
-        "UPDATE scheduling_scheduledjob SET claimed_by = 'host:1', claimed_at = now() - interval '90 seconds' "
+        "UPDATE scheduling_scheduledjob SET state = 'running', claimed_by = 'host:1', "
+        "claimed_at = now() - interval '90 seconds' "
         "WHERE id = %s",
         [job.pk],
     )
@@ -174,7 +175,7 @@ def test_per_state_counts_show_above_the_list_without_show_counts(admin_client, 
             r'<li data-state="(\w+)"><a href="[^"]+"><span[^>]*>\w+</span> <span class="tk-count">([^<]+)<', page
         )
     )
-    assert counts == {"pending": "3", "claimed": "0", "done": "0", "cancelled": "0", "dead": "1"}
+    assert counts == {"pending": "3", "claimed": "0", "running": "0", "done": "0", "cancelled": "0", "dead": "1"}
     assert 'href="/admin/scheduling/scheduledjob/?state__exact=dead"' in page
     monkeypatch.setattr(jobs_admin, "STATE_COUNT_CAP", 2)
     page = admin_client.get(URL).content.decode()

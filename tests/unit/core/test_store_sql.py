@@ -54,6 +54,39 @@ def test_comments_before_first_name_are_ignored():
     assert db.parse_queries("-- header\n-- name: q\nSELECT 1;\n") == {"q": "SELECT 1"}
 
 
+def test_a_repeat_block_is_written_out_once_per_value_highest_first():
+    """A part written once (``-- repeat p in 2..0 joined by UNION ALL``) becomes one copy per value, joined."""
+    text = (
+        "-- name: q\nSELECT * FROM (\n  -- repeat p in 2..0 joined by UNION ALL\n  SELECT {p} AS n\n"
+        "  -- end repeat\n) AS t;\n"
+    )
+    assert db.parse_queries(text) == {
+        "q": "SELECT * FROM (\n  SELECT 2 AS n\n  UNION ALL\n  SELECT 1 AS n\n  UNION ALL\n  SELECT 0 AS n\n) AS t"
+    }
+
+
+def test_the_claims_priority_walk_is_written_once_and_expanded_for_every_priority():
+    """claim.sql writes each branch once; the loaded claim walks priorities 9..0 in the walk and for capped kinds."""
+    source = (PACKAGE / "due_at" / "sql" / "claim.sql").read_text()
+    assert source.count("FOR UPDATE SKIP LOCKED) AS p{p}") == 1
+    assert source.count("FOR UPDATE SKIP LOCKED) AS k{p}") == 1
+    claim = jobs_store.SQL["claim_due_jobs"]
+    assert [int(n) for n in re.findall(r"SKIP LOCKED\) AS p(\d)", claim)] == list(range(9, -1, -1))
+    assert [int(n) for n in re.findall(r"SKIP LOCKED\) AS k(\d)", claim)] == list(range(9, -1, -1))
+    assert "{p}" not in re.sub(r"^\s*--.*$", "", claim, flags=re.MULTILINE)
+
+
+def test_every_way_out_of_claimed_and_running_is_the_one_transition_statement():
+    """Of the claim and sweep statements only set_job_states ends a claim (clears its token or claimed_at)."""
+    ending = re.compile(r"\b(token|claimed_at)\s*=\s*(NULL|CASE)", flags=re.IGNORECASE)
+    writers = sorted(
+        name
+        for name, sql in jobs_store.SQL.queries.items()
+        if ending.search(re.sub(r"--[^\n]*", "", sql)) and name not in ("upsert_job_replace", "retry_dead_jobs")
+    )
+    assert writers == ["set_job_states"]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Row:
     id: int

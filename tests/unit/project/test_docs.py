@@ -57,6 +57,42 @@ def test_architecture_map_names_every_module_and_only_real_paths():
     assert not unmapped, f"docs/architecture.md's map does not mention: {unmapped}"
 
 
+# Terms of designs that are gone: each (pattern, where it must not come back, what is true now).
+OBSOLETE_TERMS = [
+    (r"claim task", ("docs", "README.md"), "the leader worker's control loop claims (scheduling/due_at/control.py)"),
+    (r"the claim and the sweep", ("docs", "README.md"), "beat sends fixed-time ticks only; the control loop claims"),
+    (r"scheduling/conf\.py", ("docs", "README.md", "project", "scheduling"), "it is scheduling/core/conf.py"),
+    (r"asked_at", ("scheduling",), "wake_on_commit(in_seconds) takes no time of asking"),
+    # the implicit lifecycle: "running" spelled as a started claim, "claimed" as one not started
+    (r"claimed_by\s*<>\s*''", ("scheduling", "docs"), "a started job is in the running state"),
+    (r"claimed_by\s*=\s*''(?!,)", ("scheduling", "docs"), "a claim not yet started is in the claimed state"),
+    (r"claimed_by=\"\"(?!,)", ("scheduling",), "a claim not yet started is in the claimed state"),
+]
+
+
+def _texts(where: tuple[str, ...]) -> dict[str, str]:
+    """Every doc, SQL and Python file under ``where`` (paths from the repository root), by path."""
+    files: dict[str, str] = {}
+    for name in where:
+        path = ROOT / name
+        found = [path] if path.is_file() else [p for p in path.rglob("*") if p.suffix in (".md", ".py", ".sql")]
+        for file in found:
+            if "migrations" not in file.parts:
+                files[file.relative_to(ROOT).as_posix()] = file.read_text()
+    return files
+
+
+def test_obsolete_terms_do_not_come_back():
+    """Terms of designs that are gone (beat's claim task, scheduling/conf.py, the implicit running test) stay gone."""
+    found = [
+        f"{path}: {term!r} ({truth})"
+        for term, where, truth in OBSOLETE_TERMS
+        for path, text in _texts(where).items()
+        if re.search(term, text, flags=re.IGNORECASE)
+    ]
+    assert not found, found
+
+
 def test_readme_is_short_and_starts_with_its_title():
     """README.md is under 12 KB and its first line is a '# ' title."""
     readme = ROOT / "README.md"

@@ -1,0 +1,99 @@
+"""How one job is to run, as a door was asked: one frozen value passed whole down to the store.
+
+``JobOptions`` holds what a caller may say about a job besides its kind and payload (when, key and
+conflict mode, attempts, owner, priority, and its own timeout, backoff and atomicity); ``using()``
+returns a changed copy, as Django's ``Task.using()`` does. ``validated(kind)`` checks it against
+the kind with the doors' shared checks (``core/validation.py``, ``InvalidSchedule`` and friends)
+and returns ``ValidOptions``, the resolved values the store writes. A new option is a field here
+and in ``ValidOptions``, not a keyword copied through every function between a door and the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from scheduling.core import exceptions, registry, validation
+
+ON_CONFLICT_CHOICES = ("replace", "keep", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidOptions:
+    """A job's options checked against its kind: what the store writes (None overrides: the kind's)."""
+
+    due_at: dt.datetime | None  # an aware due time, or None: ``delay_seconds`` from now
+    delay_seconds: float | None
+    key: str | None
+    on_conflict: str
+    max_attempts: int
+    owner_id: int | None
+    priority: int
+    lease_seconds: int  # the kind's
+    timeout_seconds: float | None = None
+    backoff_base_seconds: float | None = None
+    backoff_cap_seconds: float | None = None
+    atomic: bool | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The columns' statement parameters (``due_at/sql/schedule.sql``): every insert takes them whole."""
+        return {
+            "due_at": self.due_at,
+            "delay": self.delay_seconds or 0.0,
+            "lease_seconds": self.lease_seconds,
+            "max_attempts": self.max_attempts,
+            "key": self.key,
+            "owner_id": self.owner_id,
+            "priority": self.priority,
+            "timeout_seconds": self.timeout_seconds,
+            "backoff_base_seconds": self.backoff_base_seconds,
+            "backoff_cap_seconds": self.backoff_cap_seconds,
+            "atomic": self.atomic,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class JobOptions:
+    """What a door was asked for one job (or every job of a ``schedule_many``); unchecked until ``validated``."""
+
+    due_at: dt.datetime | None = None
+    delay: float | int | dt.timedelta | None = None
+    key: str | None = None
+    on_conflict: str = "replace"
+    max_attempts: int | None = None
+    owner: Any = None  # a user, a user id, or None (the system's)
+    priority: int | None = None
+    timeout: float | dt.timedelta | None = None
+    backoff: registry.Backoff | None = None
+    atomic: bool | None = None
+
+    def using(self, **changes: Any) -> JobOptions:
+        """A copy with ``changes``."""
+        return dataclasses.replace(self, **changes)
+
+    def validated(self, kind: registry.Kind) -> ValidOptions:
+        """Check every option against ``kind`` (the doors' shared checks, in the order they always ran)."""
+        due_at, delay = validation.resolve_time(self.due_at, self.delay)
+        validation.check_key(self.key)
+        if self.on_conflict not in ON_CONFLICT_CHOICES:
+            raise exceptions.InvalidSchedule(
+                f"on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, got {self.on_conflict!r}."
+            )
+        max_attempts = validation.check_max_attempts(kind, self.max_attempts)
+        priority = validation.check_priority(kind, self.priority)
+        backoff = validation.check_backoff(self.backoff)
+        return ValidOptions(
+            due_at=due_at,
+            delay_seconds=delay,
+            key=self.key,
+            on_conflict=self.on_conflict,
+            max_attempts=max_attempts,
+            owner_id=getattr(self.owner, "pk", self.owner),
+            priority=priority,
+            lease_seconds=kind.lease_seconds,
+            timeout_seconds=validation.check_timeout(self.timeout),
+            backoff_base_seconds=backoff.base_seconds if backoff else None,
+            backoff_cap_seconds=backoff.cap_seconds if backoff else None,
+            atomic=validation.check_atomic(self.atomic),
+        )

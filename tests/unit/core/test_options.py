@@ -1,0 +1,51 @@
+"""A job's options as one frozen value (``scheduling.core.options``): copied, checked against the kind, resolved."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+
+from scheduling import exceptions, registry
+from scheduling.core import options
+
+
+def test_options_are_frozen_and_using_returns_a_changed_copy():
+    """A JobOptions cannot change in place; ``using()`` gives a copy with the changes, the original intact."""
+    base = options.JobOptions(delay=60, priority=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.priority = 5  # type: ignore[misc]
+    changed = base.using(priority=5, key="k")
+    assert (changed.priority, changed.key, changed.delay) == (5, "k", 60)
+    assert (base.priority, base.key) == (3, None)
+
+
+def test_validated_fills_the_kinds_defaults_and_resolves_every_option():
+    """Unset attempts and priority come from the kind; a timedelta timeout and a backoff become seconds."""
+    kind = registry.get("demo.record")
+    valid = options.JobOptions(
+        delay=dt.timedelta(minutes=1), owner=7, timeout=dt.timedelta(seconds=30), backoff=registry.Backoff(2, 8)
+    ).validated(kind)
+    assert (valid.delay_seconds, valid.due_at, valid.owner_id) == (60.0, None, 7)
+    defaults = (kind.max_attempts, kind.priority, kind.lease_seconds)
+    assert (valid.max_attempts, valid.priority, valid.lease_seconds) == defaults
+    assert (valid.timeout_seconds, valid.backoff_base_seconds, valid.backoff_cap_seconds) == (30.0, 2.0, 8.0)
+    assert valid.params()["delay"] == 60.0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {},  # neither due_at nor delay
+        {"delay": 1, "on_conflict": "merge"},
+        {"delay": 1, "key": ""},
+        {"delay": 1, "max_attempts": 0},
+        {"delay": 1, "timeout": -1},
+        {"delay": 1, "atomic": "yes"},
+    ],
+)
+def test_validated_refuses_what_every_door_refuses(bad):
+    """The doors' shared checks run in validated(): a bad option is InvalidSchedule before anything is stored."""
+    with pytest.raises(exceptions.InvalidSchedule):
+        options.JobOptions(**bad).validated(registry.get("demo.record"))
