@@ -332,9 +332,7 @@ def _run_chunk(
         # The rows are locked by this transaction, so no outcome written here can be stale. They
         # leave the heartbeat now: once this commits, their claims are over, not lost.
         lease.release([(j.id, j.token) for j in chunk])
-        _record(report, successes, failures)
-        for rolled_back in (o for o in successes if o.error):  # it asked for its rollback: say so on its attempt
-            store.note_attempt(rolled_back.id, rolled_back.token, rolled_back.error)
+        _record(report, successes, failures)  # a success's error is its note (ROLLED_BACK_NOTE), on its attempt
         callbacks[:] = [(func.job_id, func) for _, func, _ in _commit_hooks() if isinstance(func, _Guarded)]
     report.chunks += 1
     settled.update(j.id for j in chunk)

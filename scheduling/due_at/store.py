@@ -346,11 +346,6 @@ def record_callback_failure(job_id: int, token: str, error: str) -> bool:
     return bool(SQL.fetch_values("record_callback_failure", {"id": job_id, "token": token, "error": error}))
 
 
-def note_attempt(job_id: int, token: str, note: str) -> bool:
-    """Add ``note`` to the text of a job's attempt (under ``token``); False if none matched."""
-    return record_callback_failure(job_id, token, note)
-
-
 def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
     """Give back claims that were never sent: pending again, their attempt uncounted; returns their ids."""
     changes = [Change(i, t, lifecycle.Event.UNSENT) for i, t in claims]
