@@ -61,6 +61,7 @@ DATABASES = {{"default": {{"ENGINE": "django.db.backends.postgresql", "NAME": "{
 CELERY_BROKER_URL = "{redis_url}"
 CELERY_BROKER_TRANSPORT_OPTIONS = {{"global_keyprefix": "{prefix}"}}
 CELERY_BEAT_SCHEDULER = "scheduling.fixed.beat:LeaderDatabaseScheduler"
+MIDDLEWARE += ["scheduling.web.middleware.AuditMiddleware"]
 TASKS = {{"default": {{"BACKEND": "scheduling.backends.TimekeeperBackend"}}}}
 import django  # noqa: E402
 if django.VERSION < (6, 0):
