@@ -393,6 +393,14 @@ def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
     return _async_commit_values("unclaim_jobs", _claims(claims))
 
 
+def give_back_unknown_kind(claims: Sequence[tuple[int, str]], delay_seconds: float, reason: str) -> list[int]:
+    """Give back started claims of a kind this worker does not know: pending after ``delay_seconds``, uncharged."""
+    if not claims:
+        return []
+    params = {**_claims(claims), "delay": delay_seconds, "reason": reason}
+    return SQL.fetch_values("give_back_unknown_kind", params)
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """How one job's attempt ended, as the runner saw it."""

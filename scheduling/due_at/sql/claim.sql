@@ -286,6 +286,23 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
 WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed' AND j.claimed_by = ''
 RETURNING j.id;
 
+-- name: give_back_unknown_kind
+-- A worker that does not know a started job's kind (a worker of the old release in a rolling deploy,
+-- handed a kind only the new release has) gives the claim back uncharged: pending again after
+-- %(delay)s seconds (so a job only old workers see does not loop hot), the attempt the claim counted
+-- given back, no attempt recorded, the reason kept in last_error. A job whose owner was deleted
+-- (former_owner set) is cancelled instead, as unclaim_jobs does.
+UPDATE scheduling_scheduledjob AS j
+SET state = CASE WHEN j.former_owner <> '' THEN 'cancelled' ELSE 'pending' END,
+    finished_at = CASE WHEN j.former_owner <> '' THEN clock_timestamp() END,
+    due_at = CASE WHEN j.former_owner <> '' THEN j.due_at
+                  ELSE clock_timestamp() + make_interval(secs => %(delay)s) END,
+    token = NULL, claimed_at = NULL, heartbeat_at = NULL, claimed_by = '',
+    attempts = j.attempts - 1, last_error = %(reason)s, updated_at = clock_timestamp()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token)
+WHERE j.id = t.id AND j.token = t.token AND j.state = 'claimed'
+RETURNING j.id;
+
 -- name: complete_jobs
 -- Success for a batch: conditional on the token, so a worker whose claim was taken back (and
 -- maybe run again by someone else) cannot overwrite the newer attempt. One attempt row per job.
