@@ -56,6 +56,7 @@ only: it is what makes a task schedulable through the JSON API; without it, it i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
@@ -66,6 +67,7 @@ import json
 import logging
 import math
 import re
+import threading
 import traceback
 import uuid
 from collections.abc import Callable
@@ -335,7 +337,7 @@ def _run(name: str, job: registry.Job) -> None:
         call = running.task.func
         if running.task.takes_context:
             args.insert(0, TimekeeperTaskContext(task_result=running, owner_id=row.owner_id))
-        value = async_to_sync(call)(*args, **kwargs) if iscoroutinefunction(call) else call(*args, **kwargs)
+        value = _call_coroutine(call, args, kwargs) if iscoroutinefunction(call) else call(*args, **kwargs)
         value = normalize_json(value)
         size, limit = len(json.dumps(value).encode()), conf.get().max_return_value_bytes
         if size > limit:
@@ -358,6 +360,39 @@ def _run(name: str, job: registry.Job) -> None:
     done = _changed(running, status=TaskResultStatus.SUCCESSFUL, finished_at=timezone.now())
     object.__setattr__(done, "_return_value", value)
     signals.task_finished.send(sender=sender, task_result=done)
+
+
+ASYNC_CANCEL_WAIT_SECONDS = 5.0  # a timed-out coroutine has this long to end once cancelled
+
+
+def _call_coroutine(call: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Await ``call(*args, **kwargs)`` through ``async_to_sync``; a timeout cancels the coroutine too.
+
+    ``async_to_sync`` runs the coroutine in an event loop on a thread of its own while this thread
+    waits: the kind's timeout (``JobTimeout``, raised here by SIGALRM) would leave it running there,
+    its effects landing after the attempt was recorded as timed out. So the timeout cancels its task
+    (``CancelledError`` at its next ``await``) and waits up to ``ASYNC_CANCEL_WAIT_SECONDS`` for it to end.
+    """
+    running: dict[str, Any] = {}
+    ended = threading.Event()
+
+    async def bounded() -> Any:
+        running["loop"], running["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        try:
+            return await call(*args, **kwargs)
+        finally:
+            ended.set()
+
+    try:
+        return async_to_sync(bounded)()
+    except executor.JobTimeout:
+        loop, task = running.get("loop"), running.get("task")
+        if loop is not None and task is not None and not ended.is_set():
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: it has ended
+                loop.call_soon_threadsafe(task.cancel)
+            if not ended.wait(ASYNC_CANCEL_WAIT_SECONDS):
+                logger.warning("a timed-out coroutine task did not end once cancelled", extra={"action": "timed_out"})
+        raise
 
 
 def _error(exc: BaseException) -> TaskError:

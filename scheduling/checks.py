@@ -12,6 +12,11 @@
 - scheduling.E007: a lease (``SCHEDULING_LEASE_SECONDS``, or a kind's ``lease_seconds``) is not
   longer than the heartbeat interval (``SCHEDULING_HEARTBEAT_SECONDS``): healthy running jobs would
   be swept between two heartbeats and run again.
+- scheduling.E011: Celery's worker pool (``CELERY_WORKER_POOL``, or ``--pool`` on the worker's command
+  line: checked again at worker start) is not one that keeps a job's timeout and its claim's lease:
+  ``threads`` runs tasks off the main thread, where no SIGALRM can stop a handler (and Celery's
+  threads pool has no time limits); ``gevent`` and ``eventlet`` block their hub in psycopg2, so one
+  slow statement stops every heartbeat of the worker. Supported: ``prefork`` (the default) and ``solo``.
 - scheduling.W001: no job kind is registered (no installed app has a ``jobs.py`` with a handler).
 - scheduling.W002: fixed-time schedules are declared but Celery beat's scheduler is not
   ``scheduling.fixed.beat:LeaderDatabaseScheduler`` (they would never fire).
@@ -51,6 +56,13 @@ from scheduling.core import broker, conf, registry
 from scheduling.deferrals import countdowns
 
 TIMEKEEPER_BEAT_SCHEDULER = "scheduling.fixed.beat:LeaderDatabaseScheduler"
+SUPPORTED_POOLS = ("prefork", "solo")  # tasks run on a main thread (SIGALRM) and psycopg2 blocks no one else
+POOL_REASONS = {
+    "threads": "it runs handlers off the main thread, where no timeout can stop them (and Celery's threads "
+    "pool has no time limits)",
+    "gevent": "psycopg2 blocks its hub: one slow statement stops every heartbeat, and live claims are swept",
+    "eventlet": "psycopg2 blocks its hub: one slow statement stops every heartbeat, and live claims are swept",
+}
 
 
 @checks.register(checks.Tags.database, deploy=False)
@@ -147,6 +159,53 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         ]
     return []
+
+
+def pool_name(pool: Any) -> str:
+    """The name of a Celery pool given as an alias (``"threads"``), a dotted path or a class."""
+    from celery import concurrency
+
+    if isinstance(pool, str):
+        target = concurrency.ALIASES.get(pool, pool)
+    else:
+        target = f"{getattr(pool, '__module__', '')}:{getattr(pool, '__qualname__', '')}"
+    for alias, path in concurrency.ALIASES.items():
+        if target == path and alias != "processes":
+            return alias
+    if target == concurrency.ALIASES["processes"]:
+        return "prefork"
+    return target
+
+
+def pool_problem(pool: Any) -> str:
+    """Why a worker must not run tasks under ``pool`` (empty when it may): scheduling.E011."""
+    from celery.concurrency import prefork
+
+    if isinstance(pool, type) and issubclass(pool, prefork.TaskPool):
+        return ""
+    name = pool_name(pool)
+    if name in SUPPORTED_POOLS:
+        return ""
+    reason = POOL_REASONS.get(name, "Timekeeper cannot tell whether it keeps a job's timeout and its claim's lease")
+    return (
+        f"the worker pool {name!r} is not supported: {reason}. Run workers with --pool prefork (the default; "
+        "--concurrency for more processes) or --pool solo, and unset CELERY_WORKER_POOL if it names this pool."
+    )
+
+
+@checks.register()
+def check_worker_pool(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Only prefork and solo keep a handler's timeout and its claim's heartbeat (docs/operations.md, pools)."""
+    problem = pool_problem(broker.app().conf.worker_pool or "prefork")
+    if not problem:
+        return []
+    return [
+        checks.Error(
+            problem[0].upper() + problem[1:],
+            hint="Set CELERY_WORKER_POOL = 'prefork' (or 'solo'). Until this passes, workers refuse to start.",
+            id="scheduling.E011",
+        )
+    ]
 
 
 def lease_problems(settings: conf.Settings, kinds: Mapping[str, registry.Kind]) -> list[str]:

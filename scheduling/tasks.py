@@ -142,6 +142,17 @@ def refuse_non_json(sender: Any = None, **kwargs: Any) -> None:
 
 
 @signals.worker_init.connect
+def refuse_unsupported_pool(sender: Any = None, **kwargs: Any) -> None:
+    """A worker does not start under a pool that cannot keep timeouts and leases (scheduling.E011)."""
+    from scheduling import checks
+
+    problem = checks.pool_problem(getattr(sender, "pool_cls", None) or "prefork")
+    if problem:
+        logger.critical("worker refuses to start: %s", problem, extra={"action": "refused_start"})
+        raise SystemExit(f"scheduling.E011: {problem}")  # Celery logs and swallows Exception subclasses
+
+
+@signals.worker_init.connect
 def carry_messages_across_reconnects(sender: Any = None, **kwargs: Any) -> None:
     """A worker acknowledges on its new broker connection, or puts back at once, what it held when the old one reset."""
     reconnect.install(sender.app)

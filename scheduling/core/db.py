@@ -17,6 +17,7 @@ transaction when there is one. Only this module and the stores (``*/store.py``) 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -28,7 +29,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
 
-from django.db import connection
+import psycopg2
+from django.db import connection, connections
 
 R = TypeVar("R")
 Params = Mapping[str, Any] | Sequence[Any] | None
@@ -151,6 +153,25 @@ class Statements:
         _, rows = run("EXPLAIN (FORMAT JSON) " + self[name], None)
         plan = rows[0][0]
         return json.loads(plan) if isinstance(plan, str) else plan
+
+
+def thread_connections() -> list[Any]:
+    """Django's connection wrappers set up in this thread (each one's driver connection read later)."""
+    return list(connections.all(initialized_only=True))
+
+
+def cancel_statements(wrappers: Sequence[Any]) -> None:
+    """Ask the server to cancel whatever statement each wrapper's connection runs now (callable from any thread).
+
+    The driver's cancel request (libpq ``PQcancel``) goes over a connection of its own: the statement
+    ends with ``QueryCanceled`` in the thread that sent it; an idle connection ignores it.
+    """
+    for wrapper in wrappers:
+        raw = getattr(wrapper, "connection", None)
+        if raw is None or getattr(raw, "closed", True):
+            continue
+        with contextlib.suppress(psycopg2.Error):  # a closed or broken connection: nothing to cancel
+            raw.cancel()
 
 
 def run(sql: str, params: Params) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -11,10 +11,16 @@ billiard's terminate handler has fired in this process (a pool child's SIGTERM o
 or Celery's own ``WorkerShutdown`` / ``WorkerTerminate``. A prefork child ignores SIGINT, so a
 ``KeyboardInterrupt`` there is always the job's own.
 
-Timeouts: Celery's prefork children run tasks on their main thread, so a real-time interval timer
-(SIGALRM) can interrupt the handler wherever it is, even in a blocking call (PEP 475 retries the
-call only after the signal handler ran, and ours raises). Off the main thread (thread pools) there
-is no signal to use: the Celery hard time limit of the message is the backstop.
+Timeouts: Celery's prefork children (and the solo pool) run tasks on their main thread, so a
+real-time interval timer (SIGALRM) can interrupt the handler wherever it is, even in a blocking
+call (PEP 475 retries the call only after the signal handler ran, and ours raises). Not inside a
+database statement: libpq retries its own wait on EINTR, so the signal would land only when the
+statement returns. A watchdog thread covers that: ``CANCEL_GRACE_SECONDS`` after a deadline that is
+still running, it cancels the statements of this thread's database connections (the driver's
+cancel request, no round trip on the job's connection), the statement ends with an error, and the
+pending SIGALRM raises ``JobTimeout`` as it returns. Off the main thread there is no signal to use:
+the pools that run tasks there (threads, gevent, eventlet) are refused at worker start
+(``scheduling.E011``, ``scheduling.checks``).
 """
 
 from __future__ import annotations
@@ -24,16 +30,19 @@ import dataclasses
 import logging
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
-from scheduling.core import registry, tracing
+from scheduling.core import db, registry, tracing
 
 logger = logging.getLogger(__name__)
 
 ERROR_TEXT_LIMIT = 4000  # characters of "Type: message" kept per failure
 TRACEBACK_LIMIT = 16_000  # characters of traceback kept per failure (its last part: where it broke)
+CANCEL_GRACE_SECONDS = 0.2  # a deadline still running this long after it expired: its statements are cancelled
 
 SUCCEEDED, FAILED, TIMED_OUT = "succeeded", "failed", "timed_out"  # AttemptOutcome values
 
@@ -90,19 +99,78 @@ def alarms() -> Iterator[None]:
             signal.signal(signal.SIGALRM, previous)
 
 
+class _Watchdog:
+    """One thread per process that cancels the database statements of a deadline still running past its end.
+
+    Arming and disarming take a lock and nothing else (no thread, no round trip per job); the thread
+    sleeps until the armed time. The connections are captured when the deadline is armed (Django's
+    wrappers of the main thread: their ``connection`` is read when the watchdog fires, so one opened
+    during the job is seen too). Disarmed under the same lock before the deadline's block ends, it
+    never cancels a statement sent after the block.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._armed: tuple[float, int, list[Any]] | None = None  # (monotonic time, generation, connections)
+        self._generation = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, seconds: float) -> int:
+        with self._lock:
+            self._generation += 1
+            self._armed = (time.monotonic() + seconds + CANCEL_GRACE_SECONDS, self._generation, db.thread_connections())
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="timekeeper-statement-watchdog", daemon=True)
+                self._thread.start()
+            else:
+                self._lock.notify()
+            return self._generation
+
+    def disarm(self, generation: int) -> None:
+        with self._lock:
+            if self._armed is not None and self._armed[1] == generation:
+                self._armed = None
+
+    def _run(self) -> None:
+        with self._lock:
+            while True:
+                if self._armed is None:
+                    self._lock.wait()
+                    continue
+                at, _, wrappers = self._armed
+                left = at - time.monotonic()
+                if left > 0:
+                    self._lock.wait(left)
+                    continue
+                self._armed = None
+                logger.warning(
+                    "handler stuck past its timeout: its database statements are cancelled",
+                    extra={"action": "statement_cancelled"},
+                )
+                db.cancel_statements(wrappers)  # under the lock: the deadline cannot end while it is sent
+
+
+_watchdog = _Watchdog()
+
+
 @contextlib.contextmanager
 def deadline(seconds: float | None) -> Iterator[bool]:
-    """Raise ``JobTimeout`` in the block after ``seconds``; yields whether the limit is enforced here."""
+    """Raise ``JobTimeout`` in the block after ``seconds``; yields whether the limit is enforced here.
+
+    A block still inside a database statement at its end has the statement cancelled (``_Watchdog``).
+    """
     if not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread():
         yield False
         return
     held = getattr(_held, "depth", 0) > 0
     previous = None if held else signal.signal(signal.SIGALRM, _on_alarm)
+    generation = _watchdog.arm(seconds)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield True
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        _watchdog.disarm(generation)
         if not held:
             signal.signal(signal.SIGALRM, previous)
 

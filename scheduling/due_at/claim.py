@@ -69,19 +69,27 @@ def batches_for(claims: Sequence[store.Claim]) -> list[list[store.Claim]]:
     return sorted(by_batch.values(), key=lambda batch: batch[0].batch)
 
 
-def hard_time_limit(batch: Sequence[store.Claim]) -> float:
+def hard_time_limit(batch: Sequence[store.Claim]) -> float | None:
     """Celery's hard limit for a batch message: the sum of its jobs' timeouts plus a margin.
 
     Each job counts with its own timeout when it was scheduled with one (``schedule(timeout=...)``),
     else with its kind's: a job given a longer timeout than its kind's lengthens its batch's limit,
     so Celery never kills a batch while one of its jobs is within its own timeout.
+
+    None (no limit from the message) for a kind this process does not know, or one without a
+    timeout: in a rolling deploy, the leader may be of the old release and the worker of the new
+    one, and a limit guessed here could kill a job within its real timeout. The worker that runs it
+    holds its timeout (``executor.deadline``) and its chunk's bound; one that does not know the kind
+    gives the claim back (``runner``).
     """
     try:
         per_job = registry.get(batch[0].kind).timeout_seconds
     except exceptions.UnknownJobKind:
-        per_job = 1.0
-    total = sum(per_job if c.timeout_seconds is None else c.timeout_seconds for c in batch)
-    return total + HARD_LIMIT_MARGIN_SECONDS
+        return None
+    timeouts = [per_job if c.timeout_seconds is None else c.timeout_seconds for c in batch]
+    if not all(timeouts):
+        return None
+    return sum(timeouts) + HARD_LIMIT_MARGIN_SECONDS
 
 
 def room() -> int:

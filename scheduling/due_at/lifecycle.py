@@ -43,6 +43,7 @@ class Event(enum.StrEnum):
     EXPIRED = "expired"  # claimed, never started within its lease, its message lost with the broker
     CRASHED = "crashed"  # running, its process died (the sweeper) or its chunk's transaction was lost
     CANCEL = "cancel"  # an operator or the API cancels it
+    UNKNOWN_KIND = "unknown_kind"  # its worker has no handler for its kind (an old release): given back, later
 
 
 # An outcome is fenced by the claim token: the runner writes it for a started (running) job, and
@@ -56,10 +57,11 @@ FROM_STATES: dict[Event, tuple[JobState, ...]] = {
     Event.EXPIRED: (JobState.CLAIMED,),
     Event.CRASHED: (JobState.RUNNING,),
     Event.CANCEL: (JobState.PENDING,),
+    Event.UNKNOWN_KIND: (JobState.RUNNING, JobState.CLAIMED),
 }
 
 # Given back without having failed: a deleted owner's job is then cancelled, not dead.
-GIVE_BACKS = frozenset({Event.UNSENT, Event.RELEASED, Event.EXPIRED})
+GIVE_BACKS = frozenset({Event.UNSENT, Event.RELEASED, Event.EXPIRED, Event.UNKNOWN_KIND})
 
 
 class Due(enum.StrEnum):
@@ -113,6 +115,8 @@ def decide(event: Event, facts: Facts) -> Decision | None:
         return Decision(JobState.DONE, record=AttemptOutcome.SUCCEEDED, keep_claim=True)
     if event == Event.UNSENT:
         return _back(facts, Decision(JobState.PENDING, uncount=True), give_back=True)
+    if event == Event.UNKNOWN_KIND:  # uncharged, due after the given delay so old workers do not loop hot
+        return _back(facts, Decision(JobState.PENDING, due=Due.BACKOFF, uncount=True), give_back=True)
     if event in (Event.FAILED, Event.TIMED_OUT):
         record = AttemptOutcome(event.value)
         if facts.spent:

@@ -66,7 +66,11 @@ ATOMIC_CHUNK_SECONDS = 0.5  # atomic kinds: a chunk's transaction (and its row l
 ATOMIC_CHUNK_JOBS = 50  # atomic kinds: jobs (savepoints) per chunk, below PostgreSQL's 64 cached subtransactions
 STALL_MARGIN_SECONDS = 5.0  # a chunk's transaction idle longer than its longest timeout plus this is ended
 RECORD_RETRY_SECONDS = 60.0  # a finished job's outcome is retried this long while the database is unreachable
-UNKNOWN_KIND_RETRY_SECONDS = 60.0  # a job of a kind this worker does not know is retried this much later
+UNKNOWN_KIND_RETRY_SECONDS = 10.0  # a job of a kind this worker does not know is given back, due this much later
+UNKNOWN_KIND_REASON = (
+    "not run: a worker that does not know kind {kind} (an older release?) gave it back, uncharged; "
+    "due again in {delay:g} s"
+)
 RELEASE_REASON = "released: the worker stopped before the job finished"
 LOST_REASON = "released: the database ended the batch's transaction before the job's outcome committed"
 BROKEN_TRANSACTION_ERROR = (
@@ -90,6 +94,7 @@ class BatchReport:
     failed: int = 0
     stale: int = 0  # outcomes refused (or jobs not run) because the claim had been taken back
     skipped: int = 0  # claims no longer ours (or already started) when the batch began
+    given_back: int = 0  # jobs of kinds this worker does not know, given back uncharged
     chunks: int = 0  # transactions that committed atomic jobs together with their outcomes
 
 
@@ -144,6 +149,10 @@ def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchRepo
                 kinds[job.kind] = registry.get(job.kind)
             except exceptions.UnknownJobKind:
                 kinds[job.kind] = None
+    if any(kinds[j.kind] is None for j in started):
+        started = _give_back_unknown(started, kinds, report)
+        if not started:
+            return report
     atomic = [j for j in started if _is_atomic(j, kinds[j.kind])]
     others = [j for j in started if not _is_atomic(j, kinds[j.kind])]
     settled: set[int] = set()  # jobs whose outcome was committed (or that are no longer ours)
@@ -159,6 +168,27 @@ def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchRepo
             _give_back([(j.id, j.token) for j in started if j.id not in settled])
             raise
     return report
+
+
+def _give_back_unknown(started: list[store.StartedJob], kinds: Kinds, report: BatchReport) -> list[store.StartedJob]:
+    """Give back, uncharged, the jobs of kinds this worker does not know; returns the others.
+
+    In a rolling deploy a worker of the old release may be handed a kind only the new release has:
+    it is not the job's failure. Due again ``UNKNOWN_KIND_RETRY_SECONDS`` later, for any worker.
+    """
+    unknown = [j for j in started if kinds[j.kind] is None]
+    for kind_name in sorted({j.kind for j in unknown}):
+        reason = UNKNOWN_KIND_REASON.format(kind=kind_name, delay=UNKNOWN_KIND_RETRY_SECONDS)
+        claims = [(j.id, j.token) for j in unknown if j.kind == kind_name]
+        given = _recording(functools.partial(store.give_back_unknown_kind, claims, UNKNOWN_KIND_RETRY_SECONDS, reason))
+        logger.warning(
+            "jobs of a kind this worker does not know given back, uncharged",
+            extra={"kind": kind_name, "job_ids": given, "action": "given_back_unknown_kind"},
+        )
+        report.given_back += len(given)
+        report.stale += len(claims) - len(given)
+    report.started -= len(unknown)
+    return [j for j in started if kinds[j.kind] is not None]
 
 
 def _is_atomic(job: store.StartedJob, kind: registry.Kind | None) -> bool:

@@ -352,6 +352,14 @@ def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
     return [moved.id for moved in set_job_states(changes, asynchronous=True)]
 
 
+def give_back_unknown_kind(claims: Sequence[tuple[int, str]], delay_seconds: float, reason: str) -> list[int]:
+    """Give back started claims of a kind this worker does not know: pending after ``delay_seconds``, uncharged."""
+    changes = [
+        Change(i, t, lifecycle.Event.UNKNOWN_KIND, delay_seconds=delay_seconds, error=reason) for i, t in claims
+    ]
+    return [moved.id for moved in set_job_states(changes)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """How one job's attempt ended, as the runner saw it."""

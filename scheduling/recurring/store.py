@@ -186,13 +186,14 @@ def recurrence_states(ids: Sequence[int]) -> dict[int, str]:
     return SQL.fetch_pairs("recurrence_states", {"ids": list(ids)})
 
 
-def pick_recurrences_to_plan(limit: int) -> list[RecurrenceRow]:
-    """Lock up to ``limit`` active recurrences whose latest occurrence has left pending (SKIP LOCKED).
+def pick_recurrences_to_plan(limit: int, kinds: Sequence[str]) -> list[RecurrenceRow]:
+    """Lock up to ``limit`` active recurrences of ``kinds`` whose latest occurrence has left pending (SKIP LOCKED).
 
     Run in the planner's own transaction (``planner.plan_once``), with JIT off for the rest of it
     (``db.NO_JIT``): its estimate grows with the due recurrences (9,947 at 88,000 due in a spike).
     """
-    return SQL.fetch_all(RecurrenceRow, "pick_recurrences_to_plan", {"limit": limit}, prefix=db.NO_JIT)
+    params = {"limit": limit, "kinds": list(kinds)}
+    return SQL.fetch_all(RecurrenceRow, "pick_recurrences_to_plan", params, prefix=db.NO_JIT)
 
 
 @dataclasses.dataclass(frozen=True)

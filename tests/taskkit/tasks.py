@@ -60,6 +60,25 @@ def sleepy(seconds: float) -> None:
     time.sleep(seconds)
 
 
+@backends.task(max_attempts=1, timeout=1, atomic=False)
+async def async_sleepy(label: str, seconds: float) -> None:
+    """Await ``seconds`` past the one-second timeout of its kind, then record an Execution labelled ``label``."""
+    from asgiref.sync import sync_to_async
+
+    await asyncio.sleep(seconds)
+    await sync_to_async(_record_execution, thread_sensitive=False)(label)
+
+
+def _record_execution(label: str) -> None:
+    """Record (and commit, on a connection of this thread) an Execution row labelled ``label``."""
+    from django.db import connection
+
+    try:
+        Execution.objects.create(idempotency_key=label, kind="tests.taskkit.async_sleepy", pid=os.getpid())
+    finally:
+        connection.close()
+
+
 @backends.task(max_attempts=2, api=registry.Access())
 def open_to_users(note: str) -> str:
     """A task any authenticated user may enqueue through the JSON API."""

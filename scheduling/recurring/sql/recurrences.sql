@@ -142,11 +142,13 @@ SELECT id, state FROM scheduling_recurrence WHERE id = ANY(%(ids)s::bigint[]);
 -- retry, so its successor waits). Each probe is one look-up in the one-live-occurrence index
 -- (the NOT EXISTS repeats its predicate). The latest instant has passed unless it was run early,
 -- so the partial index on current_at bounds the walk to the due ones. SKIP LOCKED: a row an API
--- call or another planner holds is planned on the next pass.
+-- call or another planner holds is planned on the next pass. Only the kinds this process knows
+-- (%(kinds)s): in a rolling deploy an old-release leader leaves a new kind's recurrences, untouched, to
+-- a leader that knows it (planner.py).
 SELECT r.id, r.kind, r.expression, r.every_seconds, r.timezone, r.dst_gap, r.missed, r.starts_at, r.ends_at,
        r.anchor_at, r.current_at, r.priority, r.max_attempts, r.owner_id, r.recheck_access
 FROM scheduling_recurrence AS r
-WHERE r.state = 'active' AND r.current_at <= now()
+WHERE r.state = 'active' AND r.current_at <= now() AND r.kind = ANY(%(kinds)s::text[])
   AND NOT EXISTS (SELECT 1 FROM scheduling_scheduledjob AS o
                   WHERE o.recurrence_id = r.id AND NOT (o.state IN ('done', 'cancelled', 'dead')))
 ORDER BY r.current_at

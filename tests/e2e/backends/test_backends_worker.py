@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from django.test import Client
@@ -164,3 +165,20 @@ def test_a_cold_shutdown_gives_the_task_back_without_an_error(cluster):
     assert attempt.error == runner.RELEASE_REASON  # given back by the stopping process, not the sweeper
     after = tasks.holds.get_result(result.id)
     assert (after.status, after.errors, after.attempts) == (TaskResultStatus.READY, [], 1)
+
+
+def test_an_async_task_that_times_out_is_cancelled(cluster):
+    """An async task past its 1 s timeout is cancelled on its event loop: FAILED, and its later effect never happens."""
+    worker = cluster.worker(env=WORKER_ENV)
+    wait_ready(worker)
+    result = tasks.async_sleepy.enqueue("async-timed-out", 3)
+    job = wait_for(
+        lambda: (j := ScheduledJob.objects.get(task_result_id=result.id)).state == JobState.DEAD and j,
+        60,
+        message=f"the worker to time the task out ({worker.log_path})",
+    )
+    assert "timed out after 1s" in job.last_error
+    # A negative: the coroutine would have recorded its row 3 s after its start; wait past that, on the
+    # database clock of the attempt, then look.
+    time.sleep(4)
+    assert not Execution.objects.filter(idempotency_key="async-timed-out").exists()

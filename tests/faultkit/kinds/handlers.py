@@ -179,3 +179,33 @@ def fail_first(job: registry.Job) -> None:
     if job.attempt == 1:
         time.sleep(float(job.payload.get("hold", 0)))
         raise RuntimeError("the first attempt fails on purpose")
+
+
+DB_SLEEP_TIMEOUT_SECONDS = 2
+
+
+def db_sleep(job: registry.Job) -> None:
+    """Record an Execution row in the same statement as a ``pg_sleep`` of ``seconds``: kept only if it returns."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO tasks_execution (idempotency_key, kind, pid, started_at) "
+            "SELECT %s, %s, pg_backend_pid(), now() FROM pg_sleep(%s)",
+            [job.idempotency_key, job.kind, float(job.payload.get("seconds", 12))],
+        )
+
+
+for _name, _atomic in (("faults.db_sleep", True), ("faults.db_sleep_committing", False)):
+    registry.handler(
+        _name,
+        schema={"type": "object", "properties": {"seconds": {"type": "number", "minimum": 0, "maximum": 60}}},
+        timeout=DB_SLEEP_TIMEOUT_SECONDS,
+        max_attempts=1,
+        batch_size=1,
+        atomic=_atomic,
+    )(db_sleep)
+
+
+@registry.handler("faults.new_release", schema={"type": "object"}, timeout=10, max_attempts=1, batch_size=1)
+def new_release(job: registry.Job) -> None:
+    """A kind only the new release knows (a rolling deploy's test): record the execution."""
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())

@@ -165,7 +165,7 @@ def test_the_claim_and_the_planner_pick_run_without_jit(run_sql):
     (claim,) = [q["sql"] for q in captured.captured_queries if "FOR UPDATE SKIP LOCKED" in q["sql"]]
     assert claim.startswith(db.NO_JIT)
     with CaptureQueriesContext(connection) as captured, transaction.atomic():
-        recurring_store.pick_recurrences_to_plan(10)
+        recurring_store.pick_recurrences_to_plan(10, ["demo.record"])
     (pick,) = [q["sql"] for q in captured.captured_queries if "scheduling_recurrence" in q["sql"]]
     assert pick.startswith(db.NO_JIT)
     if not run_sql("SELECT pg_jit_available()")[0][0]:

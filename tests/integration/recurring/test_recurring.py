@@ -346,7 +346,7 @@ def test_the_same_plan_written_twice_at_once_creates_one_occurrence(run_sql, raw
     """Two connections run the same planned insert at once (a stale planner): the unique record keeps one."""
     ids = [api.recur("demo.noop", {}, key=f"k{i}", every=3600).id for i in range(20)]
     finish_current(run_sql, ids, back="1 hour")
-    rows = {r.id: r for r in recurring_store.pick_recurrences_to_plan(100)}
+    rows = {r.id: r for r in recurring_store.pick_recurrences_to_plan(100, ["demo.noop"])}
     plan = [
         recurring_store.PlannedOccurrence(
             rid,
@@ -447,15 +447,18 @@ def test_deleting_the_owner_deletes_their_recurrences_and_cancels_the_pending_oc
     assert job.recurrence_id is None
 
 
-def test_a_recurrence_of_an_unregistered_kind_is_paused_not_picked_for_ever(run_sql):
-    """A recurrence whose kind is no longer registered is paused by the planner (so it cannot clog the pick)."""
+def test_a_recurrence_of_a_kind_this_process_does_not_know_is_left_active_not_picked(run_sql):
+    """A recurrence of a kind not registered here (an old-release leader) is never picked nor paused: left as it is."""
     ids = [api.recur("demo.noop", {}, key=f"k{i}", every=3600).id for i in range(2)]
     finish_current(run_sql, ids, back="2 hours")
     run_sql("UPDATE scheduling_recurrence SET kind = 'gone.kind' WHERE id = %s", [ids[0]])
     report = planner.plan_once()
-    assert (report.picked, report.created) == (2, 1)
-    assert Recurrence.objects.get(pk=ids[0]).state == RecurrenceState.PAUSED
+    assert (report.picked, report.created) == (1, 1)
+    assert Recurrence.objects.get(pk=ids[0]).state == RecurrenceState.ACTIVE
+    assert pending(ids[0]) == []
     assert planner.plan_once().picked == 0
+    run_sql("UPDATE scheduling_recurrence SET kind = 'demo.noop' WHERE id = %s", [ids[0]])  # a leader that knows it
+    assert (planner.plan_once().created, len(pending(ids[0]))) == (1, 1)
 
 
 def test_the_planner_pauses_a_callers_recurrence_whose_owner_lost_the_kinds_permission(run_sql, django_user_model):

@@ -180,3 +180,25 @@ def test_a_kinds_lease_not_longer_than_the_heartbeat_is_named():
         "kind 'bad.shorter' lease_seconds = 1",
     ]
     assert checks.lease_problems(conf.Settings(heartbeat_seconds=0.0, lease_seconds=1), kinds) == []
+
+
+def test_prefork_and_solo_pools_pass_e011():
+    """prefork (by alias, path or class, the default) and solo keep timeouts and leases: no scheduling.E011."""
+    from celery.concurrency import prefork
+
+    for pool in ("prefork", "processes", "solo", "celery.concurrency.prefork:TaskPool", prefork.TaskPool):
+        assert checks.pool_problem(pool) == "", pool
+    assert checks.check_worker_pool() == []
+
+
+def test_threads_gevent_eventlet_and_unknown_pools_are_e011():
+    """threads, gevent, eventlet and a pool Timekeeper does not know are refused, each named with the fix."""
+    for pool in ("threads", "gevent", "eventlet", "celery.concurrency.thread:TaskPool", "mypkg.pools:Custom"):
+        problem = checks.pool_problem(pool)
+        assert "is not supported" in problem, pool
+        assert "--pool prefork" in problem
+    assert "'threads'" in checks.pool_problem("celery.concurrency.thread:TaskPool")
+    with override_celery(worker_pool="gevent"):
+        (error,) = checks.check_worker_pool()
+    assert error.id == "scheduling.E011"
+    assert "'gevent'" in error.msg

@@ -38,6 +38,11 @@ CASES = [
     (E.UNSENT, CLAIMED_LEFT, Decision(S.PENDING, uncount=True)),
     (E.UNSENT, CLAIMED_SPENT, Decision(S.PENDING, uncount=True)),
     (E.UNSENT, CLAIMED_RETIRED, Decision(S.CANCELLED, uncount=True)),
+    # a worker without the kind's handler (an old release) gives the claim back uncharged, due later
+    (E.UNKNOWN_KIND, LEFT, Decision(S.PENDING, due=Due.BACKOFF, uncount=True)),
+    (E.UNKNOWN_KIND, SPENT, Decision(S.PENDING, due=Due.BACKOFF, uncount=True)),
+    (E.UNKNOWN_KIND, CLAIMED_LEFT, Decision(S.PENDING, due=Due.BACKOFF, uncount=True)),
+    (E.UNKNOWN_KIND, RETIRED, Decision(S.CANCELLED, uncount=True)),
     (E.RELEASED, LEFT, Decision(S.PENDING, record=O.RECLAIMED)),
     (E.RELEASED, SPENT, Decision(S.DEAD, record=O.RECLAIMED)),
     (E.RELEASED, RETIRED, Decision(S.CANCELLED, record=O.RECLAIMED)),

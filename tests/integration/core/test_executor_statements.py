@@ -1,0 +1,32 @@
+"""A handler's timeout inside a database statement: the watchdog cancels the statement, the call is timed out."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.db import connection
+
+from scheduling.core import executor, registry
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _pg_sleep(job: registry.Job) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(%s)", [float(job.payload["sleep"])])
+
+
+KIND = registry.Kind("exec.pg_sleep", _pg_sleep, None, 0.0, 1, registry.Backoff(), 30, 1, "")
+
+
+def test_a_statement_past_the_timeout_is_cancelled_and_the_call_timed_out():
+    """A 0.3 s timeout ends a pg_sleep(20) long before it returns: TIMED_OUT, and the connection answers after."""
+    job = registry.Job(kind=KIND.name, payload={"sleep": 20}, attempt=1, max_attempts=1, due_at=None, id=1)
+    began = time.monotonic()
+    result = executor.invoke(KIND, job, 0.3)
+    assert result.outcome == executor.TIMED_OUT
+    assert time.monotonic() - began < 10, "cancelled, not waited for"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
