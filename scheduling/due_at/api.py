@@ -368,7 +368,7 @@ class KindOverview:
     def __getattr__(self, name: str) -> Any:
         """An option by its name (``overview.max_running``), as the templates read it."""
         if name in kind_options.BY_NAME:
-            return self.__dict__["options"].get(name)
+            return self.__dict__.get("options", {}).get(name)
         raise AttributeError(name)
 
     @property
