@@ -37,6 +37,10 @@ from scheduling.recurring.api import *  # noqa: F403 -- the recurrences' public 
 
 logger = logging.getLogger(__name__)
 
+# The doors' setter of any per-kind option (core/kind_options.py); code uses the option's own
+# function (set_max_running). Not in __all__: the public names stay as they were.
+set_kind_option = jobs_api.set_kind_option
+
 Deferral = countdowns.Deferral
 
 

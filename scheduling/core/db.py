@@ -4,7 +4,9 @@ Each mechanism keeps its statements beside the code that decides (``due_at/sql/*
 ``fixed/sql``, ``deferrals/sql``, ``recurring/sql``, ``web/sql``; the core's own in ``core/sql``)
 and runs them through its ``store.py`` with a ``Statements`` of its folder. A file holds named
 blocks (``-- name: claim_due_jobs``) with the comment that says why; a folder's files are loaded
-once, on first use, and a name defined twice is a loading error.
+once, on first use, and a name defined twice is a loading error. A statement may include a part
+the core writes once for every mechanism (``-- include: insert_into_jobs``, the one INSERT into the
+jobs table: a ``-- part:`` block of ``core/sql/jobs.sql``); the line becomes the part's text.
 
 Rows come back by column name, never by position: ``fetch_all(Claim, "claim_due_jobs", params)``
 builds a frozen dataclass per row from ``cursor.description``. Every column must be a field (a
@@ -45,6 +47,9 @@ NO_JIT = "SET LOCAL jit = off;\n"
 _JSON = "jsonb"
 Json = Annotated[Any, _JSON]  # a field holding a decoded jsonb value
 _NAME = re.compile(r"^--\s*name:\s*(?P<name>\w+)\s*$")
+_PART = re.compile(r"^--\s*part:\s*(?P<name>\w+)\s*$")
+_INCLUDE = re.compile(r"^(?P<indent>[ \t]*)--\s*include:\s*(?P<name>\w+)[ \t]*$", flags=re.MULTILINE)
+PARTS_FOLDER = Path(__file__).with_name("sql")  # the core's files: where every `-- part:` block lives
 
 
 # A part written once and repeated for each value of a range, highest first when the range goes down:
@@ -73,23 +78,64 @@ def expand_repeats(sql: str) -> str:
     return _REPEAT.sub(expand, sql)
 
 
-def parse_queries(text: str, source: str = "") -> dict[str, str]:
-    """Split a file of ``-- name: x`` blocks into {name: statement}; comments stay in the text.
-
-    A ``-- repeat`` block in a statement is written out (``expand_repeats``).
-    """
-    queries: dict[str, list[str]] = {}
+def _blocks(text: str, source: str, marker: re.Pattern[str]) -> dict[str, str]:
+    """The blocks of ``text`` that start with ``marker`` (``-- name:`` or ``-- part:``), {name: raw text}."""
+    blocks: dict[str, list[str]] = {}
     current: list[str] | None = None
     for line in text.splitlines():
-        match = _NAME.match(line)
-        if match:
+        match = _NAME.match(line) or _PART.match(line)
+        if match and match.re is marker:
             name = match["name"]
-            if name in queries:
+            if name in blocks:
                 raise ValueError(f"query {name!r} is defined twice in {source or 'the file'}")
-            current = queries[name] = []
+            current = blocks[name] = []
+        elif match:
+            current = None  # a block of the other kind: not ours
         elif current is not None:
             current.append(line)
-    return {name: expand_repeats("\n".join(lines)).strip().rstrip(";") for name, lines in queries.items()}
+    return {name: "\n".join(lines) for name, lines in blocks.items()}
+
+
+def parse_parts(text: str, source: str = "") -> dict[str, str]:
+    """The ``-- part: x`` blocks of a file, {name: text}: SQL written once and included by statements."""
+    return {name: part.strip().rstrip(";") for name, part in _blocks(text, source, _PART).items()}
+
+
+@functools.cache
+def shared_parts() -> dict[str, str]:
+    """Every ``-- part:`` block of the core's ``.sql`` files, {name: text}."""
+    parts: dict[str, str] = {}
+    for path in sorted(PARTS_FOLDER.glob("*.sql")):
+        for name, part in parse_parts(path.read_text(), path.name).items():
+            if name in parts:
+                raise ValueError(f"part {name!r} is defined twice in {PARTS_FOLDER}")
+            parts[name] = part
+    return parts
+
+
+def expand_includes(sql: str, parts: Mapping[str, str] | None = None) -> str:
+    """``sql`` with each ``-- include: x`` line replaced by part ``x`` (indented like the line)."""
+    known = shared_parts() if parts is None else parts
+
+    def include(match: re.Match[str]) -> str:
+        if match["name"] not in known:
+            raise ValueError(f"-- include: {match['name']} names no part")
+        return "\n".join(match["indent"] + line if line else line for line in known[match["name"]].splitlines())
+
+    return _INCLUDE.sub(include, sql)
+
+
+def parse_queries(text: str, source: str = "", parts: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Split a file of ``-- name: x`` blocks into {name: statement}; comments stay in the text.
+
+    A ``-- repeat`` block in a statement is written out (``expand_repeats``), an ``-- include:`` line
+    replaced by its part (``expand_includes``; ``parts``, else the core's). ``-- part:`` blocks are no
+    statements.
+    """
+    return {
+        name: expand_includes(expand_repeats(sql), parts).strip().rstrip(";")
+        for name, sql in _blocks(text, source, _NAME).items()
+    }
 
 
 class Statements:

@@ -6,6 +6,9 @@ returns a changed copy, as Django's ``Task.using()`` does. ``validated(kind)`` c
 the kind with the doors' shared checks (``core/validation.py``, ``InvalidSchedule`` and friends)
 and returns ``ValidOptions``, the resolved values the store writes. A new option is a field here
 and in ``ValidOptions``, not a keyword copied through every function between a door and the store.
+A recurrence (``scheduling.recurring``) keeps its job options standing: ``standing(kind)`` checks the
+ones it takes (key, attempts, priority) and returns ``StandingOptions``, None kept as "the kind's,
+read at each occurrence".
 """
 
 from __future__ import annotations
@@ -54,6 +57,20 @@ class ValidOptions:
 
 
 @dataclasses.dataclass(frozen=True)
+class StandingOptions:
+    """A recurrence's job options checked against its kind: what its store writes (None: the kind's, at each plan)."""
+
+    key: str | None
+    owner_id: int | None
+    max_attempts: int | None
+    priority: int | None
+
+    def params(self) -> dict[str, Any]:
+        """The recurrence's columns (``recurring/sql/recurrences.sql``): its inserts and updates take them whole."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
 class JobOptions:
     """What a door was asked for one job (or every job of a ``schedule_many``); unchecked until ``validated``."""
 
@@ -96,4 +113,23 @@ class JobOptions:
             backoff_base_seconds=backoff.base_seconds if backoff else None,
             backoff_cap_seconds=backoff.cap_seconds if backoff else None,
             atomic=validation.check_atomic(self.atomic),
+        )
+
+    def standing(self, kind: registry.Kind) -> StandingOptions:
+        """Check what a recurrence keeps for its occurrences (key, attempts, priority) against ``kind``, None kept.
+
+        A recurrence's occurrences have no time, timeout, backoff or atomicity of their own: those stay unset.
+        """
+        if (self.due_at, self.delay, self.timeout, self.backoff, self.atomic) != (None, None, None, None, None):
+            raise exceptions.InvalidSchedule("A recurrence's occurrences take no due time, timeout, backoff or atomic.")
+        validation.check_key(self.key)
+        if self.max_attempts is not None:
+            validation.check_max_attempts(kind, self.max_attempts)
+        if self.priority is not None:
+            validation.check_priority(kind, self.priority)
+        return StandingOptions(
+            key=self.key,
+            owner_id=getattr(self.owner, "pk", self.owner),
+            max_attempts=self.max_attempts,
+            priority=self.priority,
         )

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from scheduling.core import audit, conf, exceptions, registry, tracing, validation
+from scheduling.core import audit, conf, exceptions, kind_options, registry, tracing, validation
 from scheduling.core import options as options_
 from scheduling.core import store as core_store
 from scheduling.due_at import claim, store
@@ -318,25 +318,32 @@ def resume(kind: str) -> store.KindControlRow:
     return row
 
 
+def set_kind_option(kind: str, name: str, value: Any) -> store.KindControlRow:
+    """Set per-kind option ``name`` of ``kind`` (``core/kind_options.py``: its check, its verb), None: unset.
+
+    Raises ``InvalidSchedule`` for a value outside the option's type and bounds. An option can be
+    unset (None) on a kind no longer registered. Every door (admin, JSON API, CLI) sets options here.
+    """
+    option = kind_options.BY_NAME[name]
+    if value is None:
+        _registered_or_controlled(kind)
+    else:
+        registry.get(kind)
+    option.check(value)
+    row = store.set_kind_options(kind, {name: value})
+    claim.wake_on_commit(0.0)
+    logger.info(f"kind {option.done}", extra={"kind": kind, name: value, "action": option.done})
+    audit.record(option.verb, changed=1, selected=1, kind=kind, target=f"kind {kind}", details={name: value})
+    return row
+
+
 def set_max_running(kind: str, max_running: int | None) -> store.KindControlRow:
     """Cap how many jobs of ``kind`` are claimed or running at once, cluster-wide (None: no cap).
 
     The rest wait pending, not claimed. Raises ``InvalidSchedule`` for a cap that is not a whole
     number of at least 1. A cap can be lifted (None) from a kind no longer registered.
     """
-    if max_running is None:
-        _registered_or_controlled(kind)
-    else:
-        registry.get(kind)
-    if max_running is not None and (
-        isinstance(max_running, bool) or not isinstance(max_running, int) or not 1 <= max_running <= 1_000_000
-    ):
-        raise exceptions.InvalidSchedule(f"max_running must be a whole number from 1 to 1000000, got {max_running!r}.")
-    row = store.set_kind_max_running(kind, max_running)
-    claim.wake_on_commit(0.0)
-    logger.info("kind capped", extra={"kind": kind, "max_running": max_running, "action": "capped"})
-    audit.record("cap", changed=1, selected=1, kind=kind, target=f"kind {kind}", details={"max_running": max_running})
-    return row
+    return set_kind_option(kind, "max_running", max_running)
 
 
 def kind_controls() -> list[store.KindControlRow]:
@@ -351,12 +358,35 @@ class KindOverview:
     kind: str
     description: str
     paused: bool
-    max_running: int | None
+    options: Mapping[str, Any]  # every per-kind option (core/kind_options.py) by name; None: unset
     priority: int  # the kind's default priority
     due: int  # pending and due (held back while paused)
     claimed: int  # claimed, waiting for a worker
     running: int
     dead_24h: int
+
+    def __getattr__(self, name: str) -> Any:
+        """An option by its name (``overview.max_running``), as the templates read it."""
+        if name in kind_options.BY_NAME:
+            return self.__dict__.get("options", {}).get(name)
+        raise AttributeError(name)
+
+    @property
+    def option_values(self) -> list[tuple[kind_options.KindOption, Any]]:
+        """(option, value) for every per-kind option, in ``KIND_OPTIONS``' order (the pages' columns)."""
+        return [(o, self.options.get(o.name)) for o in kind_options.KIND_OPTIONS]
+
+    @classmethod
+    def json_names(cls) -> list[str]:
+        """The keys of ``as_json()``, in order: the options flat where ``options`` stands."""
+        names = []
+        for field in dataclasses.fields(cls):
+            names += [o.name for o in kind_options.KIND_OPTIONS] if field.name == "options" else [field.name]
+        return names
+
+    def as_json(self) -> dict[str, Any]:
+        """The overview as the JSON API and the CLI show it: each option a key of its own, beside paused."""
+        return {name: getattr(self, name) for name in self.json_names()}
 
 
 def kind_overview() -> list[KindOverview]:
@@ -372,7 +402,7 @@ def kind_overview() -> list[KindOverview]:
                 kind=name,
                 description=kind.description if kind else "not registered in this process",
                 paused=bool(control and control.paused),
-                max_running=control.max_running if control else None,
+                options={o.name: control.options.get(o.name) if control else None for o in kind_options.KIND_OPTIONS},
                 priority=kind.priority if kind else 0,
                 due=count.due if count else 0,
                 claimed=count.claimed if count else 0,

@@ -158,8 +158,17 @@ def reschedule_job(job_id: int, due_at: dt.datetime) -> DueJob | None:
     return SQL.fetch_one(DueJob, "reschedule_job", {"id": job_id, "due_at": due_at})
 
 
+def change_jobs(statement: str, ids: Sequence[int]) -> list[int]:
+    """Run bulk statement ``statement`` (schedule.sql: ``%(ids)s`` in, the changed ids out) over ``ids``.
+
+    The store function of every bulk change that takes only ids: a new one is its statement and its
+    api call (``api.<verb>_many``), nothing here.
+    """
+    return SQL.fetch_values(statement, {"ids": list(ids)})
+
+
 def cancel_jobs(ids: Sequence[int]) -> list[int]:
-    return SQL.fetch_values("cancel_jobs", {"ids": list(ids)})
+    return change_jobs("cancel_jobs", ids)
 
 
 def reschedule_jobs(ids: Sequence[int], due_at: dt.datetime) -> list[DueJob]:
@@ -168,11 +177,11 @@ def reschedule_jobs(ids: Sequence[int], due_at: dt.datetime) -> list[DueJob]:
 
 
 def run_jobs_now(ids: Sequence[int]) -> list[int]:
-    return SQL.fetch_values("run_jobs_now", {"ids": list(ids)})
+    return change_jobs("run_jobs_now", ids)
 
 
 def retry_dead_jobs(ids: Sequence[int]) -> list[int]:
-    return SQL.fetch_values("retry_dead_jobs", {"ids": list(ids)})
+    return change_jobs("retry_dead_jobs", ids)
 
 
 # --- Claiming and running --------------------------------------------------------------------------
@@ -630,9 +639,15 @@ class KindControlRow:
 
     kind: str
     paused: bool
-    max_running: int | None
+    options: db.Json  # {name: value} of every per-kind option (core/kind_options.py); None: unset
     due: int = 0  # pending and due
     claimed: int = 0  # claimed: queued or running
+
+    @property
+    def max_running(self) -> int | None:
+        """The cap: at most this many claimed or running at once (None: no cap)."""
+        cap: int | None = self.options.get("max_running")
+        return cap
 
 
 def set_kind_paused(kind: str, paused: bool) -> KindControlRow:
@@ -640,9 +655,9 @@ def set_kind_paused(kind: str, paused: bool) -> KindControlRow:
     return SQL.fetch_all(KindControlRow, "set_kind_paused", {"kind": kind, "paused": paused})[0]
 
 
-def set_kind_max_running(kind: str, max_running: int | None) -> KindControlRow:
-    """Cap (None: uncap) how many jobs of ``kind`` may be claimed or running at once; returns its controls."""
-    return SQL.fetch_all(KindControlRow, "set_kind_max_running", {"kind": kind, "max_running": max_running})[0]
+def set_kind_options(kind: str, options: Mapping[str, Any]) -> KindControlRow:
+    """Set options of ``kind`` ({name: value}, None unsets; the others keep theirs); returns its controls."""
+    return SQL.fetch_all(KindControlRow, "set_kind_options", {"kind": kind, "options": json.dumps(dict(options))})[0]
 
 
 def kind_controls() -> list[KindControlRow]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -10,27 +9,30 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
 from scheduling import api
-from scheduling.core import exceptions
+from scheduling.core import exceptions, kind_options
 
+_SETTERS = ", ".join(f"{o.verb} KIND N|none ({o.describe('N')})" for o in kind_options.KIND_OPTIONS)
 HELP = (
-    "Operate job kinds: pause KIND (its due jobs stay pending), resume KIND, cap KIND N|none (at most N of "
-    "its jobs claimed or running at once, cluster-wide), list [--json] (every kind with its controls and counts)."
+    f"Operate job kinds: pause KIND (its due jobs stay pending), resume KIND, {_SETTERS}, "
+    "list [--json] (every kind with its controls and counts)."
 )
-MAX_CAP = 1_000_000  # the largest cap `kinds cap` takes (api.set_max_running's bound)
 
 
 def add_arguments(parser: CommandParser) -> None:
     """The verbs of ``timekeeper kinds`` (and of its old name, ``timekeeper_kinds``)."""
-    sub = parser.add_subparsers(dest="verb", required=True, metavar="{list,pause,resume,cap}")
-    listing = sub.add_parser("list", help="Every kind: paused, cap, due, claimed, running, dead in 24 h.")
+    verbs = ["list", "pause", "resume", *(o.verb for o in kind_options.KIND_OPTIONS)]
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="{" + ",".join(verbs) + "}")
+    names = ", ".join(o.noun for o in kind_options.KIND_OPTIONS)
+    listing = sub.add_parser("list", help=f"Every kind: paused, {names}, due, claimed, running, dead in 24 h.")
     listing.add_argument("--json", action="store_true", help="Print a JSON list instead of a table.")
     pause = sub.add_parser("pause", help="Pause a kind: its due jobs stay pending until it is resumed.")
     pause.add_argument("kind", help="A registered kind, e.g. reminders.trial_ending.")
     resume = sub.add_parser("resume", help="Resume a paused kind: its due jobs are claimed again.")
     resume.add_argument("kind", help="A registered kind.")
-    cap = sub.add_parser("cap", help="Cap how many jobs of a kind run at once, or 'none' to remove the cap.")
-    cap.add_argument("kind", help="A registered kind.")
-    cap.add_argument("max_running", help=f"A whole number from 1 to {MAX_CAP}, or 'none'.")
+    for option in kind_options.KIND_OPTIONS:
+        setter = sub.add_parser(option.verb, help=f"{option.summary} 'none': {option.unset}.")
+        setter.add_argument("kind", help="A registered kind.")
+        setter.add_argument("value", help=f"{option.what.capitalize()}, or 'none'.")
 
 
 def run(command: Any, options: dict[str, Any]) -> None:
@@ -50,32 +52,32 @@ def run(command: Any, options: dict[str, Any]) -> None:
                 api.resume(kind)
                 out.write(f"Resumed {kind}.")
             else:
-                cap = _cap(options["max_running"])
-                api.set_max_running(kind, cap)
-                out.write(f"{kind}: at most {cap} running at once." if cap else f"{kind}: no cap.")
+                option = kind_options.BY_VERB[verb]
+                value = _value(option, options["value"])
+                api.set_kind_option(kind, option.name, value)
+                out.write(f"{kind}: {option.describe(value)}.")
     except exceptions.UnknownJobKind as exc:
         raise CommandError(f"{exc} `manage.py timekeeper kinds list` shows the registered kinds.") from exc
 
 
-def _cap(text: str) -> int | None:
-    if text.lower() == "none":
-        return None
-    if not (text.isascii() and text.isdecimal()) or len(text) > len(str(MAX_CAP)):
-        raise CommandError(f"The cap must be a whole number from 1 to {MAX_CAP}, or 'none'; got {text!r}.")
-    return int(text)
+def _value(option: kind_options.KindOption, text: str) -> Any:
+    try:
+        return option.parse(text)
+    except ValueError:
+        raise CommandError(f"The {option.noun} must be {option.what}, or 'none'; got {text!r}.") from None
 
 
 def _list(out: Any, as_json: bool) -> None:
     kinds = api.kind_overview()
     if as_json:
-        out.write(json.dumps([dataclasses.asdict(k) for k in kinds], indent=2))
+        out.write(json.dumps([k.as_json() for k in kinds], indent=2))
         return
-    header = ("kind", "paused", "cap", "due", "claimed", "running", "dead 24h")
+    header = ("kind", "paused", *(o.noun for o in kind_options.KIND_OPTIONS), "due", "claimed", "running", "dead 24h")
     rows = [
         (
             k.kind,
             "yes" if k.paused else "no",
-            str(k.max_running or "none"),
+            *(option.show(value) for option, value in k.option_values),
             str(k.due),
             str(k.claimed),
             str(k.running),

@@ -31,6 +31,7 @@ from typing import Any
 from django.db import transaction
 
 from scheduling.core import audit, conf, exceptions, locks, registry, tracing, validation
+from scheduling.core import options as options_
 from scheduling.core import store as core_store
 from scheduling.due_at import claim
 from scheduling.models import Recurrence, RecurrenceState
@@ -71,6 +72,19 @@ class NewEntry:
     timezone: str = "UTC"
 
 
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """When a recurrence runs, as a door was asked; in a change, ``UNSET`` leaves a part as it is."""
+
+    cron: Any = None  # str | None
+    every: Any = None  # seconds (float, int, timedelta) | None
+    timezone: Any = "UTC"
+    starts_at: Any = None  # aware datetime | None
+    ends_at: Any = None
+    dst_gap: Any = "shift"
+    missed: Any = "skip"
+
+
 def _owner_id(owner: Any) -> int | None:
     return getattr(owner, "pk", owner)
 
@@ -103,16 +117,15 @@ def _plan(
 def _check_caller(
     caller: Any,
     kind: registry.Kind,
+    options: options_.StandingOptions,
     *,
-    max_attempts: int | None,
-    priority: int | None,
     schedule: rules.Schedule | None,
     rule_field: str,
 ) -> None:
     """An outside caller's bounds: the kind's caller limits, and the minimum interval for a rule they give."""
     if caller is None:
         return
-    validation.check_caller_limits(kind, caller, max_attempts=max_attempts, priority=priority)
+    validation.check_caller_limits(kind, caller, max_attempts=options.max_attempts, priority=options.priority)
     if schedule is not None:
         validation.check_recurrence_interval(caller, rules.shortest_gap_seconds(schedule), field=rule_field)
 
@@ -181,6 +194,22 @@ def recur(
     outside ``caller`` (see the module docstring) also ``OverCallerLimit``, ``RecurrenceTooFrequent``
     and ``OverCreationLimit``; the recurrence is marked for the planner's access re-check.
     """
+    rule = Rule(
+        cron=cron, every=every, timezone=timezone, starts_at=starts_at, ends_at=ends_at, dst_gap=dst_gap, missed=missed
+    )
+    options = options_.JobOptions(
+        key=key, on_conflict=on_conflict, owner=owner, priority=priority, max_attempts=max_attempts
+    )
+    return recur_with_options(kind, payload, rule, options, caller=caller)
+
+
+def recur_with_options(
+    kind: str, payload: Any, rule: Rule, options: options_.JobOptions, *, caller: Any = None
+) -> Recurrence:
+    """``recur()`` with its rule and its job options each whole (``recur`` builds them from its keywords)."""
+    key, on_conflict = options.key, options.on_conflict
+    cron, every, timezone = rule.cron, rule.every, rule.timezone
+    starts_at, ends_at, dst_gap, missed = rule.starts_at, rule.ends_at, rule.dst_gap, rule.missed
     with tracing.span("timekeeper.recur", kind=kind) as span:
         job_kind = registry.get(kind)
         validation.encode_payload(job_kind, payload)
@@ -190,27 +219,21 @@ def recur(
         _check_choice("on_conflict", on_conflict, ON_CONFLICT_CHOICES)
         _check_choice("dst_gap", dst_gap, DST_GAP_CHOICES)
         expression, every_seconds = rules.check_rule(cron, every, starts_at, ends_at, missed)
-        if max_attempts is not None:
-            validation.check_max_attempts(job_kind, max_attempts)
-        if priority is not None:
-            validation.check_priority(job_kind, priority)
+        standing = options.standing(job_kind)
         now = core_store.database_now()
         anchor = starts_at or now
         schedule = rules.schedule_for(expression, every_seconds, timezone, dst_gap, anchor)
         _check_caller(
             caller,
             job_kind,
-            max_attempts=max_attempts,
-            priority=priority,
+            standing,
             schedule=schedule,
             rule_field="every" if every_seconds is not None else "cron",
         )
-        owner_id = _owner_id(owner)
+        owner_id = standing.owner_id
         new = store.NewRecurrence(
             kind=kind,
             payload=payload,
-            key=key,
-            owner_id=owner_id,
             expression=expression,
             every_seconds=every_seconds,
             timezone=timezone,
@@ -219,8 +242,7 @@ def recur(
             starts_at=starts_at,
             ends_at=ends_at,
             anchor_at=anchor,
-            priority=priority,
-            max_attempts=max_attempts,
+            options=standing,
             recheck_access=caller is not None,
         )
         with transaction.atomic():
@@ -236,22 +258,7 @@ def recur(
                     span.set("outcome", "kept")
                     return Recurrence.objects.get(pk=existing)
                 span.set("outcome", "replaced")
-                return change_recurrence(
-                    existing,
-                    owner=owner,
-                    kind=kind,
-                    payload=payload,
-                    cron=cron,
-                    every=every,
-                    timezone=timezone,
-                    starts_at=starts_at,
-                    ends_at=ends_at,
-                    dst_gap=dst_gap,
-                    missed=missed,
-                    priority=priority,
-                    max_attempts=max_attempts,
-                    caller=caller,
-                )
+                return change_with_options(existing, kind, payload, rule, options, caller=caller)
             row = store.lock_recurrence(recurrence_id)
             assert row is not None
             occurrence = rules.first(schedule, now=now, starts_at=starts_at, ends_at=ends_at)
@@ -293,10 +300,7 @@ def recur_many(
     payloads = [validation.encode_payload(job_kind, entry.payload) for entry in entries]
     for entry in entries:
         validation.check_key(entry.key)
-    if max_attempts is not None:
-        validation.check_max_attempts(job_kind, max_attempts)
-    if priority is not None:
-        validation.check_priority(job_kind, priority)
+    standing = options_.JobOptions(max_attempts=max_attempts, priority=priority).standing(job_kind)
     now = core_store.database_now()
     anchor = starts_at or now
     firsts: dict[str, rules.Occurrence | None] = {}
@@ -308,8 +312,6 @@ def recur_many(
     new = store.NewRecurrence(
         kind=kind,
         payload=None,
-        key="",
-        owner_id=None,
         expression=expression,
         every_seconds=every_seconds,
         timezone="UTC",
@@ -318,10 +320,9 @@ def recur_many(
         starts_at=starts_at,
         ends_at=ends_at,
         anchor_at=anchor,
-        priority=priority,
-        max_attempts=max_attempts,
+        options=standing,  # each entry's key and owner go with it
     )
-    options = planner.occurrence_options(job_kind, max_attempts, priority)
+    options = planner.occurrence_options(job_kind, standing.max_attempts, standing.priority)
     with transaction.atomic():
         created = store.insert_recurrences(
             new,
@@ -411,6 +412,22 @@ def change_recurrence(
     minimum interval when they give a rule.
     """
     target = _find(recurrence_id, key, owner)
+    rule = Rule(
+        cron=cron, every=every, timezone=timezone, starts_at=starts_at, ends_at=ends_at, dst_gap=dst_gap, missed=missed
+    )
+    options = options_.JobOptions(owner=owner, priority=priority, max_attempts=max_attempts)
+    return change_with_options(target, kind, payload, rule, options, caller=caller)
+
+
+def change_with_options(
+    target: int, kind: Any, payload: Any, rule: Rule, options: options_.JobOptions, *, caller: Any = None
+) -> Recurrence:
+    """``change_recurrence()`` of recurrence ``target`` with its rule and job options each whole (``UNSET``: keep).
+
+    Of the job options a change takes the attempts and the priority (``UNSET``: the recurrence's).
+    """
+    cron, every, timezone = rule.cron, rule.every, rule.timezone
+    starts_at, ends_at, dst_gap, missed = rule.starts_at, rule.ends_at, rule.dst_gap, rule.missed
     with transaction.atomic():
         row = _locked(target)
         if row.state in (RecurrenceState.CANCELLED, RecurrenceState.ENDED):
@@ -436,12 +453,13 @@ def change_recurrence(
         expression, every_seconds = rules.check_rule(
             cron_value, every_value, new_starts, new_ends, new_missed, bounded=bounded
         )
-        new_priority = row.priority if priority is UNSET else priority
-        new_attempts = row.max_attempts if max_attempts is UNSET else max_attempts
-        if new_attempts is not None:
-            validation.check_max_attempts(job_kind, new_attempts)
-        if new_priority is not None:
-            validation.check_priority(job_kind, new_priority)
+        standing = options.using(
+            key=None,  # the recurrence keeps its key and owner: a change writes neither
+            owner=None,
+            on_conflict="replace",
+            priority=row.priority if options.priority is UNSET else options.priority,
+            max_attempts=row.max_attempts if options.max_attempts is UNSET else options.max_attempts,
+        ).standing(job_kind)
         new_zone = row.timezone if timezone is UNSET else timezone
         anchor = row.anchor_at if starts_at is UNSET or starts_at is None else starts_at
         changed = dataclasses.replace(
@@ -456,19 +474,18 @@ def change_recurrence(
             starts_at=new_starts,
             ends_at=new_ends,
             anchor_at=anchor,
-            priority=new_priority,
-            max_attempts=new_attempts,
+            priority=standing.priority,
+            max_attempts=standing.max_attempts,
         )
         schedule = _schedule(changed)  # validates the expression and the zone
         _check_caller(
             caller,
             job_kind,
-            max_attempts=new_attempts,
-            priority=new_priority,
+            standing,
             schedule=schedule if (cron is not UNSET or every is not UNSET) else None,
             rule_field="every" if every_seconds is not None else "cron",
         )
-        store.update_recurrence_rule(changed)
+        store.update_recurrence_rule(changed, standing)
         if row.state == RecurrenceState.ACTIVE and row.current_state == "pending":
             now = core_store.database_now()
             last_run = store.last_run_occurrence_at(row.id)
@@ -478,8 +495,8 @@ def change_recurrence(
                 store.cancel_pending_occurrences([row.id])
                 store.set_recurrences_state([row.id], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
             else:
-                options = planner.occurrence_options(job_kind, new_attempts, new_priority)
-                moved = store.move_pending_occurrence(row.id, occurrence.at, occurrence.due_at, options)
+                occurrence_options = planner.occurrence_options(job_kind, standing.max_attempts, standing.priority)
+                moved = store.move_pending_occurrence(row.id, occurrence.at, occurrence.due_at, occurrence_options)
                 if moved is not None:
                     store.set_recurrence_current(row.id, occurrence.at)
                     claim.wake_on_commit(moved.in_seconds)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduling.core import db
+from scheduling.core import options as options_
 from scheduling.models import JobState
 
 SQL = db.Statements(Path(__file__).with_name("sql"))
@@ -24,8 +25,6 @@ SQL = db.Statements(Path(__file__).with_name("sql"))
 class NewRecurrence:
     kind: str
     payload: Any
-    key: str
-    owner_id: int | None
     expression: str
     every_seconds: float | None
     timezone: str
@@ -34,15 +33,14 @@ class NewRecurrence:
     starts_at: dt.datetime | None
     ends_at: dt.datetime | None
     anchor_at: dt.datetime | None
-    priority: int | None
-    max_attempts: int | None
+    options: options_.StandingOptions  # key, owner, attempts and priority, whole (core/options.py)
     recheck_access: bool = False  # made by an outside caller: the planner re-checks the owner's access
 
 
 def _recurrence_params(new: NewRecurrence) -> dict[str, Any]:
-    params = dataclasses.asdict(new)
+    params = {field.name: getattr(new, field.name) for field in dataclasses.fields(new) if field.name != "options"}
     params["payload"] = json.dumps(new.payload)
-    return params
+    return {**params, **new.options.params()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +106,11 @@ def recurrence_id_by_key(key: str, owner_id: int | None) -> int | None:
     return recurrence_id
 
 
-def update_recurrence_rule(row: RecurrenceRow) -> bool:
+def update_recurrence_rule(row: RecurrenceRow, options: options_.StandingOptions) -> bool:
+    """Write a changed rule, payload and policies, with the job options ``options`` (whole; not its key or owner)."""
     params = dataclasses.asdict(row)
     params["payload"] = json.dumps(row.payload)
+    params.update(max_attempts=options.max_attempts, priority=options.priority)
     return bool(SQL.fetch_values("update_recurrence_rule", params))
 
 

@@ -38,7 +38,7 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import api
-from scheduling.core import conf, exceptions
+from scheduling.core import conf, exceptions, kind_options
 from scheduling.core import store as core_store
 from scheduling.web import health, store, svg
 
@@ -241,8 +241,11 @@ def gather(range_name: str | None = None, kind: str | None = None) -> dict[str, 
         "beat_max_age_seconds": health.beat_max_age_seconds(),
         "broker": broker,
         "kinds": [
-            k for k in kinds_overview if k.due or k.claimed or k.running or k.dead_24h or k.paused or k.max_running
+            k
+            for k in kinds_overview
+            if k.due or k.claimed or k.running or k.dead_24h or k.paused or any(v for _, v in k.option_values)
         ],
+        "kind_options": kind_options.KIND_OPTIONS,  # a column each in the kinds table
         "next24": {
             "jobs": sum(jobs_per_hour),
             "fixed": sum(f.ticks for f in fixed),

@@ -1,26 +1,27 @@
-"""The kinds JSON API: ``GET /api/kinds/``, ``POST /api/kinds/<kind>/pause``, ``.../resume``, ``.../cap``.
+"""The kinds JSON API: ``GET /api/kinds/``, ``POST /api/kinds/<kind>/pause``, ``.../resume``, ``.../<verb>``.
 
 Operators' controls over whole kinds, through ``scheduling.api`` (``pause``, ``resume``,
-``set_max_running``, ``kind_overview``). Every endpoint takes a staff account with the
-``scheduling.change_kindcontrol`` permission (a session with CSRF, or a bearer token): others get
-403 with the reason. 400: a wrong body (the cap is ``{"max_running": n}`` with n from 1 to
-1,000,000, or ``null`` for no cap); 404: no registered kind of that name; 405: wrong method.
+``set_kind_option``, ``kind_overview``). Each per-kind option of ``core/kind_options.py`` has its
+endpoint, named by its verb (``POST /api/kinds/<kind>/cap`` with ``{"max_running": n}``, n from 1 to
+1,000,000, or ``null`` for no cap), made here by ``setter(option)``. Every endpoint takes a staff
+account with the ``scheduling.change_kindcontrol`` permission (a session with CSRF, or a bearer
+token): others get 403 with the reason. 400: a wrong body (``invalid_<noun>`` for a value out of
+bounds); 404: no registered kind of that name; 405: wrong method.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 
 from scheduling import api
-from scheduling.core import exceptions, registry
+from scheduling.core import exceptions, kind_options, registry
 from scheduling.web import jobs_api
 
 PERMISSION = "scheduling.change_kindcontrol"
-CAP_FIELDS = frozenset({"max_running"})
+CAP_FIELDS = frozenset({kind_options.BY_VERB["cap"].name})  # the cap's body: {"max_running": n}
 
 
 def _operator(user: Any) -> None:
@@ -39,14 +40,14 @@ def _known(kind: str) -> None:
 
 
 def _overview(kind: str) -> dict[str, Any]:
-    return next(dataclasses.asdict(k) for k in api.kind_overview() if k.kind == kind)
+    return next(k.as_json() for k in api.kind_overview() if k.kind == kind)
 
 
 @jobs_api._endpoint(("GET", "HEAD"))
 def collection(request: HttpRequest, user: Any) -> JsonResponse:
     """Every kind with its controls (paused, max_running) and counts (due, claimed, running, dead_24h)."""
     _operator(user)
-    return jobs_api.ok({"results": [dataclasses.asdict(k) for k in api.kind_overview()]})
+    return jobs_api.ok({"results": [k.as_json() for k in api.kind_overview()]})
 
 
 @jobs_api._endpoint(("POST",))
@@ -73,19 +74,33 @@ def resume(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
     return jobs_api.ok(_overview(kind))
 
 
-@jobs_api._endpoint(("POST",))
-def cap(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
-    """Cap a kind's running jobs: ``{"max_running": n}``, or ``{"max_running": null}`` for no cap."""
-    _operator(user)
-    data = jobs_api.read_json(request)
-    jobs_api._check_fields(data, CAP_FIELDS)
-    if "max_running" not in data:
-        raise jobs_api.ApiError(400, "invalid_request", 'Send {"max_running": n} (1 to 1000000) or null for no cap.')
-    try:  # api.set_max_running knows which kinds can be capped or uncapped
-        with transaction.atomic():
-            api.set_max_running(kind, data["max_running"])
-    except exceptions.UnknownJobKind:
-        raise jobs_api.ApiError(404, "unknown_kind", f"No registered kind {kind!r}.") from None
-    except exceptions.InvalidSchedule as exc:
-        raise jobs_api.ApiError(400, "invalid_cap", str(exc)) from None
-    return jobs_api.ok(_overview(kind))
+def setter(option: kind_options.KindOption) -> Any:
+    """The endpoint that sets ``option``: ``POST /api/kinds/<kind>/<verb>`` with ``{"<name>": value}`` (null unsets)."""
+    fields = frozenset({option.name})
+
+    def set_option(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
+        _operator(user)
+        data = jobs_api.read_json(request)
+        jobs_api._check_fields(data, fields)
+        if option.name not in data:
+            raise jobs_api.ApiError(
+                400,
+                "invalid_request",
+                f'Send {{"{option.name}": n}} ({kind_options.plain(option.minimum)} to '
+                f"{kind_options.plain(option.maximum)}) or null for {option.unset}.",
+            )
+        try:  # api.set_kind_option knows which kinds can take or lose the option
+            with transaction.atomic():
+                api.set_kind_option(kind, option.name, data[option.name])
+        except exceptions.UnknownJobKind:
+            raise jobs_api.ApiError(404, "unknown_kind", f"No registered kind {kind!r}.") from None
+        except exceptions.InvalidSchedule as exc:
+            raise jobs_api.ApiError(400, f"invalid_{option.noun}", str(exc)) from None
+        return jobs_api.ok(_overview(kind))
+
+    set_option.__name__ = set_option.__qualname__ = option.verb
+    set_option.__doc__ = option.summary
+    return jobs_api._endpoint(("POST",))(set_option)
+
+
+SETTERS = {option.verb: setter(option) for option in kind_options.KIND_OPTIONS}  # {verb: endpoint}

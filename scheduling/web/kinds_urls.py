@@ -12,5 +12,5 @@ urlpatterns = [
     path("", kinds_api.collection, name="collection"),
     path("<str:kind>/pause", kinds_api.pause, name="pause"),
     path("<str:kind>/resume", kinds_api.resume, name="resume"),
-    path("<str:kind>/cap", kinds_api.cap, name="cap"),
+    *(path(f"<str:kind>/{verb}", view, name=verb) for verb, view in kinds_api.SETTERS.items()),  # cap, ...
 ]

@@ -11,13 +11,12 @@ signed-in user may schedule), which is why it is public: tools fetch it before t
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
-from scheduling.core import exceptions, registry, validation
+from scheduling.core import exceptions, kind_options, registry, validation
 from scheduling.due_at import api as jobs_api_functions
 from scheduling.models import AttemptOutcome, JobState
 from scheduling.web import jobs_api, kinds_api, openapi_parts, openapi_recurrences
@@ -216,12 +215,12 @@ def _schemas() -> dict[str, Any]:
         "Kind": {
             "type": "object",
             "description": "A kind as an operator sees it: its controls and what it has due, in flight and dead.",
-            "required": [f.name for f in dataclasses.fields(jobs_api_functions.KindOverview)],
+            "required": jobs_api_functions.KindOverview.json_names(),
             "properties": {
                 "kind": {"type": "string"},
                 "description": {"type": "string"},
                 "paused": {"type": "boolean"},
-                "max_running": {"type": "integer", "nullable": True, "minimum": 1},
+                **{o.name: o.reading_schema() for o in kind_options.KIND_OPTIONS},
                 "priority": {"type": "integer", "minimum": registry.MIN_PRIORITY, "maximum": registry.MAX_PRIORITY},
                 "due": {"type": "integer", "description": "Pending and due (held back while paused)."},
                 "claimed": {"type": "integer", "description": "Claimed, waiting for a worker."},
@@ -234,19 +233,14 @@ def _schemas() -> dict[str, Any]:
             "required": ["results"],
             "properties": {"results": {"type": "array", "items": _ref("Kind")}},
         },
-        "Cap": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["max_running"],
-            "properties": {
-                "max_running": {
-                    "type": "integer",
-                    "nullable": True,
-                    "minimum": 1,
-                    "maximum": 1_000_000,
-                    "description": "At most this many of the kind's jobs claimed or running at once; null: no cap.",
-                }
-            },
+        **{
+            o.noun.capitalize(): {
+                "type": "object",
+                "additionalProperties": False,
+                "required": [o.name],
+                "properties": {o.name: o.json_schema()},
+            }
+            for o in kind_options.KIND_OPTIONS
         },
     }
 
@@ -309,14 +303,17 @@ def _kind_paths() -> dict[str, Any]:
                 "responses": _kind_responses(one, "400", "401", "403", "404", "413", "415"),
             },
         },
-        "/api/kinds/{kind}/cap": {
-            "parameters": [kind_parameter],
-            "post": {
-                "operationId": "capKind",
-                "summary": "Cap how many of a kind's jobs are claimed or running at once, cluster-wide.",
-                "requestBody": {"required": True, "content": {JSON: {"schema": _ref("Cap")}}},
-                "responses": _kind_responses(one, "400", "401", "403", "404", "413", "415"),
-            },
+        **{
+            f"/api/kinds/{{kind}}/{o.verb}": {
+                "parameters": [kind_parameter],
+                "post": {
+                    "operationId": f"{o.verb}Kind",
+                    "summary": o.summary,
+                    "requestBody": {"required": True, "content": {JSON: {"schema": _ref(o.noun.capitalize())}}},
+                    "responses": _kind_responses(one, "400", "401", "403", "404", "413", "415"),
+                },
+            }
+            for o in kind_options.KIND_OPTIONS
         },
     }
 

@@ -4,30 +4,33 @@
 -- Every state change is conditional on the state (and claim token) the caller believes in.
 
 -- name: insert_job
--- A plain insert; the caller's transaction decides whether it survives. A delay counts from the
--- call (clock_timestamp()), not from the start of the caller's transaction (now()). A delay of 0
--- is "due at once": now(), so that a claim in the same transaction (a TestCase) sees it due too.
-INSERT INTO scheduling_scheduledjob
-    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-     claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
-VALUES (%(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
-        'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s, %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s)
+-- A plain insert; the caller's transaction decides whether it survives. The row and the INSERT are
+-- the core's parts (core/sql/jobs.sql), shared with every door that adds a job.
+WITH new_jobs AS (
+    -- include: options_as_new_job
+)
+-- include: insert_into_jobs
 RETURNING id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds;
 
 -- name: insert_jobs
 -- Bulk insert for schedule_many: one statement for any number of rows of one kind (no keys), in
 -- the caller's transaction. The payloads come as one text array; ORDINALITY keeps their order.
 -- clock_timestamp() is read once (the scalar subquery), so every row gets the same due time.
-INSERT INTO scheduling_scheduledjob
-    (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-     claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
-SELECT %(kind)s, t.payload::jsonb,
-       coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN (SELECT clock_timestamp()) + make_interval(secs => %(delay)s)
-                                 ELSE now() END), 'pending',
-       %(lease_seconds)s, 0, %(max_attempts)s, '', NULL, %(owner_id)s, '', now(), now(), %(priority)s,
-       %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s
-FROM unnest(%(payloads)s::text[]) WITH ORDINALITY AS t(payload, n)
-ORDER BY t.n
+WITH new_jobs AS (
+    SELECT %(kind)s::text AS kind, t.payload::jsonb AS payload,
+           coalesce(%(due_at)s::timestamptz,
+                    CASE WHEN %(delay)s > 0 THEN (SELECT clock_timestamp()) + make_interval(secs => %(delay)s)
+                         ELSE now() END) AS due_at,
+           'pending'::text AS state, %(lease_seconds)s::integer AS lease_seconds, 0 AS attempts,
+           %(max_attempts)s::integer AS max_attempts, ''::text AS last_error, NULL::text AS key,
+           %(owner_id)s::integer AS owner_id, NULL::timestamptz AS finished_at, %(priority)s::integer AS priority,
+           %(timeout_seconds)s::float8 AS timeout_seconds, %(backoff_base_seconds)s::float8 AS backoff_base_seconds,
+           %(backoff_cap_seconds)s::float8 AS backoff_cap_seconds, %(atomic)s::boolean AS atomic,
+           NULL::bigint AS recurrence_id, NULL::timestamptz AS occurrence_at
+    FROM unnest(%(payloads)s::text[]) WITH ORDINALITY AS t(payload, n)
+    ORDER BY t.n
+)
+-- include: insert_into_jobs
 RETURNING id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds;
 
 -- name: upsert_job_replace
@@ -68,14 +71,11 @@ WITH retry AS (
     FROM retry
     WHERE j.id = retry.id AND j.state = 'pending'
     RETURNING j.id, j.due_at, false AS inserted
-), upserted AS (
-    INSERT INTO scheduling_scheduledjob
-        (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-         claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
-    SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
-           'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s,
-           %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s
+), new_jobs AS (
+    -- include: options_as_new_job
     WHERE NOT EXISTS (SELECT 1 FROM retry)
+), upserted AS (
+    -- include: insert_into_jobs
     ON CONFLICT ((coalesce(owner_id, 0)), key)
         WHERE key IS NOT NULL AND ((attempts = 0 AND state = 'pending')
                                    OR (attempts = 1 AND state = 'claimed'))
@@ -110,14 +110,11 @@ WITH retry AS (
     ORDER BY r.id DESC
     LIMIT 1
     FOR UPDATE OF r
-), upserted AS (
-    INSERT INTO scheduling_scheduledjob
-        (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-         claimed_by, created_at, updated_at, priority, timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic)
-    SELECT %(kind)s, %(payload)s::jsonb, coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
-           'pending', %(lease_seconds)s, 0, %(max_attempts)s, '', %(key)s, %(owner_id)s, '', now(), now(), %(priority)s,
-           %(timeout_seconds)s, %(backoff_base_seconds)s, %(backoff_cap_seconds)s, %(atomic)s
+), new_jobs AS (
+    -- include: options_as_new_job
     WHERE NOT EXISTS (SELECT 1 FROM retry)
+), upserted AS (
+    -- include: insert_into_jobs
     ON CONFLICT ((coalesce(owner_id, 0)), key)
         WHERE key IS NOT NULL AND ((attempts = 0 AND state = 'pending')
                                    OR (attempts = 1 AND state = 'claimed'))

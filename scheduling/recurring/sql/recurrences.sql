@@ -161,21 +161,24 @@ FOR UPDATE OF r SKIP LOCKED;
 -- insert happens only while the recurrence still says so, the unique (recurrence, occurrence_at)
 -- index refuses an instant that exists and the one-live-occurrence index a second live job (ON
 -- CONFLICT DO NOTHING, no target: either), so an occurrence is created at most once and never
--- beside a live one, whatever two planners or an API call do. current_at only moves forward.
+-- beside a live one, whatever two planners or an API call do. current_at only moves forward. The
+-- INSERT is the core's, shared with every door that adds a job (core/sql/jobs.sql).
 WITH plan AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(prevs)s::timestamptz[], %(ats)s::timestamptz[],
                          %(dues)s::timestamptz[], %(leases)s::int[], %(attempts)s::int[], %(priorities)s::int[])
          AS p(id, prev, at, due, lease, attempts, priority)
-), inserted AS (
-    INSERT INTO scheduling_scheduledjob
-        (kind, payload, due_at, state, lease_seconds, attempts, max_attempts, last_error, key, owner_id,
-         claimed_by, created_at, updated_at, priority, recurrence_id, occurrence_at)
-    SELECT r.kind, r.payload, p.due, 'pending', p.lease, 0, p.attempts, '', NULL, r.owner_id, '', now(), now(),
-           p.priority, r.id, p.at
+), new_jobs AS (
+    SELECT r.kind::text AS kind, r.payload, p.due AS due_at, 'pending'::text AS state, p.lease AS lease_seconds,
+           0 AS attempts, p.attempts AS max_attempts, ''::text AS last_error, NULL::text AS key, r.owner_id,
+           NULL::timestamptz AS finished_at, p.priority, NULL::float8 AS timeout_seconds,
+           NULL::float8 AS backoff_base_seconds, NULL::float8 AS backoff_cap_seconds, NULL::boolean AS atomic,
+           r.id AS recurrence_id, p.at AS occurrence_at
     FROM plan AS p
     JOIN scheduling_recurrence AS r ON r.id = p.id
     WHERE r.state = 'active' AND r.current_at IS NOT DISTINCT FROM p.prev
       AND (r.current_at IS NULL OR p.at > r.current_at)
+), inserted AS (
+    -- include: insert_into_jobs
     ON CONFLICT DO NOTHING
     RETURNING id, recurrence_id, occurrence_at, due_at
 )

@@ -4,7 +4,9 @@ Each ``BulkAction`` names a bulk call of ``scheduling.api`` (ids in, a ``BulkRes
 conditional statement that changes only the jobs in the states it is for) and says how the admin
 offers it. From this one table ``ScheduledJobAdmin`` (``jobs.py``) derives the list's actions, the
 buttons on a job's page (for the states that allow them) and the view those buttons post to
-(``act/<name>/``). Adding a bulk action is one entry here, the api function it calls, and a test.
+(``act/<name>/``). Adding a bulk action is one entry here, the api function it calls, and a test;
+when no statement fits, its statement in ``due_at/sql/schedule.sql`` too (ids in, changed ids out,
+run by ``store.change_jobs``: no store function of its own).
 """
 
 from __future__ import annotations

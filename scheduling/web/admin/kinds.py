@@ -1,4 +1,8 @@
-"""Kinds in the admin: one page listing every registered kind, to pause, resume or cap it through ``scheduling.api``."""
+"""Kinds in the admin: one page listing every registered kind, to pause, resume or cap it through ``scheduling.api``.
+
+Each per-kind option (``core/kind_options.py``) gets a column, a form (``option_form``) and an
+action named by its verb, all drawn from the option's row.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +16,25 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from scheduling import api
-from scheduling.core import exceptions
+from scheduling.core import exceptions, kind_options
 from scheduling.models import (
     KindControl,
 )
 
 
-class KindCapForm(forms.Form):
-    """The cap of one kind: a whole number, or empty for no cap."""
+def option_form(option: kind_options.KindOption) -> type[forms.Form]:
+    """The form that sets ``option`` of one kind: a number in its bounds, or empty for unset."""
+    common: dict[str, Any] = {"required": False, "label": option.label, "help_text": f"Empty: {option.unset}."}
+    field: forms.Field
+    if option.type is int:
+        field = forms.IntegerField(min_value=int(option.minimum), max_value=int(option.maximum), **common)
+    else:
+        field = forms.FloatField(min_value=option.minimum, max_value=option.maximum, **common)
+    return type(f"Kind{option.noun.capitalize()}Form", (forms.Form,), {option.name: field})
 
-    max_running = forms.IntegerField(
-        required=False, min_value=1, max_value=1_000_000, label="max running", help_text="Empty: no cap."
-    )
+
+OPTION_FORMS = {option.verb: option_form(option) for option in kind_options.KIND_OPTIONS}  # {verb: form}
+KindCapForm = OPTION_FORMS["cap"]  # the cap of one kind: a whole number, or empty for no cap
 
 
 @admin.register(KindControl)
@@ -58,6 +69,7 @@ class KindControlAdmin(admin.ModelAdmin):
             "title": "Kinds: pause, resume, cap",
             "opts": self.model._meta,
             "kinds": api.kind_overview(),
+            "kind_options": kind_options.KIND_OPTIONS,
             "can_change": self.has_change_permission(request),
             **(extra_context or {}),
         }
@@ -65,8 +77,10 @@ class KindControlAdmin(admin.ModelAdmin):
 
     def act_view(self, request: HttpRequest, kind: str, action: str) -> HttpResponse:
         """POST: pause, resume or cap ``kind`` through ``scheduling.api``; the message says what changed."""
-        if request.method != "POST" or action not in {"pause", "resume", "cap"}:
-            return HttpResponseBadRequest("Post pause, resume or cap.")
+        option = kind_options.by_verb(action)
+        if request.method != "POST" or (action not in {"pause", "resume"} and option is None):
+            verbs = ", ".join(["pause", "resume", *(o.verb for o in kind_options.KIND_OPTIONS)])
+            return HttpResponseBadRequest(f"Post {verbs}.")
         if not self.has_change_permission(request):
             raise PermissionDenied
         back = HttpResponseRedirect(reverse("admin:scheduling_kindcontrol_changelist"))
@@ -82,17 +96,15 @@ class KindControlAdmin(admin.ModelAdmin):
                 api.resume(kind)
                 self.message_user(request, f"Resumed {kind}: its due jobs are claimed again.")
             else:
-                form = KindCapForm(request.POST)
+                assert option is not None
+                form = OPTION_FORMS[option.verb](request.POST)
                 if not form.is_valid():
-                    errors = "; ".join(str(e) for e in form.errors.get("max_running", ["not a whole number"]))
-                    self.message_user(request, f"{kind} was not changed: the cap {errors}", messages.ERROR)
+                    errors = "; ".join(str(e) for e in form.errors.get(option.name, [f"not {option.what}"]))
+                    self.message_user(request, f"{kind} was not changed: the {option.noun} {errors}", messages.ERROR)
                     return back
-                cap = form.cleaned_data["max_running"]
-                api.set_max_running(kind, cap)
-                self.message_user(
-                    request,
-                    f"{kind}: at most {cap} running at once." if cap is not None else f"{kind}: no cap.",
-                )
+                value = form.cleaned_data[option.name]
+                api.set_kind_option(kind, option.name, value)
+                self.message_user(request, f"{kind}: {option.describe(value)}.")
         except exceptions.SchedulingError as exc:
             self.message_user(request, f"{kind} was not changed: {exc}", messages.ERROR)
         return back

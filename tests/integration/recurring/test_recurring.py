@@ -12,8 +12,10 @@ from django.contrib.auth.models import Permission
 from django.db import connection, transaction
 
 from scheduling import api, exceptions
+from scheduling.core import options
 from scheduling.due_at import store as jobs_store
 from scheduling.models import JobState, Recurrence, RecurrenceState, ScheduledJob
+from scheduling.recurring import api as recurring_api
 from scheduling.recurring import planner
 from scheduling.recurring import store as recurring_store
 from tasks.models import Payment
@@ -518,3 +520,29 @@ def test_retrying_dead_occurrences_keeps_one_live_occurrence(run_sql):
     assert pending(rec.id) == []
     assert api.retry_dead_many(dead).changed == (max(dead),)
     assert [j.id for j in pending(rec.id)] == [max(dead)]
+
+
+def test_the_job_options_go_whole_to_the_recurrence_and_its_occurrence():
+    """recur_with_options stores the options whole on the recurrence and its job; UNSET keeps one, a value moves it."""
+    rule = recurring_api.Rule(every=3600)
+    rec = recurring_api.recur_with_options(
+        "demo.noop", {}, rule, options.JobOptions(key="whole:1", max_attempts=4, priority=8)
+    )
+    (job,) = occurrences(rec.id)
+    assert (rec.max_attempts, rec.priority, job.max_attempts, job.priority) == (4, 8, 4, 8)
+    same = recurring_api.Rule(
+        **{
+            name: recurring_api.UNSET
+            for name in ("cron", "every", "timezone", "starts_at", "ends_at", "dst_gap", "missed")
+        }
+    )
+    changed = recurring_api.change_with_options(
+        rec.id,
+        recurring_api.UNSET,
+        {"v": 2},
+        same,
+        options.JobOptions(max_attempts=recurring_api.UNSET, priority=2),
+    )
+    (job,) = occurrences(rec.id)
+    assert (changed.max_attempts, changed.priority, job.max_attempts, job.priority) == (4, 2, 4, 2)
+    assert job.payload == {"v": 2}

@@ -49,3 +49,23 @@ def test_validated_refuses_what_every_door_refuses(bad):
     """The doors' shared checks run in validated(): a bad option is InvalidSchedule before anything is stored."""
     with pytest.raises(exceptions.InvalidSchedule):
         options.JobOptions(**bad).validated(registry.get("demo.record"))
+
+
+def test_standing_checks_a_recurrences_options_and_keeps_unset_ones_as_the_kinds():
+    """standing() checks key, attempts and priority against the kind and keeps None (the kind's at each plan)."""
+    kind = registry.get("demo.record")
+    kept = options.JobOptions(key="digest:1", owner=7).standing(kind)
+    assert kept == options.StandingOptions(key="digest:1", owner_id=7, max_attempts=None, priority=None)
+    given = options.JobOptions(key="k", max_attempts=4, priority=9).standing(kind)
+    assert (given.max_attempts, given.priority) == (4, 9)
+    assert given.params() == {"key": "k", "owner_id": None, "max_attempts": 4, "priority": 9}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"key": " "}, {"max_attempts": 0}, {"priority": 10}, {"delay": 5}, {"timeout": 3}, {"atomic": True}],
+)
+def test_standing_refuses_what_a_recurrence_cannot_take(bad):
+    """A bad key, attempts or priority, or a time, timeout or atomicity of the occurrence's own, is refused."""
+    with pytest.raises(exceptions.InvalidSchedule):
+        options.JobOptions(**bad).standing(registry.get("demo.record"))

@@ -76,6 +76,50 @@ def test_the_claims_priority_walk_is_written_once_and_expanded_for_every_priorit
     assert "{p}" not in re.sub(r"^\s*--.*$", "", claim, flags=re.MULTILINE)
 
 
+def test_an_include_line_becomes_the_part_indented_like_the_line():
+    """``-- include: x`` is replaced by part x (each line indented as the include was); parts are no statements."""
+    parts = db.parse_parts("-- part: x\n-- why\nSELECT 1\n  FROM t;\n-- name: q\nSELECT 2;\n")
+    assert parts == {"x": "-- why\nSELECT 1\n  FROM t"}
+    text = "-- part: x\nSELECT 0;\n-- name: q\nWITH a AS (\n    -- include: x\n)\nSELECT 3;\n"
+    assert db.parse_queries(text, parts=parts) == {
+        "q": "WITH a AS (\n    -- why\n    SELECT 1\n      FROM t\n)\nSELECT 3"
+    }
+    with pytest.raises(ValueError, match="names no part"):
+        db.parse_queries("-- name: q\n-- include: nothing\n", parts=parts)
+
+
+INSERT_INTO_JOBS = re.compile(r"\binsert\s+into\s+\"?scheduling_scheduledjob\b", flags=re.IGNORECASE)
+ORM_CREATE_JOB = re.compile(r"\bScheduledJob\.objects\.(create|bulk_create|get_or_create|update_or_create)\b")
+
+
+def test_the_jobs_table_has_one_insert_the_cores_part_and_every_door_includes_it():
+    """No .sql or .py file of scheduling/ or tasks/ inserts jobs but core/sql/jobs.sql's part, which every door uses."""
+    found = []
+    for root in (PACKAGE, PACKAGE.parent / "tasks"):
+        for path in sorted([*root.rglob("*.sql"), *root.rglob("*.py")]):
+            text = path.read_text()
+            found += [(path.relative_to(PACKAGE.parent).as_posix(), m[0]) for m in INSERT_INTO_JOBS.finditer(text)]
+            if path.suffix == ".py":
+                found += [(path.relative_to(PACKAGE.parent).as_posix(), m[0]) for m in ORM_CREATE_JOB.finditer(text)]
+    assert [where for where, _ in found] == ["scheduling/core/sql/jobs.sql"]
+    part = db.shared_parts()["insert_into_jobs"]
+    doors = sorted(name for store in STORES for name, sql in store.SQL.queries.items() if INSERT_INTO_JOBS.search(sql))
+    assert doors == sorted(
+        [
+            "insert_job",
+            "insert_jobs",
+            "upsert_job_replace",
+            "upsert_job_keep",
+            "record_dead_deferral",
+            "plan_occurrences",
+        ]
+    )
+    for store in STORES:
+        for name, sql in store.SQL.queries.items():
+            if INSERT_INTO_JOBS.search(sql):
+                assert part.splitlines()[-1].strip() in sql, name
+
+
 def test_every_way_out_of_claimed_and_running_is_the_one_transition_statement():
     """Of the claim and sweep statements only set_job_states ends a claim (clears its token or claimed_at)."""
     ending = re.compile(r"\b(token|claimed_at)\s*=\s*(NULL|CASE)", flags=re.IGNORECASE)
