@@ -37,6 +37,9 @@ same code imports whichever is there) run as Timekeeper jobs:
   ``SystemExit`` / ``KeyboardInterrupt`` is its failure, not the worker's shutdown
   (``executor.process_stopping``). A failure is retried with the kind's backoff up to
   ``max_attempts`` (the result is READY meanwhile: Django's "ready to be executed again"), then FAILED.
+  A task may choose its outcome as any handler does (``registry.Snooze``: READY again, no error;
+  ``RetryAfter``: an error, READY until its attempts are spent; ``Discard`` and ``Cancel``: FAILED,
+  the error naming ``scheduling.core.registry.Discard`` / ``Cancel`` with the reason).
 - **Results** are read from the row and its attempts: READY (pending, or claimed and not
   started), RUNNING (started), SUCCESSFUL (done), FAILED (dead or cancelled); ``errors`` holds one
   ``TaskError`` per failed attempt (the exception's class path and Django's whole traceback,
@@ -344,6 +347,9 @@ def _run(name: str, job: registry.Job) -> None:
     except BaseException as exc:  # the task's own SystemExit and JobTimeout too (the kind's timeout stopped it)
         if isinstance(exc, (SystemExit, KeyboardInterrupt)) and executor.process_stopping(exc):
             raise  # the worker is stopping: the claim is given back, not failed
+        if isinstance(exc, registry.Snooze):  # runs again later, no attempt charged: ready, no error
+            signals.task_finished.send(sender=sender, task_result=_changed(running, status=TaskResultStatus.READY))
+            raise
         error = _error(exc)
         with contextlib.suppress(AttributeError, TypeError):  # the attempt keeps Django's whole traceback
             setattr(exc, executor.KEPT_TRACEBACK_ATTRIBUTE, error.traceback)
@@ -423,7 +429,7 @@ def _is_error(attempt: JobAttempt, row: ScheduledJob, last: bool) -> bool:
     A claim a stopping worker gave back (``runner.RELEASE_REASON``) is no error of the task while it
     will run again; it is one when it was the task's last attempt (the job is dead).
     """
-    if attempt.outcome == AttemptOutcome.SUCCEEDED:
+    if attempt.outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.SNOOZED):  # a snooze is no failure
         return False
     if attempt.outcome == AttemptOutcome.RECLAIMED and attempt.error.startswith(RELEASED_PREFIX):
         return last and row.state == JobState.DEAD

@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from scheduling.core import conf, db, registry
 from scheduling.core import options as options_
 from scheduling.due_at import lifecycle
-from scheduling.models import JobState
+from scheduling.models import AttemptOutcome, JobAttempt, JobState
 
 SQL = db.Statements(Path(__file__).with_name("sql"))
 TRANSACTION_STATUS_INERROR = 3  # libpq's PQTRANS_INERROR: the (sub)transaction failed, statements are refused
@@ -349,6 +349,11 @@ def record_callback_failure(job_id: int, token: str, error: str) -> bool:
 def note_attempt(job_id: int, token: str, note: str) -> bool:
     """Add ``note`` to the text of a job's attempt (under ``token``); False if none matched."""
     return record_callback_failure(job_id, token, note)
+
+
+def snoozes(job_id: int) -> int:
+    """How many times the job snoozed (``registry.Snooze``): its attempts recorded as snoozed."""
+    return JobAttempt.objects.filter(job_id=job_id, outcome=AttemptOutcome.SNOOZED).count()
 
 
 def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:

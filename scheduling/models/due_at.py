@@ -50,6 +50,11 @@ class AttemptOutcome(models.TextChoices):
     FAILED = "failed", "failed"
     TIMED_OUT = "timed_out", "timed out"
     RECLAIMED = "reclaimed", "reclaimed"
+    # A handler's choice (registry.Snooze, RetryAfter, Discard, Cancel): the reason is the attempt's error.
+    SNOOZED = "snoozed", "snoozed"
+    RETRY_AFTER = "retry_after", "retry after"
+    DISCARDED = "discarded", "discarded"
+    CANCELLED = "cancelled", "cancelled"
 
 
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # the claim walks priorities MAX_PRIORITY..MIN_PRIORITY
