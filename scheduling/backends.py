@@ -128,7 +128,17 @@ PAYLOAD_SCHEMA: dict[str, Any] = {  # what a task's row holds; the JSON API chec
     "required": ["args", "kwargs"],
     "additionalProperties": False,
 }
-PER_CALL_OPTIONS = ("key", "on_conflict", "max_attempts", "owner", "timeout", "backoff", "atomic")  # .options(...)
+PER_CALL_OPTIONS = (  # .options(...)
+    "key",
+    "on_conflict",
+    "max_attempts",
+    "owner",
+    "timeout",
+    "backoff",
+    "atomic",
+    "unique_for",
+    "unique_states",
+)
 JOB_OVERRIDES = ("timeout", "backoff", "atomic")  # per call, they are the job's own (the kind keeps the task's)
 
 
@@ -162,6 +172,8 @@ class TimekeeperTask(Task):
     backoff: registry.Backoff | None = None  # per task or per call: between failed attempts
     atomic: bool = True  # per task or per call: the function's database writes commit with the job's outcome
     api: registry.Access | None = None  # per task: who may enqueue it through the JSON API (None: nobody)
+    unique_for: float | dt.timedelta | None = None  # per task or per call: a uniqueness window (schedule())
+    unique_states: tuple[str, ...] | None = None  # per task or per call: the states that hold the window
     per_call: bool = dataclasses.field(default=False, repr=False)  # made by options(): the kind is the declared task's
     overridden: frozenset[str] = dataclasses.field(default=frozenset(), repr=False)  # JOB_OVERRIDES options() set
 
@@ -602,6 +614,8 @@ class TimekeeperBackend(BaseTaskBackend):
             max_attempts=getattr(task, "max_attempts", None),
             owner=getattr(task, "owner", None),
             priority=job_priority(task.priority),
+            unique_for=getattr(task, "unique_for", None),
+            unique_states=getattr(task, "unique_states", None),
             **(task.job_overrides() if isinstance(task, TimekeeperTask) else {}),
             **timing,
         )

@@ -257,6 +257,8 @@ class Kind:
     critical: bool = False  # /healthz counts its overdue jobs, whoever owns them (and the system's jobs of any kind)
     own_limits: Limits = Limits()  # as registered; the doors read ``limits`` (settings filled in)
     own_max_snoozes: int | None = None  # as registered (None: SCHEDULING_MAX_SNOOZES); read ``max_snoozes``
+    unique_for_seconds: float | None = None  # its jobs' uniqueness window unless a job says (None: not unique)
+    unique_states: tuple[str, ...] = ("pending", "claimed", "running", "done")  # states that hold the window
 
     @property
     def max_snoozes(self) -> int:
@@ -349,6 +351,8 @@ def handler(
     critical: bool = False,
     limits: Limits | None = None,
     max_snoozes: int | None = None,
+    unique_for: float | dt.timedelta | None = None,
+    unique_states: tuple[str, ...] | list[str] | None = None,
 ) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -358,7 +362,8 @@ def handler(
     jobs in the backlog (besides the system's own jobs); other owners' jobs never flip it.
     ``limits``: the kind's own payload limits (``Limits``; a field left ``None`` is the setting's).
     ``max_snoozes``: how many times a job may ``raise Snooze(...)`` before the next one is a failure
-    (None: ``SCHEDULING_MAX_SNOOZES``).
+    (None: ``SCHEDULING_MAX_SNOOZES``). ``unique_for`` / ``unique_states``: the default uniqueness
+    window of its jobs and the states that hold it (``schedule(unique_for=...)``; checked as there).
 
     ``atomic`` (the default): on the due_at path the handler runs inside the transaction that
     records its outcome, so its database writes and the job's ``done`` commit together or not at
@@ -394,6 +399,16 @@ def handler(
             own_limits=limits or Limits(),
             own_max_snoozes=max_snoozes,
         )
+        if unique_for is not None or unique_states is not None:
+            from scheduling.core import options  # options imports this module
+
+            kind = dataclasses.replace(
+                kind,
+                unique_for_seconds=None if unique_for is None else options.check_unique_for(unique_for),
+                unique_states=kind.unique_states
+                if unique_states is None
+                else options.check_unique_states(unique_states),
+            )
         kind.own_limits.check(name)
         bad_snoozes = isinstance(max_snoozes, bool) or not isinstance(max_snoozes, int) or max_snoozes < 0
         if max_snoozes is not None and bad_snoozes:

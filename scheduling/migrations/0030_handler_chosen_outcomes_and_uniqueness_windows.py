@@ -6,9 +6,21 @@ The attempts-counting trigger (0015, 0022) counts every attempt by its outcome (
 here a handler's ``RetryAfter`` that leaves its job pending is a retry (``job_retries``), as a
 failure is, and a job its handler cancelled is finished (``jobs_finished{outcome="cancelled"}``).
 A snooze is neither: an attempt recorded, not charged, the job pending again.
+
+Uniqueness windows (``schedule(unique_for=...)``): two nullable columns (instant) and the unique
+index that enforces them, over the rows whose state is one of their own ``unique_states`` (River's
+unique_key and unique_states). Its predicate compares two columns, which Django's constraints
+cannot say, so it is raw SQL; built ``CONCURRENTLY`` (writes do not wait) over no rows at first.
 """
 
+import django.contrib.postgres.fields
 from django.db import migrations, models
+
+UNIQUE_WINDOW_INDEX = """
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS scheduledjob_unique_window_uniq ON scheduling_scheduledjob (unique_key)
+WHERE unique_key IS NOT NULL AND state = ANY(unique_states)
+"""
+DROP_UNIQUE_WINDOW_INDEX = "DROP INDEX CONCURRENTLY IF EXISTS scheduledjob_unique_window_uniq"
 
 COUNTS_HANDLER_CHOICES = """
 CREATE OR REPLACE FUNCTION scheduling_count_attempts() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -56,6 +68,8 @@ END $$;
 
 
 class Migration(migrations.Migration):
+    atomic = False  # CREATE INDEX CONCURRENTLY cannot run in a transaction
+
     dependencies = [
         ("scheduling", "0028_list_an_owners_jobs_by_due_time"),
     ]
@@ -121,4 +135,28 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.RunSQL(COUNTS_HANDLER_CHOICES, BY_KEY),
+        migrations.AddField(
+            model_name="scheduledjob",
+            name="unique_key",
+            field=models.CharField(
+                blank=True,
+                help_text="What makes it unique within its window: a hash of kind, owner and key (or payload), and the slot.",
+                max_length=100,
+                null=True,
+                verbose_name="unique key",
+            ),
+        ),
+        migrations.AddField(
+            model_name="scheduledjob",
+            name="unique_states",
+            field=django.contrib.postgres.fields.ArrayField(
+                base_field=models.CharField(max_length=16),
+                blank=True,
+                help_text="The states in which this job holds its unique key (a second job of the key is a conflict).",
+                null=True,
+                size=None,
+                verbose_name="unique states",
+            ),
+        ),
+        migrations.RunSQL(UNIQUE_WINDOW_INDEX, DROP_UNIQUE_WINDOW_INDEX),
     ]

@@ -1,4 +1,4 @@
-"""Handler-chosen outcomes in Django Tasks results: Snooze is READY again, Discard and Cancel FAILED with the reason."""
+"""Django Tasks: handler-chosen outcomes in results (Snooze READY, Discard/Cancel FAILED), uniqueness windows."""
 
 from __future__ import annotations
 
@@ -35,3 +35,16 @@ def test_a_discarded_or_cancelled_task_is_failed_with_its_reason(outcome, path, 
     assert result.status == TaskResultStatus.FAILED
     assert [e.exception_class_path for e in result.errors] == [path]
     assert reason in result.errors[0].traceback
+
+
+def test_a_tasks_unique_for_option_keeps_one_job_per_window():
+    """.options(unique_for=3600): enqueueing the same call twice gives the same result id, one row."""
+    import datetime as dt
+
+    from scheduling.models import ScheduledJob
+
+    windowed = tasks.add.using().options(unique_for=dt.timedelta(hours=1), on_conflict="keep")
+    first = windowed.enqueue(1, 2)
+    second = windowed.enqueue(1, 2)
+    assert first.id == second.id
+    assert ScheduledJob.objects.filter(kind="tests.taskkit.tasks.add").count() == 1

@@ -3,8 +3,6 @@ retries, Snooze calls again within the tick (bounded)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from scheduling import registry, schedules
@@ -34,9 +32,8 @@ def choose(job: registry.Job) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _reset() -> Iterator[None]:
+def _reset() -> None:
     CALLS.clear()
-    yield
 
 
 def _schedule(payload: dict, backoff_limit: int = 0) -> SchedulePolicy:
