@@ -22,6 +22,9 @@ from tests import support
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+KILLER: list = []  # a raw autocommit connection that ends the chunk's session
+
+
 class Planned(RuntimeError):
     """The failure the test kinds raise on purpose."""
 
@@ -44,6 +47,12 @@ def _choose(job: registry.Job) -> None:
         import time
 
         time.sleep(3)  # past its 1 s timeout
+    if do == "lose":  # the chunk's session is ended by the server (as by its idle limit): the chunk is lost
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        with KILLER[0].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
     if do == "broken":
         with contextlib.suppress(DatabaseError), connection.cursor() as cursor:  # swallowed on purpose
             cursor.execute("SELECT 1 / 0")
@@ -216,3 +225,21 @@ def test_the_choice_and_its_reason_show_on_the_job_page_and_in_the_json_api(admi
     (attempt,) = body["attempt_history"]
     assert (attempt["outcome"], attempt["error"]) == ("discarded", "Discard: the account is closed")
     assert body["state"] == "dead"
+
+
+def test_a_crash_of_the_chunk_commits_no_choice_and_each_choice_holds_when_run_alone(raw_connect):
+    """A chunk lost beside Snooze, Cancel and Discard: all refunded, nothing written; run again, each choice holds."""
+    KILLER[:] = [raw_connect(autocommit=True)]
+    ids, _ = _run("outc.atomic", [{"do": "snooze"}, {"do": "cancel"}, {"do": "discard"}, {"do": "lose"}])
+    rows = dict(ScheduledJob.objects.filter(pk__in=ids).values_list("id", "state"))
+    assert set(rows.values()) == {JobState.PENDING}, "the lost chunk's choices did not commit: refunded"
+    assert not Execution.objects.exists()
+    assert set(JobAttempt.objects.values_list("outcome", flat=True)) == {AttemptOutcome.RECLAIMED}
+    ScheduledJob.objects.filter(pk=ids[3]).update(payload={})  # the crasher now succeeds
+    support.make_due(ids)
+    claims = store.claim_due_jobs(500)
+    runner.run_batch([(c.id, c.token) for c in claims])  # run again (without a crasher this time)
+    states = dict(ScheduledJob.objects.filter(pk__in=ids).values_list("id", "state"))
+    assert [states[i] for i in ids] == [JobState.PENDING, JobState.CANCELLED, JobState.DEAD, JobState.DONE]
+    last = {i: JobAttempt.objects.filter(job_id=i).latest("id").outcome for i in ids[:3]}
+    assert list(last.values()) == [AttemptOutcome.SNOOZED, AttemptOutcome.CANCELLED, AttemptOutcome.DISCARDED]
