@@ -8,6 +8,9 @@ The lifecycle (docs/architecture.md, "The job lifecycle")::
                                              │ └──► cancelled (its owner was deleted)
     pending ──cancel──► cancelled
 
+A handler may choose its outcome (``registry.Snooze``, ``RetryAfter``, ``Discard``, ``Cancel``): four
+events of their own (``_handler_choice``), written like the others.
+
 ``decide(event, facts)`` says what an event does to a job whose row reads ``facts``; ``None`` means
 nothing changes (a stale token, or a state the event does not apply to). Every way out of
 ``claimed`` and ``running`` (the runner's outcomes, the claim's give-back, the sweeper, the
