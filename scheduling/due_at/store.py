@@ -130,6 +130,11 @@ def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
     return SQL.fetch_one(KeyedUpsert, name, job.params())
 
 
+def snoozes(job_id: int) -> int:
+    """How many times the job snoozed (``registry.Snooze``): its attempts recorded as snoozed."""
+    return JobAttempt.objects.filter(job_id=job_id, outcome=AttemptOutcome.SNOOZED).count()
+
+
 @dataclasses.dataclass(frozen=True)
 class UniqueHolder:
     """The job holding a unique window: its id and state."""
@@ -391,11 +396,6 @@ def record_callback_failure(job_id: int, token: str, error: str) -> bool:
 def note_attempt(job_id: int, token: str, note: str) -> bool:
     """Add ``note`` to the text of a job's attempt (under ``token``); False if none matched."""
     return record_callback_failure(job_id, token, note)
-
-
-def snoozes(job_id: int) -> int:
-    """How many times the job snoozed (``registry.Snooze``): its attempts recorded as snoozed."""
-    return JobAttempt.objects.filter(job_id=job_id, outcome=AttemptOutcome.SNOOZED).count()
 
 
 def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
