@@ -37,6 +37,9 @@ same code imports whichever is there) run as Timekeeper jobs:
   ``SystemExit`` / ``KeyboardInterrupt`` is its failure, not the worker's shutdown
   (``executor.process_stopping``). A failure is retried with the kind's backoff up to
   ``max_attempts`` (the result is READY meanwhile: Django's "ready to be executed again"), then FAILED.
+  A task may choose its outcome as any handler does (``registry.Snooze``: READY again, no error;
+  ``RetryAfter``: an error, READY until its attempts are spent; ``Discard`` and ``Cancel``: FAILED,
+  the error naming ``scheduling.core.registry.Discard`` / ``Cancel`` with the reason).
 - **Results** are read from the row and its attempts: READY (pending, or claimed and not
   started), RUNNING (started), SUCCESSFUL (done), FAILED (dead or cancelled); ``errors`` holds one
   ``TaskError`` per failed attempt (the exception's class path and Django's whole traceback,
@@ -127,7 +130,17 @@ PAYLOAD_SCHEMA: dict[str, Any] = {  # what a task's row holds; the JSON API chec
     "required": ["args", "kwargs"],
     "additionalProperties": False,
 }
-PER_CALL_OPTIONS = ("key", "on_conflict", "max_attempts", "owner", "timeout", "backoff", "atomic")  # .options(...)
+PER_CALL_OPTIONS = (  # .options(...)
+    "key",
+    "on_conflict",
+    "max_attempts",
+    "owner",
+    "timeout",
+    "backoff",
+    "atomic",
+    "unique_for",
+    "unique_states",
+)
 JOB_OVERRIDES = ("timeout", "backoff", "atomic")  # per call, they are the job's own (the kind keeps the task's)
 
 
@@ -161,6 +174,8 @@ class TimekeeperTask(Task):
     backoff: registry.Backoff | None = None  # per task or per call: between failed attempts
     atomic: bool = True  # per task or per call: the function's database writes commit with the job's outcome
     api: registry.Access | None = None  # per task: who may enqueue it through the JSON API (None: nobody)
+    unique_for: float | dt.timedelta | None = None  # per task or per call: a uniqueness window (schedule())
+    unique_states: tuple[str, ...] | None = None  # per task or per call: the states that hold the window
     per_call: bool = dataclasses.field(default=False, repr=False)  # made by options(): the kind is the declared task's
     overridden: frozenset[str] = dataclasses.field(default=frozenset(), repr=False)  # JOB_OVERRIDES options() set
 
@@ -346,6 +361,9 @@ def _run(name: str, job: registry.Job) -> None:
     except BaseException as exc:  # the task's own SystemExit and JobTimeout too (the kind's timeout stopped it)
         if isinstance(exc, (SystemExit, KeyboardInterrupt)) and executor.process_stopping(exc):
             raise  # the worker is stopping: the claim is given back, not failed
+        if isinstance(exc, registry.Snooze):  # runs again later, no attempt charged: ready, no error
+            signals.task_finished.send(sender=sender, task_result=_changed(running, status=TaskResultStatus.READY))
+            raise
         error = _error(exc)
         with contextlib.suppress(AttributeError, TypeError):  # the attempt keeps Django's whole traceback
             setattr(exc, executor.KEPT_TRACEBACK_ATTRIBUTE, error.traceback)
@@ -458,7 +476,7 @@ def _is_error(attempt: JobAttempt, row: ScheduledJob, last: bool) -> bool:
     A claim a stopping worker gave back (``runner.RELEASE_REASON``) is no error of the task while it
     will run again; it is one when it was the task's last attempt (the job is dead).
     """
-    if attempt.outcome == AttemptOutcome.SUCCEEDED:
+    if attempt.outcome in (AttemptOutcome.SUCCEEDED, AttemptOutcome.SNOOZED):  # a snooze is no failure
         return False
     if attempt.outcome == AttemptOutcome.RECLAIMED and attempt.error.startswith(RELEASED_PREFIX):
         return last and row.state == JobState.DEAD
@@ -631,6 +649,8 @@ class TimekeeperBackend(BaseTaskBackend):
             max_attempts=getattr(task, "max_attempts", None),
             owner=getattr(task, "owner", None),
             priority=job_priority(task.priority),
+            unique_for=getattr(task, "unique_for", None),
+            unique_states=getattr(task, "unique_states", None),
             **(task.job_overrides() if isinstance(task, TimekeeperTask) else {}),
             **timing,
         )

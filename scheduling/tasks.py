@@ -24,6 +24,7 @@ from django import db
 
 from scheduling.core import holdings, reconnect, remote_control, tracing
 from scheduling.deferrals import countdowns
+from scheduling.due_at import api as jobs_api
 from scheduling.due_at import claim as claim_module
 from scheduling.due_at import control, liveness, runner, task_events
 from scheduling.due_at import sweep as sweep_module
@@ -75,10 +76,23 @@ def run_deferred(
         result = countdowns.refuse(kind, attempt, deferral_id)
         return {"outcome": result.outcome, "attempt": result.attempt}
     attempt = int(attempt)
-    result = countdowns.run(kind, payload, attempt, str(deferral_id), countdowns.parse_eta(self.request.eta))
-    if result.outcome == "retry":
-        again = countdowns.message_args(kind, payload, attempt + 1, str(deferral_id))
-        raise self.retry(args=again, countdown=result.retry_in_seconds)
+    # Every Celery retry so far was a failure's (the attempt grew) or a snooze's (it did not).
+    snoozes = max(0, int(self.request.retries or 0) - (attempt - 1))
+    eta = countdowns.parse_eta(self.request.eta)
+    result = countdowns.run(kind, payload, attempt, str(deferral_id), eta, snoozes=snoozes)
+    if result.outcome in ("retry", "snooze"):
+        following = attempt + 1 if result.outcome == "retry" else attempt
+        countdown = result.retry_in_seconds
+        if countdown > countdowns.ceiling_seconds() or not countdowns.guard_allows(countdown):
+            # A handler's Snooze or RetryAfter longer than a countdown may be: the rest waits as a row.
+            job = jobs_api.schedule(kind, payload, delay=countdown)
+            logger.info(
+                "deferral continues as a due_at row",
+                extra={"deferral_id": deferral_id, "kind": kind, "job_id": job.id, "action": "deferred_to_table"},
+            )
+            return {"outcome": result.outcome, "attempt": attempt, "job_id": job.id}
+        again = countdowns.message_args(kind, payload, following, str(deferral_id))
+        raise self.retry(args=again, countdown=countdown)
     return {"outcome": result.outcome, "attempt": attempt}
 
 

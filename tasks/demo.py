@@ -86,3 +86,23 @@ def sleep(job: registry.Job) -> None:
     """Sleep for payload["seconds"] (to show the timeout stopping a handler)."""
     Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
     time.sleep(float(job.payload.get("seconds", 5)))
+
+
+def choose(job: registry.Job) -> None:
+    """Record this call, then choose an outcome: snooze until ``snooze_until`` (ISO time), or cancel.
+
+    Shows the handler-chosen outcomes (docs/architecture.md): an atomic job's row rolls back with a
+    snooze or a cancel, a committing job's stays.
+    """
+    import datetime as dt
+
+    Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
+    until = job.payload.get("snooze_until")
+    if until and dt.datetime.now(dt.UTC) < dt.datetime.fromisoformat(until):
+        raise registry.Snooze(0.5)
+    if job.payload.get("cancel"):
+        raise registry.Cancel(str(job.payload["cancel"]))
+
+
+registry.handler("demo.choose", schema={"type": "object"}, timeout=10, max_attempts=2)(choose)
+registry.handler("demo.choose_committing", schema={"type": "object"}, timeout=10, max_attempts=2, atomic=False)(choose)

@@ -48,6 +48,7 @@ class Settings:
     # --- kinds' defaults ------------------------------------------------------------------------------
     default_max_attempts: int = 5
     default_timeout_seconds: float = 300.0
+    max_snoozes: int = 25  # times a job may raise registry.Snooze before the next one counts as a failure
     max_payload_bytes: int = 64 * 1024
     max_payload_depth: int = 32  # levels of nested lists/objects a payload may have
     max_return_value_bytes: int = 1024 * 1024  # a Django task's return value as JSON; over it the attempt fails

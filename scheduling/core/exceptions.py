@@ -19,6 +19,7 @@ SchedulingError
  │    ├── JobNotCancellable
  │    └── JobNotReschedulable
  ├── KeyConflict                    on_conflict="error" and the key already has a waiting job
+ │    └── DuplicateJob              on_conflict="error" and the unique window already holds a job like it
  ├── LockNotAcquired                an advisory lock is held by someone else
  ├── InvalidCronExpression          a cron expression or nickname cannot be parsed
  ├── UnknownTimeZone                a zone the tz database does not know
@@ -169,6 +170,22 @@ class KeyConflict(SchedulingError):
         self.job_id = job_id
 
 
+class DuplicateJob(KeyConflict):
+    """Raised by ``schedule(..., unique_for=..., on_conflict="error")`` when the window already holds a job.
+
+    The job of the same kind with the same key (or, without a key, the same payload) in the same
+    window slot, in one of the ``unique_states``. A ``KeyConflict``, so every door answers it alike.
+    """
+
+    def __init__(self, key: str, job_id: int, state: str) -> None:
+        SchedulingError.__init__(
+            self, f"A job like this one ({job_id}, {state}) already exists within its unique window."
+        )
+        self.key = key
+        self.job_id = job_id
+        self.state = state
+
+
 class LockNotAcquired(SchedulingError):
     """Raised when an advisory lock is already held by another session."""
 
@@ -210,6 +227,7 @@ __all__ = [
     "BrokerNotConfigured",
     "DelayTooLong",
     "DueAtInPast",
+    "DuplicateJob",
     "InvalidCronExpression",
     "InvalidPayload",
     "InvalidPolicy",

@@ -58,9 +58,10 @@ class JobTimeout(BaseException):
 class Result:
     """How one call of a handler ended."""
 
-    outcome: str  # SUCCEEDED, FAILED or TIMED_OUT
+    outcome: str  # SUCCEEDED, FAILED, TIMED_OUT, or a handler's choice (registry.HandlerOutcome.outcome)
     error: str = ""  # "Type: message" (bounded), or the timeout said in words
     traceback: str = ""  # a failure's traceback (bounded; frames and exception types, no messages, no locals)
+    delay_seconds: float | None = None  # Snooze, RetryAfter: when the job runs again (instead of the backoff)
 
     @property
     def ok(self) -> bool:
@@ -256,6 +257,10 @@ def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Resu
             raise
         logger.warning("job raised %s", type(exc).__name__, extra={**_log(kind, job), "action": "failed"})
         return Result(FAILED, error_text(exc), kept_traceback(exc)[-TRACEBACK_LIMIT:])
+    except registry.HandlerOutcome as exc:
+        logger.info("job chose %s", exc.outcome, extra={**_log(kind, job), "action": exc.outcome})
+        delay = getattr(exc, "seconds", None)
+        return Result(exc.outcome, error_text(exc), kept_traceback(exc)[-TRACEBACK_LIMIT:], delay)
     except Exception as exc:
         logger.warning("job raised %s", type(exc).__name__, extra={**_log(kind, job), "action": "failed"})
         return Result(FAILED, error_text(exc), kept_traceback(exc)[-TRACEBACK_LIMIT:])

@@ -20,6 +20,14 @@ from typing import Any
 from scheduling.core import exceptions, registry, validation
 
 ON_CONFLICT_CHOICES = ("replace", "keep", "error")
+# Uniqueness windows (schedule(unique_for=...)): the states in which a job holds its window. The
+# waiting and running states always do (a job there is "the same job" by any reading); done,
+# dead and cancelled may be added or left out. The default counts a job that ran (done) but not
+# one that failed for good or was cancelled (River's default, for its states).
+UNIQUE_STATES_ALWAYS = ("pending", "claimed", "running")
+UNIQUE_STATES_CHOICES = (*UNIQUE_STATES_ALWAYS, "done", "dead", "cancelled")
+DEFAULT_UNIQUE_STATES = (*UNIQUE_STATES_ALWAYS, "done")
+MAX_UNIQUE_FOR_SECONDS = 366 * 24 * 3600  # a year and a day: the longest window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +46,8 @@ class ValidOptions:
     backoff_base_seconds: float | None = None
     backoff_cap_seconds: float | None = None
     atomic: bool | None = None
+    unique_for_seconds: float | None = None  # the window's length (its slots); None: not unique
+    unique_states: tuple[str, ...] = DEFAULT_UNIQUE_STATES
 
     def params(self) -> dict[str, Any]:
         """The columns' statement parameters (``due_at/sql/schedule.sql``): every insert takes them whole."""
@@ -84,6 +94,8 @@ class JobOptions:
     timeout: float | dt.timedelta | None = None
     backoff: registry.Backoff | None = None
     atomic: bool | None = None
+    unique_for: float | dt.timedelta | None = None  # seconds or a timedelta; 0: not unique; None: the kind's
+    unique_states: tuple[str, ...] | list[str] | None = None  # None: the kind's, else DEFAULT_UNIQUE_STATES
 
     def using(self, **changes: Any) -> JobOptions:
         """A copy with ``changes``."""
@@ -113,6 +125,8 @@ class JobOptions:
             backoff_base_seconds=backoff.base_seconds if backoff else None,
             backoff_cap_seconds=backoff.cap_seconds if backoff else None,
             atomic=validation.check_atomic(self.atomic),
+            unique_for_seconds=_unique_for(kind, self.unique_for),
+            unique_states=_unique_states(kind, self.unique_states),
         )
 
     def standing(self, kind: registry.Kind) -> StandingOptions:
@@ -133,3 +147,45 @@ class JobOptions:
             max_attempts=self.max_attempts,
             priority=self.priority,
         )
+
+
+def _unique_for(kind: registry.Kind, value: float | dt.timedelta | None) -> float | None:
+    """The window in seconds (the job's, else its kind's), None when not unique; ``InvalidSchedule`` if bad."""
+    return kind.unique_for_seconds if value is None else check_unique_for(value)
+
+
+def check_unique_for(value: Any) -> float | None:
+    """A window (seconds or a timedelta) in seconds, None for 0 (not unique); ``InvalidSchedule`` unless valid."""
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_UNIQUE_FOR_SECONDS:
+        raise exceptions.InvalidSchedule(
+            f"unique_for must be seconds (or a timedelta) from 0 to {MAX_UNIQUE_FOR_SECONDS}, got {value!r}."
+        )
+    if seconds == 0:
+        return None
+    if seconds < 1:
+        raise exceptions.InvalidSchedule(f"unique_for must be at least 1 second (or 0: not unique), got {value!r}.")
+    return float(seconds)
+
+
+def _unique_states(kind: registry.Kind, value: tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    """The states that hold a window (the job's, else its kind's); ``InvalidSchedule`` unless valid."""
+    return check_unique_states(kind.unique_states if value is None else value)
+
+
+def check_unique_states(value: Any) -> tuple[str, ...]:
+    """``value`` as a tuple of job states holding a window, in a fixed order; ``InvalidSchedule`` unless valid."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+        raise exceptions.InvalidSchedule(f"unique_states must be a list of job states, got {value!r}.")
+    unknown = sorted(set(value) - set(UNIQUE_STATES_CHOICES))
+    if unknown:
+        raise exceptions.InvalidSchedule(
+            f"unique_states may hold {', '.join(UNIQUE_STATES_CHOICES)}; not {', '.join(unknown)}."
+        )
+    missing = [s for s in UNIQUE_STATES_ALWAYS if s not in value]
+    if missing:
+        raise exceptions.InvalidSchedule(
+            f"unique_states must include {', '.join(UNIQUE_STATES_ALWAYS)} (a waiting or running job always "
+            f"holds its window); missing {', '.join(missing)}."
+        )
+    return tuple(s for s in UNIQUE_STATES_CHOICES if s in value)

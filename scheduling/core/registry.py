@@ -112,6 +112,68 @@ class Job:
         return f"{_IDEMPOTENCY_PREFIX.get(self.mechanism, self.mechanism)}:{self.ref}"
 
 
+class HandlerOutcome(Exception):
+    """A handler's choice of how its attempt ends, other than returning or failing (raise a subclass).
+
+    Each ends the attempt like a failure for its writes (an atomic job's writes and on_commit
+    callbacks are rolled back; a committing job's commits stand), then the job goes where the
+    subclass says (docs/architecture.md, "Handler-chosen outcomes"). ``outcome`` is the value the
+    attempt records (an ``AttemptOutcome``).
+    """
+
+    outcome = ""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _seconds(value: float | dt.timedelta, what: str) -> float:
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < 10**9:
+        raise exceptions.SchedulingError(f"{what}(...) takes seconds from 0 (or a timedelta), not {value!r}.")
+    return float(seconds)
+
+
+class Snooze(HandlerOutcome):
+    """Run the job again after ``seconds``, no attempt charged: "not yet" (a resource not ready).
+
+    A job may snooze at most its kind's ``max_snoozes`` times (``SCHEDULING_MAX_SNOOZES`` unless the
+    kind says); the snooze after that is a failure (charged, retried after the backoff, or dead).
+    """
+
+    outcome = "snoozed"
+
+    def __init__(self, seconds: float | dt.timedelta) -> None:
+        self.seconds = _seconds(seconds, "Snooze")
+        super().__init__(f"snoozed for {self.seconds:g}s")
+
+
+class RetryAfter(HandlerOutcome):
+    """This attempt failed and is charged; retry after ``seconds`` instead of the backoff (a 429's Retry-After).
+
+    Dead, like any failure, when the job's attempts are spent.
+    """
+
+    outcome = "retry_after"
+
+    def __init__(self, seconds: float | dt.timedelta, reason: str = "") -> None:
+        self.seconds = _seconds(seconds, "RetryAfter")
+        super().__init__(reason or f"retry after {self.seconds:g}s")
+
+
+class Discard(HandlerOutcome):
+    """This failure is permanent: no further attempt, the job is dead with ``reason``."""
+
+    outcome = "discarded"
+
+
+class Cancel(HandlerOutcome):
+    """The work is no longer wanted: the job is cancelled with ``reason`` (not a failure)."""
+
+    outcome = "cancelled"
+
+
 @dataclasses.dataclass(frozen=True)
 class Access:
     """Who may schedule a kind from outside: a Django permission, a predicate, or both (all must pass).
@@ -194,6 +256,14 @@ class Kind:
     api: Access | None = None  # None: not schedulable through the API (the admin: superusers only)
     critical: bool = False  # /healthz counts its overdue jobs, whoever owns them (and the system's jobs of any kind)
     own_limits: Limits = Limits()  # as registered; the doors read ``limits`` (settings filled in)
+    own_max_snoozes: int | None = None  # as registered (None: SCHEDULING_MAX_SNOOZES); read ``max_snoozes``
+    unique_for_seconds: float | None = None  # its jobs' uniqueness window unless a job says (None: not unique)
+    unique_states: tuple[str, ...] = ("pending", "claimed", "running", "done")  # states that hold the window
+
+    @property
+    def max_snoozes(self) -> int:
+        """How many times a job of this kind may ``Snooze``: its own bound, else ``SCHEDULING_MAX_SNOOZES``."""
+        return conf.get().max_snoozes if self.own_max_snoozes is None else self.own_max_snoozes
 
     @property
     def limits(self) -> Limits:
@@ -280,6 +350,9 @@ def handler(
     api: Access | None = None,
     critical: bool = False,
     limits: Limits | None = None,
+    max_snoozes: int | None = None,
+    unique_for: float | dt.timedelta | None = None,
+    unique_states: tuple[str, ...] | list[str] | None = None,
 ) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -288,6 +361,9 @@ def handler(
     most attempts x ``timeout``) is refused here. ``critical``: ``/healthz`` counts its overdue
     jobs in the backlog (besides the system's own jobs); other owners' jobs never flip it.
     ``limits``: the kind's own payload limits (``Limits``; a field left ``None`` is the setting's).
+    ``max_snoozes``: how many times a job may ``raise Snooze(...)`` before the next one is a failure
+    (None: ``SCHEDULING_MAX_SNOOZES``). ``unique_for`` / ``unique_states``: the default uniqueness
+    window of its jobs and the states that hold it (``schedule(unique_for=...)``; checked as there).
 
     ``atomic`` (the default): on the due_at path the handler runs inside the transaction that
     records its outcome, so its database writes and the job's ``done`` commit together or not at
@@ -321,8 +397,24 @@ def handler(
             api=api,
             critical=critical,
             own_limits=limits or Limits(),
+            own_max_snoozes=max_snoozes,
         )
+        if unique_for is not None or unique_states is not None:
+            from scheduling.core import options  # options imports this module
+
+            kind = dataclasses.replace(
+                kind,
+                unique_for_seconds=None if unique_for is None else options.check_unique_for(unique_for),
+                unique_states=kind.unique_states
+                if unique_states is None
+                else options.check_unique_states(unique_states),
+            )
         kind.own_limits.check(name)
+        bad_snoozes = isinstance(max_snoozes, bool) or not isinstance(max_snoozes, int) or max_snoozes < 0
+        if max_snoozes is not None and bad_snoozes:
+            raise exceptions.SchedulingError(
+                f"Job kind {name!r}: max_snoozes must be a whole number from 0, or None, not {max_snoozes!r}."
+            )
         check_caller_bounds(kind)
         _kinds[name] = kind
         return func
@@ -447,10 +539,15 @@ __all__ = [
     "PRIORITIZE_PERMISSION",
     "Access",
     "Backoff",
+    "Cancel",
+    "Discard",
+    "HandlerOutcome",
     "Job",
     "Kind",
     "Limits",
     "Mechanism",
+    "RetryAfter",
+    "Snooze",
     "all_kinds",
     "autodiscover",
     "get",

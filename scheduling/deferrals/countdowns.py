@@ -57,6 +57,7 @@ from django.utils import timezone
 from scheduling.core import broker, conf, exceptions, executor, registry, tasknames, validation
 from scheduling.core import store as core_store
 from scheduling.deferrals import store
+from scheduling.models import AttemptOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -221,10 +222,17 @@ def parse_eta(value: Any) -> dt.datetime | None:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
-def run(kind_name: str, payload: Any, attempt: int, deferral_id: str, due_at: dt.datetime | None) -> RunResult:
+def run(
+    kind_name: str, payload: Any, attempt: int, deferral_id: str, due_at: dt.datetime | None, snoozes: int = 0
+) -> RunResult:
     """Run attempt ``attempt`` of a broker deferral under its kind's timeout; decide retry or dead on failure.
 
-    Called by the ``scheduling.run_deferred`` task, which turns ``retry`` into a Celery retry.
+    Called by the ``scheduling.run_deferred`` task, which turns ``retry`` and ``snooze`` into a Celery
+    retry (a row past the ceiling). A handler's choice (docs/architecture.md, "Handler-chosen
+    outcomes"): ``Snooze`` runs the same attempt again after its delay (``snooze``; ``snoozes`` so
+    far, at most the kind's ``max_snoozes``, then it is a failure); ``RetryAfter`` is a failure
+    retried after its delay (not the backoff; dead when spent); ``Discard`` records the dead row at
+    once; ``Cancel`` stops (``cancelled``: logged, nothing stored).
     """
     max_attempts = conf.get().default_max_attempts
     backoff = registry.Backoff()
@@ -256,11 +264,35 @@ def run(kind_name: str, payload: Any, attempt: int, deferral_id: str, due_at: dt
             lateness = None if due_at is None else (timezone.now() - due_at).total_seconds()
             logger.info("deferral ran", extra={**log_context, "action": "succeeded", "late_seconds": lateness})
             return RunResult("succeeded", attempt)
+        chosen = _chosen(result, kind, attempt, snoozes, log_context)
+        if chosen is not None:
+            if chosen.outcome == AttemptOutcome.DISCARDED:
+                return _dead(kind_name, payload, attempt, deferral_id, due_at, error, lease_seconds, log_context)
+            return chosen
     if attempt < max_attempts:
         countdown = retry_countdown(backoff, attempt)
         logger.info("deferral will be retried", extra={**log_context, "action": "retry", "countdown": countdown})
         return RunResult("retry", attempt, retry_in_seconds=countdown, error=error)
     return _dead(kind_name, payload, attempt, deferral_id, due_at, error, lease_seconds, log_context)
+
+
+def _chosen(
+    result: executor.Result, kind: registry.Kind, attempt: int, snoozes: int, log_context: dict[str, Any]
+) -> RunResult | None:
+    """The handler's choice as a run result; None for a failure (a snooze past ``max_snoozes`` is one)."""
+    if result.outcome == AttemptOutcome.CANCELLED:
+        logger.info("deferral cancelled by its handler", extra={**log_context, "action": "cancelled"})
+        return RunResult(AttemptOutcome.CANCELLED, attempt, error=result.error)
+    if result.outcome == AttemptOutcome.DISCARDED:
+        return RunResult(AttemptOutcome.DISCARDED, attempt, error=result.error)
+    delay = result.delay_seconds or 0.0
+    if result.outcome == AttemptOutcome.SNOOZED and snoozes < kind.max_snoozes:
+        logger.info("deferral snoozed", extra={**log_context, "action": "snoozed", "countdown": delay})
+        return RunResult("snooze", attempt, retry_in_seconds=delay, error=result.error)
+    if result.outcome == AttemptOutcome.RETRY_AFTER and attempt < kind.max_attempts:
+        logger.info("deferral will be retried", extra={**log_context, "action": "retry", "countdown": delay})
+        return RunResult("retry", attempt, retry_in_seconds=delay, error=result.error)
+    return None
 
 
 def _dead(

@@ -45,6 +45,8 @@ def schedule(
     timeout: float | dt.timedelta | None = None,
     backoff: registry.Backoff | None = None,
     atomic: bool | None = None,
+    unique_for: float | dt.timedelta | None = None,
+    unique_states: Sequence[str] | None = None,
 ) -> ScheduledJob:
     """Schedule ``kind`` with ``payload`` at ``due_at`` (aware) or after ``delay`` (by the database clock).
 
@@ -66,6 +68,15 @@ def schedule(
     retry after a lost worker too), and runs it atomic (its writes commit with its outcome) or
     committing as it goes. Kept on the row; a ``replace`` sets them anew, a ``keep`` leaves the
     waiting job's. Bad values raise ``InvalidSchedule`` before anything is stored.
+
+    ``unique_for`` (seconds or a timedelta; default the kind's, 0: none): a uniqueness window. A
+    job of the same kind and owner with the same key (without a key: the same payload) scheduled
+    in the same window slot (slots of ``unique_for`` from the epoch, by the database clock) while
+    that job is in one of ``unique_states`` (default pending, claimed, running, done; pending,
+    claimed and running always count) is a conflict, handled by ``on_conflict``: ``error`` raises
+    ``DuplicateJob``, ``keep`` returns that job, ``replace`` moves it if it is pending and returns
+    it unchanged otherwise. The database decides (a unique index), exactly under concurrent
+    inserts (docs/architecture.md, "Uniqueness windows").
     """
     options = options_.JobOptions(
         due_at=due_at,
@@ -78,6 +89,8 @@ def schedule(
         timeout=timeout,
         backoff=backoff,
         atomic=atomic,
+        unique_for=unique_for,
+        unique_states=None if unique_states is None else tuple(unique_states),
     )
     return schedule_with_options(kind, payload, options)[0]
 
@@ -96,6 +109,8 @@ def schedule_with_outcome(
     timeout: float | dt.timedelta | None = None,
     backoff: registry.Backoff | None = None,
     atomic: bool | None = None,
+    unique_for: float | dt.timedelta | None = None,
+    unique_states: Sequence[str] | None = None,
 ) -> tuple[ScheduledJob, str]:
     """``schedule()``, also saying what happened: "created", "replaced" or "kept"."""
     options = options_.JobOptions(
@@ -109,6 +124,8 @@ def schedule_with_outcome(
         timeout=timeout,
         backoff=backoff,
         atomic=atomic,
+        unique_for=unique_for,
+        unique_states=None if unique_states is None else tuple(unique_states),
     )
     return schedule_with_options(kind, payload, options)
 
@@ -122,7 +139,15 @@ def schedule_with_options(kind: str, payload: Any, options: options_.JobOptions)
         key, on_conflict = valid.key, valid.on_conflict
         new = store.NewJob(kind=kind, payload=payload, options=valid)
         outcome = "created"
-        if key is None:
+        unique = _schedule_unique(new) if valid.unique_for_seconds is not None else None
+        if unique is not None:
+            held, outcome = unique
+            if outcome == "kept":
+                span.set("job_id", held.id)
+                span.set("outcome", "kept")
+                return ScheduledJob.objects.get(pk=held.id), "kept"
+            job_id, stored_due_at, in_seconds = held.id, held.due_at, held.in_seconds
+        elif key is None:
             row = store.insert_job(new, on_conflict)
             assert row is not None
             job_id, stored_due_at, in_seconds = row.id, row.due_at, row.in_seconds
@@ -164,6 +189,42 @@ def schedule_with_options(kind: str, payload: Any, options: options_.JobOptions)
         return job, outcome
 
 
+UNIQUE_ATTEMPTS = 3  # a window's holder that leaves it between our insert and our look-up: insert again
+
+
+def _schedule_unique(new: store.NewJob) -> tuple[store.DueJob, str] | None:
+    """Schedule a job with a uniqueness window: (its row, "created", "replaced" or "kept"); None: the key's rule.
+
+    The database decides (``store.insert_unique_job``: a unique index, no check-then-insert). When
+    the window holds a job like it, ``on_conflict`` says what happens: ``error`` raises
+    ``DuplicateJob`` naming it, ``keep`` returns it, ``replace`` moves it while it waits (pending)
+    and otherwise returns it unchanged ("kept": a job claimed, running or finished in the window
+    stays as it is). None when no window holds it but the key's waiting job refused the insert (a
+    job of the key from an earlier slot): the key's own rule (``upsert_keyed_job``) applies.
+    """
+    key = store.unique_key(new)
+    on_conflict = new.options.on_conflict
+    for _ in range(UNIQUE_ATTEMPTS):
+        row = store.insert_unique_job(new, key)
+        if row is not None:
+            return row, "created"
+        holder = store.unique_job_holder(key)
+        if holder is None:
+            if new.options.key is not None:
+                return None
+            continue  # it left the window meanwhile (cancelled, dead): the slot is free again
+        if on_conflict == "error":
+            raise exceptions.DuplicateJob(new.options.key or "", holder.id, holder.state)
+        if on_conflict == "replace":
+            moved = store.replace_unique_job(new, key, holder.id)
+            if moved is not None:
+                logger.info("schedule moved the window's job", extra={"job_id": holder.id, "action": "replaced"})
+                return moved, "replaced"
+        logger.info("schedule kept the window's job", extra={"job_id": holder.id, "action": "kept"})
+        return store.DueJob(id=holder.id, due_at=dt.datetime.min, in_seconds=0.0), "kept"
+    raise exceptions.DuplicateJob(new.options.key or "", -1, "unknown")
+
+
 def schedule_many(
     kind: str,
     payloads: Sequence[Any],
@@ -176,6 +237,9 @@ def schedule_many(
     timeout: float | dt.timedelta | None = None,
     backoff: registry.Backoff | None = None,
     atomic: bool | None = None,
+    unique_for: float | dt.timedelta | None = None,
+    unique_states: Sequence[str] | None = None,
+    on_conflict: str = "replace",
 ) -> list[int]:
     """Schedule one job of ``kind`` per payload, all at ``due_at`` or after ``delay``; returns their ids.
 
@@ -183,6 +247,9 @@ def schedule_many(
     the same transaction rules, in one statement: for bulk loads, where a row-per-call insert
     dominates. No keys: a keyed job needs ``schedule()``'s conflict handling. ``timeout``,
     ``backoff`` and ``atomic`` as in ``schedule()``, the same for every job of the call.
+    With a uniqueness window (``unique_for``, or the kind's) each payload goes through
+    ``schedule()``'s window rule in turn (``on_conflict``; one insert each): the id returned for a
+    payload whose window already holds a job is that job's.
     """
     mechanism = registry.Mechanism.DUE_AT
     with tracing.span("timekeeper.schedule_many", kind=kind, mechanism=mechanism, count=len(payloads)) as span:
@@ -197,10 +264,17 @@ def schedule_many(
             timeout=timeout,
             backoff=backoff,
             atomic=atomic,
+            unique_for=unique_for,
+            unique_states=None if unique_states is None else tuple(unique_states),
+            on_conflict=on_conflict,
         )
         valid = options.validated(job_kind)
         if not encoded:
             return []
+        if valid.unique_for_seconds is not None:
+            ids = [schedule_with_options(kind, payload, options)[0].id for payload in payloads]
+            span.set("job_ids", ids)
+            return ids
         rows = store.insert_jobs(kind, encoded, valid)
         claim.wake_on_commit(min(row.in_seconds for row in rows))  # one wake-up: all rows share the due time
         logger.info("jobs scheduled", extra={"kind": kind, "count": len(rows), "action": "scheduled"})

@@ -8,6 +8,9 @@ The lifecycle (docs/architecture.md, "The job lifecycle")::
                                              │ └──► cancelled (its owner was deleted)
     pending ──cancel──► cancelled
 
+A handler may choose its outcome (``registry.Snooze``, ``RetryAfter``, ``Discard``, ``Cancel``): four
+events of their own (``_handler_choice``), written like the others.
+
 ``decide(event, facts)`` says what an event does to a job whose row reads ``facts``; ``None`` means
 nothing changes (a stale token, or a state the event does not apply to). Every way out of
 ``claimed`` and ``running`` (the runner's outcomes, the claim's give-back, the sweeper, the
@@ -44,6 +47,11 @@ class Event(enum.StrEnum):
     CRASHED = "crashed"  # running, its process died (the sweeper) or its chunk's transaction was lost
     CANCEL = "cancel"  # an operator or the API cancels it
     UNKNOWN_KIND = "unknown_kind"  # its worker has no handler for its kind (an old release): given back, later
+    # A handler's choice (registry.Snooze, RetryAfter, Discard, Cancel); the values are the attempt's outcome.
+    SNOOZED = "snoozed"  # run again after the given delay, the attempt not charged
+    RETRY_AFTER = "retry_after"  # a failure charged, retried after the given delay instead of the backoff
+    DISCARDED = "discarded"  # a permanent failure: dead, whatever attempts are left
+    CANCELLED = "cancelled"  # the handler cancels its job
 
 
 # An outcome is fenced by the claim token: the runner writes it for a started (running) job, and
@@ -57,11 +65,15 @@ FROM_STATES: dict[Event, tuple[JobState, ...]] = {
     Event.EXPIRED: (JobState.CLAIMED,),
     Event.CRASHED: (JobState.RUNNING,),
     Event.CANCEL: (JobState.PENDING,),
+    Event.SNOOZED: (JobState.RUNNING, JobState.CLAIMED),
+    Event.RETRY_AFTER: (JobState.RUNNING, JobState.CLAIMED),
+    Event.DISCARDED: (JobState.RUNNING, JobState.CLAIMED),
+    Event.CANCELLED: (JobState.RUNNING, JobState.CLAIMED),
     Event.UNKNOWN_KIND: (JobState.RUNNING, JobState.CLAIMED),
 }
 
 # Given back without having failed: a deleted owner's job is then cancelled, not dead.
-GIVE_BACKS = frozenset({Event.UNSENT, Event.RELEASED, Event.EXPIRED, Event.UNKNOWN_KIND})
+GIVE_BACKS = frozenset({Event.UNSENT, Event.RELEASED, Event.EXPIRED, Event.SNOOZED, Event.UNKNOWN_KIND})
 
 
 class Due(enum.StrEnum):
@@ -117,6 +129,8 @@ def decide(event: Event, facts: Facts) -> Decision | None:
         return _back(facts, Decision(JobState.PENDING, uncount=True), give_back=True)
     if event == Event.UNKNOWN_KIND:  # uncharged, due after the given delay so old workers do not loop hot
         return _back(facts, Decision(JobState.PENDING, due=Due.BACKOFF, uncount=True), give_back=True)
+    if event in _HANDLER_CHOICES:
+        return _handler_choice(event, facts)
     if event in (Event.FAILED, Event.TIMED_OUT):
         record = AttemptOutcome(event.value)
         if facts.spent:
@@ -146,6 +160,29 @@ def decide(event: Event, facts: Facts) -> Decision | None:
         Decision(JobState.PENDING, due=Due.BACKOFF, record=AttemptOutcome.RECLAIMED, run_alone=True),
         give_back=False,
     )
+
+
+_HANDLER_CHOICES = frozenset({Event.SNOOZED, Event.RETRY_AFTER, Event.DISCARDED, Event.CANCELLED})
+
+
+def _handler_choice(event: Event, facts: Facts) -> Decision:
+    """A handler's chosen outcome (docs/architecture.md, "Handler-chosen outcomes").
+
+    SNOOZED: pending after its delay, the claim's attempt given back (a snooze is no attempt; how
+    many a job may take is the runner's check, before this event); a deleted owner's job is then
+    cancelled, as for every give-back. RETRY_AFTER: a failure, charged (dead when spent, or when
+    its owner was deleted), due after its delay. DISCARDED: dead. CANCELLED: cancelled.
+    """
+    record = AttemptOutcome(event.value)
+    if event == Event.SNOOZED:
+        return _back(facts, Decision(JobState.PENDING, due=Due.BACKOFF, record=record, uncount=True), give_back=True)
+    if event == Event.RETRY_AFTER:
+        if facts.spent:
+            return Decision(JobState.DEAD, record=record)
+        return _back(facts, Decision(JobState.PENDING, due=Due.BACKOFF, record=record), give_back=False)
+    if event == Event.DISCARDED:
+        return Decision(JobState.DEAD, record=record)
+    return Decision(JobState.CANCELLED, record=record)
 
 
 def _back(facts: Facts, decision: Decision, *, give_back: bool) -> Decision:

@@ -78,6 +78,11 @@ BROKEN_TRANSACTION_ERROR = (
     "broken; its writes were rolled back (wrap the statement that may fail in transaction.atomic())"
 )
 
+SNOOZED_TOO_OFTEN = (
+    "snoozed too often: the job already snoozed {n} times (its kind's max_snoozes, or SCHEDULING_MAX_SNOOZES); "
+    "this snooze counts as a failure"
+)
+
 ROLLED_BACK_NOTE = (
     "rolled back: the handler returned with its transaction marked for rollback (transaction.set_rollback(True), "
     "or an error caught inside a block Django rolls back); its writes and on_commit callbacks were discarded"
@@ -236,6 +241,7 @@ def _outcome(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock)
     result = executor.invoke(kind, _job_for(job), _timeout(job, kind))
     if result.ok:
         return store.Outcome(job.id, job.token, started_at, clock.now(), AttemptOutcome.SUCCEEDED)
+    delay = _backoff(job, kind).delay(job.attempts) if result.delay_seconds is None else result.delay_seconds
     return store.Outcome(
         job.id,
         job.token,
@@ -243,9 +249,22 @@ def _outcome(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock)
         clock.now(),
         result.outcome,
         result.error,
-        _backoff(job, kind).delay(job.attempts),
-        traceback=result.traceback,
+        delay,
+        traceback="" if result.outcome == AttemptOutcome.SNOOZED else result.traceback,
     )
+
+
+def _bounded(outcome: store.Outcome, job: store.StartedJob, kind: registry.Kind | None) -> store.Outcome:
+    """A snooze past the kind's ``max_snoozes`` is a failure (charged, retried after the backoff, or dead).
+
+    Asked only of a job that snoozes (one indexed count of its snoozed attempts), after its writes
+    were rolled back.
+    """
+    if outcome.outcome != AttemptOutcome.SNOOZED or kind is None:
+        return outcome
+    if store.snoozes(job.id) < kind.max_snoozes:
+        return outcome
+    return _failed(outcome, job, kind, SNOOZED_TOO_OFTEN.format(n=kind.max_snoozes))
 
 
 def _record(report: BatchReport, successes: list[store.Outcome], failures: list[store.Outcome]) -> None:
@@ -445,7 +464,7 @@ def _run_isolated(
     if sent or store.transaction_failed():
         store.roll_back_job()
     del _commit_hooks()[callbacks_before:]
-    return outcome
+    return _bounded(outcome, job, kind)
 
 
 def _failed(outcome: store.Outcome, job: store.StartedJob, kind: registry.Kind | None, error: str) -> store.Outcome:
@@ -536,7 +555,7 @@ def _run_committing(
 
     try:
         for job in jobs:
-            outcome = _outcome(job, kinds[job.kind], clock)
+            outcome = _bounded(_outcome(job, kinds[job.kind], clock), job, kinds[job.kind])
             (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
             if time.monotonic() - last_flush >= FLUSH_EVERY_SECONDS:
                 flush()

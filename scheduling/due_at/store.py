@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from django.db import connection, transaction
 from scheduling.core import conf, db, registry
 from scheduling.core import options as options_
 from scheduling.due_at import lifecycle
-from scheduling.models import JobState
+from scheduling.models import AttemptOutcome, JobAttempt, JobState
 
 SQL = db.Statements(Path(__file__).with_name("sql"))
 TRANSACTION_STATUS_INERROR = 3  # libpq's PQTRANS_INERROR: the (sub)transaction failed, statements are refused
@@ -76,8 +77,9 @@ class NewJob:
     options: options_.ValidOptions
 
     def params(self) -> dict[str, Any]:
-        """The statement parameters of an insert or a keyed upsert."""
-        return {"kind": self.kind, "payload": json.dumps(self.payload), **self.options.params()}
+        """The statement parameters of an insert or a keyed upsert (no uniqueness window: ``insert_unique_job``)."""
+        params = {"kind": self.kind, "payload": json.dumps(self.payload), **self.options.params()}
+        return {**params, "unique_key": None, "unique_states": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +129,52 @@ def upsert_keyed_job(job: NewJob, on_conflict: str) -> KeyedUpsert | None:
     assert job.options.key is not None
     name = "upsert_job_replace" if on_conflict == "replace" else "upsert_job_keep"
     return SQL.fetch_one(KeyedUpsert, name, job.params())
+
+
+def snoozes(job_id: int) -> int:
+    """How many times the job snoozed (``registry.Snooze``): its attempts recorded as snoozed."""
+    return JobAttempt.objects.filter(job_id=job_id, outcome=AttemptOutcome.SNOOZED).count()
+
+
+@dataclasses.dataclass(frozen=True)
+class UniqueHolder:
+    """The job holding a unique window: its id and state."""
+
+    id: int
+    state: JobState
+
+
+def unique_key(job: NewJob) -> str:
+    """The job's unique key: a hash of kind, owner, window and key (or payload), then the window slot (database clock).
+
+    Without a key the payload counts, as its canonical JSON (sorted keys), so equal payloads meet.
+    """
+    window = job.options.unique_for_seconds
+    assert window is not None
+    what = (
+        job.options.key
+        if job.options.key is not None
+        else json.dumps(job.payload, sort_keys=True, separators=(",", ":"))
+    )
+    identity = json.dumps([job.kind, job.options.owner_id, window, job.options.key is not None, what])
+    slot = SQL.fetch_value("unique_slot", {"window": window})
+    return f"{hashlib.sha256(identity.encode()).hexdigest()[:40]}:{slot}"
+
+
+def insert_unique_job(job: NewJob, key: str) -> DueJob | None:
+    """Insert a job holding ``key`` in its ``unique_states``; None when a row holds it (or the job's key index)."""
+    params = {**job.params(), "unique_key": key, "unique_states": list(job.options.unique_states)}
+    return SQL.fetch_one(DueJob, "insert_unique_job", params)
+
+
+def unique_job_holder(key: str) -> UniqueHolder | None:
+    """The job holding ``key`` now (a fresh statement: it sees a holder that committed while we waited)."""
+    return SQL.fetch_one(UniqueHolder, "unique_job_holder", {"unique_key": key})
+
+
+def replace_unique_job(job: NewJob, key: str, job_id: int) -> DueJob | None:
+    """Move the holder ``job_id`` of ``key`` to ``job``'s payload and options if it still waits (pending)."""
+    return SQL.fetch_one(DueJob, "replace_unique_job", {**job.params(), "unique_key": key, "id": job_id})
 
 
 def insert_jobs(kind: str, payloads: Sequence[str], options: options_.ValidOptions) -> list[DueJob]:

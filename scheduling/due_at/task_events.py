@@ -184,6 +184,8 @@ def fields(event: JobEvent, batch_id: str) -> tuple[str, dict[str, Any]]:
     values["exception"] = f"{error_type(event.error)} (job {event.job_id}, attempt {event.attempt}: {event.outcome})"
     if event.state_after == JobState.DEAD:
         return "task-failed", {**values, "traceback": ""}
+    if event.state_after == JobState.CANCELLED:  # the handler cancelled it (registry.Cancel), or its owner is gone
+        return "task-revoked", {**values, "terminated": False, "expired": False}
     return "task-retried", values
 
 

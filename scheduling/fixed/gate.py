@@ -46,7 +46,7 @@ from django_celery_beat.models import PeriodicTask
 from scheduling.core import audit, conf, exceptions, executor, leadership, locks, registry, tasknames
 from scheduling.core import store as core_store
 from scheduling.fixed import messages, store
-from scheduling.models import ConcurrencyPolicy, RunState, RunTrigger, SchedulePolicy
+from scheduling.models import AttemptOutcome, ConcurrencyPolicy, RunState, RunTrigger, SchedulePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -238,11 +238,19 @@ def _close_orphans(policy: SchedulePolicy, entry: store.LedgerEntry, log: dict[s
 def _execute(
     policy: SchedulePolicy, kind: registry.Kind, entry: store.LedgerEntry, log: dict[str, Any]
 ) -> tuple[RunState, str, int]:
-    """Run the handler with retries under the active deadline: (state, error, attempts made)."""
+    """Run the handler with retries under the active deadline: (state, error, attempts made).
+
+    A handler's choice (docs/architecture.md, "Handler-chosen outcomes"): ``Discard`` and ``Cancel``
+    end the run at once, ``discarded`` / ``cancelled`` with the reason; ``RetryAfter`` is one of the
+    schedule's retries (``backoff_limit``) after its delay instead of the backoff; ``Snooze`` calls
+    again after its delay within the same tick, not counted as a retry, at most the kind's
+    ``max_snoozes`` times (then it is a failure). All of it within the active deadline.
+    """
     max_attempts = policy.backoff_limit + 1
     timeout = float(policy.active_deadline_seconds or kind.timeout_seconds)
     ref = f"{policy.periodic_task.name}@{entry.tick.isoformat()}"
     attempt = 1
+    snoozes = 0
     try:
         # One deadline over every attempt and the pauses between them: the policy's active deadline.
         with executor.deadline(timeout):
@@ -259,10 +267,18 @@ def _execute(
                 result = executor.invoke(kind, job, None)
                 if result.ok:
                     return RunState.SUCCEEDED, "", attempt
+                if result.outcome in (RunState.DISCARDED, RunState.CANCELLED):
+                    return RunState(result.outcome), result.error, attempt
+                if result.outcome == AttemptOutcome.SNOOZED and snoozes < kind.max_snoozes:
+                    snoozes += 1
+                    time.sleep(result.delay_seconds or 0.0)
+                    continue
                 if attempt >= max_attempts:
                     logger.warning("fixed-time run failed", extra={**log, "run_id": entry.id, "attempt": attempt})
                     return RunState.FAILED, result.error, attempt
                 delay = kind.backoff.delay(attempt)
+                if result.outcome == AttemptOutcome.RETRY_AFTER and result.delay_seconds is not None:
+                    delay = result.delay_seconds
                 logger.info(
                     "fixed-time run failed; retrying within the tick",
                     extra={**log, "run_id": entry.id, "attempt": attempt, "retry_in_seconds": round(delay, 3)},

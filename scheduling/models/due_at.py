@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models.expressions import RawSQL
@@ -50,6 +51,11 @@ class AttemptOutcome(models.TextChoices):
     FAILED = "failed", "failed"
     TIMED_OUT = "timed_out", "timed out"
     RECLAIMED = "reclaimed", "reclaimed"
+    # A handler's choice (registry.Snooze, RetryAfter, Discard, Cancel): the reason is the attempt's error.
+    SNOOZED = "snoozed", "snoozed"
+    RETRY_AFTER = "retry_after", "retry after"
+    DISCARDED = "discarded", "discarded"
+    CANCELLED = "cancelled", "cancelled"
 
 
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # the claim walks priorities MAX_PRIORITY..MIN_PRIORITY
@@ -235,6 +241,23 @@ class ScheduledJob(models.Model):
         null=True,
         blank=True,
         help_text="Whether this job's writes commit with its outcome (yes) or as it goes (no); empty: its kind's.",
+    )
+    # Uniqueness windows (schedule(unique_for=...)): the unique index scheduledjob_unique_window_uniq
+    # (migration 0030, raw SQL: its predicate compares two columns) holds one row per unique_key among
+    # the rows whose state is in their own unique_states.
+    unique_key = models.CharField(
+        "unique key",
+        max_length=100,
+        null=True,
+        blank=True,
+        help_text="What makes it unique within its window: a hash of kind, owner and key (or payload), and the slot.",
+    )
+    unique_states = ArrayField(
+        models.CharField(max_length=16),
+        verbose_name="unique states",
+        null=True,
+        blank=True,
+        help_text="The states in which this job holds its unique key (a second job of the key is a conflict).",
     )
 
     objects = ScheduledJobQuerySet.as_manager()

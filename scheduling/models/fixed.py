@@ -162,6 +162,8 @@ class RunState(models.TextChoices):
     MISSED = "missed", "missed (deadline)"
     REPLACED = "replaced", "replaced"
     TIMED_OUT = "timed_out", "timed out"
+    DISCARDED = "discarded", "discarded (by its handler)"  # registry.Discard: no further attempt in the tick
+    CANCELLED = "cancelled", "cancelled (by its handler)"  # registry.Cancel
 
 
 class RunTrigger(models.TextChoices):
@@ -205,7 +207,17 @@ class ScheduleRun(models.Model):
             models.UniqueConstraint(fields=["schedule", "tick"], name="schedulerun_one_per_tick"),
             models.CheckConstraint(
                 condition=models.Q(
-                    state__in=["running", "succeeded", "failed", "skipped", "missed", "replaced", "timed_out"]
+                    state__in=[
+                        "running",
+                        "succeeded",
+                        "failed",
+                        "skipped",
+                        "missed",
+                        "replaced",
+                        "timed_out",
+                        "discarded",
+                        "cancelled",
+                    ]
                 ),
                 name="schedulerun_state_valid",
             ),

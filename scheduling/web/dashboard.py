@@ -113,7 +113,8 @@ def recurrences_outlook() -> dict[str, int]:
 
 
 OUTCOMES = ("succeeded", "failed", "dead")  # the finished chart's series, in its palette's order
-ATTEMPT_FAILURES = ("failed", "timed_out", "reclaimed")  # attempt outcomes the chart counts as failed
+# attempt outcomes the chart counts as failed (a snooze or a handler's cancel is not a failure)
+ATTEMPT_FAILURES = ("failed", "timed_out", "reclaimed", "retry_after", "discarded")
 
 
 @dataclasses.dataclass(frozen=True)

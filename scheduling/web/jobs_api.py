@@ -53,7 +53,20 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 MAX_JOB_ID = 2**63 - 1  # bigint: a larger id cannot exist (and would be a database error, not a 404)
 MAX_DATETIME_TEXT = 64  # characters: no ISO-8601 date-time is longer
-CREATE_FIELDS = frozenset({"kind", "payload", "due_at", "delay", "key", "on_conflict", "max_attempts", "priority"})
+CREATE_FIELDS = frozenset(
+    {
+        "kind",
+        "payload",
+        "due_at",
+        "delay",
+        "key",
+        "on_conflict",
+        "max_attempts",
+        "priority",
+        "unique_for",
+        "unique_states",
+    }
+)
 RESCHEDULE_FIELDS = frozenset({"due_at", "delay"})
 LIST_PARAMETERS = frozenset({"state", "kind", "key", "page", "page_size", "cursor"})
 LIST_ORDER = ("due_at", "id")  # unique together; an owner's walk reads scheduledjob_owner_due_idx
@@ -101,6 +114,8 @@ def from_scheduling_error(exc: exceptions.SchedulingError) -> ApiError:
         return ApiError(404, "not_found", "No such job.")
     if isinstance(exc, exceptions.JobStateConflict):
         return ApiError(409, "state_conflict", str(exc), job_id=exc.job_id, state=exc.state)
+    if isinstance(exc, exceptions.DuplicateJob):
+        return ApiError(409, "duplicate_job", str(exc), job_id=exc.job_id, state=exc.state)
     if isinstance(exc, exceptions.KeyConflict):
         return ApiError(409, "key_conflict", str(exc), key=exc.key, job_id=exc.job_id)
     return ApiError(400, "invalid_request", str(exc))
@@ -431,6 +446,8 @@ def _create(request: HttpRequest, user: Any) -> JsonResponse:
                 max_attempts=data.get("max_attempts"),
                 owner=user,
                 priority=priority,
+                unique_for=data.get("unique_for"),
+                unique_states=data.get("unique_states"),
                 **times,
             )
             if outcome == "created":

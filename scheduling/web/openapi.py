@@ -16,7 +16,7 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
-from scheduling.core import exceptions, kind_options, registry, validation
+from scheduling.core import exceptions, kind_options, options, registry, validation
 from scheduling.due_at import api as jobs_api_functions
 from scheduling.models import AttemptOutcome, JobState
 from scheduling.web import jobs_api, kinds_api, openapi_parts, openapi_recurrences
@@ -173,6 +173,24 @@ def _schemas() -> dict[str, Any]:
                     "description": "One job waiting to run per (caller, key); a running one does not count.",
                 },
                 "on_conflict": {"type": "string", "enum": list(jobs_api_functions.ON_CONFLICT_CHOICES)},
+                "unique_for": {
+                    "type": "number",
+                    "nullable": True,
+                    "minimum": 0,
+                    "maximum": options.MAX_UNIQUE_FOR_SECONDS,
+                    "description": (
+                        "A uniqueness window in seconds (default: the kind's; 0: none): a job of the kind with the "
+                        "same key, or without a key the same payload, scheduled by the caller in the same window "
+                        "slot while that job is in one of unique_states meets on_conflict (409 `duplicate_job` "
+                        "for error)."
+                    ),
+                },
+                "unique_states": {
+                    "type": "array",
+                    "nullable": True,
+                    "items": {"type": "string", "enum": list(options.UNIQUE_STATES_CHOICES)},
+                    "description": "The states that hold the window; pending, claimed and running always do.",
+                },
                 "max_attempts": {
                     "type": "integer",
                     "nullable": True,

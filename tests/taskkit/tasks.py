@@ -121,3 +121,13 @@ def holds(context: TaskContext, label: str, seconds: float) -> str:
     Execution.objects.create(idempotency_key=f"{label}:{context.attempt}", kind="holds", pid=os.getpid())
     time.sleep(seconds)
     return label
+
+
+@task
+def chooses(outcome: str) -> None:
+    """Raise the handler-chosen outcome named (``snooze``, ``discard`` or ``cancel``)."""
+    if outcome == "snooze":
+        raise registry.Snooze(60)
+    if outcome == "discard":
+        raise registry.Discard("the invoice was already paid")
+    raise registry.Cancel("the customer left")

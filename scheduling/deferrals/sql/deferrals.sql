@@ -13,7 +13,8 @@ WITH new_jobs AS (
            %(attempts)s::integer AS max_attempts, %(error)s::text AS last_error, %(key)s::text AS key,
            NULL::integer AS owner_id, now() AS finished_at, 0 AS priority, NULL::float8 AS timeout_seconds,
            NULL::float8 AS backoff_base_seconds, NULL::float8 AS backoff_cap_seconds, NULL::boolean AS atomic,
-           NULL::bigint AS recurrence_id, NULL::timestamptz AS occurrence_at
+           NULL::bigint AS recurrence_id, NULL::timestamptz AS occurrence_at,
+           NULL::text AS unique_key, NULL::varchar[] AS unique_states
     WHERE NOT EXISTS (
         SELECT 1 FROM scheduling_scheduledjob WHERE kind = %(kind)s AND state = 'dead' AND key = %(key)s)
 )

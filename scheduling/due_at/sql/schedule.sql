@@ -26,7 +26,8 @@ WITH new_jobs AS (
            %(owner_id)s::integer AS owner_id, NULL::timestamptz AS finished_at, %(priority)s::integer AS priority,
            %(timeout_seconds)s::float8 AS timeout_seconds, %(backoff_base_seconds)s::float8 AS backoff_base_seconds,
            %(backoff_cap_seconds)s::float8 AS backoff_cap_seconds, %(atomic)s::boolean AS atomic,
-           NULL::bigint AS recurrence_id, NULL::timestamptz AS occurrence_at
+           NULL::bigint AS recurrence_id, NULL::timestamptz AS occurrence_at,
+           NULL::text AS unique_key, NULL::varchar[] AS unique_states
     FROM unnest(%(payloads)s::text[]) WITH ORDINALITY AS t(payload, n)
     ORDER BY t.n
 )
@@ -180,9 +181,11 @@ RETURNING id;
 -- max(id) keep the partial unique index happy. A running job does not hold the key back.
 -- A recurrence's occurrence likewise stays dead while the recurrence has a live occurrence (or a
 -- newer dead one of it is retried here): one live occurrence per recurrence, an index too.
+-- A job with a uniqueness window leaves it when dead does not hold it (another may hold it by now).
 UPDATE scheduling_scheduledjob AS j
 SET state = 'pending', attempts = 0, due_at = now(), finished_at = NULL, token = NULL, claimed_at = NULL,
-    heartbeat_at = NULL, claimed_by = '', updated_at = now()
+    heartbeat_at = NULL, claimed_by = '', updated_at = now(),
+    unique_key = CASE WHEN 'dead' = ANY(j.unique_states) THEN j.unique_key END
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead'
   AND (j.recurrence_id IS NULL OR (
         NOT EXISTS (
@@ -201,3 +204,40 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead'
             WHERE d.id = ANY(%(ids)s::bigint[]) AND d.state = 'dead'
               AND coalesce(d.owner_id, 0) = coalesce(j.owner_id, 0) AND d.key = j.key)))
 RETURNING j.id;
+
+-- name: unique_slot
+-- Uniqueness windows: the slot of the database clock's present, counted in windows of `window`
+-- seconds from the epoch (River's and Oban's periods: a window is a fixed slot, not a sliding span).
+SELECT floor(extract(epoch FROM clock_timestamp()) / %(window)s)::bigint AS slot;
+
+-- name: insert_unique_job
+-- A job with a uniqueness window: inserted unless a row holds the same unique_key (kind, owner,
+-- key or payload, window slot) in one of that row's unique_states. The unique index
+-- scheduledjob_unique_window_uniq decides, so two callers racing cannot both insert: the second
+-- waits for the first to commit (or roll back) and then inserts nothing. DO NOTHING without a
+-- target also yields to the key's waiting job (scheduledjob_waiting_owner_key_uniq), which the
+-- caller then meets through the key's own rule. No row is locked or waited for beyond that insert.
+WITH new_jobs AS (
+    -- include: options_as_new_job
+)
+-- include: insert_into_jobs
+ON CONFLICT DO NOTHING
+RETURNING id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds;
+
+-- name: unique_job_holder
+-- The job holding a unique key (in one of its own unique_states), through the unique index.
+SELECT id, state FROM scheduling_scheduledjob
+WHERE unique_key = %(unique_key)s AND state = ANY(unique_states)
+LIMIT 1;
+
+-- name: replace_unique_job
+-- on_conflict="replace" within a window: the holder is moved (payload, due time, budget, its own
+-- options) while it waits (pending); a job claimed, running or finished is left as it is.
+UPDATE scheduling_scheduledjob
+SET payload = %(payload)s::jsonb,
+    due_at = coalesce(%(due_at)s, CASE WHEN %(delay)s > 0 THEN clock_timestamp() + make_interval(secs => %(delay)s) ELSE now() END),
+    max_attempts = greatest(%(max_attempts)s, attempts + 1), priority = %(priority)s,
+    timeout_seconds = %(timeout_seconds)s, backoff_base_seconds = %(backoff_base_seconds)s,
+    backoff_cap_seconds = %(backoff_cap_seconds)s, atomic = %(atomic)s, updated_at = now()
+WHERE id = %(id)s AND state = 'pending' AND unique_key = %(unique_key)s
+RETURNING id, due_at, extract(epoch FROM due_at - clock_timestamp())::float8 AS in_seconds;

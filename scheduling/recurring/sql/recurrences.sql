@@ -172,7 +172,7 @@ WITH plan AS (
            0 AS attempts, p.attempts AS max_attempts, ''::text AS last_error, NULL::text AS key, r.owner_id,
            NULL::timestamptz AS finished_at, p.priority, NULL::float8 AS timeout_seconds,
            NULL::float8 AS backoff_base_seconds, NULL::float8 AS backoff_cap_seconds, NULL::boolean AS atomic,
-           r.id AS recurrence_id, p.at AS occurrence_at
+           r.id AS recurrence_id, p.at AS occurrence_at, NULL::text AS unique_key, NULL::varchar[] AS unique_states
     FROM plan AS p
     JOIN scheduling_recurrence AS r ON r.id = p.id
     WHERE r.state = 'active' AND r.current_at IS NOT DISTINCT FROM p.prev

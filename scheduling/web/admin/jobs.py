@@ -238,6 +238,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         ("Attempts", {"fields": ("attempts", "max_attempts", "lease_seconds", "last_error")}),
         ("Current claim", {"fields": ("claimed_time", "heartbeat_time", "claimed_by"), "classes": ("collapse",)}),
         ("History", {"fields": ("created_time", "updated_time", "finished_time")}),
+        ("Uniqueness window", {"fields": ("unique_key", "unique_states"), "classes": ("collapse",)}),
     )
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:

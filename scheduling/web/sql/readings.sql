@@ -179,13 +179,14 @@ ORDER BY kind;
 -- name: outcome_buckets
 -- What finished in the last `window` seconds, per `bucket` seconds (date_bin from the epoch), kind
 -- and outcome: attempts that succeeded, attempts that failed (failed, timed out or taken back from a
--- dead worker; a job's last failed attempt among them) and jobs that became dead. Attempts are found
+-- dead worker, a handler's RetryAfter or Discard; a job's last failed attempt among them; not a snooze
+-- nor a handler's cancel) and jobs that became dead. Attempts are found
 -- through jobattempt_finished_idx and their jobs by key; dead jobs through scheduledjob_finished_idx.
 SELECT date_bin(make_interval(secs => %(bucket)s), a.finished_at, timestamptz '1970-01-01 00:00:00+00') AS at,
        j.kind, CASE WHEN a.outcome = 'succeeded' THEN 'succeeded' ELSE 'failed' END AS outcome, count(*) AS count
 FROM scheduling_jobattempt AS a
 JOIN scheduling_scheduledjob AS j ON j.id = a.job_id
-WHERE a.finished_at >= now() - make_interval(secs => %(window)s)
+WHERE a.finished_at >= now() - make_interval(secs => %(window)s) AND a.outcome NOT IN ('snoozed', 'cancelled')
 GROUP BY 1, 2, 3
 UNION ALL
 SELECT date_bin(make_interval(secs => %(bucket)s), finished_at, timestamptz '1970-01-01 00:00:00+00'), kind, 'dead', count(*)

@@ -43,6 +43,12 @@ def test_validated_fills_the_kinds_defaults_and_resolves_every_option():
         {"delay": 1, "max_attempts": 0},
         {"delay": 1, "timeout": -1},
         {"delay": 1, "atomic": "yes"},
+        {"delay": 1, "unique_for": -1},
+        {"delay": 1, "unique_for": 0.5},
+        {"delay": 1, "unique_for": True},
+        {"delay": 1, "unique_for": 60, "unique_states": ["done"]},
+        {"delay": 1, "unique_for": 60, "unique_states": ["pending", "claimed", "running", "paused"]},
+        {"delay": 1, "unique_for": 60, "unique_states": "pending"},
     ],
 )
 def test_validated_refuses_what_every_door_refuses(bad):
@@ -69,3 +75,15 @@ def test_standing_refuses_what_a_recurrence_cannot_take(bad):
     """A bad key, attempts or priority, or a time, timeout or atomicity of the occurrence's own, is refused."""
     with pytest.raises(exceptions.InvalidSchedule):
         options.JobOptions(**bad).standing(registry.get("demo.record"))
+
+
+def test_a_uniqueness_window_resolves_to_seconds_and_ordered_states_with_the_kinds_default():
+    """unique_for becomes seconds (0: none), unique_states a tuple in lifecycle order; unset, the kind's."""
+    kind = registry.get("demo.record")
+    valid = options.JobOptions(
+        delay=1, unique_for=dt.timedelta(hours=1), unique_states=["done", "running", "claimed", "pending"]
+    ).validated(kind)
+    assert (valid.unique_for_seconds, valid.unique_states) == (3600.0, ("pending", "claimed", "running", "done"))
+    assert options.JobOptions(delay=1, unique_for=0).validated(kind).unique_for_seconds is None
+    default = options.JobOptions(delay=1).validated(dataclasses.replace(kind, unique_for_seconds=60.0))
+    assert (default.unique_for_seconds, default.unique_states) == (60.0, options.DEFAULT_UNIQUE_STATES)

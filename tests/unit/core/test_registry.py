@@ -140,3 +140,30 @@ def test_limits_that_are_not_whole_numbers_above_zero_are_refused(limits):
         registry.handler("test.limits", limits=limits)(lambda job: None)
     with pytest.raises(exceptions.UnknownJobKind):
         registry.get("test.limits")
+
+
+def test_handler_chosen_outcomes_carry_their_delay_and_reason():
+    """Snooze and RetryAfter take seconds or a timedelta (not negative); Discard and Cancel keep the reason."""
+    import datetime as dt
+
+    assert registry.Snooze(dt.timedelta(minutes=1)).seconds == 60.0
+    retry = registry.RetryAfter(30, "429 from the partner")
+    assert (retry.seconds, retry.reason, retry.outcome) == (30.0, "429 from the partner", "retry_after")
+    assert (registry.Discard("closed").reason, registry.Discard("closed").outcome) == ("closed", "discarded")
+    assert registry.Cancel("gone").outcome == "cancelled"
+    for bad in (-1, "soon", True):
+        with pytest.raises(exceptions.SchedulingError):
+            registry.Snooze(bad)
+
+
+def test_max_snoozes_is_the_kinds_else_the_setting():
+    """A kind's max_snoozes bounds its snoozes; unset, SCHEDULING_MAX_SNOOZES; a negative one is refused."""
+    from django.test import override_settings
+
+    registry.handler("tests.snoozes_own", max_snoozes=3)(lambda job: None)
+    registry.handler("tests.snoozes_default")(lambda job: None)
+    assert registry.get("tests.snoozes_own").max_snoozes == 3
+    with override_settings(SCHEDULING_MAX_SNOOZES=7):
+        assert registry.get("tests.snoozes_default").max_snoozes == 7
+    with pytest.raises(exceptions.SchedulingError):
+        registry.handler("tests.snoozes_bad", max_snoozes=-1)(lambda job: None)

@@ -108,6 +108,7 @@ def test_the_jobs_table_has_one_insert_the_cores_part_and_every_door_includes_it
         [
             "insert_job",
             "insert_jobs",
+            "insert_unique_job",
             "upsert_job_replace",
             "upsert_job_keep",
             "record_dead_deferral",

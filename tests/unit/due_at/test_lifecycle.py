@@ -71,6 +71,25 @@ CASES = [
         Decision(S.CANCELLED, record=O.RECLAIMED, refund=True, run_alone=True),
     ),
     (E.CANCEL, Facts(S.PENDING), Decision(S.CANCELLED)),
+    # a handler's choice (registry.Snooze, RetryAfter, Discard, Cancel)
+    (E.SNOOZED, LEFT, Decision(S.PENDING, due=Due.BACKOFF, record=O.SNOOZED, uncount=True)),
+    (E.SNOOZED, SPENT, Decision(S.PENDING, due=Due.BACKOFF, record=O.SNOOZED, uncount=True)),
+    (E.SNOOZED, CLAIMED_LEFT, Decision(S.PENDING, due=Due.BACKOFF, record=O.SNOOZED, uncount=True)),
+    (E.SNOOZED, RETIRED, Decision(S.CANCELLED, record=O.SNOOZED, uncount=True)),
+    (E.SNOOZED, CLAIMED_RETIRED, Decision(S.CANCELLED, record=O.SNOOZED, uncount=True)),
+    (E.RETRY_AFTER, LEFT, Decision(S.PENDING, due=Due.BACKOFF, record=O.RETRY_AFTER)),
+    (E.RETRY_AFTER, SPENT, Decision(S.DEAD, record=O.RETRY_AFTER)),
+    (E.RETRY_AFTER, CLAIMED_LEFT, Decision(S.PENDING, due=Due.BACKOFF, record=O.RETRY_AFTER)),
+    (E.RETRY_AFTER, RETIRED, Decision(S.DEAD, record=O.RETRY_AFTER)),
+    (E.RETRY_AFTER, CLAIMED_RETIRED, Decision(S.DEAD, record=O.RETRY_AFTER)),
+    (E.DISCARDED, LEFT, Decision(S.DEAD, record=O.DISCARDED)),
+    (E.DISCARDED, SPENT, Decision(S.DEAD, record=O.DISCARDED)),
+    (E.DISCARDED, CLAIMED_LEFT, Decision(S.DEAD, record=O.DISCARDED)),
+    (E.DISCARDED, RETIRED, Decision(S.DEAD, record=O.DISCARDED)),
+    (E.CANCELLED, LEFT, Decision(S.CANCELLED, record=O.CANCELLED)),
+    (E.CANCELLED, SPENT, Decision(S.CANCELLED, record=O.CANCELLED)),
+    (E.CANCELLED, CLAIMED_LEFT, Decision(S.CANCELLED, record=O.CANCELLED)),
+    (E.CANCELLED, RETIRED, Decision(S.CANCELLED, record=O.CANCELLED)),
 ]
 
 
@@ -116,7 +135,7 @@ def test_a_deleted_owners_job_never_returns_to_pending(event, together, spent):
     gave_back = event in lifecycle.GIVE_BACKS or (event == Event.CRASHED and together)
     if event in (Event.SUCCEEDED,):
         assert decision.state == JobState.DONE
-    elif event == Event.CANCEL or gave_back:
+    elif event in (Event.CANCEL, Event.CANCELLED) or gave_back:
         assert decision.state == JobState.CANCELLED
     else:
         assert decision.state == JobState.DEAD
