@@ -17,7 +17,9 @@ SchedulingError
  ├── OwnerDeleted                   a handler asked the owner of a job whose owner was deleted
  ├── JobStateConflict               the job is not in a state that allows the change
  │    ├── JobNotCancellable
- │    └── JobNotReschedulable
+ │    ├── JobNotReschedulable
+ │    └── JobNotAbortable           abort() of a pending job (cancel it instead)
+ │         └── JobAlreadyFinished   abort() of a job that finished before the abort arrived
  ├── KeyConflict                    on_conflict="error" and the key already has a waiting job
  ├── LockNotAcquired                an advisory lock is held by someone else
  ├── InvalidCronExpression          a cron expression or nickname cannot be parsed
@@ -155,6 +157,26 @@ class JobNotReschedulable(JobStateConflict):
     """Raised by ``reschedule()`` when the job is no longer pending."""
 
     action = "be rescheduled"
+
+
+class JobNotAbortable(JobStateConflict):
+    """Raised by ``abort()`` when the job is not claimed or running: pending (``cancel()`` it), or finished."""
+
+    def __init__(self, job_id: int, state: str) -> None:
+        SchedulingError.__init__(self, f"Job {job_id} is {state}; only a claimed or running job can be aborted.")
+        self.job_id = job_id
+        self.state = state
+
+
+class JobAlreadyFinished(JobNotAbortable):
+    """Raised by ``abort()`` when the job finished (done, dead, cancelled) before the abort arrived: it stays so."""
+
+    def __init__(self, job_id: int, state: str) -> None:
+        SchedulingError.__init__(
+            self, f"Job {job_id} already finished ({state}) before the abort arrived; it stays {state}."
+        )
+        self.job_id = job_id
+        self.state = state
 
 
 class KeyConflict(SchedulingError):

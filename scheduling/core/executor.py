@@ -15,6 +15,10 @@ Timeouts: Celery's prefork children run tasks on their main thread, so a real-ti
 (SIGALRM) can interrupt the handler wherever it is, even in a blocking call (PEP 475 retries the
 call only after the signal handler ran, and ours raises). Off the main thread (thread pools) there
 is no signal to use: the Celery hard time limit of the message is the backstop.
+
+Aborts (``api.abort``) use the same signal: the heartbeat thread that learns of an abort sends
+SIGALRM to the main thread (``core/aborts.py``) and the alarm handler raises ``JobAborted`` there,
+ending as ``ABORTED``. A SIGALRM that is neither (a poke for a job that finished meanwhile) is ignored.
 """
 
 from __future__ import annotations
@@ -28,14 +32,14 @@ import traceback
 from collections.abc import Iterator
 from types import FrameType
 
-from scheduling.core import registry, tracing
+from scheduling.core import aborts, registry, tracing
 
 logger = logging.getLogger(__name__)
 
 ERROR_TEXT_LIMIT = 4000  # characters of "Type: message" kept per failure
 TRACEBACK_LIMIT = 16_000  # characters of traceback kept per failure (its last part: where it broke)
 
-SUCCEEDED, FAILED, TIMED_OUT = "succeeded", "failed", "timed_out"  # AttemptOutcome values
+SUCCEEDED, FAILED, TIMED_OUT, ABORTED = "succeeded", "failed", "timed_out", "aborted"  # AttemptOutcome values
 
 
 class JobTimeout(BaseException):
@@ -45,11 +49,18 @@ class JobTimeout(BaseException):
     """
 
 
+class JobAborted(BaseException):
+    """Raised inside a handler when an operator aborted its job (``api.abort``); its text says who and when.
+
+    A BaseException, like ``JobTimeout``, so that a handler's own ``except Exception`` cannot swallow it.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class Result:
     """How one call of a handler ended."""
 
-    outcome: str  # SUCCEEDED, FAILED or TIMED_OUT
+    outcome: str  # SUCCEEDED, FAILED, TIMED_OUT or ABORTED
     error: str = ""  # "Type: message" (bounded), or the timeout said in words
     traceback: str = ""  # a failure's traceback (bounded; frames and exception types, no messages, no locals)
 
@@ -62,9 +73,15 @@ SUCCESS = Result(SUCCEEDED)
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    reason = aborts.current()
+    if reason is not None:
+        raise JobAborted(reason)
+    if _armed[0] == 0 or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        return  # no deadline expired: an abort's poke for a handler that finished meanwhile
     raise JobTimeout()
 
 
+_armed = [0]  # deadlines whose timer is armed now (main thread only)
 _held = threading.local()  # .depth: how many ``alarms()`` blocks keep the handler installed (main thread only)
 
 
@@ -87,7 +104,8 @@ def alarms() -> Iterator[None]:
     finally:
         _held.depth = depth
         if depth == 0:
-            signal.signal(signal.SIGALRM, previous)
+            with aborts.poke_lock:  # no abort's poke can arrive once the handler is gone
+                signal.signal(signal.SIGALRM, previous)
 
 
 @contextlib.contextmanager
@@ -99,10 +117,12 @@ def deadline(seconds: float | None) -> Iterator[bool]:
     held = getattr(_held, "depth", 0) > 0
     previous = None if held else signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    _armed[0] += 1
     try:
         yield True
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        _armed[0] -= 1
         if not held:
             signal.signal(signal.SIGALRM, previous)
 
@@ -175,9 +195,16 @@ def invoke(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Res
 
 def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Result:
     owns_deadline = False
+    asked = aborts.requested(job.id, job.token)
+    if asked is not None:  # aborted while it waited in its batch: it does not start
+        logger.info("job aborted before it started", extra={**_log(kind, job), "action": "aborted"})
+        return Result(ABORTED, asked)
     try:
-        with deadline(timeout) as owns_deadline:
+        with alarms(), deadline(timeout) as owns_deadline, aborts.running(job.id, job.token):
             kind.func(job)
+    except JobAborted as exc:
+        logger.warning("job aborted", extra={**_log(kind, job), "action": "aborted"})
+        return Result(ABORTED, str(exc))
     except JobTimeout:
         if not owns_deadline:
             raise

@@ -7,6 +7,8 @@ The lifecycle (docs/architecture.md, "The job lifecycle")::
        └──── given back ──┘                  │ ├──► dead (attempts spent)
                                              │ └──► cancelled (its owner was deleted)
     pending ──cancel──► cancelled
+    claimed ──abort──► cancelled (never started: nothing ran)
+    running ──aborted─► cancelled (an operator's abort interrupted its handler; its atomic writes rolled back)
 
 ``decide(event, facts)`` says what an event does to a job whose row reads ``facts``; ``None`` means
 nothing changes (a stale token, or a state the event does not apply to). Every way out of
@@ -43,6 +45,8 @@ class Event(enum.StrEnum):
     EXPIRED = "expired"  # claimed, never started within its lease, its message lost with the broker
     CRASHED = "crashed"  # running, its process died (the sweeper) or its chunk's transaction was lost
     CANCEL = "cancel"  # an operator or the API cancels it
+    ABORT = "abort"  # an operator aborts a claim that has not started (api.abort): it ran nothing
+    ABORTED = "aborted"  # an operator's abort interrupted its running handler (the runner writes it)
 
 
 # An outcome is fenced by the claim token: the runner writes it for a started (running) job, and
@@ -56,6 +60,8 @@ FROM_STATES: dict[Event, tuple[JobState, ...]] = {
     Event.EXPIRED: (JobState.CLAIMED,),
     Event.CRASHED: (JobState.RUNNING,),
     Event.CANCEL: (JobState.PENDING,),
+    Event.ABORT: (JobState.CLAIMED,),
+    Event.ABORTED: (JobState.RUNNING,),
 }
 
 # Given back without having failed: a deleted owner's job is then cancelled, not dead.
@@ -109,6 +115,10 @@ def decide(event: Event, facts: Facts) -> Decision | None:
         return None
     if event == Event.CANCEL:
         return Decision(JobState.CANCELLED)
+    if event == Event.ABORT:  # the claim's attempt is given back: nothing ran
+        return Decision(JobState.CANCELLED, uncount=True)
+    if event == Event.ABORTED:  # cancelled whatever its attempts or owner: an operator asked it to stop
+        return Decision(JobState.CANCELLED, record=AttemptOutcome.ABORTED)
     if event == Event.SUCCEEDED:
         return Decision(JobState.DONE, record=AttemptOutcome.SUCCEEDED, keep_claim=True)
     if event == Event.UNSENT:
