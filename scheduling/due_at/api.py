@@ -255,6 +255,11 @@ class Aborted:
     job_id: int
     outcome: str
 
+    @property
+    def requested(self) -> bool:
+        """True for a running job: its worker has yet to stop it (within about a heartbeat interval)."""
+        return self.outcome == ABORT_REQUESTED
+
 
 def _asker(by: str | None) -> str:
     """Who asks for an abort: ``by``, else the operator acting through a door (as the audit trail names them)."""
