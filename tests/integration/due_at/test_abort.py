@@ -107,7 +107,8 @@ def test_a_running_handler_is_interrupted_and_its_job_cancelled_with_who_asked(k
     assert job.state == JobState.CANCELLED
     attempt = _attempt(job_id)
     assert attempt.outcome == AttemptOutcome.ABORTED
-    assert attempt.error.startswith("aborted by alice at ") and job.last_error == attempt.error
+    assert attempt.error.startswith("aborted by alice at ")
+    assert job.last_error == attempt.error
     assert report.failed == 1
     # An atomic job's write is rolled back with it; a committing job's write had committed already.
     assert Execution.objects.filter(idempotency_key=f"job:{job_id}").count() == (0 if kind == "abort.atomic" else 1)
@@ -211,7 +212,7 @@ def test_an_abort_asked_for_an_earlier_attempt_never_stops_a_later_one():
     """The request names its claim: the heartbeat of a later claim of the same job reads no abort."""
     claims = _claim("abort.atomic", [{}])
     store.start_jobs(claims, "test-worker")
-    job_id, token = claims[0]
+    job_id = claims[0][0]
     api.abort(job_id)
     assert [r.abort_by for r in store.heartbeat_jobs(claims)] == ["application"]
     JobAbort.objects.filter(job_id=job_id).update(token="00000000-0000-0000-0000-000000000001")
