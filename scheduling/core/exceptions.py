@@ -237,6 +237,8 @@ __all__ = [
     "InvalidPolicy",
     "InvalidRecurrence",
     "InvalidSchedule",
+    "JobAlreadyFinished",
+    "JobNotAbortable",
     "JobNotCancellable",
     "JobNotFound",
     "JobNotReschedulable",
