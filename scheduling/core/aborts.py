@@ -28,6 +28,16 @@ _current: tuple[int, str] | None = None
 poke_lock = threading.Lock()
 
 
+def asker(by: str | None) -> str:
+    """Who asks for an abort: ``by``, else the operator acting through a door (as the audit trail names them)."""
+    if by:
+        return by
+    from scheduling.core import audit  # audit imports the models: not at this module's import (the executor's)
+
+    actor = audit.current()
+    return actor.resolve()[2] if actor is not None else "application"
+
+
 def reason(by: str, at: dt.datetime) -> str:
     """The text an aborted job records (its attempt's error, its last error): who asked and when (UTC)."""
     return f"aborted by {by} at {at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"

@@ -25,6 +25,7 @@ SchedulingError
  ├── InvalidCronExpression          a cron expression or nickname cannot be parsed
  ├── UnknownTimeZone                a zone the tz database does not know
  ├── InvalidPolicy                  a fixed-time policy that cannot work (timeout >= interval ...)
+ ├── RunNotRunning                  abort_schedule_run() of a fixed-time run that is not running (or no such run)
  ├── ScheduleNotFound               no fixed-time schedule (periodic task with a policy) has that name
  ├── InvalidRecurrence              a recurrence rule that cannot work (no rule, both rules, ends before starts)
  ├── RecurrenceNotFound             no recurrence with that id or key (or not the caller's)
@@ -207,6 +208,16 @@ class InvalidPolicy(SchedulingError):
     """Raised when a fixed-time schedule's policy cannot work, e.g. a timeout not shorter than its interval."""
 
 
+class RunNotRunning(SchedulingError):
+    """Raised by ``abort_schedule_run()`` when the run finished before the abort arrived (or no such run exists)."""
+
+    def __init__(self, run_id: int, state: str | None) -> None:
+        what = "does not exist" if state is None else f"already finished ({state}) before the abort arrived"
+        super().__init__(f"Schedule run {run_id} {what}.")
+        self.run_id = run_id
+        self.state = state
+
+
 class ScheduleNotFound(SchedulingError):
     """Raised when no fixed-time schedule (a periodic task with a policy) has the given name."""
 
@@ -252,6 +263,7 @@ __all__ = [
     "RecurrenceNotFound",
     "RecurrenceStateConflict",
     "ReturnValueTooLarge",
+    "RunNotRunning",
     "ScheduleNotFound",
     "SchedulingError",
     "UnknownJobKind",

@@ -261,14 +261,6 @@ class Aborted:
         return self.outcome == ABORT_REQUESTED
 
 
-def _asker(by: str | None) -> str:
-    """Who asks for an abort: ``by``, else the operator acting through a door (as the audit trail names them)."""
-    if by:
-        return by
-    actor = audit.current()
-    return actor.resolve()[2] if actor is not None else "application"
-
-
 def _abort(ids: Sequence[int], by: str) -> tuple[list[int], list[int]]:
     """Abort ``ids``: (running jobs asked to stop, claims not started cancelled now).
 
@@ -308,7 +300,7 @@ def abort(job_id: int | None = None, *, key: str | None = None, owner: Any = Non
         if found is None:
             raise exceptions.JobNotFound(f"No job has key {key!r}.")
         job_id = found.id
-    asker = _asker(by)
+    asker = aborts.asker(by)
     requested, cancelled = _abort([job_id], asker)
     if requested or cancelled:
         outcome = ABORT_REQUESTED if requested else ABORT_CANCELLED
@@ -328,7 +320,7 @@ def abort_many(ids: Iterable[int], *, by: str | None = None) -> BulkResult:
     selected = _selection(ids)
     if not selected:
         return _bulk_result(selected, [], "aborted")
-    requested, cancelled = _abort(selected, _asker(by))
+    requested, cancelled = _abort(selected, aborts.asker(by))
     return _bulk_result(
         selected, requested + cancelled, "aborted", {"requested": len(requested), "cancelled": len(cancelled)}
     )

@@ -162,6 +162,7 @@ class RunState(models.TextChoices):
     MISSED = "missed", "missed (deadline)"
     REPLACED = "replaced", "replaced"
     TIMED_OUT = "timed_out", "timed out"
+    ABORTED = "aborted", "aborted"  # an operator stopped it (api.abort_schedule_run)
 
 
 class RunTrigger(models.TextChoices):
@@ -195,6 +196,17 @@ class ScheduleRun(models.Model):
     duplicates_refused = models.PositiveIntegerField(
         "duplicates refused", default=0, help_text="Later deliveries of the same tick refused by the gate."
     )
+    abort_requested_at = models.DateTimeField(
+        "abort requested at", null=True, blank=True, help_text="When an operator asked to abort the running run."
+    )
+    abort_requested_by = models.CharField(
+        "abort requested by",
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",  # the gate's ledger insert is SQL that does not name it
+        help_text="Who asked to abort it.",
+    )
 
     class Meta:
         verbose_name = "schedule run"
@@ -205,7 +217,16 @@ class ScheduleRun(models.Model):
             models.UniqueConstraint(fields=["schedule", "tick"], name="schedulerun_one_per_tick"),
             models.CheckConstraint(
                 condition=models.Q(
-                    state__in=["running", "succeeded", "failed", "skipped", "missed", "replaced", "timed_out"]
+                    state__in=[
+                        "running",
+                        "succeeded",
+                        "failed",
+                        "skipped",
+                        "missed",
+                        "replaced",
+                        "timed_out",
+                        "aborted",
+                    ]
                 ),
                 name="schedulerun_state_valid",
             ),

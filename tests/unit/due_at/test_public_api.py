@@ -13,6 +13,7 @@ EXPECTED = [
     "NewEntry",
     "abort",
     "abort_many",
+    "abort_schedule_run",
     "cancel",
     "cancel_many",
     "cancel_recurrence",
