@@ -1,4 +1,4 @@
-"""Aborting running jobs on real Celery workers: atomic and committing handlers interrupted mid-sleep.
+"""Aborting on real Celery workers: atomic and committing handlers and a fixed-time run interrupted mid-sleep.
 
 A worker (prefork, heartbeat every second) runs a job that writes a row and then sleeps two
 minutes; the test aborts it as an operator would (another process: this one) and checks the rows:
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling import api, exceptions
-from scheduling.models import AttemptOutcome, JobAbort, JobAttempt, JobState, ScheduledJob
+from scheduling import api, exceptions, schedules
+from scheduling.fixed import gate
+from scheduling.models import AttemptOutcome, JobAbort, JobAttempt, JobState, RunState, ScheduledJob, ScheduleRun
 from tasks.models import Execution
 from tests.e2e.harness import wait_for, wait_ready
 from tests.faultkit.kinds import abort as abort_kinds  # registers the test kinds in this process
@@ -61,3 +62,34 @@ def test_a_job_finished_before_the_abort_stays_done(cluster):
     with pytest.raises(exceptions.JobAlreadyFinished):
         api.abort(job.pk)
     assert not JobAbort.objects.exists()
+
+
+def test_an_abort_interrupts_a_fixed_time_run_on_its_worker(cluster):
+    """A manual run of a schedule that sleeps two minutes is interrupted and recorded aborted with who asked."""
+    schedules.sync(
+        declarations=[schedules.make(name="abort-nightly", kind="faults.abort_atomic", cron="0 3 * * *", payload={})]
+    )
+    worker = cluster.worker(env=ENV)
+    wait_ready(worker)
+    gate.run_now("abort-nightly")
+    run = wait_for(
+        lambda: ScheduleRun.objects.filter(schedule__periodic_task__name="abort-nightly", state="running").first(),
+        60,
+        message="the run to start",
+    )
+    api.abort_schedule_run(run.pk, by="operator-9")
+    wait_for(
+        lambda: ScheduleRun.objects.get(pk=run.pk).state == RunState.ABORTED,
+        60,
+        interval=0.1,
+        message="the abort to interrupt the run",
+    )
+    run.refresh_from_db()
+    assert run.abort_requested_by == "operator-9"
+    assert run.error.startswith("aborted by operator-9 at ")
+    assert run.finished_at is not None
+    assert run.abort_requested_at is not None
+    print(f"fixed-time run: interrupted {(run.finished_at - run.abort_requested_at).total_seconds():.2f} s after")
+    assert (run.finished_at - run.started_at).total_seconds() < abort_kinds.HOLD_SECONDS, (
+        "interrupted, not slept to its end"
+    )
