@@ -29,7 +29,8 @@ SCENARIOS = (
     "beat",
     "recurring",
 )
-ALONE = ("chaos", "soak")  # run only by name (soaks of 10 and 60 minutes), never by "all"
+# Run only by name, never by "all": the soaks (10 and 60 minutes); flow_abort (python -m bench flow calls it).
+ALONE = ("chaos", "soak", "flow_abort")
 
 
 def run(name: str, quick: bool, extra: list[str] | None = None) -> dict[str, Any]:

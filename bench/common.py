@@ -29,7 +29,7 @@ PG_USER = os.environ.get("BENCH_PGUSER", "postgres")
 BENCH_DB = os.environ.get("BENCH_DATABASE", "timekeeper_bench")
 REDIS_HOST = os.environ.get("BENCH_REDIS_HOST", "127.0.0.1")
 REDIS_PORT = int(os.environ.get("BENCH_REDIS_PORT", "6379"))
-BROKER_DB = 14  # the platform's broker in the benchmark
+BROKER_DB = int(os.environ.get("BENCH_BROKER_DB", "14"))  # the platform's broker in the benchmark
 BARE_BROKER_DB = 13  # bare Celery baselines: a separate database so queues never mix
 
 

@@ -147,6 +147,17 @@ def check_not_past(due_at: dt.datetime) -> None:
     validation.check_not_past(due_at)
 
 
+def abort_schedule_run(run_id: int, *, by: str | None = None) -> None:
+    """Abort a running fixed-time run: its handler is interrupted within about a heartbeat interval, recorded aborted.
+
+    ``RunNotRunning`` when it finished before the abort arrived. The gate's ``abort_run``
+    (docs/architecture.md, "Aborting a running job").
+    """
+    from scheduling.fixed import gate  # the gate imports Celery's app: only when a run is aborted
+
+    gate.abort_run(run_id, by=by)
+
+
 def status(*, include_broker: bool = True) -> dict[str, Any]:
     """The numbers operators watch: backlog (pending and overdue), oldest overdue age, claimed, stuck.
 
@@ -161,4 +172,6 @@ def status(*, include_broker: bool = True) -> dict[str, Any]:
 
 
 # Each public name is listed once, in the module that defines it (its ``__all__``); this facade adds its own.
-__all__ = sorted(["Deferral", "defer", "retire_owner", "status", *jobs_api.__all__, *recurring_api.__all__])
+__all__ = sorted(
+    ["Deferral", "abort_schedule_run", "defer", "retire_owner", "status", *jobs_api.__all__, *recurring_api.__all__]
+)

@@ -17,13 +17,16 @@ SchedulingError
  ├── OwnerDeleted                   a handler asked the owner of a job whose owner was deleted
  ├── JobStateConflict               the job is not in a state that allows the change
  │    ├── JobNotCancellable
- │    └── JobNotReschedulable
+ │    ├── JobNotReschedulable
+ │    └── JobNotAbortable           abort() of a pending job (cancel it instead)
+ │         └── JobAlreadyFinished   abort() of a job that finished before the abort arrived
  ├── KeyConflict                    on_conflict="error" and the key already has a waiting job
  │    └── DuplicateJob              on_conflict="error" and the unique window already holds a job like it
  ├── LockNotAcquired                an advisory lock is held by someone else
  ├── InvalidCronExpression          a cron expression or nickname cannot be parsed
  ├── UnknownTimeZone                a zone the tz database does not know
  ├── InvalidPolicy                  a fixed-time policy that cannot work (timeout >= interval ...)
+ ├── RunNotRunning                  abort_schedule_run() of a fixed-time run that is not running (or no such run)
  ├── ScheduleNotFound               no fixed-time schedule (periodic task with a policy) has that name
  ├── InvalidRecurrence              a recurrence rule that cannot work (no rule, both rules, ends before starts)
  ├── RecurrenceNotFound             no recurrence with that id or key (or not the caller's)
@@ -158,6 +161,26 @@ class JobNotReschedulable(JobStateConflict):
     action = "be rescheduled"
 
 
+class JobNotAbortable(JobStateConflict):
+    """Raised by ``abort()`` when the job is not claimed or running: pending (``cancel()`` it), or finished."""
+
+    def __init__(self, job_id: int, state: str) -> None:
+        SchedulingError.__init__(self, f"Job {job_id} is {state}; only a claimed or running job can be aborted.")
+        self.job_id = job_id
+        self.state = state
+
+
+class JobAlreadyFinished(JobNotAbortable):
+    """Raised by ``abort()`` when the job finished (done, dead, cancelled) before the abort arrived: it stays so."""
+
+    def __init__(self, job_id: int, state: str) -> None:
+        SchedulingError.__init__(
+            self, f"Job {job_id} already finished ({state}) before the abort arrived; it stays {state}."
+        )
+        self.job_id = job_id
+        self.state = state
+
+
 class KeyConflict(SchedulingError):
     """Raised by ``schedule(..., on_conflict="error")`` when the key already has a job waiting to run.
 
@@ -202,6 +225,16 @@ class InvalidPolicy(SchedulingError):
     """Raised when a fixed-time schedule's policy cannot work, e.g. a timeout not shorter than its interval."""
 
 
+class RunNotRunning(SchedulingError):
+    """Raised by ``abort_schedule_run()`` when the run finished before the abort arrived (or no such run exists)."""
+
+    def __init__(self, run_id: int, state: str | None) -> None:
+        what = "does not exist" if state is None else f"already finished ({state}) before the abort arrived"
+        super().__init__(f"Schedule run {run_id} {what}.")
+        self.run_id = run_id
+        self.state = state
+
+
 class ScheduleNotFound(SchedulingError):
     """Raised when no fixed-time schedule (a periodic task with a policy) has the given name."""
 
@@ -233,6 +266,8 @@ __all__ = [
     "InvalidPolicy",
     "InvalidRecurrence",
     "InvalidSchedule",
+    "JobAlreadyFinished",
+    "JobNotAbortable",
     "JobNotCancellable",
     "JobNotFound",
     "JobNotReschedulable",
@@ -246,6 +281,7 @@ __all__ = [
     "RecurrenceNotFound",
     "RecurrenceStateConflict",
     "ReturnValueTooLarge",
+    "RunNotRunning",
     "ScheduleNotFound",
     "SchedulingError",
     "UnknownJobKind",

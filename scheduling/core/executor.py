@@ -21,6 +21,10 @@ cancel request, no round trip on the job's connection), the statement ends with 
 pending SIGALRM raises ``JobTimeout`` as it returns. Off the main thread there is no signal to use:
 the pools that run tasks there (threads, gevent, eventlet) are refused at worker start
 (``scheduling.E011``, ``scheduling.checks``).
+
+Aborts (``api.abort``) use the same signal: the heartbeat thread that learns of an abort sends
+SIGALRM to the main thread (``core/aborts.py``) and the alarm handler raises ``JobAborted`` there,
+ending as ``ABORTED``. A SIGALRM that is neither (a poke for a job that finished meanwhile) is ignored.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from scheduling.core import db, registry, tracing
+from scheduling.core import aborts, db, registry, tracing
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +48,7 @@ ERROR_TEXT_LIMIT = 4000  # characters of "Type: message" kept per failure
 TRACEBACK_LIMIT = 16_000  # characters of traceback kept per failure (its last part: where it broke)
 CANCEL_GRACE_SECONDS = 0.2  # a deadline still running this long after it expired: its statements are cancelled
 
-SUCCEEDED, FAILED, TIMED_OUT = "succeeded", "failed", "timed_out"  # AttemptOutcome values
+SUCCEEDED, FAILED, TIMED_OUT, ABORTED = "succeeded", "failed", "timed_out", "aborted"  # AttemptOutcome values
 
 
 class JobTimeout(BaseException):
@@ -54,11 +58,18 @@ class JobTimeout(BaseException):
     """
 
 
+class JobAborted(BaseException):
+    """Raised inside a handler when an operator aborted its job (``api.abort``); its text says who and when.
+
+    A BaseException, like ``JobTimeout``, so that a handler's own ``except Exception`` cannot swallow it.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class Result:
     """How one call of a handler ended."""
 
-    outcome: str  # SUCCEEDED, FAILED, TIMED_OUT, or a handler's choice (registry.HandlerOutcome.outcome)
+    outcome: str  # SUCCEEDED, FAILED, TIMED_OUT, ABORTED, or a handler's choice (registry.HandlerOutcome.outcome)
     error: str = ""  # "Type: message" (bounded), or the timeout said in words
     traceback: str = ""  # a failure's traceback (bounded; frames and exception types, no messages, no locals)
     delay_seconds: float | None = None  # Snooze, RetryAfter: when the job runs again (instead of the backoff)
@@ -72,9 +83,15 @@ SUCCESS = Result(SUCCEEDED)
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    reason = aborts.current()
+    if reason is not None:
+        raise JobAborted(reason)
+    if _armed[0] == 0 or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        return  # no deadline expired: an abort's poke for a handler that finished meanwhile
     raise JobTimeout()
 
 
+_armed = [0]  # deadlines whose timer is armed now (main thread only)
 _held = threading.local()  # .depth: how many ``alarms()`` blocks keep the handler installed (main thread only)
 
 
@@ -97,7 +114,8 @@ def alarms() -> Iterator[None]:
     finally:
         _held.depth = depth
         if depth == 0:
-            signal.signal(signal.SIGALRM, previous)
+            with aborts.poke_lock:  # no abort's poke can arrive once the handler is gone
+                signal.signal(signal.SIGALRM, previous)
 
 
 class _Watchdog:
@@ -167,11 +185,13 @@ def deadline(seconds: float | None) -> Iterator[bool]:
     previous = None if held else signal.signal(signal.SIGALRM, _on_alarm)
     generation = _watchdog.arm(seconds)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    _armed[0] += 1
     try:
         yield True
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         _watchdog.disarm(generation)
+        _armed[0] -= 1
         if not held:
             signal.signal(signal.SIGALRM, previous)
 
@@ -244,9 +264,16 @@ def invoke(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Res
 
 def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Result:
     owns_deadline = False
+    asked = aborts.requested(job.id, job.token)
+    if asked is not None:  # aborted while it waited in its batch: it does not start
+        logger.info("job aborted before it started", extra={**_log(kind, job), "action": "aborted"})
+        return Result(ABORTED, asked)
     try:
-        with deadline(timeout) as owns_deadline:
+        with alarms(), deadline(timeout) as owns_deadline, aborts.running(job.id, job.token):
             kind.func(job)
+    except JobAborted as exc:
+        logger.warning("job aborted", extra={**_log(kind, job), "action": "aborted"})
+        return Result(ABORTED, str(exc))
     except JobTimeout:
         if not owns_deadline:
             raise

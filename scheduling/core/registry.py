@@ -29,7 +29,7 @@ from typing import Any
 
 import jsonschema
 
-from scheduling.core import conf, exceptions
+from scheduling.core import aborts, conf, exceptions
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +102,16 @@ class Job:
         from scheduling.core import store
 
         return store.job_key(self.id)
+
+    def abort_requested(self) -> bool:
+        """Whether an operator aborted this job (``api.abort``), as this worker's heartbeat last saw it.
+
+        An atomic handler is interrupted wherever it is; a committing one (``atomic=False``) is too,
+        and may also poll this between steps to stop at a point of its choosing (raise, or return).
+        Seen within about one heartbeat interval (``SCHEDULING_HEARTBEAT_SECONDS``); always False off
+        the table path and for fixed-time runs, whose runner reads its own aborts.
+        """
+        return aborts.requested(self.id, self.token) is not None
 
     @property
     def idempotency_key(self) -> str:

@@ -20,10 +20,10 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from scheduling.core import audit, conf, exceptions, kind_options, registry, tracing, validation
+from scheduling.core import aborts, audit, conf, exceptions, kind_options, registry, tracing, validation
 from scheduling.core import options as options_
 from scheduling.core import store as core_store
-from scheduling.due_at import claim, store
+from scheduling.due_at import claim, lifecycle, store
 from scheduling.models import JobState, ScheduledJob
 
 logger = logging.getLogger(__name__)
@@ -318,6 +318,88 @@ def cancel(job_id: int | None = None, *, key: str | None = None, owner: Any = No
     raise exceptions.JobNotCancellable(target, state)
 
 
+ABORT_REQUESTED = "requested"  # running: its worker interrupts the handler within about a heartbeat interval
+ABORT_CANCELLED = "cancelled"  # claimed, not started: cancelled at once, nothing ran
+
+
+@dataclasses.dataclass(frozen=True)
+class Aborted:
+    """What ``abort()`` did: ``outcome`` is ``"requested"`` (running) or ``"cancelled"`` (not started)."""
+
+    job_id: int
+    outcome: str
+
+    @property
+    def requested(self) -> bool:
+        """True for a running job: its worker has yet to stop it (within about a heartbeat interval)."""
+        return self.outcome == ABORT_REQUESTED
+
+
+def _abort(ids: Sequence[int], by: str) -> tuple[list[int], list[int]]:
+    """Abort ``ids``: (running jobs asked to stop, claims not started cancelled now).
+
+    The claims first (conditional on ``claimed`` and their token): one that started meanwhile is
+    then asked like any running job. A running job's request is a row its worker's heartbeat reads
+    (``store.request_aborts``); the worker writes the outcome (``lifecycle.Event.ABORTED``).
+    """
+    unstarted = store.unstarted_claims(ids)
+    text = aborts.reason(by, dt.datetime.now(dt.UTC))
+    cancelled = [
+        moved.id
+        for moved in store.set_job_states([store.Change(i, t, lifecycle.Event.ABORT, error=text) for i, t in unstarted])
+    ]
+    left = sorted(set(ids) - set(cancelled))
+    requested = store.request_aborts(left, by) if left else []
+    return requested, cancelled
+
+
+def abort(job_id: int | None = None, *, key: str | None = None, owner: Any = None, by: str | None = None) -> Aborted:
+    """Abort a claimed or running job: stop its handler where it is, roll back its atomic writes, cancel it.
+
+    A running job's worker reads the request with its next heartbeat (within about
+    ``SCHEDULING_HEARTBEAT_SECONDS``, on whichever host it runs) and raises ``JobAborted`` inside
+    the handler, as a timeout does; the job is then ``cancelled``, its attempt ``aborted`` with who
+    asked (``by``, else the operator of the door, else "application") and when. A claim not started
+    yet is cancelled at once. ``JobAlreadyFinished`` when the job finished before the abort
+    arrived (it stays finished); ``JobNotAbortable`` when it is pending (``cancel()`` it). By
+    ``key``, the owner's running (else claimed) job of that key. How it works:
+    docs/architecture.md, "Aborting a running job".
+    """
+    if (job_id is None) == (key is None):
+        raise exceptions.InvalidSchedule("Give exactly one of job_id and key.")
+    if job_id is None:
+        assert key is not None
+        validation.check_key(key)
+        found = store.abortable_job_by_key(key, getattr(owner, "pk", owner))
+        if found is None:
+            raise exceptions.JobNotFound(f"No job has key {key!r}.")
+        job_id = found.id
+    asker = aborts.asker(by)
+    requested, cancelled = _abort([job_id], asker)
+    if requested or cancelled:
+        outcome = ABORT_REQUESTED if requested else ABORT_CANCELLED
+        logger.info("job abort", extra={"job_id": job_id, "action": f"abort_{outcome}"})
+        audit.record("abort", changed=1, job_ids=[job_id], details={"outcome": outcome})
+        return Aborted(job_id, outcome)
+    state = store.job_state(job_id)
+    if state is None:
+        raise exceptions.JobNotFound(f"No job {job_id}.")
+    if state == JobState.PENDING:
+        raise exceptions.JobNotAbortable(job_id, state)
+    raise exceptions.JobAlreadyFinished(job_id, state)
+
+
+def abort_many(ids: Iterable[int], *, by: str | None = None) -> BulkResult:
+    """Abort the claimed and running jobs among ``ids`` as ``abort()`` does (two statements); others are reported."""
+    selected = _selection(ids)
+    if not selected:
+        return _bulk_result(selected, [], "aborted")
+    requested, cancelled = _abort(selected, aborts.asker(by))
+    return _bulk_result(
+        selected, requested + cancelled, "aborted", {"requested": len(requested), "cancelled": len(cancelled)}
+    )
+
+
 def reschedule(
     job_id: int | None = None,
     *,
@@ -505,7 +587,13 @@ def _selection(ids: Iterable[int]) -> list[int]:
 
 
 # The bulk calls' log action -> the audit trail's action (scheduling.core.audit, AuditAction).
-AUDIT_ACTIONS = {"cancelled": "cancel", "rescheduled": "reschedule", "run_now": "run_now", "retried": "retry"}
+AUDIT_ACTIONS = {
+    "cancelled": "cancel",
+    "rescheduled": "reschedule",
+    "run_now": "run_now",
+    "retried": "retry",
+    "aborted": "abort",
+}
 
 
 def _bulk_result(
@@ -584,7 +672,10 @@ def retry_dead_many(ids: Iterable[int]) -> BulkResult:
 
 
 __all__ = [
+    "Aborted",
     "BulkResult",
+    "abort",
+    "abort_many",
     "cancel",
     "cancel_many",
     "kind_controls",

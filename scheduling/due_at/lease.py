@@ -11,6 +11,10 @@ lost while running" is logged only for a claim that was really taken back. Rows 
 process's own atomic chunk cannot be renewed (the statement skips them); the chunk's locks keep
 the sweeper away instead, and the chunk's transaction ends if the process stops answering
 (``runner.STALL_MARGIN_SECONDS``).
+
+The renewal also reads back the aborts asked for the held claims (``api.abort``) and hands them
+to ``core/aborts.py``, which interrupts the handler: an abort reaches its job within about one
+heartbeat interval, on whichever host runs it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Iterator, Sequence
 
 from django.db import DatabaseError, connection
 
-from scheduling.core import conf
+from scheduling.core import aborts, conf
 from scheduling.due_at import store
 
 logger = logging.getLogger(__name__)
@@ -56,11 +60,16 @@ class _Beater:
         if not claims or self.stopping.is_set():
             return
         try:
-            alive = set(store.heartbeat_jobs(claims))
+            renewed = store.heartbeat_jobs(claims)
         except DatabaseError:
             logger.warning("heartbeat failed; will retry", exc_info=True)
             connection.close()
             return
+        alive = {r.id for r in renewed}
+        held = dict(claims)
+        for r in renewed:
+            if r.abort_by is not None and r.abort_at is not None:
+                aborts.request(r.id, held[r.id], aborts.reason(r.abort_by, r.abort_at))
         for job_id, token in claims:
             if job_id in alive:
                 continue

@@ -7,6 +7,8 @@ The lifecycle (docs/architecture.md, "The job lifecycle")::
        └──── given back ──┘                  │ ├──► dead (attempts spent)
                                              │ └──► cancelled (its owner was deleted)
     pending ──cancel──► cancelled
+    claimed ──abort──► cancelled (never started: nothing ran)
+    running ──aborted─► cancelled (an operator's abort interrupted its handler; its atomic writes rolled back)
 
 A handler may choose its outcome (``registry.Snooze``, ``RetryAfter``, ``Discard``, ``Cancel``): four
 events of their own (``_handler_choice``), written like the others.
@@ -52,6 +54,8 @@ class Event(enum.StrEnum):
     RETRY_AFTER = "retry_after"  # a failure charged, retried after the given delay instead of the backoff
     DISCARDED = "discarded"  # a permanent failure: dead, whatever attempts are left
     CANCELLED = "cancelled"  # the handler cancels its job
+    ABORT = "abort"  # an operator aborts a claim that has not started (api.abort): it ran nothing
+    ABORTED = "aborted"  # an operator's abort interrupted its running handler (the runner writes it)
 
 
 # An outcome is fenced by the claim token: the runner writes it for a started (running) job, and
@@ -70,6 +74,8 @@ FROM_STATES: dict[Event, tuple[JobState, ...]] = {
     Event.DISCARDED: (JobState.RUNNING, JobState.CLAIMED),
     Event.CANCELLED: (JobState.RUNNING, JobState.CLAIMED),
     Event.UNKNOWN_KIND: (JobState.RUNNING, JobState.CLAIMED),
+    Event.ABORT: (JobState.CLAIMED,),
+    Event.ABORTED: (JobState.RUNNING,),
 }
 
 # Given back without having failed: a deleted owner's job is then cancelled, not dead.
@@ -123,6 +129,10 @@ def decide(event: Event, facts: Facts) -> Decision | None:
         return None
     if event == Event.CANCEL:
         return Decision(JobState.CANCELLED)
+    if event == Event.ABORT:  # the claim's attempt is given back: nothing ran
+        return Decision(JobState.CANCELLED, uncount=True)
+    if event == Event.ABORTED:  # cancelled whatever its attempts or owner: an operator asked it to stop
+        return Decision(JobState.CANCELLED, record=AttemptOutcome.ABORTED)
     if event == Event.SUCCEEDED:
         return Decision(JobState.DONE, record=AttemptOutcome.SUCCEEDED, keep_claim=True)
     if event == Event.UNSENT:

@@ -4,6 +4,11 @@ The batch is started in one statement (only claims still held under their token 
 before are returned; the lease clock starts here), then the handlers run one after another under
 their timeouts (``executor.invoke``) while the heartbeat keeps the claims alive.
 
+An operator's abort (``api.abort``) reaches a running handler through the heartbeat and is raised
+inside it like a timeout (``core/aborts.py``); the job's outcome is ``aborted`` (cancelled), its
+atomic writes rolled back to its savepoint like any failure's. A job of the batch aborted before
+its turn does not start.
+
 A job may carry its own timeout, backoff and atomicity, chosen when it was scheduled
 (``schedule(timeout=, backoff=, atomic=)``, kept on its row and returned by ``start_jobs``); each
 is used in place of its kind's: a job scheduled ``atomic=False`` of an atomic kind runs in the
@@ -44,17 +49,18 @@ here are the database clock read at the start, advanced by a monotonic clock.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, connection, transaction
 
-from scheduling.core import exceptions, executor, leadership, registry, tracing
+from scheduling.core import aborts, exceptions, executor, leadership, registry, tracing
 from scheduling.core import store as core_store
 from scheduling.due_at import lease, store, task_events
 from scheduling.models import AttemptOutcome, JobState
@@ -161,7 +167,7 @@ def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchRepo
     atomic = [j for j in started if _is_atomic(j, kinds[j.kind])]
     others = [j for j in started if not _is_atomic(j, kinds[j.kind])]
     settled: set[int] = set()  # jobs whose outcome was committed (or that are no longer ours)
-    with lease.holding([(j.id, j.token) for j in started]), executor.alarms():
+    with lease.holding([(j.id, j.token) for j in started]), executor.alarms(), _forgetting_aborts(started):
         try:
             if atomic:
                 _run_atomic(atomic, kinds, clock, report, settled)
@@ -194,6 +200,15 @@ def _give_back_unknown(started: list[store.StartedJob], kinds: Kinds, report: Ba
         report.stale += len(claims) - len(given)
     report.started -= len(unknown)
     return [j for j in started if kinds[j.kind] is not None]
+
+
+@contextlib.contextmanager
+def _forgetting_aborts(jobs: list[store.StartedJob]) -> Iterator[None]:
+    """Drop the aborts this process saw for the batch's claims when it ends (their outcomes are written)."""
+    try:
+        yield
+    finally:
+        aborts.forget([(j.id, j.token) for j in jobs])
 
 
 def _is_atomic(job: store.StartedJob, kind: registry.Kind | None) -> bool:

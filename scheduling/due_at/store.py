@@ -1,6 +1,6 @@
 """Every statement of the due_at jobs: the named blocks of ``due_at/sql/*.sql``.
 
-Scheduling (``schedule.sql``), claiming and running (``claim.sql``), sweeping and the status
+Scheduling (``schedule.sql``), claiming and running (``claim.sql``), aborting (``abort.sql``), sweeping and the status
 numbers (``sweep.sql``) and the kind controls the claim reads (``kinds.sql``). Functions take plain
 values and return ids, counts, or frozen dataclasses built by column name (``core.db``), with
 states as the ``TextChoices`` of ``scheduling.models``. Decisions (what to claim, when to retry)
@@ -356,9 +356,51 @@ def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJo
     return [row.started() for row in rows]
 
 
-def heartbeat_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
-    """Refresh the claims; returns the ids still held (others were taken back)."""
-    return _async_commit_values("heartbeat_jobs", _claims(claims))
+@dataclasses.dataclass(frozen=True)
+class Renewal:
+    """A claim still held after a heartbeat, with the abort asked for it (api.abort), if any."""
+
+    id: int
+    abort_by: str | None = None
+    abort_at: dt.datetime | None = None
+
+
+def heartbeat_jobs(claims: Sequence[tuple[int, str]]) -> list[Renewal]:
+    """Refresh the claims; returns those still held (others were taken back), each with its abort if asked."""
+    params = _claims(claims)
+    if not conf.get().async_commit or not connection.get_autocommit():  # as _async_commit_values
+        return SQL.fetch_all(Renewal, "heartbeat_jobs", params)
+    with transaction.atomic():
+        return SQL.fetch_all(Renewal, "heartbeat_jobs", params, prefix=ASYNC_COMMIT)
+
+
+# --- Aborts (abort.sql) ------------------------------------------------------------------------------
+
+
+def request_aborts(ids: Sequence[int], by: str) -> list[int]:
+    """Ask the running jobs among ``ids`` to stop (a request row per claim); returns those asked."""
+    return SQL.fetch_values("request_aborts", {"ids": list(ids), "by": by[:200]})
+
+
+def unstarted_claims(ids: Sequence[int]) -> list[tuple[int, str]]:
+    """The claims among ``ids`` not started yet, (id, token)."""
+    return [(int(i), str(t)) for i, t in SQL.fetch_pairs("unstarted_claims", {"ids": list(ids)}).items()]
+
+
+@dataclasses.dataclass(frozen=True)
+class AbortRequest:
+    requested_at: dt.datetime
+    requested_by: str
+    current_claim: bool  # for the job's current claim (False: an earlier attempt's)
+
+
+def abortable_job_by_key(key: str, owner_id: int | None = None) -> LiveJob | None:
+    """The owner's running or claimed job for ``key`` (else its newest job of that key, whatever its state)."""
+    return SQL.fetch_one(LiveJob, "abortable_job_by_key", {"key": key, "owner_id": owner_id})
+
+
+def job_abort(job_id: int) -> AbortRequest | None:
+    return SQL.fetch_one(AbortRequest, "job_abort", {"id": job_id})
 
 
 def lock_claims(claims: Sequence[tuple[int, str]], *, bound_seconds: float | None = None) -> list[int]:
@@ -645,7 +687,10 @@ def sweep_expired_claims(
 
 
 def prune_finished_jobs(*, days: int, limit: int) -> int:
-    return len(SQL.fetch_values("prune_finished_jobs", {"days": days, "limit": limit}))
+    pruned = len(SQL.fetch_values("prune_finished_jobs", {"days": days, "limit": limit}))
+    if pruned:
+        SQL.execute("prune_aborts")
+    return pruned
 
 
 ESTIMATED_COUNTS = ("backlog", "paused", "pending", "due_next_24h")

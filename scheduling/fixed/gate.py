@@ -22,6 +22,10 @@ beat's ticks, catch-up ticks and "run now" alike:
    ``backoff_limit`` retries within the tick with the kind's backoff; then ``succeeded``/``failed``.
 6. **Prune** the history to the schedule's limits.
 
+An operator may abort the running run (``abort_run``, ``api.abort_schedule_run``, the admin's run
+list): a watcher thread reads the request every heartbeat interval and the handler is interrupted
+as a timeout is (``core/aborts.py``); the run is recorded ``aborted`` with who asked and when.
+
 Why both a ledger and a lock: the lock alone only says "nobody is running this schedule right
 now". A run that finishes quickly releases it, and a second delivery of the same tick (the other
 beat replica's message, a redelivery after a lost ack) then finds it free and runs the tick again.
@@ -33,20 +37,23 @@ the lock dies with its holder's connection. The ledger answers "was this tick ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from celery import current_app
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django_celery_beat.models import PeriodicTask
 
-from scheduling.core import audit, conf, exceptions, executor, leadership, locks, registry, tasknames
+from scheduling.core import aborts, audit, conf, exceptions, executor, leadership, locks, registry, tasknames
 from scheduling.core import store as core_store
 from scheduling.fixed import messages, store
-from scheduling.models import AttemptOutcome, ConcurrencyPolicy, RunState, RunTrigger, SchedulePolicy
+from scheduling.models import AttemptOutcome, ConcurrencyPolicy, RunState, RunTrigger, SchedulePolicy, ScheduleRun
 
 logger = logging.getLogger(__name__)
 
@@ -253,8 +260,17 @@ def _execute(
     snoozes = 0
     try:
         # One deadline over every attempt and the pauses between them: the policy's active deadline.
-        with executor.deadline(timeout):
+        # An operator's abort (abort_run) is read by a watcher and raised in the handler like it.
+        with (
+            executor.alarms(),
+            _watching_aborts(entry.id),
+            aborts.running(entry.id, ABORT_CLAIM),
+            executor.deadline(timeout),
+        ):
             while True:
+                asked = aborts.requested(entry.id, ABORT_CLAIM)
+                if asked is not None:  # between attempts: no further one starts
+                    return RunState.ABORTED, asked, attempt
                 job = registry.Job(
                     kind=kind.name,
                     payload=policy.payload if isinstance(policy.payload, dict) else {},
@@ -267,6 +283,9 @@ def _execute(
                 result = executor.invoke(kind, job, None)
                 if result.ok:
                     return RunState.SUCCEEDED, "", attempt
+                if result.outcome == executor.ABORTED:
+                    logger.warning("fixed-time run aborted", extra={**log, "run_id": entry.id, "action": "aborted"})
+                    return RunState.ABORTED, result.error, attempt
                 if result.outcome in (RunState.DISCARDED, RunState.CANCELLED):
                     return RunState(result.outcome), result.error, attempt
                 if result.outcome == AttemptOutcome.SNOOZED and snoozes < kind.max_snoozes:
@@ -286,9 +305,71 @@ def _execute(
                 attempt += 1
                 store.set_schedule_run_attempt(entry.id, attempt)
                 time.sleep(delay)
+    except executor.JobAborted as exc:  # in the pause between two attempts
+        logger.warning("fixed-time run aborted", extra={**log, "run_id": entry.id, "action": "aborted"})
+        return RunState.ABORTED, str(exc), attempt
     except executor.JobTimeout:
         logger.warning("fixed-time run timed out", extra={**log, "run_id": entry.id, "timeout_seconds": timeout})
         return RunState.TIMED_OUT, f"stopped after {timeout:g}s (active deadline)", attempt
+
+
+ABORT_CLAIM = "fixed-run"  # a run's claim in core/aborts.py: (run id, this); never a due_at job's token (a UUID)
+
+
+@contextlib.contextmanager
+def _watching_aborts(run_id: int) -> Iterator[None]:
+    """While the run goes, read its row every heartbeat interval for an abort (a thread and connection of its own).
+
+    A fixed-time run has no lease to renew, so it has no heartbeat to read the abort with; its
+    watcher does that one read. An abort found is handed to ``core/aborts.py``, which interrupts
+    the handler (SIGALRM on the main thread) as for a due_at job. Heartbeats off (0): no watcher.
+    """
+    interval = conf.get().heartbeat_seconds
+    if interval <= 0:
+        yield
+        return
+    stop = threading.Event()
+
+    def watch() -> None:
+        try:
+            while not stop.wait(interval):
+                try:
+                    asked = store.run_abort(run_id)
+                except DatabaseError:
+                    logger.warning("could not read the run's abort; will retry", exc_info=True)
+                    connection.close()
+                    continue
+                if asked is not None:
+                    aborts.request(run_id, ABORT_CLAIM, aborts.reason(asked.by, asked.at))
+                    return
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=watch, name=f"timekeeper-run-{run_id}-aborts", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(WATCHER_JOIN_SECONDS)
+        aborts.forget([(run_id, ABORT_CLAIM)])
+
+
+WATCHER_JOIN_SECONDS = 5.0  # how long a finished run waits for its abort watcher's last read
+
+
+def abort_run(run_id: int, *, by: str | None = None) -> None:
+    """Abort the running fixed-time run ``run_id``: its handler is interrupted within about a heartbeat interval.
+
+    The run is then recorded ``aborted`` with who asked (``by``, else the door's operator) and when;
+    no further attempt of the tick starts. ``RunNotRunning`` when it finished before the abort arrived.
+    """
+    asker = aborts.asker(by)
+    if not store.request_run_abort(run_id, asker):
+        state = ScheduleRun.objects.filter(pk=run_id).values_list("state", flat=True).first()
+        raise exceptions.RunNotRunning(run_id, state)
+    logger.info("fixed-time run abort requested", extra={"run_id": run_id, "action": "abort_requested"})
+    audit.record("abort", changed=1, target=f"schedule run #{run_id}", details={"run_id": run_id})
 
 
 def _finish(

@@ -122,3 +122,19 @@ def move_anchor_for_timing(schedule_id: int, key: str, at: dt.datetime | None = 
         "move_anchor_for_timing", {"schedule_id": schedule_id, "key": key, "at": at}
     )
     return anchor
+
+
+def request_run_abort(run_id: int, by: str) -> bool:
+    """Ask the running run ``run_id`` to stop; False when it is not running."""
+    return bool(SQL.fetch_values("request_run_abort", {"id": run_id, "by": by[:200]}))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunAbort:
+    by: str
+    at: dt.datetime
+
+
+def run_abort(run_id: int) -> RunAbort | None:
+    """The abort asked for the running run ``run_id``, or None."""
+    return SQL.fetch_one(RunAbort, "run_abort", {"id": run_id})

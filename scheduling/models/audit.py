@@ -31,6 +31,7 @@ class AuditAction(models.TextChoices):
     RESCHEDULE = "reschedule", "reschedule"
     RUN_NOW = "run_now", "run now"
     RETRY = "retry", "retry"
+    ABORT = "abort", "abort"
     PAUSE = "pause", "pause kind"
     RESUME = "resume", "resume kind"
     CAP = "cap", "cap kind"

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "AttemptOutcome",
+    "JobAbort",
     "JobAttempt",
     "JobState",
     "KindControl",
@@ -56,6 +57,7 @@ class AttemptOutcome(models.TextChoices):
     RETRY_AFTER = "retry_after", "retry after"
     DISCARDED = "discarded", "discarded"
     CANCELLED = "cancelled", "cancelled"
+    ABORTED = "aborted", "aborted"  # an operator's abort interrupted it (api.abort)
 
 
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # the claim walks priorities MAX_PRIORITY..MIN_PRIORITY
@@ -444,3 +446,30 @@ class JobAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of job {self.job_id}: {self.outcome}"
+
+
+class JobAbort(models.Model):
+    """An operator's request to abort a running job (``api.abort``): the worker that runs it reads it back.
+
+    A row of its own, not columns of the job: a running atomic job's row is locked by its chunk's
+    transaction (``lock_claims``, FOR UPDATE) for as long as its handler runs, so an UPDATE of it, or
+    a foreign key's check against it, would wait for the very handler it asks to stop. The request
+    names the claim (``token``): it stops that attempt, never a later one of the same job. The
+    worker's heartbeat reads it with the renewal (docs/architecture.md, "Aborting a running job").
+    """
+
+    job_id = models.BigIntegerField(
+        "job", primary_key=True, help_text="The ScheduledJob asked to stop (no foreign key: see the model's docstring)."
+    )
+    token = models.UUIDField("claim token", help_text="The claim (attempt) the abort stops.")
+    requested_at = models.DateTimeField("requested at", db_default=Now(), help_text="When the abort was asked for.")
+    requested_by = models.CharField(
+        "requested by", max_length=200, help_text="Who asked: the operator (as in the audit trail), or the code."
+    )
+
+    class Meta:
+        db_table = "scheduling_jobabort"
+        verbose_name = "job abort"
+
+    def __str__(self) -> str:
+        return f"abort of job {self.job_id} by {self.requested_by}"

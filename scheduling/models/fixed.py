@@ -164,6 +164,7 @@ class RunState(models.TextChoices):
     TIMED_OUT = "timed_out", "timed out"
     DISCARDED = "discarded", "discarded (by its handler)"  # registry.Discard: no further attempt in the tick
     CANCELLED = "cancelled", "cancelled (by its handler)"  # registry.Cancel
+    ABORTED = "aborted", "aborted"  # an operator stopped it (api.abort_schedule_run)
 
 
 class RunTrigger(models.TextChoices):
@@ -197,6 +198,17 @@ class ScheduleRun(models.Model):
     duplicates_refused = models.PositiveIntegerField(
         "duplicates refused", default=0, help_text="Later deliveries of the same tick refused by the gate."
     )
+    abort_requested_at = models.DateTimeField(
+        "abort requested at", null=True, blank=True, help_text="When an operator asked to abort the running run."
+    )
+    abort_requested_by = models.CharField(
+        "abort requested by",
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",  # the gate's ledger insert is SQL that does not name it
+        help_text="Who asked to abort it.",
+    )
 
     class Meta:
         verbose_name = "schedule run"
@@ -217,6 +229,7 @@ class ScheduleRun(models.Model):
                         "timed_out",
                         "discarded",
                         "cancelled",
+                        "aborted",
                     ]
                 ),
                 name="schedulerun_state_valid",

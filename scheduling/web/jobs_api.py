@@ -1,4 +1,4 @@
-"""The jobs JSON API: ``/api/jobs/`` (list, create), ``/api/jobs/<id>`` (get), ``.../cancel``, ``.../reschedule``.
+"""The jobs JSON API: ``/api/jobs/`` (list, create), ``/api/jobs/<id>`` (get), ``.../cancel|reschedule|abort``.
 
 Plain Django views over ``scheduling.api``: every check (kind, payload, time) is the API's, so a
 request gets the same answer as a call to ``schedule()``, and an error stores or changes nothing
@@ -480,6 +480,24 @@ def cancel(request: HttpRequest, user: Any, job_id: int) -> JsonResponse:
     except exceptions.SchedulingError as exc:
         raise from_scheduling_error(exc) from None
     return ok(job_json(_visible(user, job_id)))
+
+
+@_endpoint(("POST",))
+def abort(request: HttpRequest, user: Any, job_id: int) -> JsonResponse:
+    """Abort a claimed or running job (``api.abort``): 202 while its worker stops it, 200 when cancelled now.
+
+    409 when it finished before the abort arrived (it stays finished) or is pending (cancel it).
+    """
+    data = read_json(request, optional=True)
+    _check_fields(data, frozenset())
+    _visible(user, job_id, change=True)
+    try:
+        with transaction.atomic():
+            aborted = api.abort(job_id)
+    except exceptions.SchedulingError as exc:
+        raise from_scheduling_error(exc) from None
+    body = {**job_json(_visible(user, job_id)), "abort": aborted.outcome}
+    return ok(body, status=202 if aborted.requested else 200)
 
 
 @_endpoint(("POST",))

@@ -108,6 +108,22 @@ def _schemas() -> dict[str, Any]:
                 "error": {"type": "string"},
             },
         },
+        "AbortedJob": {
+            "allOf": [
+                _ref("Job"),
+                {
+                    "type": "object",
+                    "required": ["abort"],
+                    "properties": {
+                        "abort": {
+                            "type": "string",
+                            "enum": ["requested", "cancelled"],
+                            "description": "requested: running, its worker stops it; cancelled: it never started.",
+                        }
+                    },
+                },
+            ]
+        },
         "Job": {
             "type": "object",
             "required": [
@@ -437,6 +453,39 @@ def document() -> dict[str, Any]:
                     "requestBody": {"required": False, "content": {JSON: {"schema": _ref("Empty")}}},
                     "responses": _responses(
                         _job_response("The cancelled job."), "400", "401", "403", "404", "409", "413", "415"
+                    ),
+                },
+            },
+            "/api/jobs/{job_id}/abort": {
+                "parameters": [_JOB_ID],
+                "post": {
+                    "operationId": "abortJob",
+                    "summary": (
+                        "Abort a claimed or running job. A running job's worker interrupts its handler within "
+                        "about one heartbeat interval (SCHEDULING_HEARTBEAT_SECONDS), rolls back its atomic writes "
+                        "and cancels it, recording who asked and when (202: asked). A claim not started yet is "
+                        "cancelled at once (200). 409 `state_conflict`: the job finished before the abort arrived "
+                        "(it stays finished), or is pending (cancel it instead). The body may be empty or {}."
+                    ),
+                    "requestBody": {"required": False, "content": {JSON: {"schema": _ref("Empty")}}},
+                    "responses": _responses(
+                        {
+                            "200": {
+                                "description": "The claim had not started: the job is cancelled.",
+                                "content": {JSON: {"schema": _ref("AbortedJob")}},
+                            },
+                            "202": {
+                                "description": "The job is running: its worker stops it within a heartbeat.",
+                                "content": {JSON: {"schema": _ref("AbortedJob")}},
+                            },
+                        },
+                        "400",
+                        "401",
+                        "403",
+                        "404",
+                        "409",
+                        "413",
+                        "415",
                     ),
                 },
             },

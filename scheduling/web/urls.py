@@ -29,4 +29,5 @@ urlpatterns = [
     path("<jobid:job_id>", jobs_api.detail, name="detail"),
     path("<jobid:job_id>/cancel", jobs_api.cancel, name="cancel"),
     path("<jobid:job_id>/reschedule", jobs_api.reschedule, name="reschedule"),
+    path("<jobid:job_id>/abort", jobs_api.abort, name="abort"),
 ]

@@ -149,8 +149,10 @@ FROM started ORDER BY n;
 -- Renew the lease of the started claims a worker process holds; returns every one still held
 -- under its token (a claim not started yet has no lease to renew). Rows locked by the process's own open batch transaction (atomic kinds) are skipped, not
 -- waited for: the sweeper cannot take a locked row either, and the batch's commit ends the claim.
+-- Each comes with the abort asked for that claim, if any (api.abort, abort.sql): the worker learns
+-- of it here, with no round trip of its own.
 WITH mine AS (
-    SELECT j.id
+    SELECT j.id, j.token
     FROM scheduling_scheduledjob AS j
     JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS t(id, token) ON j.id = t.id AND j.token = t.token
     WHERE j.state = 'running'
@@ -165,7 +167,8 @@ WITH mine AS (
     WHERE j.id = free.id
     RETURNING j.id
 )
-SELECT id FROM mine;
+SELECT mine.id, a.requested_by AS abort_by, a.requested_at AS abort_at
+FROM mine LEFT JOIN scheduling_jobabort AS a ON a.job_id = mine.id AND a.token = mine.token;
 
 -- name: lock_claims
 -- An atomic batch's transaction locks its claims first: only rows still claimed under the token

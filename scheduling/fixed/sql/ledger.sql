@@ -128,3 +128,17 @@ RETURNING anchor_at;
 -- Whether the kind is paused (scheduling_kindcontrol, the same switch that keeps its due_at jobs
 -- pending): the gate then skips the tick with the reason, so a paused kind runs through no door.
 SELECT coalesce((SELECT paused FROM scheduling_kindcontrol WHERE kind = %(kind)s), false);
+
+-- name: request_run_abort
+-- An operator asks a running run to stop (api.abort_schedule_run): its worker's watcher reads it
+-- back (run_abort) and interrupts the handler. The first asker is kept; only a running run is asked.
+UPDATE scheduling_schedulerun
+SET abort_requested_at = coalesce(abort_requested_at, now()),
+    abort_requested_by = CASE WHEN abort_requested_at IS NULL THEN %(by)s ELSE abort_requested_by END
+WHERE id = %(id)s AND state = 'running'
+RETURNING id;
+
+-- name: run_abort
+-- The abort asked for a running run, if any (its worker's watcher polls this every heartbeat interval).
+SELECT abort_requested_by AS by, abort_requested_at AS at FROM scheduling_schedulerun
+WHERE id = %(id)s AND state = 'running' AND abort_requested_at IS NOT NULL;

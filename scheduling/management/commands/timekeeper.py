@@ -1,7 +1,8 @@
 """``manage.py timekeeper``: Timekeeper's one command, a subcommand per thing it operates.
 
-Subcommands: ``jobs`` (list, with filters), ``cancel ID...`` (pending jobs), ``retry ID...`` (dead
-jobs), ``reschedule ID... --at ISO | --in SECONDS`` (pending jobs), ``kinds list|pause|resume|cap``
+Subcommands: ``jobs`` (list, with filters), ``cancel ID...`` (pending jobs), ``abort ID...`` (claimed
+or running jobs: stopped and cancelled), ``retry ID...`` (dead jobs), ``reschedule ID... --at ISO |
+--in SECONDS`` (pending jobs), ``kinds list|pause|resume|cap``
 (``kinds_cli``), ``schedules`` and ``sync`` (fixed-time schedules: list them, write the declared ones;
 ``schedules_cli``), ``status`` (``status_cli``), ``recurrences ...`` (``recurrences_cli``) and
 ``probe worker|beat`` (a liveness probe: exit 0 while the pod's loop turns, 1 when it does not; no
@@ -112,9 +113,10 @@ def parse_seconds(text: str) -> float:
 
 class Command(BaseCommand):
     help = (
-        "Operate Timekeeper from a shell: list jobs (jobs), cancel pending ones (cancel), retry dead ones "
-        "(retry), move pending ones (reschedule), pause, resume or cap job kinds (kinds), list the fixed-time "
-        "schedules (schedules) and write the declared ones (sync), show the backlog and broker counts (status), "
+        "Operate Timekeeper from a shell: list jobs (jobs), cancel pending ones (cancel), stop running ones "
+        "(abort), retry dead ones (retry), move pending ones (reschedule), pause, resume or cap job kinds (kinds), "
+        "list the fixed-time schedules (schedules) and write the declared ones (sync), "
+        "show the backlog and broker counts (status), "
         "list and change recurrences (recurrences), probe a worker's or beat's liveness (probe). "
         "Run `manage.py timekeeper <subcommand> --help` for each one's options."
     )
@@ -145,6 +147,13 @@ class Command(BaseCommand):
 
         cancel = commands.add_parser("cancel", help="Cancel pending jobs (claimed or finished ones are left alone).")
         cancel.add_argument("ids", nargs="+", type=job_id, metavar="ID", help="Ids of the jobs to cancel.")
+
+        abort = commands.add_parser(
+            "abort",
+            help="Abort claimed or running jobs: a running handler is interrupted within about one heartbeat "
+            "interval, its atomic writes rolled back, and the job cancelled; finished ones are left alone.",
+        )
+        abort.add_argument("ids", nargs="+", type=job_id, metavar="ID", help="Ids of the jobs to abort.")
 
         retry = commands.add_parser("retry", help="Make dead jobs pending again, due now, with fresh attempts.")
         retry.add_argument("ids", nargs="+", type=job_id, metavar="ID", help="Ids of the dead jobs to retry.")
@@ -208,7 +217,7 @@ class Command(BaseCommand):
             with audit.acting(audit.cli_actor()):  # the changes below are recorded as cli:<OS user>'s
                 if subcommand == "jobs":
                     self.list_jobs(options)
-                elif subcommand in ("cancel", "retry", "reschedule"):
+                elif subcommand in ("cancel", "abort", "retry", "reschedule"):
                     self.change(subcommand, options)
                 else:
                     RUNNERS[subcommand](self, options)
@@ -267,8 +276,11 @@ class Command(BaseCommand):
 
     def change(self, subcommand: str, options: dict[str, Any]) -> None:
         ids = options["ids"]
+        wanted: str
         if subcommand == "cancel":
             result, done, wanted = api.cancel_many(ids), "cancelled", JobState.PENDING
+        elif subcommand == "abort":
+            result, done, wanted = api.abort_many(ids), "aborted", "claimed or running"
         elif subcommand == "retry":
             result, done, wanted = api.retry_dead_many(ids), "retried", JobState.DEAD
         else:
@@ -287,7 +299,7 @@ class Command(BaseCommand):
         if not result.changed:
             raise CommandError(
                 f"No job was {done}: only {wanted} jobs can be. "
-                f"List them with `manage.py timekeeper jobs --state {wanted}`."
+                f"List them with `manage.py timekeeper jobs --state {'running' if subcommand == 'abort' else wanted}`."
             )
 
 
@@ -295,6 +307,7 @@ class Command(BaseCommand):
 SUBCOMMANDS = (
     "jobs",
     "cancel",
+    "abort",
     "retry",
     "reschedule",
     "kinds",

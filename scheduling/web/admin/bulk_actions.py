@@ -99,6 +99,25 @@ BULK_ACTIONS: tuple[BulkAction, ...] = (
         confirm=True,
     ),
     BulkAction(
+        name="abort",
+        action="abort_selected",
+        call=api.abort_many,
+        states=(JobState.CLAIMED, JobState.RUNNING),
+        label="Abort job",
+        description="Abort selected running jobs",
+        done=(
+            "Aborted %(count)d job: if running, its worker interrupts it within a heartbeat and cancels it "
+            "(atomic writes rolled back); if not started, it is cancelled now.",
+            "Aborted %(count)d jobs: running ones are interrupted by their workers within a heartbeat and "
+            "cancelled (atomic writes rolled back); those not started are cancelled now.",
+        ),
+        why_not=(
+            "%(count)d job was not touched: only claimed or running jobs can be aborted (it was %(states)s).",
+            "%(count)d jobs were not touched: only claimed or running jobs can be aborted (they were %(states)s).",
+        ),
+        confirm=True,
+    ),
+    BulkAction(
         name="retry",
         action="retry_dead_selected",
         call=api.retry_dead_many,

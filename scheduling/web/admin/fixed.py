@@ -377,6 +377,47 @@ class ScheduleRunAdmin(admin.ModelAdmin):
     date_hierarchy = "tick"
     ordering = ("-tick",)
     search_fields = ("schedule__periodic_task__name", "task_id")
+    actions = ("abort_selected",)
+
+    @admin.action(description="Abort selected running runs", permissions=["abort"])
+    def abort_selected(self, request: HttpRequest, queryset: QuerySet[ScheduleRun]) -> None:
+        """Ask each running run's worker to stop it (``api.abort_schedule_run``); report the finished ones."""
+        from scheduling import api
+
+        asked, finished = [], []
+        for run_id in queryset.values_list("pk", flat=True):
+            try:
+                api.abort_schedule_run(run_id)
+            except exceptions.RunNotRunning:
+                finished.append(run_id)
+            else:
+                asked.append(run_id)
+        if asked:
+            self.message_user(
+                request,
+                ngettext(
+                    "Asked %(count)d running run to stop: its worker interrupts it within a heartbeat interval.",
+                    "Asked %(count)d running runs to stop: their workers interrupt them within a heartbeat interval.",
+                    len(asked),
+                )
+                % {"count": len(asked)},
+                messages.SUCCESS,
+            )
+        if finished:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d run was not running (it had finished): left as it was.",
+                    "%(count)d runs were not running (they had finished): left as they were.",
+                    len(finished),
+                )
+                % {"count": len(finished)},
+                messages.WARNING,
+            )
+
+    def has_abort_permission(self, request: HttpRequest) -> bool:
+        """Aborting a run changes its schedule's work: the schedule's (periodic task's) change permission."""
+        return request.user.has_perm("django_celery_beat.change_periodictask")
 
     @admin.display(description="schedule", ordering="schedule__periodic_task__name")
     def schedule_name(self, run: ScheduleRun) -> str:

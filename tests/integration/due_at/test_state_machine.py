@@ -284,7 +284,7 @@ class JobLifeMachine(RuleBasedStateMachine):
         job_id = self._pick(data)
         job = self.model[job_id]
         token = self._token(job, choice)
-        alive = store.heartbeat_jobs([(job_id, token)])
+        alive = [r.id for r in store.heartbeat_jobs([(job_id, token)])]
         held = self._holds(job, token) and job.started
         assert alive == ([job_id] if held else []), "only started claims have a lease to renew"
         if alive:

@@ -14,9 +14,10 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from scheduling import api
+from scheduling.due_at import store as jobs_store
 from scheduling.management import aliases
 from scheduling.management.commands import timekeeper
-from scheduling.models import JobState, KindControl, Recurrence, ScheduledJob
+from scheduling.models import JobAbort, JobState, KindControl, Recurrence, ScheduledJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,6 +68,22 @@ def test_cancel_changes_pending_jobs_and_reports_the_others(jobs):
     assert "No such job: 999999." in err
     assert ScheduledJob.objects.get(pk=jobs["overdue"]).state == JobState.CANCELLED
     assert ScheduledJob.objects.get(pk=jobs["done"]).state == JobState.DONE
+
+
+def test_abort_cancels_a_claim_asks_a_running_job_and_reports_a_finished_one(jobs):
+    """abort cancels a claim not started, asks a running job's worker (as cli:<user>), and reports the done one."""
+    claimed = api.schedule("demo.noop", {}, delay=0)
+    running = api.schedule("demo.noop", {"n": "running"}, delay=0)
+    ScheduledJob.objects.filter(pk=jobs["overdue"]).update(due_at=timezone.now() + dt.timedelta(hours=1))
+    claims = {c.id: c.token for c in jobs_store.claim_due_jobs(10)}
+    jobs_store.start_jobs([(running.id, claims[running.id])], "worker-1")
+    out, err = run("abort", str(claimed.id), str(running.id), str(jobs["done"]))
+    assert f"Aborted 2 jobs: {claimed.id}, {running.id}." in out
+    assert f"Not aborted (done, not claimed or running): {jobs['done']}." in err
+    assert ScheduledJob.objects.get(pk=claimed.id).state == JobState.CANCELLED
+    assert JobAbort.objects.get(job_id=running.id).requested_by.startswith("cli")
+    with pytest.raises(CommandError, match="only claimed or running jobs can be"):
+        run("abort", str(jobs["done"]))
 
 
 def test_a_change_that_touches_nothing_is_an_error(jobs):

@@ -441,3 +441,32 @@ def test_demo_record_counts_executions_per_tick(make_schedule):
     gate.run("counted", tick)
     gate.run("counted", tick)
     assert Execution.objects.filter(idempotency_key=f"fixed:counted@{tick.isoformat()}").count() == 1
+
+
+def test_an_abort_interrupts_the_running_run_and_records_who_asked(make_schedule):
+    """abort_schedule_run() while the handler sleeps: interrupted, recorded aborted with who and when, no retry."""
+    from django.test import override_settings
+
+    from scheduling import api, exceptions
+
+    policy = make_schedule(payload={"sleep": 30, "fail_times": 0}, backoff_limit=2, failed_history_limit=5)
+    tick = db_now()
+
+    def ask() -> None:
+        run = harness.wait_for(
+            lambda: ScheduleRun.objects.filter(schedule=policy, state=RunState.RUNNING).first(), 30, 0.02, "the run"
+        )
+        harness.wait_for(lambda: CALLS, 30, 0.02, "the handler to start")
+        api.abort_schedule_run(run.pk, by="bob")
+
+    with override_settings(SCHEDULING_HEARTBEAT_SECONDS=0.05):
+        thread, _ = in_thread(ask)
+        report = gate.run("gate", tick)
+        thread.join()
+    assert report.outcome == RunState.ABORTED
+    run = run_of(policy, tick)
+    assert (run.state, run.abort_requested_by) == (RunState.ABORTED, "bob")
+    assert run.error.startswith("aborted by bob at ")
+    assert len(CALLS) == 1, "no retry after an abort"
+    with pytest.raises(exceptions.RunNotRunning):
+        api.abort_schedule_run(run.pk)

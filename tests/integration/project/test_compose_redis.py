@@ -5,6 +5,7 @@ for the image: ``docker-entrypoint.sh`` (which in the image drops to the redis u
 redis-server on a free port, and ``chown`` does nothing (there is no redis user). The script and the
 healthcheck are otherwise exactly the compose file's, with ``$$`` read as compose reads it.
 """
+
 from __future__ import annotations
 
 import os

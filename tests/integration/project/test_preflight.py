@@ -4,6 +4,7 @@ Each entry point (``python3 dev.py run``, ``manage.py``, ``celery worker`` / ``b
 as a subprocess with a wrong setting: it must exit with status 78 after one line that names the
 setting and says what to do, with no traceback and no password in anything it printed.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,15 @@ def server_url(database: str = "postgres", password: str = SECRET) -> str:
 
 def clean_env(**overrides: str) -> dict[str, str]:
     """This environment without the test run's settings, plus ``overrides``: what a newcomer's shell has."""
-    dropped = {"DATABASE_URL", "CELERY_BROKER_URL", "CELERY_BROKER_KEYPREFIX", "DJANGO_SETTINGS_MODULE",
-               "FLOWER_BASIC_AUTH", "SECRET_KEY", preflight.VERBOSE_VARIABLE}
+    dropped = {
+        "DATABASE_URL",
+        "CELERY_BROKER_URL",
+        "CELERY_BROKER_KEYPREFIX",
+        "DJANGO_SETTINGS_MODULE",
+        "FLOWER_BASIC_AUTH",
+        "SECRET_KEY",
+        preflight.VERBOSE_VARIABLE,
+    }
     environ = {key: value for key, value in os.environ.items() if key not in dropped}
     environ.update(DEBUG="1", WEB_PORT=str(free_port()), FLOWER_PORT=str(free_port()))
     environ.update(overrides)
@@ -56,8 +64,13 @@ def clean_env(**overrides: str) -> dict[str, str]:
 def run(argv: list[str], **overrides: str) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in the checkout with a clean environment; stdout and stderr together."""
     return subprocess.run(
-        argv, cwd=ROOT, env=clean_env(**overrides), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, timeout=120,
+        argv,
+        cwd=ROOT,
+        env=clean_env(**overrides),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
     )
 
 

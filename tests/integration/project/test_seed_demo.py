@@ -1,4 +1,5 @@
 """The demo data command the run command calls."""
+
 from __future__ import annotations
 
 import pytest

@@ -682,3 +682,25 @@ def test_admin_posts_need_the_csrf_token(admin_user):
     assert client.post(CHANGELIST, cancel).status_code == 403
     assert client.post(ADD, {"kind": "demo.noop", "payload": "{}", "delay_seconds": "1"}).status_code == 403
     assert list(ScheduledJob.objects.values_list("id", "state")) == [(job.id, JobState.PENDING)]
+
+
+def test_abort_action_on_the_runs_list_asks_a_running_run_and_reports_a_finished_one(admin, schedule):
+    """The runs list's abort action writes who asked on the running run; a finished run is reported, untouched."""
+    policy = SchedulePolicy.objects.get(periodic_task=schedule)
+    now = timezone.now()
+    running = ScheduleRun.objects.create(schedule=policy, tick=now, state="running")
+    finished = ScheduleRun.objects.create(
+        schedule=policy, tick=now - dt.timedelta(days=1), state="succeeded", finished_at=now
+    )
+    response = admin.post(
+        "/admin/scheduling/schedulerun/",
+        {"action": "abort_selected", ACTION_CHECKBOX_NAME: [str(running.pk), str(finished.pk)], "index": "0"},
+        follow=True,
+    )
+    shown = [str(m) for m in response.context["messages"]]
+    assert any("Asked 1 running run to stop" in m for m in shown)
+    assert any("1 run was not running" in m for m in shown)
+    running.refresh_from_db()
+    finished.refresh_from_db()
+    assert (running.state, running.abort_requested_by) == ("running", "admin")
+    assert (finished.state, finished.abort_requested_by) == ("succeeded", "")

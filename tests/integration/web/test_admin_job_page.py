@@ -13,7 +13,7 @@ from scheduling import api, registry
 from scheduling.core import store as core_store
 from scheduling.due_at import runner
 from scheduling.due_at import store as jobs_store
-from scheduling.models import JobAttempt, JobState, ScheduledJob, SchedulePolicy
+from scheduling.models import AuditRecord, JobAbort, JobAttempt, JobState, ScheduledJob, SchedulePolicy
 from scheduling.web.admin import bulk_actions, common, job_forms
 from tests import support
 
@@ -229,6 +229,9 @@ def test_every_bulk_action_is_a_list_action_and_a_page_button_that_changes_the_j
     """Each BULK_ACTIONS entry: in the list's menu, a button on a job's page in its states only, and it works there."""
     dead = JobState.DEAD in entry.states
     job_id = _dead(run_sql) if dead else api.schedule("demo.noop", {}, delay=3600).id
+    if JobState.CLAIMED in entry.states:  # abort: a claim not started yet, cancelled at once
+        support.make_due(job_id)
+        jobs_store.claim_due_jobs(10)
     other_id = api.schedule("demo.noop", {}, delay=3600).id if dead else _dead(run_sql)
     menu = admin_client.get(CHANGELIST).context["action_form"].fields["action"].choices
     assert entry.action in dict(menu)
@@ -247,3 +250,19 @@ def test_every_bulk_action_is_a_list_action_and_a_page_button_that_changes_the_j
     assert messages[0] == entry.done_message(1, {"due_at": common.seconds_text(later)})
     after = ScheduledJob.objects.get(pk=job_id)
     assert (after.state, after.due_at) != (before.state, before.due_at)
+
+
+def test_the_abort_button_on_a_running_jobs_page_asks_its_worker_and_is_audited(admin_client, admin_user):
+    """A running job's page offers Abort; pressing it (confirmed) writes the request naming the admin, once."""
+    job = api.schedule("demo.noop", {}, delay=0)
+    (claim,) = jobs_store.claim_due_jobs(10)
+    jobs_store.start_jobs([(claim.id, claim.token)], "worker-1")
+    page = admin_client.get(_page(job.id)).content.decode()
+    assert 'value="abort"' in page
+    response = admin_client.post(f"{CHANGELIST}{job.id}/act/abort/", {"confirm": "yes"}, follow=True)
+    messages = [str(m) for m in response.context["messages"]]
+    assert messages[0] == bulk_actions.BY_NAME["abort"].done_message(1, {})
+    request = JobAbort.objects.get(job_id=job.id)
+    assert request.requested_by == admin_user.get_username()
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.RUNNING, "its worker cancels it, not the admin"
+    assert list(AuditRecord.objects.values_list("action", "door", "changed")) == [("abort", "admin", 1)]

@@ -64,9 +64,7 @@ SCHEDULE_CASES: list[tuple[str, Callable[[], Any], type[Exception]]] = [
     ),
     (
         "payload over the size limit",
-        lambda: api.schedule(
-            "demo.record", {"blob": "x" * (conf.get().max_payload_bytes + 1)}, delay=1
-        ),
+        lambda: api.schedule("demo.record", {"blob": "x" * (conf.get().max_payload_bytes + 1)}, delay=1),
         exceptions.PayloadTooLarge,
     ),
     ("10,000-deep nesting", lambda: api.schedule("demo.record", deeply_nested(), delay=1), exceptions.InvalidPayload),

@@ -16,7 +16,7 @@ from django.utils import timezone
 from scheduling import api
 from scheduling.core import store as core_store
 from scheduling.due_at import store as jobs_store
-from scheduling.models import ApiToken, JobState, ScheduledJob
+from scheduling.models import ApiToken, JobAbort, JobState, ScheduledJob
 from scheduling.web import auth
 from tasks.models import Trial
 
@@ -364,6 +364,35 @@ def test_cancel_and_reschedule_of_a_claimed_job_are_409_and_change_nothing(alice
     response = post_json(client, f"/api/jobs/{job.id}/reschedule", {"delay": 60})
     assert (response.status_code, error_of(response)["state"]) == (409, "claimed")
     assert _snapshot() == before
+
+
+def test_abort_a_running_job_is_202_a_claim_200_and_a_finished_job_409(alice):
+    """POST .../abort: 202 for a running job (its worker stops it), 200 for a claim (cancelled), 409 once done."""
+    running = api.schedule("demo.noop", {}, delay=0, owner=alice)
+    claimed = api.schedule("demo.noop", {"n": 2}, delay=0, owner=alice)
+    claims = {c.id: c.token for c in jobs_store.claim_due_jobs(10)}
+    jobs_store.start_jobs([(running.id, claims[running.id])], "worker-1")
+    client = logged_in(alice)
+    response = client.post(f"/api/jobs/{running.id}/abort", content_type="application/json")
+    assert (response.status_code, response.json()["abort"], response.json()["state"]) == (202, "requested", "running")
+    response = client.post(f"/api/jobs/{claimed.id}/abort", content_type="application/json")
+    assert (response.status_code, response.json()["abort"], response.json()["state"]) == (200, "cancelled", "cancelled")
+    again = client.post(f"/api/jobs/{claimed.id}/abort", content_type="application/json")
+    assert (again.status_code, error_of(again)["code"], error_of(again)["state"]) == (
+        409,
+        "state_conflict",
+        "cancelled",
+    )
+    assert "before the abort arrived" in error_of(again)["message"]
+
+
+def test_abort_of_another_owners_job_is_404_and_asks_nothing(alice, bob):
+    """Bob cannot abort (or learn of) Alice's running job."""
+    job = api.schedule("demo.noop", {}, delay=0, owner=alice)
+    (claim,) = jobs_store.claim_due_jobs(10)
+    jobs_store.start_jobs([(claim.id, claim.token)], "worker-1")
+    assert logged_in(bob).post(f"/api/jobs/{job.id}/abort", content_type="application/json").status_code == 404
+    assert not JobAbort.objects.exists()
 
 
 def test_cancel_with_an_empty_body_works(alice):

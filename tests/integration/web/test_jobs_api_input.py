@@ -153,7 +153,9 @@ def test_admin_add_form_refuses_year_one(admin_client_):
     "call",
     [
         lambda: api.schedule("demo.noop", {}, due_at=dt.datetime(1, 1, 1, tzinfo=dt.UTC)),
-        lambda: api.schedule("demo.noop", {}, due_at=dt.datetime(2030, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=16)))),  # noqa: E501
+        lambda: api.schedule(
+            "demo.noop", {}, due_at=dt.datetime(2030, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=16)))
+        ),
         lambda: api.schedule("demo.noop", {}, delay=5, key="k\x00"),
         lambda: api.schedule("demo.noop", {"\ud800": 1}, delay=5),
         lambda: api.cancel(key="k\x00"),

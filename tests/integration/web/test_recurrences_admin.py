@@ -108,6 +108,8 @@ def test_change_recurrence_grants_the_actions_never_a_rewrite(client: Any, djang
     assert (stored.kind, stored.payload, stored.every_seconds) == ("demo.noop", {"v": 1}, 600)
     response = client.post(URL, {"action": "pause_selected", ACTION_CHECKBOX_NAME: [str(rec.id)]}, follow=True)
     assert "Paused 1 recurrence." in response.content.decode()
+
+
 def test_next_runs_are_separated_by_line_breaks_not_a_literal_br(admin_client: Any):
     """The list's "Next runs" puts each instant on its own line: a <br> tag, never the text "<br>"."""
     api.recur("demo.noop", {}, key="breaks", cron="0 9 * * *")

@@ -1,13 +1,14 @@
-"""The executor's timeouts: a deadline stops a handler, and a batch keeps one SIGALRM handler for all its jobs."""
+"""The executor's timeouts and aborts: a deadline or an abort stops a handler; a batch keeps one SIGALRM handler."""
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import pytest
 
-from scheduling.core import executor, registry
+from scheduling.core import aborts, executor, registry
 
 
 def _sleeper(job: registry.Job) -> None:
@@ -55,3 +56,56 @@ def test_a_timeout_raised_by_a_callers_deadline_propagates():
     """A JobTimeout from a deadline around several calls is not the call's own: it propagates."""
     with pytest.raises(executor.JobTimeout), executor.deadline(0.05):
         executor.invoke(KIND, _job(2), None)
+
+
+def _claimed(sleep: float, token: str) -> registry.Job:
+    return registry.Job(
+        kind=KIND.name, payload={"sleep": sleep}, attempt=1, max_attempts=1, due_at=None, id=7, token=token
+    )
+
+
+def _abort_later(token: str, seconds: float) -> threading.Thread:
+    """The heartbeat's part, from another thread: the abort of claim (7, token) arrives after ``seconds``."""
+    thread = threading.Timer(seconds, aborts.request, args=(7, token, "aborted by test at noon"))
+    thread.start()
+    return thread
+
+
+def test_an_abort_interrupts_the_handlers_blocking_call_and_ends_as_aborted():
+    """An abort from another thread interrupts a 30 s sleep on the main thread: ABORTED, with who asked."""
+    thread = _abort_later("t-1", 0.1)
+    try:
+        result = executor.invoke(KIND, _claimed(30, "t-1"), 60)
+    finally:
+        thread.join()
+        aborts.forget([(7, "t-1")])
+    assert (result.outcome, result.error) == (executor.ABORTED, "aborted by test at noon")
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_an_abort_seen_before_the_handler_starts_means_it_never_runs():
+    """A claim aborted while it waited in its batch is not called at all."""
+    calls: list[int] = []
+    kind = registry.Kind("exec.count", lambda job: calls.append(1), None, 0.0, 1, registry.Backoff(), 30, 1, "")
+    aborts.request(7, "t-2", "aborted by test at noon")
+    try:
+        result = executor.invoke(kind, _claimed(0, "t-2"), None)
+    finally:
+        aborts.forget([(7, "t-2")])
+    assert result.outcome == executor.ABORTED
+    assert calls == []
+
+
+def test_an_abort_of_another_claim_interrupts_nothing():
+    """A request for another claim (a later attempt's token) leaves the running handler alone, and a stray poke too."""
+    thread = _abort_later("other", 0.05)
+    try:
+        with executor.alarms():
+            poke = threading.Timer(0.1, signal.pthread_kill, args=(threading.main_thread().ident, signal.SIGALRM))
+            poke.start()
+            result = executor.invoke(KIND, _claimed(0.3, "mine"), 5)
+            poke.join()
+    finally:
+        thread.join()
+        aborts.forget([(7, "other")])
+    assert result.ok

@@ -90,6 +90,14 @@ CASES = [
     (E.CANCELLED, SPENT, Decision(S.CANCELLED, record=O.CANCELLED)),
     (E.CANCELLED, CLAIMED_LEFT, Decision(S.CANCELLED, record=O.CANCELLED)),
     (E.CANCELLED, RETIRED, Decision(S.CANCELLED, record=O.CANCELLED)),
+    # an operator's abort: a claim not started ran nothing (its attempt given back); a running one is
+    # cancelled with an aborted attempt, whatever its attempts left or its owner
+    (E.ABORT, CLAIMED_LEFT, Decision(S.CANCELLED, uncount=True)),
+    (E.ABORT, CLAIMED_SPENT, Decision(S.CANCELLED, uncount=True)),
+    (E.ABORT, CLAIMED_RETIRED, Decision(S.CANCELLED, uncount=True)),
+    (E.ABORTED, LEFT, Decision(S.CANCELLED, record=O.ABORTED)),
+    (E.ABORTED, SPENT, Decision(S.CANCELLED, record=O.ABORTED)),
+    (E.ABORTED, RETIRED, Decision(S.CANCELLED, record=O.ABORTED)),
 ]
 
 
@@ -135,7 +143,7 @@ def test_a_deleted_owners_job_never_returns_to_pending(event, together, spent):
     gave_back = event in lifecycle.GIVE_BACKS or (event == Event.CRASHED and together)
     if event in (Event.SUCCEEDED,):
         assert decision.state == JobState.DONE
-    elif event in (Event.CANCEL, Event.CANCELLED) or gave_back:
+    elif event in (Event.CANCEL, Event.CANCELLED, Event.ABORT, Event.ABORTED) or gave_back:
         assert decision.state == JobState.CANCELLED
     else:
         assert decision.state == JobState.DEAD
@@ -195,3 +203,11 @@ def test_one_backoff_doubles_up_to_its_cap_with_equal_jitter():
     for attempt, step in [(1, 10.0), (2, 20.0), (3, 40.0), (4, 60.0), (40, 60.0)]:
         delay = backoff.delay(attempt, rng)
         assert step / 2 <= delay <= step
+
+
+@pytest.mark.parametrize("event", [Event.ABORT, Event.ABORTED])
+def test_an_abort_never_retries_and_never_meets_a_finished_job(event):
+    """An abort ends in cancelled for every branch of its plan, and a finished job is left as it is."""
+    assert {d.state for d in lifecycle.plan(event)} == {JobState.CANCELLED}
+    for state in (JobState.DONE, JobState.DEAD, JobState.CANCELLED, JobState.PENDING):
+        assert lifecycle.decide(event, Facts(state)) is None

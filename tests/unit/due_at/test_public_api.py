@@ -7,9 +7,13 @@ from scheduling.due_at import api as jobs_api
 from scheduling.recurring import api as recurring_api
 
 EXPECTED = [
+    "Aborted",
     "BulkResult",
     "Deferral",
     "NewEntry",
+    "abort",
+    "abort_many",
+    "abort_schedule_run",
     "cancel",
     "cancel_many",
     "cancel_recurrence",
@@ -42,7 +46,7 @@ EXPECTED = [
 
 
 def test_public_names_are_unchanged():
-    """scheduling.api.__all__ is exactly the names it had when each was written three times, and retire_owner."""
+    """scheduling.api.__all__ is exactly the names it had when each was written three times, retire_owner and abort."""
     assert api.__all__ == EXPECTED
 
 
