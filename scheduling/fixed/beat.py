@@ -221,13 +221,18 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         with contextlib.suppress(DatabaseError):
             locks.bound_django_session()  # a beat that vanishes mid-transaction leaves no lock for long
         self._write_heartbeat()
-        delay = min(super().tick(*args, **kwargs), LEADER_CHECK_SECONDS)
+        try:
+            delay = min(super().tick(*args, **kwargs), LEADER_CHECK_SECONDS)
+        except kombu.exceptions.OperationalError:  # no producer: the broker cannot be reached at all
+            logger.warning("cannot reach the broker to send ticks", exc_info=True, extra={"action": "send_failed"})
+            self._send_failed = self._broker_failed = True
+            self._heap = None
+            delay = SEND_RETRY_SECONDS
         if self._send_failed:
             self._send_failed = False
             if self._count_broker_failure():
                 return STANDBY_RETRY_SECONDS
             return SEND_RETRY_SECONDS
-        self._broker_failures = 0
         return delay
 
     def _count_broker_failure(self) -> bool:
@@ -289,6 +294,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
             return
         try:
             carry_out(self.app, entry.policy_id, entry.name, plan, producer=producer, options=entry.options)
+            self._broker_failures = 0  # a tick went out (or had nothing to send): the broker is reachable
         except Exception as exc:  # a broker or database error: nothing advanced, the tick is sent again soon
             self._broker_failed = self._broker_failed or isinstance(exc, kombu.exceptions.OperationalError | OSError)
             logger.exception(
