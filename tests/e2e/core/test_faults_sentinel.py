@@ -11,6 +11,7 @@ replicates asynchronously). The figures go to tests/artifacts/faults-servers.jso
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -140,9 +141,11 @@ def _deferred_runs(stack: private_services.Stack) -> int:
     return int(stack.value(sql))
 
 
-def test_a_worker_on_sentinel_carries_on_through_a_failover(private_stack, sentinels):
+@pytest.mark.parametrize("replica_lagging", [False, True], ids=["replica-in-sync", "replica-lagging"])
+def test_a_worker_on_sentinel_carries_on_through_a_failover(private_stack, sentinels, replica_lagging):
     """The primary killed and its replica promoted: jobs due after the failover run, a deferral sent after
-    it runs; the countdowns sent in the instant before the kill are counted (what a failover may lose)."""
+    it runs; the countdowns sent in the instant before the kill are counted (what a failover may lose).
+    ``replica-lagging``: the replica is stopped (SIGSTOP) while they are sent, so it never had them."""
     stack = private_stack
     env = {"CELERY_BROKER_URL": sentinels.url(), "CELERY_BROKER_MASTER_NAME": MASTER}
     worker = stack.cluster.worker("w1", concurrency=2, env=env)
@@ -150,10 +153,14 @@ def test_a_worker_on_sentinel_carries_on_through_a_failover(private_stack, senti
     first = stack.schedule("demo.record", {})
     wait_for(lambda: stack.states().get("done") == 1, 60, message=f"job {first} to run before the failover")
 
+    if replica_lagging:
+        sentinels.procs["replica"].send_signal(signal.SIGSTOP)
     _defer(stack, env, BURST, 15, "before")  # acknowledged by the primary; replicated, or not, when it dies
     sent_at = time.monotonic()
     old = sentinels.primary_port
     sentinels.kill("primary")
+    if replica_lagging:
+        sentinels.procs["replica"].send_signal(signal.SIGCONT)
     killed_at = time.monotonic()
     wait_for(lambda: sentinels.primary() == sentinels.replica_port, 60, message="the sentinel to promote the replica")
     promoted_after = round(time.monotonic() - killed_at, 1)
@@ -169,7 +176,7 @@ def test_a_worker_on_sentinel_carries_on_through_a_failover(private_stack, senti
     time.sleep(max(0.0, sent_at + 15 + 20 - time.monotonic()))
     ran = _deferred_runs(stack) - 1
     private_services.record_result(
-        "sentinel_failover",
+        f"sentinel_failover_{'replica_lagging' if replica_lagging else 'replica_in_sync'}",
         {
             "promoted_after_seconds": promoted_after,
             "countdowns_sent_just_before_the_kill": BURST,
