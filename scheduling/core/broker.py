@@ -71,6 +71,13 @@ def app_problem(celery_app: Celery | None = None) -> str | None:
     return None
 
 
+# A leader's sends (the control loop's batches, beat's ticks) try a lost connection once more, then
+# fail: what they carry is kept in PostgreSQL and sent again, and a leader that cannot reach Redis
+# must find out within seconds to hand the lead over (kombu's default, 3 retries of a connection
+# that may take socket_connect_timeout each, could block a send for half a minute).
+LEADER_SEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
+
+
 def send(task_name: str, *, args: list[Any] | None = None, **options: Any) -> Any:
     """Publish one message for ``task_name`` with Celery's options (``eta``, ``time_limit``, ``shadow``...)."""
     return current_app.send_task(task_name, args=args or [], **options)

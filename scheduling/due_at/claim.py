@@ -144,6 +144,7 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
                 args=[[[c.id, c.token] for c in batch]],
                 time_limit=hard_time_limit(batch),
                 shadow=tasknames.batch(batch[0].kind),  # Flower shows the kind (a batch holds one)
+                retry_policy=broker.LEADER_SEND_RETRY_POLICY,
             )
             sent += 1
     except kombu.exceptions.OperationalError:

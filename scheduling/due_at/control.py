@@ -22,7 +22,7 @@ after a check of the lead, so waiting on a vanished session's locks never costs 
 lead (its lock session would otherwise sit idle past ``LEAD_SILENCE_SECONDS``). A leader whose
 sends fail ``BROKER_FAILURES_TO_STEP_DOWN`` turns in a row (Redis unreachable from this host while
 PostgreSQL is not) steps down and stays a standby for ``STEP_DOWN_HOLD_SECONDS``, so a host that
-can reach the broker takes the lead.
+can reach the broker takes the lead (if none does, it leads again after the hold).
 """
 
 from __future__ import annotations
@@ -54,8 +54,10 @@ PRUNE_AGAIN_SECONDS = 0.1  # while more is left, the next slice this soon: up to
 PRUNE_SLICE_SECONDS = 0.015  # a turn prunes about this long (one statement of ~10-20 ms, sometimes two)
 STOP_JOIN_SECONDS = 2.0  # how long a stopping worker waits for the loop
 LOCK_WAIT_SECONDS = 4  # a statement of the loop waits this long for a lock (well under LEAD_SILENCE_SECONDS)
-BROKER_FAILURES_TO_STEP_DOWN = 3  # turns in a row whose sends the broker refused: the leader steps down
-STEP_DOWN_HOLD_SECONDS = 15.0  # a leader that stepped down stays a standby this long (another host leads)
+BROKER_FAILURES_TO_STEP_DOWN = 2  # turns in a row whose sends the broker refused: the leader steps down
+# A stepped-down leader lets a standby (retrying every STANDBY_RETRY_SECONDS) take the lead first; if
+# none does (a single worker, or none can reach Redis either), it leads again after this.
+STEP_DOWN_HOLD_SECONDS = 3.0
 
 # Duties a higher layer adds to the leader's turn (scheduling.tasks adds the recurrence planner):
 # each is called once per turn, before the claim, and paces itself.

@@ -38,7 +38,7 @@ from celery.schedules import schedstate
 from django.db import DatabaseError, close_old_connections
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
-from scheduling.core import conf, exceptions, leadership, liveness, locks, tasknames
+from scheduling.core import broker, conf, exceptions, leadership, liveness, locks, tasknames
 from scheduling.core import store as core_store
 from scheduling.fixed import messages, policies, store, ticks
 from scheduling.models import MissedPolicy, SchedulePolicy
@@ -51,8 +51,8 @@ STANDBY_RETRY_SECONDS = 1.0  # how often a standby tries to take the lead
 LEADER_CHECK_SECONDS = 2.0  # how often the leader checks its lock connection is alive
 HEARTBEAT_SECONDS = 5.0  # how often the leader writes its heartbeat row
 SEND_RETRY_SECONDS = 2.0  # after a failed send of a fixed-time tick, look again this soon
-BROKER_FAILURES_TO_STEP_DOWN = 3  # ticks in a row whose sends the broker refused: the leader steps down
-STEP_DOWN_HOLD_SECONDS = 15.0  # a beat that stepped down stays a standby this long (another leads)
+BROKER_FAILURES_TO_STEP_DOWN = 2  # ticks in a row whose sends the broker refused: the leader steps down
+STEP_DOWN_HOLD_SECONDS = 3.0  # a stepped-down beat lets a standby (retrying every 1 s) take the lead first
 MISSED_ERROR = "beat was not running in time for this tick (missed_policy={policy})"
 MISSED_LOG = "ticks missed while beat was not running"
 
@@ -360,6 +360,7 @@ def carry_out(
             kwargs=messages.message_kwargs(name, send.tick, send.trigger, policy_id=policy_id),
             producer=producer,
             headers={"periodic_task_name": name, "celery_beat_task": True},
+            retry_policy=broker.LEADER_SEND_RETRY_POLICY,
             **send_options,
         )
         logger.info(
