@@ -83,30 +83,45 @@ class Link:
         _ip("netns", "exec", self.ns, "ip", "link", "set", self.inner, "up")
 
 
+def _make_link(name: str) -> Link:
+    """A namespace (made if missing) and a new veth pair into it, in a random private 10.213.x.y/30."""
+    block = random.randrange(0, 64) * 4
+    third = random.randrange(1, 255)
+    ns = name.rstrip("ab")
+    link = Link(ns, f"{name}o", f"{name}i", f"10.213.{third}.{block + 1}", f"10.213.{third}.{block + 2}")
+    if _ip("netns", "exec", ns, "true", check=False).returncode != 0:
+        _ip("netns", "add", ns)
+    _ip("link", "add", link.outer, "type", "veth", "peer", "name", link.inner)
+    _ip("link", "set", link.inner, "netns", link.ns)
+    _ip("addr", "add", f"{link.server}/30", "dev", link.outer)
+    _ip("link", "set", link.outer, "up")
+    inside = ["netns", "exec", link.ns, "ip"]
+    _ip(*inside, "addr", "add", f"{link.client}/30", "dev", link.inner)
+    _ip(*inside, "link", "set", link.inner, "up")
+    _ip(*inside, "link", "set", "lo", "up")
+    return link
+
+
+def _remove(link: Link) -> None:
+    _ip("netns", "del", link.ns, check=False)
+    _ip("link", "del", link.outer, check=False)
+
+
 @pytest.fixture
-def link() -> Iterator[Link]:
-    """A fresh namespace and veth pair in a private 10.213.x.y/30 (removed afterwards)."""
+def links() -> Iterator[tuple[Link, Link]]:
+    """Two veth pairs into one fresh namespace: one for PostgreSQL, one for Redis (removed afterwards)."""
     refused = _netns_refused()
     if refused:
         pytest.skip(refused)
-    tag = f"{os.getpid() % 10000}{random.randrange(100)}"
-    block = random.randrange(0, 64) * 4
-    third = random.randrange(1, 255)
-    link = Link(f"tkh{tag}", f"tkh{tag}o", f"tkh{tag}i", f"10.213.{third}.{block + 1}", f"10.213.{third}.{block + 2}")
+    tag = f"tkh{os.getpid() % 10000}{random.randrange(100)}"
+    made: list[Link] = []
     try:
-        _ip("netns", "add", link.ns)
-        _ip("link", "add", link.outer, "type", "veth", "peer", "name", link.inner)
-        _ip("link", "set", link.inner, "netns", link.ns)
-        _ip("addr", "add", f"{link.server}/30", "dev", link.outer)
-        _ip("link", "set", link.outer, "up")
-        inside = ["netns", "exec", link.ns, "ip"]
-        _ip(*inside, "addr", "add", f"{link.client}/30", "dev", link.inner)
-        _ip(*inside, "link", "set", link.inner, "up")
-        _ip(*inside, "link", "set", "lo", "up")
-        yield link
+        made.append(_make_link(f"{tag}a"))
+        made.append(_make_link(f"{tag}b"))
+        yield made[0], made[1]
     finally:
-        _ip("netns", "del", link.ns, check=False)
-        _ip("link", "del", link.outer, check=False)
+        for link in made:
+            _remove(link)
 
 
 class VethPostgres(private_services.PrivatePostgres):
@@ -150,8 +165,11 @@ class VethRedis(private_services.PrivateRedis):
 
 
 @pytest.fixture
-def veth_stack(request: pytest.FixtureRequest, pg_template: Path, link: Link) -> Iterator[private_services.Stack]:
-    """Private PostgreSQL and Redis reachable from both sides of ``link``."""
+def veth_stack(
+    request: pytest.FixtureRequest, pg_template: Path, links: tuple[Link, Link]
+) -> Iterator[private_services.Stack]:
+    """Private PostgreSQL (on the first link) and Redis (on the second) reachable from both sides."""
+    link, redis_link = links
     base = private_services._scratch_dir("tk-hosts-")
     log_dir = harness.ARTIFACTS / "e2e" / request.node.name
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +177,7 @@ def veth_stack(request: pytest.FixtureRequest, pg_template: Path, link: Link) ->
         if old.is_file():
             old.unlink()
     pg = VethPostgres(base / "pg", link.server)
-    broker = VethRedis(base / "redis", link.server)
+    broker = VethRedis(base / "redis", redis_link.server)
     cluster = harness.Cluster(log_dir, env=private_services.stack_env(pg, broker))
     stack = private_services.Stack(pg, broker, cluster)
     try:
@@ -214,11 +232,12 @@ def _log_after(proc: harness.Proc, offset: int) -> str:
     return proc.log()[offset:]
 
 
-def test_a_silently_vanished_host_loses_its_leaderships_and_locks_and_comes_back_fenced(veth_stack, link):
+def test_a_silently_vanished_host_loses_its_leaderships_and_locks_and_comes_back_fenced(veth_stack, links):
     """Worker A and beat 1 in a namespace lead and hold a forbid schedule's overlap lock; the link is cut
     silently: worker B and beat 2 on the other side take both leads and the lock is released within
     30 s; after the heal, A and beat 1 notice their lost lock sessions and neither leads again."""
     stack = veth_stack
+    link, redis_link = links
     policy_id = _declare(stack)
     control_key = locks.lock_key(control.ROLE, "leader")
     beat_key = locks.lock_key(beat.LEADER_ROLE, "leader")
@@ -239,6 +258,7 @@ def test_a_silently_vanished_host_loses_its_leaderships_and_locks_and_comes_back
     assert _holder(stack, control_key) == link.client, "B stands by while A leads"
 
     link.cut()
+    redis_link.cut()
     cut_at = time.monotonic()
     moved: dict[str, float] = {}
 
@@ -258,6 +278,7 @@ def test_a_silently_vanished_host_loses_its_leaderships_and_locks_and_comes_back
     finally:
         log_a, log_1 = len(worker_a.log()), len(beat_1.log())
         link.heal()
+        redis_link.heal()
     healed_at = time.monotonic()
 
     job = stack.schedule("demo.record", {"note": "after the heal"})
@@ -280,4 +301,35 @@ def test_a_silently_vanished_host_loses_its_leaderships_and_locks_and_comes_back
             "beat_lead_moved_after_seconds": moved["beat"],
             "overlap_lock_released_after_seconds": moved["overlap_lock"],
         },
+    )
+
+
+def test_a_leader_cut_off_from_redis_alone_hands_the_lead_over(veth_stack, links):
+    """Worker A in the namespace leads; only its link to Redis is cut (PostgreSQL still answers): its
+    sends fail, it steps down, worker B outside takes the lead within 30 s and runs the jobs due."""
+    stack = veth_stack
+    link, redis_link = links
+    control_key = locks.lock_key(control.ROLE, "leader")
+    flags = ["--concurrency=2", "--without-mingle", "--without-gossip"]
+    worker_a = _inside(stack, link, "wa", "worker", "-l", "info", "-n", "wa@%h", *flags)
+    wait_ready(worker_a)
+    wait_for(lambda: _holder(stack, control_key) == link.client, 60, message="worker A to lead the control loop")
+    worker_b = stack.cluster.worker("wb", concurrency=2)
+    wait_ready(worker_b)
+    assert _holder(stack, control_key) == link.client, "B stands by while A leads"
+
+    redis_link.cut()
+    cut_at = time.monotonic()
+    jobs = [stack.schedule("demo.record", {"note": "due while A cannot reach Redis"}) for _ in range(3)]
+    try:
+        wait_for(lambda: _holder(stack, control_key) == link.server, BOUND_SECONDS, 0.5, message="B to take the lead")
+        moved = round(time.monotonic() - cut_at, 1)
+        wait_for(lambda: stack.states().get("done") == len(jobs), 60, message=f"jobs {jobs} to run on B")
+        done = round(time.monotonic() - cut_at, 1)
+    finally:
+        redis_link.heal()
+    assert "stepped down" in worker_a.log()
+    assert all(n == 1 for n in stack.executions_per_key().values())
+    private_services.record_result(
+        "leader_cut_off_from_redis", {"control_lead_moved_after_seconds": moved, "jobs_done_after_seconds": done}
     )
