@@ -1,4 +1,4 @@
-"""A Redis failover under Sentinel is a blip: a worker on a ``sentinel://`` broker carries on.
+"""A Redis failover under Sentinel is a blip: a worker and beat on a ``sentinel://`` broker carry on.
 
 A private primary, a replica and one sentinel (quorum 1) on loopback ports; a real worker (its
 control loop leads) whose broker URL names the sentinel. The primary is killed (SIGKILL, no
@@ -143,12 +143,20 @@ def _deferred_runs(stack: private_services.Stack) -> int:
 
 @pytest.mark.parametrize("replica_lagging", [False, True], ids=["replica-in-sync", "replica-lagging"])
 def test_a_worker_on_sentinel_carries_on_through_a_failover(private_stack, sentinels, replica_lagging):
-    """The primary killed and its replica promoted: jobs due after the failover run, a deferral sent after
-    it runs; the countdowns sent in the instant before the kill are counted (what a failover may lose).
+    """The primary killed and its replica promoted: jobs due after the failover run, beat's ticks after it
+    run, a deferral sent after it runs; the countdowns sent in the instant before the kill are counted
+    (what a failover may lose).
     ``replica-lagging``: the replica is stopped (SIGSTOP) while they are sent, so it never had them."""
     stack = private_stack
     env = {"CELERY_BROKER_URL": sentinels.url(), "CELERY_BROKER_MASTER_NAME": MASTER}
+    stack.manage(
+        "shell",
+        "-c",
+        "from scheduling import schedules; "
+        "schedules.sync(declarations=[schedules.make(name='sentinel-every-2s', kind='demo.record', every=2)])",
+    )
     worker = stack.cluster.worker("w1", concurrency=2, env=env)
+    stack.cluster.beat("beat1", env=env)
     wait_ready(worker)
     first = stack.schedule("demo.record", {})
     wait_for(lambda: stack.states().get("done") == 1, 60, message=f"job {first} to run before the failover")
@@ -166,11 +174,20 @@ def test_a_worker_on_sentinel_carries_on_through_a_failover(private_stack, senti
     promoted_after = round(time.monotonic() - killed_at, 1)
     assert sentinels.primary() != old
 
+    promoted_at = stack.value("SELECT now()")
     after = [stack.schedule("demo.record", {}) for _ in range(5)]
     wait_for(lambda: stack.states().get("done") == 6, 90, message=f"jobs {after} to run after the failover")
     before_failover = _deferred_runs(stack)
     _defer(stack, env, 1, 1, "after")
     wait_for(lambda: _deferred_runs(stack) >= before_failover + 1, 60, message="the deferral sent after the failover")
+    wait_for(
+        lambda: stack.value(
+            "SELECT count(*) FROM scheduling_schedulerun WHERE state = 'succeeded' AND tick > %s", [promoted_at]
+        )
+        >= 2,
+        60,
+        message="beat's ticks after the failover to run",
+    )
     # Whatever the primary had not replicated is gone: wait out the countdowns (due 15 s after they were
     # sent) and a margin for the worker to run them, then count; a loss is measured, not refused.
     time.sleep(max(0.0, sent_at + 15 + 20 - time.monotonic()))
@@ -185,3 +202,5 @@ def test_a_worker_on_sentinel_carries_on_through_a_failover(private_stack, senti
         },
     )
     assert stack.states() == {"done": 6}
+    duplicates = stack.value("SELECT count(*) - count(DISTINCT (schedule_id, tick)) FROM scheduling_schedulerun")
+    assert duplicates == 0, "one run per tick"
