@@ -353,5 +353,25 @@ def test_a_leader_that_cannot_reach_the_broker_steps_down_and_another_beat_leads
         standby._leadership.resign()
         assert not cut_off._ensure_leader(), "the stepped-down beat holds off"
     finally:
-        cut_off._leadership.resign()
+        cut_off.close()
         standby.close()
+        from django.db import connection
+
+        connection.close()  # the leading tick bounded this session for beat, not for the tests that follow
+
+
+def test_the_leading_beats_own_session_asks_the_server_to_end_it_when_its_host_vanishes(scheduler):
+    """A leading beat's Django session carries the vanished-client bounds (a beat cut off in the middle
+    of a transaction leaves no row lock for longer than locks.VANISHED_CLIENT_BOUND_SECONDS)."""
+    from django.db import connection
+
+    from scheduling.core import locks
+
+    scheduler.tick()
+    assert scheduler.is_leader
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW idle_in_transaction_session_timeout")
+        assert cursor.fetchone()[0] == f"{locks.IDLE_IN_TRANSACTION_SECONDS}s"
+        cursor.execute("SHOW tcp_user_timeout")
+        assert cursor.fetchone()[0] in {str(locks.SERVER_USER_TIMEOUT_MS), "0"}  # 0 over a Unix socket
+    connection.close()  # the bounds are for beat's session, not for the tests that follow
