@@ -365,6 +365,7 @@ SYSTEM_PACKAGES = [
     ("faketime", Path("/usr/bin/faketime")),
     ("pgbouncer", Path("/usr/sbin/pgbouncer")),
     ("prometheus", Path("/usr/bin/promtool")),
+    ("redis-sentinel", Path("/usr/bin/redis-sentinel")),
 ]
 
 

@@ -19,6 +19,8 @@ DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/timekeeper"
 DEFAULT_BROKER_URL = "redis://127.0.0.1:6379/0"
 DATABASE_URL_SHAPE = "postgresql://<user>:<password>@<host>:5432/<database>"
 BROKER_URL_SHAPE = "redis://:<password>@<host>:6379/0"
+SENTINEL_URL_SHAPE = "sentinel://:<password>@<host1>:26379/0;sentinel://<host2>:26379/0"
+DEFAULT_SENTINEL_MASTER = "mymaster"  # the name in Redis's sample sentinel.conf
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -107,7 +109,22 @@ def parse_database_url(url: str, name: str = "DATABASE_URL") -> dict[str, Any]:
 
 
 def parse_broker_url(url: str, name: str = "CELERY_BROKER_URL") -> str:
-    """Check that ``url`` is a usable Redis URL (``redis://:password@host:port/db``) and return it."""
+    """Check that ``url`` is a usable Redis URL (``redis://:password@host:port/db``) and return it.
+
+    Redis Sentinel, as Celery documents it: ``sentinel://host1:26379;sentinel://host2:26379`` (one
+    URL per sentinel, ``;`` between them; the password and database of the first are the primary's),
+    with the primary's name in ``CELERY_BROKER_MASTER_NAME`` (``broker_transport_options['master_name']``).
+    """
+    if url.strip().startswith("sentinel://"):
+        for one in url.strip().split(";"):
+            parts = _split_url(one, name, SENTINEL_URL_SHAPE)
+            if parts.scheme != "sentinel" or not parts.hostname:
+                raise ImproperlyConfigured(
+                    f"{name}={redaction.redact(url)} mixes other URLs into a Sentinel list: use {SENTINEL_URL_SHAPE}."
+                )
+            _port_of(parts, url, name, default=26379)
+            _database_of(parts, url, name)
+        return url
     parts = _split_url(url, name, BROKER_URL_SHAPE)
     if parts.scheme not in {"redis", "rediss"}:
         raise ImproperlyConfigured(
@@ -117,13 +134,27 @@ def parse_broker_url(url: str, name: str = "CELERY_BROKER_URL") -> str:
     if not parts.hostname:
         raise ImproperlyConfigured(f"{name}={redaction.redact(url)} names no host: use {BROKER_URL_SHAPE}.")
     _port_of(parts, url, name, default=6379)
+    _database_of(parts, url, name)
+    return url
+
+
+def _database_of(parts: SplitResult, url: str, name: str) -> None:
     db = parts.path.strip("/")
     if db and not db.isdigit():
         raise ImproperlyConfigured(
             f"{name}={redaction.redact(url)} ends in /{db}, which is not a Redis database number: "
             f"use a number such as /0 ({BROKER_URL_SHAPE})."
         )
-    return url
+
+
+def is_sentinel_url(url: str) -> bool:
+    """Whether the broker URL names Redis Sentinels (``sentinel://...``) rather than one Redis."""
+    return url.strip().startswith("sentinel://")
+
+
+def broker_master_name(environ: Mapping[str, str] = os.environ) -> str:
+    """The Sentinel primary's name (``CELERY_BROKER_MASTER_NAME``), for ``sentinel://`` broker URLs."""
+    return environ.get("CELERY_BROKER_MASTER_NAME") or DEFAULT_SENTINEL_MASTER
 
 
 DEVELOPMENT_SECRET_KEY_PREFIX = "dev-only-insecure-key-"  # noqa: S105 - public on purpose: development only, refused in production

@@ -235,9 +235,14 @@ def check_broker(url: str, name: str = "CELERY_BROKER_URL") -> None:
 
     with _as_preflight_error():
         env.parse_broker_url(url, name)
-    client = redis.Redis.from_url(
-        url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS, socket_timeout=CONNECT_TIMEOUT_SECONDS
-    )
+    if env.is_sentinel_url(url):  # the primary the sentinels name (CELERY_BROKER_MASTER_NAME)
+        from scheduling.core import broker
+
+        client = broker.sentinel_client(url, env.broker_master_name(), CONNECT_TIMEOUT_SECONDS)
+    else:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=CONNECT_TIMEOUT_SECONDS, socket_timeout=CONNECT_TIMEOUT_SECONDS
+        )
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
@@ -250,6 +255,12 @@ def _broker_problem(url: str, name: str, exc: Exception) -> str:
     """The one line for a failed Redis PING, from redis-py's exception."""
     import redis
 
+    if env.is_sentinel_url(url):
+        first = redaction.redact(str(exc).splitlines()[0]) if str(exc).strip() else type(exc).__name__
+        return (
+            f"{name}={redaction.redact(url)}: the sentinels name no reachable primary {env.broker_master_name()!r} "
+            f"({first}): check the sentinel hosts and ports, and CELERY_BROKER_MASTER_NAME."
+        )
     client = redis.Redis.from_url(url)
     kwargs = client.connection_pool.connection_kwargs
     client.close()

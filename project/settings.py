@@ -218,6 +218,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
 }
 # Every Redis key Timekeeper and kombu write starts with this (lets several deployments, or test
 # runs, share one Redis server without seeing each other's queues).
+# Redis Sentinel (docs/operations.md, "Highly available Redis"): CELERY_BROKER_URL lists the
+# sentinels (sentinel://host1:26379;sentinel://host2:26379) and this names the primary they watch.
+if env.is_sentinel_url(CELERY_BROKER_URL):
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = env.broker_master_name()
 CELERY_BROKER_KEYPREFIX = os.environ.get("CELERY_BROKER_KEYPREFIX", "")
 if CELERY_BROKER_KEYPREFIX:
     CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = CELERY_BROKER_KEYPREFIX

@@ -21,6 +21,7 @@ import json
 import logging
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 from celery import Celery, current_app
@@ -28,7 +29,9 @@ from celery import Celery, current_app
 logger = logging.getLogger(__name__)
 
 REDIS_VISIBILITY_TIMEOUT_DEFAULT_SECONDS = 3600  # kombu's Redis transport default
-REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://")
+SENTINEL_SCHEME = "sentinel://"  # Redis Sentinel as Celery documents it: sentinel://h1:26379;sentinel://h2:26379
+SENTINEL_PORT_DEFAULT = 26379
+REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://", "socket://", "unix://", SENTINEL_SCHEME)
 # kombu's Redis transport keeps priorities 3, 6 and 9 in sibling lists "<queue>\x06\x16<priority>".
 PRIORITY_SEPARATOR = "\x06\x16"
 PRIORITY_STEPS = (0, 3, 6, 9)
@@ -60,7 +63,19 @@ def app_problem(celery_app: Celery | None = None) -> str | None:
     if not str(url).startswith(REDIS_SCHEMES):
         scheme = str(url).split("://", 1)[0]
         return f"The Celery broker is {scheme}://; Timekeeper needs Redis (CELERY_BROKER_URL = 'redis://...')."
+    if str(url).startswith(SENTINEL_SCHEME) and not (target.conf.broker_transport_options or {}).get("master_name"):
+        return (
+            "The Celery broker is Redis Sentinel (sentinel://) but names no primary: set "
+            "broker_transport_options['master_name'] (CELERY_BROKER_MASTER_NAME in project/settings.py)."
+        )
     return None
+
+
+# A leader's sends (the control loop's batches, beat's ticks) try a lost connection once more, then
+# fail: what they carry is kept in PostgreSQL and sent again, and a leader that cannot reach Redis
+# must find out within seconds to hand the lead over (kombu's default, 3 retries of a connection
+# that may take socket_connect_timeout each, could block a send for half a minute).
+LEADER_SEND_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 
 
 def send(task_name: str, *, args: list[Any] | None = None, **options: Any) -> Any:
@@ -94,12 +109,39 @@ def broker_url() -> str:
 
 
 def client() -> redis.Redis:
-    """A Redis client on the broker's server (the broker URL is a redis:// URL)."""
-    return _client_for(broker_url())
+    """A Redis client on the broker's server (with Sentinel: on the current primary, found again after a failover)."""
+    return _client_for(broker_url(), str(transport_options().get("master_name") or ""))
+
+
+def sentinel_client(url: str, master_name: str, timeout: float = 2.0) -> redis.Redis:
+    """A client on the primary that the sentinels of ``url`` (``sentinel://h1:p1;sentinel://h2:p2``) name.
+
+    The first URL's password and database are the primary's (as kombu reads them). Each new
+    connection asks the sentinels where the primary is, so the client follows a failover.
+    """
+    import redis.sentinel
+
+    addresses: list[tuple[str, int]] = []
+    password: str | None = None
+    username: str | None = None
+    db = 0
+    for index, one in enumerate(url.strip().split(";")):
+        parts = urlsplit(one.strip())
+        addresses.append((parts.hostname or "127.0.0.1", parts.port or SENTINEL_PORT_DEFAULT))
+        if index == 0:
+            password = unquote(parts.password) if parts.password else None
+            username = unquote(parts.username) if parts.username else None
+            db = int(parts.path.strip("/") or 0)
+    limits: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    sentinel = redis.sentinel.Sentinel(addresses, sentinel_kwargs=dict(limits), **limits)
+    primary: redis.Redis = sentinel.master_for(master_name, db=db, password=password, username=username, **limits)
+    return primary
 
 
 @functools.cache
-def _client_for(url: str) -> redis.Redis:
+def _client_for(url: str, master_name: str = "") -> redis.Redis:
+    if url.startswith(SENTINEL_SCHEME):
+        return sentinel_client(url, master_name)
     if url.startswith(("redis+socket://", "socket://")):
         path = url.split("://", 1)[1].split("?", 1)[0]
         return redis.Redis(unix_socket_path=path, socket_timeout=2)

@@ -5,8 +5,15 @@ connection would tie it to whatever else that connection does (a ``close_old_con
 end of a task, a pooler handing the session to someone else) and release it at random. So each
 lock gets its own psycopg2 connection, opened here, outside Django's connection handling and any
 pool, and held open for as long as the lock is held. If the process dies, the server closes the
-connection and releases the lock: nothing is left in ``pg_locks``. TCP keepalives bound how long a
-silently vanished holder (a cut network) keeps it.
+connection and releases the lock: nothing is left in ``pg_locks``.
+
+A holder that vanishes without a word (a lost host, a cut network: no FIN, no RST) is noticed by
+the *server* within ``VANISHED_CLIENT_BOUND_SECONDS``: every dedicated session asks for it
+(``bound_session``: the per-session ``tcp_keepalives_*``, ``tcp_user_timeout``, and
+``client_connection_check_interval`` on PostgreSQL 14+), since PostgreSQL otherwise keeps such a
+session, and its locks, for the OS keepalive time (2 h by default). libpq's ``keepalives_*`` below
+only make the client notice. ``bound_django_session`` gives a leader's own Django connection the
+same bounds (docs/fault-tolerance.md, "A host that vanishes").
 
 These sessions (advisory locks, leadership and the control loop's LISTEN, the fixed-time gate's
 overlap lock) go to ``SCHEDULING_DIRECT_DATABASE_URL`` when it is set, and to the default database
@@ -36,6 +43,18 @@ CONNECT_TIMEOUT_SECONDS = 5
 KEEPALIVE_IDLE_SECONDS = 10  # a dead peer is noticed after about idle + interval * count
 KEEPALIVE_INTERVAL_SECONDS = 5
 KEEPALIVE_COUNT = 3
+CLIENT_USER_TIMEOUT_MS = 20_000  # the client gives up on data the server never acknowledged
+
+# What the server asks of a dedicated session (bound_session): probes after 5 s of silence, every
+# 5 s, 3 unanswered end it (5 + 5 * 3 = 20 s); data unacknowledged for 20 s ends it too. A lock or a
+# lead is therefore free within VANISHED_CLIENT_BOUND_SECONDS of a silent loss, wherever it fell.
+SERVER_KEEPALIVE_IDLE_SECONDS = 5
+SERVER_KEEPALIVE_INTERVAL_SECONDS = 5
+SERVER_KEEPALIVE_COUNT = 3
+SERVER_USER_TIMEOUT_MS = 20_000
+CLIENT_CHECK_INTERVAL_MS = 2_000  # a running statement polls its client's socket (PostgreSQL 14+)
+IDLE_IN_TRANSACTION_SECONDS = 10  # a leader's transactions are short: one left open this long ends
+VANISHED_CLIENT_BOUND_SECONDS = 25  # the documented bound, with a probe's worth of margin
 
 
 def lock_key(namespace: str, name: str) -> int:
@@ -52,6 +71,7 @@ def dedicated_connection(application_name: str = "timekeeper-lock") -> Any:
         "keepalives_idle": KEEPALIVE_IDLE_SECONDS,
         "keepalives_interval": KEEPALIVE_INTERVAL_SECONDS,
         "keepalives_count": KEEPALIVE_COUNT,
+        "tcp_user_timeout": CLIENT_USER_TIMEOUT_MS,
         "application_name": application_name,
     }
     direct_url = conf.get().direct_database_url
@@ -60,7 +80,44 @@ def dedicated_connection(application_name: str = "timekeeper-lock") -> Any:
     else:
         conn = psycopg2.connect(**default_database_parameters(), **session)
     conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            bound_session(cur, conn.server_version)
+    except psycopg2.Error:
+        conn.close()
+        raise
     return conn
+
+
+def session_bounds(lock_timeout_ms: int = 0) -> dict[str, str]:
+    """The parameters of ``bound_session`` (core/sql/queries.sql): what the server asks of a bounded session."""
+    return {
+        "idle_s": str(SERVER_KEEPALIVE_IDLE_SECONDS),
+        "interval_s": str(SERVER_KEEPALIVE_INTERVAL_SECONDS),
+        "count": str(SERVER_KEEPALIVE_COUNT),
+        "user_timeout_ms": str(SERVER_USER_TIMEOUT_MS),
+        "idle_in_transaction_ms": str(IDLE_IN_TRANSACTION_SECONDS * 1000),
+        "lock_timeout_ms": str(lock_timeout_ms),
+        "check_ms": str(CLIENT_CHECK_INTERVAL_MS),
+    }
+
+
+def bound_session(cursor: Any, server_version: int, lock_timeout_ms: int = 0) -> None:
+    """Ask the server to end this session within the bound once its client vanished (see the module docstring)."""
+    params = session_bounds(lock_timeout_ms)
+    cursor.execute(store.SQL["bound_session"], params)
+    if server_version >= 140000:
+        cursor.execute(store.SQL["bound_running_statement"], params)
+
+
+def bound_django_session(lock_timeout_ms: int = 0) -> None:
+    """Give this thread's Django connection the bounds of a dedicated session (once per connection).
+
+    For a leader's own transactions (the control loop's claim and sweep): a leader that vanishes in
+    the middle of one leaves row locks that a new leader's statements would wait on. ``lock_timeout_ms``
+    bounds how long one of the leader's statements waits for a lock (0: no limit).
+    """
+    store.bound_session(session_bounds(lock_timeout_ms))
 
 
 def default_database_parameters(alias: str = "default") -> dict[str, Any]:

@@ -43,6 +43,19 @@ def database_clock() -> dt.datetime:
     return now
 
 
+def bound_session(params: dict[str, str]) -> None:
+    """Apply ``bound_session`` (``locks.session_bounds``) to Django's connection, once per server session."""
+    connection.ensure_connection()
+    raw = connection.connection
+    marker = (id(raw), raw.get_backend_pid(), tuple(sorted(params.items())))
+    if getattr(connection, "_timekeeper_bounded", None) == marker:
+        return
+    SQL.execute("bound_session", params)  # session-level: call it outside a transaction
+    if raw.server_version >= 140000:
+        SQL.execute("bound_running_statement", params)
+    connection._timekeeper_bounded = marker  # type: ignore[attr-defined] # a new connection gets them again
+
+
 def notify_due(channel: str) -> None:
     """NOTIFY the claim loop; delivered when the current transaction commits (never if it rolls back)."""
     with connection.cursor() as cursor:

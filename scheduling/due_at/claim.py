@@ -50,6 +50,7 @@ class ClaimReport:
     given_back: int
     more_due: bool  # the claim was full (or the queue had no room): claim again soon
     queue_full: bool = False  # nothing was claimed because the queue had no room
+    send_failed: bool = False  # the broker refused a send: the claims were given back (control steps down after a few)
 
 
 def batch_sizes() -> dict[str, int]:
@@ -124,6 +125,7 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
     span.set("kinds", sorted({c.kind for c in claims}))
     batches = batches_for(claims)
     sent = 0
+    send_failed = False
     try:
         for batch in batches[:free]:
             broker.send(
@@ -131,10 +133,12 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
                 args=[[[c.id, c.token] for c in batch]],
                 time_limit=hard_time_limit(batch),
                 shadow=tasknames.batch(batch[0].kind),  # Flower shows batch:<kind> (a batch holds one)
+                retry_policy=broker.LEADER_SEND_RETRY_POLICY,
             )
             sent += 1
     except kombu.exceptions.OperationalError:
         logger.warning("cannot send batches: the broker is unreachable; claims given back", exc_info=True)
+        send_failed = True
     unsent = [(c.id, c.token) for batch in batches[sent:] for c in batch]
     given_back = len(store.unclaim_jobs(unsent)) if unsent else 0
     if claims:
@@ -144,7 +148,7 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
         )
     # More may be due when the claim took all the rows or all the messages it was allowed.
     more_due = len(claims) >= size or len(batches) >= free
-    return ClaimReport(len(claims) - given_back, sent, given_back, more_due=more_due)
+    return ClaimReport(len(claims) - given_back, sent, given_back, more_due=more_due, send_failed=send_failed)
 
 
 def wake_on_commit(in_seconds: float) -> None:

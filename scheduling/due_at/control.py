@@ -13,6 +13,16 @@ pending; history pruned every minute, one statement a turn while more is left), 
 due and what the queue has room for (``claim.claim_and_dispatch``), then sleep until the next due
 time, a NOTIFY that a near row was committed, or ``WAIT_STEP_SECONDS`` (so a stop is noticed
 within it). A burst therefore cannot delay a sweep: the sweep runs on its clock in the same loop.
+
+Across hosts (docs/fault-tolerance.md, "A host that vanishes"): the loop's own Django session is
+bounded like its lock session (``locks.bound_django_session``), so a leader that vanishes in the
+middle of a claim leaves no row lock for longer than ``locks.VANISHED_CLIENT_BOUND_SECONDS``; a
+statement of the loop waits at most ``LOCK_WAIT_SECONDS`` for a lock, then the turn is tried again
+after a check of the lead, so waiting on a vanished session's locks never costs a new leader its
+lead (its lock session would otherwise sit idle past ``LEAD_SILENCE_SECONDS``). A leader whose
+sends fail ``BROKER_FAILURES_TO_STEP_DOWN`` turns in a row (Redis unreachable from this host while
+PostgreSQL is not) steps down and stays a standby for ``STEP_DOWN_HOLD_SECONDS``, so a host that
+can reach the broker takes the lead (if none does, it leads again after the hold).
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ import kombu.exceptions
 import psycopg2
 from django.db import DatabaseError, connection
 
-from scheduling.core import conf, leadership
+from scheduling.core import conf, leadership, locks
 from scheduling.due_at import claim, store, sweep
 
 logger = logging.getLogger(__name__)
@@ -43,6 +53,11 @@ PRUNE_EVERY_SECONDS = 60.0  # history is pruned this often when the last slice l
 PRUNE_AGAIN_SECONDS = 0.1  # while more is left, the next slice this soon: up to ~2,000 rows/s of history
 PRUNE_SLICE_SECONDS = 0.015  # a turn prunes about this long (one statement of ~10-20 ms, sometimes two)
 STOP_JOIN_SECONDS = 2.0  # how long a stopping worker waits for the loop
+LOCK_WAIT_SECONDS = 4  # a statement of the loop waits this long for a lock (well under LEAD_SILENCE_SECONDS)
+BROKER_FAILURES_TO_STEP_DOWN = 2  # turns in a row whose sends the broker refused: the leader steps down
+# A stepped-down leader lets a standby (retrying every STANDBY_RETRY_SECONDS) take the lead first; if
+# none does (a single worker, or none can reach Redis either), it leads again after this.
+STEP_DOWN_HOLD_SECONDS = 3.0
 
 # Duties a higher layer adds to the leader's turn (scheduling.tasks adds the recurrence planner):
 # each is called once per turn, before the claim, and paces itself.
@@ -62,6 +77,7 @@ class Counters:
     pruned: int = 0
     prune_slices: int = 0
     led_turns: int = 0
+    step_downs: int = 0  # the lead given up because the broker could not be reached from here
 
 
 class ControlLoop:
@@ -76,6 +92,8 @@ class ControlLoop:
         self._next_sweep = 0.0
         self._next_prune = 0.0
         self._pruning = 0  # rows pruned by the slices of the current run (logged when it ends)
+        self._broker_failures = 0  # turns in a row whose sends failed
+        self._hold_until = 0.0  # after a step-down: no try for the lead before this (monotonic)
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -103,6 +121,9 @@ class ControlLoop:
         try:
             while not self.stopping.is_set():
                 was_leading = self.leadership.leading
+                if not was_leading and time.monotonic() < self._hold_until:
+                    self.stopping.wait(STANDBY_RETRY_SECONDS)
+                    continue
                 if not self.leadership.lead():
                     self._listening = False
                     self.stopping.wait(STANDBY_RETRY_SECONDS)
@@ -125,6 +146,7 @@ class ControlLoop:
         """Sweep if due, claim, then wait for the next due time (leader only)."""
         self.counters.turns += 1
         self.counters.led_turns += 1
+        locks.bound_django_session(LOCK_WAIT_SECONDS * 1000)
         self._listen()
         now = time.monotonic()
         settings = conf.get()
@@ -150,12 +172,39 @@ class ControlLoop:
         self.counters.claimed += report.claimed
         self.counters.batches += report.batches
         self.counters.given_back += report.given_back
+        if self._broker_unreachable(report.send_failed):
+            return
         if report.queue_full:
             self._wait(BACKPRESSURE_PAUSE_SECONDS)
         elif report.more_due and report.claimed:
             return  # a backlog: claim the next rows at once
         else:
             self._wait(self._until_next_due(settings.claim_interval_seconds))
+
+    def _broker_unreachable(self, send_failed: bool) -> bool:
+        """Count failed sends; after ``BROKER_FAILURES_TO_STEP_DOWN`` in a row, step down (True)."""
+        if not send_failed:
+            self._broker_failures = 0
+            return False
+        self._broker_failures += 1
+        if self._broker_failures < BROKER_FAILURES_TO_STEP_DOWN:
+            self.stopping.wait(ERROR_PAUSE_SECONDS)
+            return False
+        self._broker_failures = 0
+        self.counters.step_downs += 1
+        self._hold_until = time.monotonic() + STEP_DOWN_HOLD_SECONDS
+        self.leadership.resign()
+        self._listening = False
+        logger.error(
+            "control loop stepped down: the broker cannot be reached from this process; another may lead",
+            extra={
+                "role": ROLE,
+                "failed_turns": BROKER_FAILURES_TO_STEP_DOWN,
+                "hold_seconds": STEP_DOWN_HOLD_SECONDS,
+                "action": "stepped_down",
+            },
+        )
+        return True
 
     def _until_next_due(self, interval: float) -> float:
         """Seconds to the next due row within ``interval`` (re-read at least that often), capped by a step."""

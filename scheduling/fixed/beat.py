@@ -17,20 +17,28 @@ every ``SCHEDULING_FIXED_CLOCK_SYNC_SECONDS``). The message carries the tick's s
 a value of the schedule, so two beats compute the same tick for the same moment. Beat's progress
 is ``SchedulePolicy.last_tick`` in the database, so a new leader carries on where the old one
 stopped: a tick the old leader sent but did not record is sent again and refused by the ledger.
+
+A leader whose sends the broker refused ``BROKER_FAILURES_TO_STEP_DOWN`` ticks in a row (Redis
+unreachable from this host, PostgreSQL not) steps down and stands by for ``STEP_DOWN_HOLD_SECONDS``,
+so a beat on a host that can reach the broker takes over. Its lock session is bounded like every
+dedicated session (``locks``), so the lead of a beat whose host vanished is free within
+``locks.VANISHED_CLIENT_BOUND_SECONDS``; one that comes back checks its session before it sends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
 from typing import Any, Protocol
 
+import kombu.exceptions
 from celery.schedules import schedstate
 from django.db import DatabaseError, close_old_connections
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
-from scheduling.core import conf, exceptions, leadership, liveness, tasknames
+from scheduling.core import broker, conf, exceptions, leadership, liveness, locks, tasknames
 from scheduling.core import store as core_store
 from scheduling.fixed import messages, policies, store, ticks
 from scheduling.models import MissedPolicy, SchedulePolicy
@@ -43,6 +51,8 @@ STANDBY_RETRY_SECONDS = 1.0  # how often a standby tries to take the lead
 LEADER_CHECK_SECONDS = 2.0  # how often the leader checks its lock connection is alive
 HEARTBEAT_SECONDS = 5.0  # how often the leader writes its heartbeat row
 SEND_RETRY_SECONDS = 2.0  # after a failed send of a fixed-time tick, look again this soon
+BROKER_FAILURES_TO_STEP_DOWN = 2  # ticks in a row whose sends the broker refused: the leader steps down
+STEP_DOWN_HOLD_SECONDS = 3.0  # a stepped-down beat lets a standby (retrying every 1 s) take the lead first
 MISSED_ERROR = "beat was not running in time for this tick (missed_policy={policy})"
 MISSED_LOG = "ticks missed while beat was not running"
 
@@ -164,6 +174,10 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         self._last_heartbeat = 0.0
         self._lead_recorded = False  # whether this leadership's first heartbeat is written
         self._send_failed = False
+        self._broker_failed = False  # this tick's failed send was the broker's
+        self._broker_failures = 0  # ticks in a row whose sends the broker refused
+        self._hold_until = 0.0  # after a step-down: no try for the lead before this (monotonic)
+        self.step_downs = 0
         self._alive = liveness.Throttled("beat")
         self.clock: Clock = clock or default_clock()
         super().__init__(*args, **kwargs)
@@ -174,6 +188,8 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
 
     def _ensure_leader(self) -> bool:
         was_leading = self._leadership.leading
+        if not was_leading and time.monotonic() < self._hold_until:
+            return False
         if not self._leadership.lead():
             return False
         if not was_leading:
@@ -202,12 +218,45 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         self._alive(leading=self._leadership.leading)  # leader or standby: this loop turns (the pod's liveness)
         if not self._ensure_leader():
             return STANDBY_RETRY_SECONDS
+        with contextlib.suppress(DatabaseError):
+            locks.bound_django_session()  # a beat that vanishes mid-transaction leaves no lock for long
         self._write_heartbeat()
-        delay = min(super().tick(*args, **kwargs), LEADER_CHECK_SECONDS)
+        try:
+            delay = min(super().tick(*args, **kwargs), LEADER_CHECK_SECONDS)
+        except kombu.exceptions.OperationalError:  # no producer: the broker cannot be reached at all
+            logger.warning("cannot reach the broker to send ticks", exc_info=True, extra={"action": "send_failed"})
+            self._send_failed = self._broker_failed = True
+            self._heap = None
+            delay = SEND_RETRY_SECONDS
         if self._send_failed:
             self._send_failed = False
+            if self._count_broker_failure():
+                return STANDBY_RETRY_SECONDS
             return SEND_RETRY_SECONDS
         return delay
+
+    def _count_broker_failure(self) -> bool:
+        """After a tick whose send failed: step down (True) once the broker refused enough ticks in a row."""
+        broker_failed, self._broker_failed = self._broker_failed, False
+        if not broker_failed:
+            return False
+        self._broker_failures += 1
+        if self._broker_failures < BROKER_FAILURES_TO_STEP_DOWN:
+            return False
+        self._broker_failures = 0
+        self.step_downs += 1
+        self._hold_until = time.monotonic() + STEP_DOWN_HOLD_SECONDS
+        self._leadership.resign()
+        logger.error(
+            "beat stepped down: the broker cannot be reached from this process; another beat may lead",
+            extra={
+                "role": LEADER_ROLE,
+                "failed_ticks": BROKER_FAILURES_TO_STEP_DOWN,
+                "hold_seconds": STEP_DOWN_HOLD_SECONDS,
+                "action": "stepped_down",
+            },
+        )
+        return True
 
     # --- fixed-time schedules ----------------------------------------------------------------------
 
@@ -245,7 +294,9 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
             return
         try:
             carry_out(self.app, entry.policy_id, entry.name, plan, producer=producer, options=entry.options)
-        except Exception:  # a broker or database error: nothing advanced, the tick is sent again soon
+            self._broker_failures = 0  # a tick went out (or had nothing to send): the broker is reachable
+        except Exception as exc:  # a broker or database error: nothing advanced, the tick is sent again soon
+            self._broker_failed = self._broker_failed or isinstance(exc, kombu.exceptions.OperationalError | OSError)
             logger.exception(
                 "could not carry out a fixed-time tick; retrying shortly",
                 extra={"schedule": entry.name, "action": "send_failed"},
@@ -309,6 +360,7 @@ def carry_out(
             kwargs=messages.message_kwargs(name, send.tick, send.trigger, policy_id=policy_id),
             producer=producer,
             headers={"periodic_task_name": name, "celery_beat_task": True},
+            retry_policy=broker.LEADER_SEND_RETRY_POLICY,
             **send_options,
         )
         logger.info(

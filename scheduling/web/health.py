@@ -76,8 +76,11 @@ def check_database() -> Part:
 
 def ping_broker(url: str, timeout: float = BROKER_TIMEOUT_SECONDS) -> None:
     """Raise unless the broker at ``url`` answers within ``timeout`` seconds."""
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    if url.startswith(("redis://", "rediss://", "unix://", broker.SENTINEL_SCHEME)):
+        if url.startswith(broker.SENTINEL_SCHEME):
+            client = broker.sentinel_client(url, str(broker.transport_options().get("master_name") or ""), timeout)
+        else:
+            client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         try:
             client.ping()
         finally:

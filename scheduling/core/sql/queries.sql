@@ -89,3 +89,25 @@ SELECT
     (SELECT coalesce(greatest(extract(epoch FROM min(due_at) - clock_timestamp()), 0), 0)::float8
        FROM scheduling_scheduledjob
       WHERE owner_id = %(owner_id)s AND state = 'pending' AND id <> %(new_id)s) AS next_due_in_seconds;
+
+-- name: bound_session
+-- A session that holds a lock, a leadership or a leader's transactions asks PostgreSQL to notice a
+-- client that vanished without a word (a lost host, a cut network: no FIN, no RST) within a bound,
+-- instead of the OS keepalive time (2 h by default): keepalive probes after idle_s of silence,
+-- every interval_s, count of them unanswered; tcp_user_timeout ends it when data it sent stays
+-- unacknowledged that long (keepalives are not sent then); and a transaction left open that long
+-- ends with its locks. All are per-session settings (libpq's keepalives_* only make the client
+-- notice). lock_timeout: a lock wait gives up this soon (a leader's statement must not wait for
+-- a vanished session's locks longer than its lead survives without a word; 0 = no limit).
+-- On a Unix socket the tcp_* settings are accepted and read 0: no network can vanish there.
+SELECT set_config('tcp_keepalives_idle', %(idle_s)s, false),
+       set_config('tcp_keepalives_interval', %(interval_s)s, false),
+       set_config('tcp_keepalives_count', %(count)s, false),
+       set_config('tcp_user_timeout', %(user_timeout_ms)s, false),
+       set_config('idle_in_transaction_session_timeout', %(idle_in_transaction_ms)s, false),
+       set_config('lock_timeout', %(lock_timeout_ms)s, false);
+
+-- name: bound_running_statement
+-- PostgreSQL 14+: a running statement polls its client's socket this often, so one that waits on a
+-- lock (or runs long) for a vanished client ends once the keepalives above have failed.
+SELECT set_config('client_connection_check_interval', %(check_ms)s, false);

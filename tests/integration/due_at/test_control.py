@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 
 from scheduling import api, registry
@@ -230,6 +230,7 @@ def test_the_leader_prunes_history_a_slice_a_turn(queue, run_sql, monkeypatch):
         assert (loop.counters.pruned, loop.counters.prune_slices) == (12, 3)
     finally:
         loop.leadership.resign()
+        connection.close()  # the turn bounded this session (lock_timeout...) for the loop: not for later tests
 
 
 def test_a_leader_with_history_left_to_prune_wakes_for_the_next_slice(queue):

@@ -320,3 +320,58 @@ def test_the_leader_writes_its_heartbeat_and_a_new_lead_restarts_leading_since(s
     scheduler._write_heartbeat()
     assert SchedulerHeartbeat.objects.get(role=beat.HEARTBEAT_ROLE).acquired_at > long_ago
     assert SchedulerHeartbeat.objects.count() == 1
+
+
+def test_a_leader_that_cannot_reach_the_broker_steps_down_and_another_beat_leads(clock, monkeypatch, caplog):
+    """Redis unreachable from the leading beat (a closed port), PostgreSQL fine: after
+    BROKER_FAILURES_TO_STEP_DOWN ticks whose sends failed it gives the lead up (logged), another beat
+    takes it, and the stepped-down beat does not try again within STEP_DOWN_HOLD_SECONDS."""
+    from celery import Celery
+
+    from tests.e2e import private_services
+
+    monkeypatch.setenv("CELERY_BROKER_URL", f"redis://127.0.0.1:{private_services.free_port()}/0")
+    unreachable = Celery("unreachable", set_as_current=False)
+    unreachable.config_from_object("django.conf:settings", namespace="CELERY")
+    unreachable.conf.broker_connection_timeout = 1
+    unreachable.conf.broker_connection_max_retries = 1
+    policy = declare("unsendable", every=2)
+    clock.at = policy.anchor_at + dt.timedelta(seconds=2.5)
+    caplog.set_level("INFO", logger="scheduling")
+    cut_off = beat.LeaderDatabaseScheduler(app=unreachable, clock=clock)
+    standby = beat.LeaderDatabaseScheduler(app=celery_app, clock=clock)
+    try:
+        for _ in range(beat.BROKER_FAILURES_TO_STEP_DOWN * 3):  # a tick may only (re)read the schedule
+            cut_off.tick()
+            if cut_off.step_downs:
+                break
+        assert cut_off.step_downs == 1
+        assert not cut_off.is_leader
+        assert [r for r in caplog.records if getattr(r, "action", "") == "stepped_down"]
+        assert SchedulePolicy.objects.get(pk=policy.pk).last_tick is None, "nothing advanced: the tick is still owed"
+        assert standby._ensure_leader(), "another beat takes the lead"
+        standby._leadership.resign()
+        assert not cut_off._ensure_leader(), "the stepped-down beat holds off"
+    finally:
+        cut_off.close()
+        standby.close()
+        from django.db import connection
+
+        connection.close()  # the leading tick bounded this session for beat, not for the tests that follow
+
+
+def test_the_leading_beats_own_session_asks_the_server_to_end_it_when_its_host_vanishes(scheduler):
+    """A leading beat's Django session carries the vanished-client bounds (a beat cut off in the middle
+    of a transaction leaves no row lock for longer than locks.VANISHED_CLIENT_BOUND_SECONDS)."""
+    from django.db import connection
+
+    from scheduling.core import locks
+
+    scheduler.tick()
+    assert scheduler.is_leader
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW idle_in_transaction_session_timeout")
+        assert cursor.fetchone()[0] == f"{locks.IDLE_IN_TRANSACTION_SECONDS}s"
+        cursor.execute("SHOW tcp_user_timeout")
+        assert cursor.fetchone()[0] in {str(locks.SERVER_USER_TIMEOUT_MS), "0"}  # 0 over a Unix socket
+    connection.close()  # the bounds are for beat's session, not for the tests that follow

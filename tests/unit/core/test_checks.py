@@ -79,6 +79,17 @@ def test_app_without_broker_url_or_with_amqp_is_e004(monkeypatch):
     assert "needs Redis" in (broker.app_problem(amqp) or "")
 
 
+def test_a_sentinel_broker_needs_the_primarys_name_for_e004(monkeypatch):
+    """A sentinel:// broker is Redis; without broker_transport_options['master_name'] it is a problem naming it."""
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    url = "sentinel://10.0.0.1:26379;sentinel://10.0.0.2:26379"
+    unnamed = Celery("shop", set_as_current=False, broker=url)
+    named = Celery("shop", set_as_current=False, broker=url)
+    named.conf.broker_transport_options = {"master_name": "queues"}
+    assert "master_name" in (broker.app_problem(unnamed) or "")
+    assert broker.app_problem(named) is None
+
+
 def test_handlers_found_is_silent_for_w001():
     """The demo's tasks/jobs.py registers kinds, so W001 and E006 are silent."""
     assert checks.check_handlers() == []

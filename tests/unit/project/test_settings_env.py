@@ -135,6 +135,39 @@ def test_parse_broker_url_accepts_redis(url: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "url",
+    ["sentinel://10.0.0.1:26379", "sentinel://:pw@s1:26379/2;sentinel://s2:26380/2;sentinel://s3"],
+)
+def test_parse_broker_url_accepts_sentinels(url: str) -> None:
+    """Redis Sentinel URLs as Celery documents them (one per sentinel, ';' between them) are accepted."""
+    assert env.parse_broker_url(url) == url
+    assert env.is_sentinel_url(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("sentinel://s1:26379;redis://cache:6379/0", "mixes other URLs into a Sentinel list"),
+        ("sentinel://:pw@s1:99999", "has port '99999'"),
+        ("sentinel://s1:26379/zero", "not a Redis database number"),
+    ],
+)
+def test_parse_broker_url_refuses_a_bad_sentinel_list(url: str, problem: str) -> None:
+    """A bad Sentinel list is one line naming the variable and the problem, without the password."""
+    with pytest.raises(ImproperlyConfigured) as refused:
+        env.parse_broker_url(url)
+    assert str(refused.value).startswith("CELERY_BROKER_URL")
+    assert problem in str(refused.value)
+    assert ":pw@" not in str(refused.value)
+
+
+def test_the_sentinel_primary_is_named_by_its_variable() -> None:
+    """CELERY_BROKER_MASTER_NAME names the primary; Redis's sample name when it is unset."""
+    assert env.broker_master_name({"CELERY_BROKER_MASTER_NAME": "queues"}) == "queues"
+    assert env.broker_master_name({}) == env.DEFAULT_SENTINEL_MASTER
+
+
+@pytest.mark.parametrize(
     ("url", "problem"),
     [
         ("not a url", "is not a URL"),
