@@ -472,6 +472,16 @@ def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[MovedJo
     return [MovedJob(m.id, m.state) for m in moved]
 
 
+def return_unstarted(claims: Sequence[tuple[int, str]]) -> list[MovedJob]:
+    """Give back the claims of a stopping batch whose handlers never began: pending, the attempt not counted.
+
+    Their due time is unchanged (due at once); nothing is recorded as an attempt (they ran nothing).
+    A job whose owner was deleted is cancelled (``lifecycle.Event.NOT_STARTED``).
+    """
+    moved = set_job_states([Change(i, t, lifecycle.Event.NOT_STARTED) for i, t in claims])
+    return [MovedJob(m.id, m.state) for m in moved]
+
+
 def release_lost_chunk(claims: Sequence[tuple[int, str, float]], reason: str) -> list[MovedJob]:
     """Give back the claims (id, token, backoff seconds) of an atomic chunk lost with its transaction.
 
