@@ -66,15 +66,16 @@ def _held_messages(broker_client: redis.Redis) -> int:
     return int(broker_client.hlen(f"{settings.CELERY_BROKER_KEYPREFIX}unacked"))
 
 
-def test_messages_a_worker_prefetched_are_not_taken_for_lost(cluster: Cluster, broker):
-    """--prefetch-multiplier 4, 6 jobs of 7 s, concurrency 2: each runs once; none dies unrun while held."""
-    worker = cluster.worker("w1", concurrency=2, args=["--prefetch-multiplier", "4"], env=FAST)
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_messages_a_worker_prefetched_are_not_taken_for_lost(cluster: Cluster, broker, concurrency):
+    """--prefetch-multiplier 4, 6 jobs of 7 s, concurrency 1 or 2: each runs once; none dies unrun while held."""
+    worker = cluster.worker("w1", concurrency=concurrency, args=["--prefetch-multiplier", "4"], env=FAST)
     wait_ready(worker)
     ids = _schedule(6, 7)
     held = _wait_finished(ids, 120, lambda: _held_messages(broker))
     _assert_each_ran_once(ids)
-    print(f"\nrun messages held by the worker at once: at most {max(held)} (concurrency 2)")
-    assert max(held) > 2, "the worker held prefetched run messages beyond the two it ran (the case under test)"
+    print(f"\nmessages held by the worker at once: at most {max(held)} (concurrency {concurrency})")
+    assert max(held) > concurrency, "the worker held prefetched run messages beyond those it ran (the case under test)"
 
 
 def test_messages_routed_to_their_own_queue_are_not_taken_for_lost(cluster: Cluster, broker):
