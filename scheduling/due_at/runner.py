@@ -541,26 +541,24 @@ def _write_known(successes: list[store.Outcome], failures: list[store.Outcome], 
 def _give_back(claims: Sequence[tuple[int, str]], running: int | None) -> None:
     """Give back the claims that did not finish: pending again now (docs/fault-tolerance.md, "Deploys").
 
-    The job whose handler was running (``running``) is charged the attempt (``store.release_jobs``:
-    dead when it was its last). Every other one is not (``store.return_unstarted``): its handler
-    never began, or it ran in an atomic chunk whose transaction the stop rolled back, so nothing of
-    it committed. A deploy costs no job that was only waiting in a batch an attempt.
+    The job whose handler was running (``running``) is charged the attempt (dead when it was its
+    last). Every other one is not: its handler never began, or it ran in an atomic chunk whose
+    transaction the stop rolled back, so nothing of it committed. A deploy costs no job that was
+    only waiting in a batch an attempt (``store.give_back_stopping``, one statement).
     """
-    charged = [(i, t) for i, t in claims if i == running]
-    uncharged = [(i, t) for i, t in claims if i != running]
     try:
-        released = store.release_jobs(charged, RELEASE_REASON) if charged else []
-        returned = store.return_unstarted(uncharged) if uncharged else []
+        moved = store.give_back_stopping(claims, running, RELEASE_REASON)
     except DatabaseError:
         logger.warning("could not give claims back while stopping; the sweeper will", exc_info=True)
         return
-    for job in released:
+    for job in moved:
+        charged = job.id == running
         logger.warning(
-            "claim released: the worker is stopping",
-            extra={"job_id": job.id, "action": "released" if job.state == JobState.PENDING else job.state},
-        )
-    for job in returned:
-        logger.info(
-            "claim given back uncharged: the worker is stopping before the job ran",
-            extra={"job_id": job.id, "action": "returned" if job.state == JobState.PENDING else job.state},
+            "claim released: the worker is stopping"
+            if charged
+            else "claim given back uncharged: the worker is stopping",
+            extra={
+                "job_id": job.id,
+                "action": job.state if job.state != JobState.PENDING else "released" if charged else "returned",
+            },
         )

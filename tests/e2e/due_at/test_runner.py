@@ -107,7 +107,17 @@ def test_the_hard_time_limit_gives_back_what_never_started_uncharged(cluster: Cl
     # sum of the jobs' timeouts plus 30 s: the same path, longer).
     broker.send(tasknames.RUN_BATCH, args=[[[c.id, c.token] for c in claims]], time_limit=3)
     wait_for(lambda: "Hard time limit (3s) exceeded" in worker.log(), 30, message="the hard time limit")
-    _assert_ran_once_on(rest, worker)
-    # The first job is charged (dead) when its pool process gave the batch back within billiard's
-    # 0.1 s before SIGKILL; killed before that, the sweeper refunds the batch that died together.
-    assert _outcomes(first) in ([AttemptOutcome.RECLAIMED], [AttemptOutcome.RECLAIMED, AttemptOutcome.SUCCEEDED])
+    # The pool process gives the batch back in the 0.1 s billiard leaves between its SIGTERM and its
+    # SIGKILL (one statement). Killed before that, the sweeper refunds the batch that died together
+    # (each job's attempt recorded, not counted): the unstarted jobs still run once, never dead.
+    ended = (JobState.DEAD, JobState.DONE)
+    wait_for(lambda: ScheduledJob.objects.get(pk=first).state in ended, 45, message="the running job to end")
+    gave_back = JobAttempt.objects.filter(job_id=first, error=runner.RELEASE_REASON).exists()
+    if gave_back:
+        _assert_ran_once_on(rest, worker)
+        assert ScheduledJob.objects.get(pk=first).state == JobState.DEAD, "the running job was charged"
+    else:  # pragma: no cover - a loaded machine: reported, and the weaker guarantee checked
+        print("\nthe pool process was killed before its give-back: the sweeper refunded the batch")
+        for job_id in rest:
+            wait_for(lambda job_id=job_id: ScheduledJob.objects.get(pk=job_id).state == JobState.DONE, 30)
+            assert len(_executions(job_id)) == 1
