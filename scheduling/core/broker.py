@@ -159,9 +159,15 @@ def queue_keys(names: Iterable[str]) -> list[str]:
 
 
 def message_args(raw: bytes | str) -> tuple[str, list[Any]] | None:
-    """(task name, positional args) of a message as kombu stores it in a Redis list; None if unreadable."""
+    """(task name, positional args) of a message as kombu stores it; None if unreadable.
+
+    ``raw`` is a message of a queue's Redis list, or an entry of kombu's ``unacked`` hash (a message
+    a worker holds: ``[message, exchange, routing key]``).
+    """
     try:
         envelope = json.loads(raw)
+        if isinstance(envelope, list):
+            envelope = envelope[0]
         body = envelope["body"]
         if envelope.get("properties", {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
@@ -171,24 +177,50 @@ def message_args(raw: bytes | str) -> tuple[str, list[Any]] | None:
         return None
 
 
+def task_queues(task_name: str) -> list[str]:
+    """The queues a ``task_name`` message may wait in: where Celery's router sends it, and the default queue.
+
+    The router is Celery's own (``app.amqp.router``: ``CELERY_TASK_ROUTES``, a router function, the
+    task's ``queue`` option), so a run message routed to a queue of its own is looked for there. The
+    default queue is always read too: messages sent before the routing changed wait there.
+    """
+    names = [default_queue()]
+    try:
+        routed = app().amqp.router.route({}, task_name).get("queue")
+    except KeyError:  # kombu's QueueNotFound: a route to a queue that is not declared (nothing goes there)
+        logger.warning("cannot route %s; reading the default queue only", task_name, exc_info=True)
+        return names
+    name = getattr(routed, "name", routed)
+    if name and str(name) not in names:
+        names.append(str(name))
+    return names
+
+
+def claim_ids(task_name: str, messages: Iterable[bytes | str]) -> set[int]:
+    """Job ids carried by the ``task_name`` messages among ``messages`` (each ``[[[id, token], ...]]``: a batch)."""
+    ids: set[int] = set()
+    for raw in messages:
+        parsed = message_args(raw)
+        if parsed is None or parsed[0] != task_name or not parsed[1]:
+            continue
+        ids.update(int(pair[0]) for pair in parsed[1][0])
+    return ids
+
+
 def queued_claim_ids(task_name: str, queue: str | None = None) -> set[int] | None:
-    """Job ids carried by ``task_name`` messages still waiting in ``queue``; None if Redis cannot say.
+    """Job ids carried by ``task_name`` messages still waiting in ``queue`` (default: every queue of
+    ``task_queues``); None if Redis cannot say. Messages workers hold are not seen here: the sweeper
+    asks ``holdings.claim_ids_in_flight``, which reads both at once.
 
     The claim keeps the job queue short (``SCHEDULING_MAX_QUEUED_BATCHES`` messages), so this reads
-    a few dozen messages. A message is ``[[[id, token], ...]]``: one batch of claims.
+    a few dozen messages.
     """
-    ids: set[int] = set()
     try:
-        for key in queue_keys([queue or default_queue()]):
-            for raw in client().lrange(key, 0, -1):
-                parsed = message_args(raw)
-                if parsed is None or parsed[0] != task_name or not parsed[1]:
-                    continue
-                ids.update(int(pair[0]) for pair in parsed[1][0])
+        keys = queue_keys([queue] if queue else task_queues(task_name))
+        return claim_ids(task_name, (raw for key in keys for raw in client().lrange(key, 0, -1)))
     except redis.RedisError:
         logger.warning("cannot read the job queue; claims never started are left alone", exc_info=True)
         return None
-    return ids
 
 
 def queued_messages(queue: str | None = None) -> int:

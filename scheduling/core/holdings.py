@@ -15,6 +15,9 @@ Here every worker says which messages it holds and that it is alive, in Redis be
 - ``timekeeper.held.<id>``: the delivery tags the worker holds. A tag is added in the same
   transaction that records the message in ``unacked`` (kombu's ``QoS.append``) and removed in the
   one that removes it (``_remove_from_indices``: acknowledgement, rejection, restore).
+- ``timekeeper.held_claims.<id>``: the tags among those of messages that carry claims
+  (``scheduling.run_batch``), kept the same way, so the sweeper can tell a run message a worker
+  holds (prefetched, or running) from one lost with the broker without reading every countdown.
 - ``timekeeper.holders``: the ids of the workers that registered.
 
 Every worker looks every ``SCHEDULING_SWEEP_INTERVAL_SECONDS`` for holders whose presence has
@@ -28,6 +31,15 @@ the visibility timeout rather than dropped.
 **Bound**: a message a dead worker held is back in its queue at most the lease plus the sweep
 interval after the death (35 s with the defaults), and a countdown runs at most that long after
 its due time, plus the queue's normal lag (``docs/fault-tolerance.md``, "Workers that die").
+
+**The sweeper** asks ``claim_ids_in_flight``: the claims carried by run messages waiting in any
+queue they may be routed to (Celery's router) or held by a registered worker (``IN_FLIGHT_SCRIPT``,
+one Lua script, so a message moving between a queue and ``unacked`` meanwhile is seen in one or
+the other). A claim whose message is there is not taken for lost, however long a worker holds it
+(``--prefetch-multiplier`` above 1, a long batch ahead of it); a dead worker's messages count too
+until they are put back in their queue. Not seen: a message a worker without this step holds (an
+older release during a rolling deploy), and the instant between kombu's ``BRPOP`` and its
+``unacked`` write (kombu's own two steps).
 
 What it costs: one more Redis command in each delivery's and acknowledgement's transaction, a
 ``SET`` every lease/3 and a few reads every sweep interval per worker. What it does not change:
@@ -52,13 +64,16 @@ from celery import bootsteps
 from kombu.transport import virtual
 from kombu.utils.json import dumps as kombu_dumps
 
-from scheduling.core import broker, conf
+from scheduling.core import broker, conf, tasknames
 
 logger = logging.getLogger(__name__)
 
 HOLDERS_KEY = "timekeeper.holders"  # set: ids of the workers that registered
 PRESENCE_KEY = "timekeeper.holder.{id}"  # string, expires a lease after the last refresh
 HELD_KEY = "timekeeper.held.{id}"  # set: delivery tags the worker holds unacknowledged
+CLAIMS_KEY = "timekeeper.held_claims.{id}"  # set: those of them whose message carries claims
+CLAIM_TASKS = frozenset({tasknames.RUN_BATCH})  # tasks whose messages carry claims the sweeper must see
+UNACKED_KEY_DEFAULT = "unacked"  # kombu's Redis transport (``unacked_key`` transport option)
 
 # KEYS: unacked hash, unacked index, the dead worker's held set, then the queue lists to push to.
 # ARGV: the delivery tag, the message to push (marked redelivered). Put back only if still unacked.
@@ -70,12 +85,31 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 for i = 4, #KEYS do redis.call('RPUSH', KEYS[i], ARGV[2]) end
 return 1
 """
-# KEYS: holders set, the dead worker's presence and held set. ARGV: its id. Forget a worker once
-# its held set is empty and it has not come back.
+# KEYS: holders set, the dead worker's presence, held set and claims set. ARGV: its id. Forget a
+# worker once its held set is empty and it has not come back.
 FORGET_SCRIPT = """
 if redis.call('EXISTS', KEYS[2]) == 1 or redis.call('SCARD', KEYS[3]) > 0 then return 0 end
 redis.call('SREM', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[4])
 return 1
+"""
+# KEYS: the queue lists, then the unacked hash, then the holders set. ARGV: how many lists, the
+# claims sets' key prefix. Returns every queued message and the unacked entry of every message a
+# registered worker holds that carries claims: in one script, so nothing moving between the two
+# (a delivery, a restore) is missed.
+IN_FLIGHT_SCRIPT = """
+local out = {}
+local lists = tonumber(ARGV[1])
+for i = 1, lists do
+  for _, m in ipairs(redis.call('LRANGE', KEYS[i], 0, -1)) do out[#out + 1] = m end
+end
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[lists + 2])) do
+  for _, tag in ipairs(redis.call('SMEMBERS', ARGV[2] .. id)) do
+    local entry = redis.call('HGET', KEYS[lists + 1], tag)
+    if entry then out[#out + 1] = entry end
+  end
+end
+return out
 """
 
 
@@ -174,6 +208,7 @@ class Holdings(bootsteps.StartStopStep):
 def track(qos: Any, worker_id: str) -> None:
     """Make ``qos`` (kombu's Redis QoS of a channel) record each held tag in this worker's held set."""
     held = HELD_KEY.format(id=worker_id)  # kombu's client adds the prefix to SADD/SREM itself
+    claims = CLAIMS_KEY.format(id=worker_id)
     if getattr(qos, "_timekeeper_held", None) == held:
         return
     remove_from_indices = qos._remove_from_indices
@@ -186,11 +221,14 @@ def track(qos: Any, worker_id: str) -> None:
         with qos.pipe_or_acquire() as pipe:
             pipe.zadd(qos.unacked_index_key, {delivery_tag: time.time()}).hset(
                 qos.unacked_key, delivery_tag, entry
-            ).sadd(held, delivery_tag).execute()
+            ).sadd(held, delivery_tag)
+            if (getattr(message, "headers", None) or {}).get("task") in CLAIM_TASKS:
+                pipe.sadd(claims, delivery_tag)
+            pipe.execute()
             virtual.QoS.append(qos, message, delivery_tag)
 
     def remove(delivery_tag: str, pipe: Any = None) -> Any:
-        return remove_from_indices(delivery_tag, pipe).srem(held, delivery_tag)
+        return remove_from_indices(delivery_tag, pipe).srem(held, delivery_tag).srem(claims, delivery_tag)
 
     qos.append = append
     qos._remove_from_indices = remove
@@ -228,6 +266,7 @@ def restore_dead(channel: Any, exclude: str = "") -> int:
     for raw_id in client.smembers(_key(HOLDERS_KEY)):
         worker_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
         presence, held = _key(PRESENCE_KEY.format(id=worker_id)), _key(HELD_KEY.format(id=worker_id))
+        claims = _key(CLAIMS_KEY.format(id=worker_id))
         if worker_id == exclude or client.exists(presence):
             continue
         moved = left = 0
@@ -241,10 +280,12 @@ def restore_dead(channel: Any, exclude: str = "") -> int:
                     extra={"action": "restore_unroutable", "worker": worker_id},
                 )
                 client.srem(held, tag)
+                client.srem(claims, tag)
                 continue
             lists, message = target if target is not None else ([], "")
             moved += int(move(keys=[unacked, index, held, *lists], args=[tag, message]))
-        forget(keys=[_key(HOLDERS_KEY), presence, held], args=[worker_id])
+            client.srem(claims, tag)  # back in its queue (or gone): the sweeper sees it there now
+        forget(keys=[_key(HOLDERS_KEY), presence, held, claims], args=[worker_id])
         if moved or left:
             logger.warning(
                 "%d messages held by a worker silent for a lease (%s) put back in their queues",
@@ -254,6 +295,26 @@ def restore_dead(channel: Any, exclude: str = "") -> int:
             )
         total += moved
     return total
+
+
+def claim_ids_in_flight(task_name: str = tasknames.RUN_BATCH) -> set[int] | None:
+    """Job ids carried by ``task_name`` messages that are not lost; None if Redis cannot say.
+
+    A message is not lost while it waits in a queue it may be routed to (``broker.task_queues``) or
+    is held by a registered worker (prefetched, running, or held by a dead worker until it is put
+    back). What the sweeper reads before it takes back a claim never started.
+    """
+    lists = broker.queue_keys(broker.task_queues(task_name))
+    unacked = _key(str(broker.transport_options().get("unacked_key") or UNACKED_KEY_DEFAULT))
+    try:
+        client = broker.client()
+        found = client.register_script(IN_FLIGHT_SCRIPT)(
+            keys=[*lists, unacked, _key(HOLDERS_KEY)], args=[len(lists), _key(CLAIMS_KEY.format(id=""))]
+        )
+    except redis.RedisError:
+        logger.warning("cannot read the job queues; claims never started are left alone", exc_info=True)
+        return None
+    return broker.claim_ids(task_name, found)
 
 
 def install(app: Any) -> None:

@@ -44,7 +44,8 @@ class Event(enum.StrEnum):
     FAILED = "failed"  # its handler raised (or left its transaction broken)
     TIMED_OUT = "timed_out"  # its handler ran past its timeout
     UNSENT = "unsent"  # claimed, never sent (no room in the queue, the broker refused): given back
-    RELEASED = "released"  # held by a worker that is shutting down: given back, the attempt counted
+    RELEASED = "released"  # its handler was running when its worker stopped: given back, the attempt counted
+    NOT_STARTED = "not_started"  # its batch's worker stopped before its handler began: given back, not counted
     EXPIRED = "expired"  # claimed, never started within its lease, its message lost with the broker
     CRASHED = "crashed"  # running, its process died (the sweeper) or its chunk's transaction was lost
     CANCEL = "cancel"  # an operator or the API cancels it
@@ -66,6 +67,7 @@ FROM_STATES: dict[Event, tuple[JobState, ...]] = {
     Event.TIMED_OUT: (JobState.RUNNING, JobState.CLAIMED),
     Event.UNSENT: (JobState.CLAIMED,),
     Event.RELEASED: (JobState.CLAIMED, JobState.RUNNING),
+    Event.NOT_STARTED: (JobState.RUNNING, JobState.CLAIMED),
     Event.EXPIRED: (JobState.CLAIMED,),
     Event.CRASHED: (JobState.RUNNING,),
     Event.CANCEL: (JobState.PENDING,),
@@ -79,7 +81,9 @@ FROM_STATES: dict[Event, tuple[JobState, ...]] = {
 }
 
 # Given back without having failed: a deleted owner's job is then cancelled, not dead.
-GIVE_BACKS = frozenset({Event.UNSENT, Event.RELEASED, Event.EXPIRED, Event.SNOOZED, Event.UNKNOWN_KIND})
+GIVE_BACKS = frozenset(
+    {Event.UNSENT, Event.RELEASED, Event.NOT_STARTED, Event.EXPIRED, Event.SNOOZED, Event.UNKNOWN_KIND}
+)
 
 
 class Due(enum.StrEnum):
@@ -135,7 +139,9 @@ def decide(event: Event, facts: Facts) -> Decision | None:
         return Decision(JobState.CANCELLED, record=AttemptOutcome.ABORTED)
     if event == Event.SUCCEEDED:
         return Decision(JobState.DONE, record=AttemptOutcome.SUCCEEDED, keep_claim=True)
-    if event == Event.UNSENT:
+    if event in (Event.UNSENT, Event.NOT_STARTED):
+        # It ran nothing (never sent; or its batch's worker stopped before its handler began, a
+        # deploy): the claim's attempt is given back, so a deploy costs no job an attempt.
         return _back(facts, Decision(JobState.PENDING, uncount=True), give_back=True)
     if event == Event.UNKNOWN_KIND:  # uncharged, due after the given delay so old workers do not loop hot
         return _back(facts, Decision(JobState.PENDING, due=Due.BACKOFF, uncount=True), give_back=True)

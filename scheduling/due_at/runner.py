@@ -50,6 +50,7 @@ here are the database clock read at the start, advanced by a monotonic clock.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
 import functools
@@ -96,6 +97,10 @@ ROLLED_BACK_NOTE = (
 
 T = TypeVar("T")
 Kinds = dict[str, registry.Kind | None]
+
+# The job whose handler this batch is running now (None between handlers): when the worker stops,
+# it is the one job charged; every other unfinished job of the batch is given back uncharged.
+_in_handler: contextvars.ContextVar[int | None] = contextvars.ContextVar("timekeeper_in_handler", default=None)
 
 
 @dataclasses.dataclass
@@ -167,6 +172,7 @@ def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchRepo
     atomic = [j for j in started if _is_atomic(j, kinds[j.kind])]
     others = [j for j in started if not _is_atomic(j, kinds[j.kind])]
     settled: set[int] = set()  # jobs whose outcome was committed (or that are no longer ours)
+    _in_handler.set(None)
     with lease.holding([(j.id, j.token) for j in started]), executor.alarms(), _forgetting_aborts(started):
         try:
             if atomic:
@@ -175,8 +181,9 @@ def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchRepo
                 _run_committing(others, kinds, clock, report, settled)
         except SystemExit:
             # A shutdown is stopping this process mid-batch (billiard turns the SIGTERM of Celery's
-            # cold or soft shutdown into SystemExit): give back what did not finish now, not a lease later.
-            _give_back([(j.id, j.token) for j in started if j.id not in settled])
+            # cold or soft shutdown, or of the hard time limit, into SystemExit): give back what did
+            # not finish now, not a lease later. Only the job whose handler was running is charged.
+            _give_back([(j.id, j.token) for j in started if j.id not in settled], running=_in_handler.get())
             raise
     return report
 
@@ -253,7 +260,9 @@ def _outcome(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock)
         return store.Outcome(
             job.id, job.token, started_at, clock.now(), AttemptOutcome.FAILED, error, UNKNOWN_KIND_RETRY_SECONDS
         )
-    result = executor.invoke(kind, _job_for(job), _timeout(job, kind))
+    _in_handler.set(job.id)
+    result = executor.invoke(kind, _job_for(job), _timeout(job, kind))  # a shutdown leaves the mark
+    _in_handler.set(None)
     if result.ok:
         return store.Outcome(job.id, job.token, started_at, clock.now(), AttemptOutcome.SUCCEEDED)
     delay = _backoff(job, kind).delay(job.attempts) if result.delay_seconds is None else result.delay_seconds
@@ -591,15 +600,27 @@ def _write_known(successes: list[store.Outcome], failures: list[store.Outcome], 
     settled.update(o.id for o in successes + failures)
 
 
-def _give_back(claims: Sequence[tuple[int, str]]) -> None:
-    """Release the claims that did not finish: pending again now, the attempt counted."""
+def _give_back(claims: Sequence[tuple[int, str]], running: int | None) -> None:
+    """Give back the claims that did not finish: pending again now (docs/fault-tolerance.md, "Deploys").
+
+    The job whose handler was running (``running``) is charged the attempt (dead when it was its
+    last). Every other one is not: its handler never began, or it ran in an atomic chunk whose
+    transaction the stop rolled back, so nothing of it committed. A deploy costs no job that was
+    only waiting in a batch an attempt (``store.give_back_stopping``, one statement).
+    """
     try:
-        released = store.release_jobs(claims, RELEASE_REASON)
+        moved = store.give_back_stopping(claims, running, RELEASE_REASON)
     except DatabaseError:
         logger.warning("could not give claims back while stopping; the sweeper will", exc_info=True)
         return
-    for job in released:
+    for job in moved:
+        charged = job.id == running
         logger.warning(
-            "claim released: the worker is stopping",
-            extra={"job_id": job.id, "action": "released" if job.state == JobState.PENDING else job.state},
+            "claim released: the worker is stopping"
+            if charged
+            else "claim given back uncharged: the worker is stopping",
+            extra={
+                "job_id": job.id,
+                "action": job.state if job.state != JobState.PENDING else "released" if charged else "returned",
+            },
         )

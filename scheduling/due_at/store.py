@@ -574,6 +574,25 @@ def release_jobs(claims: Sequence[tuple[int, str]], reason: str) -> list[MovedJo
     return [MovedJob(m.id, m.state) for m in moved]
 
 
+def give_back_stopping(claims: Sequence[tuple[int, str]], running: int | None, reason: str) -> list[MovedJob]:
+    """Give back the claims of a batch whose process is stopping, in one statement: pending, due at once.
+
+    The job ``running`` (its handler was running) is charged (``lifecycle.Event.RELEASED``: its
+    attempt recorded with ``reason``, dead when it was its last); the others ran nothing that
+    committed and are not (``lifecycle.Event.NOT_STARTED``: attempt given back, nothing recorded).
+    One statement: billiard gives a pool process 0.1 s between its SIGTERM and its SIGKILL.
+    """
+    moved = set_job_states(
+        [
+            Change(i, t, lifecycle.Event.RELEASED, error=reason)
+            if i == running
+            else Change(i, t, lifecycle.Event.NOT_STARTED)
+            for i, t in claims
+        ]
+    )
+    return [MovedJob(m.id, m.state) for m in moved]
+
+
 def release_lost_chunk(claims: Sequence[tuple[int, str, float]], reason: str) -> list[MovedJob]:
     """Give back the claims (id, token, backoff seconds) of an atomic chunk lost with its transaction.
 

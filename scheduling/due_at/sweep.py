@@ -2,8 +2,9 @@
 
 Run by the control loop (``due_at.control``) every ``SCHEDULING_SWEEP_INTERVAL_SECONDS``, beside the
 claim and never behind jobs in a queue. A started claim is dead when its heartbeat is older than
-its lease; a claim never started is dead when it is older than its lease and its message is no
-longer in the job queue (lost with the broker). Each turn locks a bounded batch (``SKIP LOCKED``,
+its lease; a claim never started is dead when it is older than its lease and its message is
+neither waiting in a queue it may be routed to nor held by a worker (lost with the broker:
+``core.holdings.claim_ids_in_flight``). Each turn locks a bounded batch (``SKIP LOCKED``,
 ``LIMIT``), lets ``due_at.lifecycle`` decide each job's fate and writes it with the one transition
 statement, and commits on its own, so no lock is held for long however much there is to do; the
 loop stops when a batch comes back short.
@@ -21,7 +22,7 @@ import dataclasses
 import logging
 import time
 
-from scheduling.core import broker, conf, registry, tasknames
+from scheduling.core import conf, holdings, registry, tasknames
 from scheduling.due_at import lease, store
 from scheduling.models import JobState
 
@@ -40,7 +41,7 @@ class SweepReport:
 def reclaim_expired() -> tuple[int, int]:
     """Return stranded claims to pending (or dead); (reclaimed, killed)."""
     reclaimed = killed = 0
-    queued = broker.queued_claim_ids(tasknames.RUN_BATCH)
+    queued = holdings.claim_ids_in_flight(tasknames.RUN_BATCH)  # waiting in a queue, or held by a worker
     default = registry.Backoff()
     backoffs = {
         name: (kind.backoff.base_seconds, kind.backoff.cap_seconds) for name, kind in registry.all_kinds().items()

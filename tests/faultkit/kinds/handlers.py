@@ -58,6 +58,19 @@ registry.handler(
     batch_size=1,
     atomic=False,
 )(effect)
+# The same in batches of four (a stopping worker's batch: one job running, the rest waiting).
+SHARED_BATCH_SIZE = 4
+registry.handler(
+    "faults.batch_effect",
+    schema=EFFECT_SCHEMA,
+    timeout=60,
+    max_attempts=1,
+    backoff=registry.Backoff(1, 2),
+    lease_seconds=EFFECT_LEASE_SECONDS,
+    batch_size=SHARED_BATCH_SIZE,
+    atomic=False,
+)(effect)
+
 # The same with a short timeout (the claim loop used to run such kinds itself; tests keep both).
 registry.handler(
     "faults.effect_inline",

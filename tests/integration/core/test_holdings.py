@@ -11,7 +11,7 @@ import kombu
 import pytest
 from django.conf import settings
 
-from scheduling.core import broker, holdings
+from scheduling.core import broker, holdings, tasknames
 
 
 @pytest.fixture
@@ -94,3 +94,31 @@ def test_a_live_holders_messages_are_left_alone(channels):
     for message in messages:
         holder.basic_ack(message.delivery_tag)
     assert client.scard(holdings._key(holdings.HELD_KEY.format(id=worker_id))) == 0
+
+
+def publish_run_messages(channel: Any, queue: str, job_ids: list[int]) -> None:
+    """Publish one ``scheduling.run_batch`` message per job to ``queue``, as Celery's protocol 2 writes it."""
+    exchange = kombu.Exchange(queue, type="direct")
+    kombu.Queue(queue, exchange, routing_key=queue)(channel).declare()
+    producer = kombu.Producer(channel, exchange=exchange, routing_key=queue, serializer="json")
+    for job_id in job_ids:
+        body = [[[[job_id, str(uuid.uuid4())]]], {}, {}]
+        producer.publish(body, headers={"task": tasknames.RUN_BATCH, "id": str(uuid.uuid4())})
+
+
+def test_run_messages_queued_or_held_by_a_registered_worker_are_in_flight(channels):
+    """The sweeper's view: claims of run messages waiting in the queue or held unacknowledged; an acked one is gone."""
+    holder = channels[0]
+    worker_id, queue = f"live-{uuid.uuid4().hex[:6]}", broker.default_queue()
+    holdings.track(holder.qos, worker_id)
+    register(worker_id, alive=True)
+    take(holder, queue, 1)  # another task's message: held, but carries no claims
+    publish_run_messages(holder, queue, [11, 12, 13])
+    held = [holder.basic_get(queue, no_ack=False) for _ in range(2)]
+    assert [m.payload[0][0][0][0] for m in held] == [11, 12]
+    claims_key = holdings._key(holdings.CLAIMS_KEY.format(id=worker_id))
+    assert broker.client().scard(claims_key) == 2, "only the run messages are recorded as carrying claims"
+    assert holdings.claim_ids_in_flight() == {11, 12, 13}, "two held by the worker, one still queued"
+    holder.basic_ack(held[0].delivery_tag)
+    assert holdings.claim_ids_in_flight() == {12, 13}, "an acknowledged run message is over"
+    assert broker.client().scard(claims_key) == 1

@@ -174,6 +174,24 @@ def test_released_claims_go_back_to_pending(run_sql):
     assert job.due_at <= dt.datetime.now(dt.UTC) + dt.timedelta(seconds=61)
 
 
+def test_a_stopping_batch_charges_only_the_job_that_was_running(run_sql):
+    """give_back_stopping: the running job is charged (dead: its last attempt); the unstarted ones go back uncounted."""
+    ids = api.schedule_many("demo.record", [{}] * 3, delay=60, max_attempts=1)
+    support.make_due(ids)
+    claims = jobs_store.claim_due_jobs(3)
+    jobs_store.start_jobs([(c.id, c.token) for c in claims], "host:4242")
+    running, *waiting = claims
+    moved = jobs_store.give_back_stopping([(c.id, c.token) for c in claims], running.id, runner.RELEASE_REASON)
+    states = {m.id: m.state for m in moved}
+    assert states == {running.id: JobState.DEAD, **{c.id: JobState.PENDING for c in waiting}}
+    assert list(JobAttempt.objects.filter(job_id=running.id).values_list("outcome", "error")) == [
+        (AttemptOutcome.RECLAIMED, runner.RELEASE_REASON)
+    ]
+    for job in ScheduledJob.objects.filter(id__in=[c.id for c in waiting]):
+        assert (job.state, job.attempts, job.max_attempts, job.claimed_by) == (JobState.PENDING, 0, 1, "")
+    assert not JobAttempt.objects.filter(job_id__in=[c.id for c in waiting]).exists(), "they ran nothing"
+
+
 # --- Crash isolation: a batch that died with its process -------------------------------------------
 
 
