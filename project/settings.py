@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",  # Timekeeper's array fields and GIN index (Django 6.0 checks it: postgres.E005)
     "django_celery_beat",
     "axes",  # login throttling (django-axes): the admin's login and /accounts/login/
     "scheduling",

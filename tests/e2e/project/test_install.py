@@ -55,7 +55,7 @@ __all__ = ("celery_app",)
 """
 
 SETTINGS_TAIL = """
-INSTALLED_APPS += ["django_celery_beat", "scheduling", "billing"]
+INSTALLED_APPS += ["django.contrib.postgres", "django_celery_beat", "scheduling", "billing"]
 DATABASES = {{"default": {{"ENGINE": "django.db.backends.postgresql", "NAME": "{database}",
                           "HOST": "127.0.0.1", "PORT": 5432, "USER": "postgres"}}}}
 CELERY_BROKER_URL = "{redis_url}"
