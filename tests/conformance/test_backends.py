@@ -199,6 +199,17 @@ def test_a_queue_outside_queues_is_invalid_at_enqueue_and_aenqueue():
         assert t.noop.using(queue_name="queue-1").enqueue().task.queue_name == "queue-1"
 
 
+def test_an_empty_queues_list_allows_any_queue_name():
+    """QUEUES = [] is Django's "any queue name": the check passes and a task of any queue is enqueued and run."""
+    any_queue = {"default": {"BACKEND": "scheduling.backends.TimekeeperBackend", "QUEUES": []}}
+    with override_settings(TASKS=any_queue):
+        assert list(default_task_backend.check()) == []
+        result = t.meaning_of_life.using(queue_name="reports").enqueue()
+        assert result.task.queue_name == "reports"
+        testing.run_due()
+        assert result.task.get_result(result.id).return_value == 42
+
+
 def test_priority_and_run_after_are_validated():
     """Priority outside -100..100 or not whole, and a naive run_after: InvalidTask; the bounds themselves are fine."""
     for bad in (-101, 101, 3.1):
