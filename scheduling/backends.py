@@ -25,7 +25,8 @@ same code imports whichever is there) run as Timekeeper jobs:
   ``ceil(p * 9 / 100)`` (1-11 -> 1, ..., 89-100 -> 9). Order is kept; negative priorities tie
   with the default.
 - **Queues**: ``QUEUES`` (default ``["default"]``) lists the names a task may use; any other is
-  ``InvalidTask`` (the kind's schema says the same to the JSON API). The due_at engine has one
+  ``InvalidTask`` (the kind's schema says the same to the JSON API). ``QUEUES = []`` allows any
+  name, as on Django's backends. The due_at engine has one
   queue, the table, ordered by priority then due time: the name is kept on the job (its payload's
   ``queue_name``, shown in the admin) and on the result, and does not route work to other workers.
 - **Running**: the kind's handler sends ``task_started``, calls the function (a coroutine through
@@ -679,10 +680,10 @@ class TimekeeperBackend(BaseTaskBackend):
         return _result(self, row, declared, attempts, enqueued)
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """``scheduling.E009``: QUEUES must name at least one queue; the backend takes no OPTIONS."""
+        """``scheduling.E009``: QUEUES must hold queue names (``[]`` is Django's "any name"); no OPTIONS."""
         problems = []
-        if not self.queues or not all(isinstance(q, str) and q for q in self.queues):
-            problems.append("QUEUES must list one or more queue names (strings)")
+        if not all(isinstance(q, str) and q for q in self.queues):
+            problems.append("QUEUES must list queue names (strings), or be empty for any name")
         if self.options:
             problems.append(
                 f"OPTIONS {sorted(self.options)} are not read (per-task options go on @scheduling.backends.task)"

@@ -14,7 +14,14 @@ Behaviours of the peers' suites that do not apply to a durable, retrying backend
 - **Running at enqueue** (the immediate backend: SUCCESSFUL when ``enqueue`` returns, in the
   caller's transaction): tasks here are rows a worker runs later; ``enqueue`` answers READY.
 - **No ``run_after``, no ``get_result``** (immediate, dummy): both are supported here.
-- **The dummy backend's ``results`` list and ``clear()``**: results are rows; there is no list.
+- **The dummy backend's ``results`` list and ``clear()``**: results are rows; there is no list
+  (nor a listed result to write into and see ``refresh()`` pick up).
+- **A sync ``refresh()`` / ``get_result()`` inside an event loop** (an ``async def`` test calling
+  them): the dummy backend answers from memory; a database-backed backend cannot query in an async
+  context (Django's ``SynchronousOnlyOperation``); ``arefresh()`` / ``aget_result()`` are the calls.
+- **The peer's own rows and app** (django-tasks-db's ``DBTaskResult`` read or written by its tests,
+  its admin, its migrations, its check for its app): the rows here are ``ScheduledJob`` and
+  ``JobAttempt``, read through ``get_result``.
 - **A failure is FAILED after one run**: a task is retried with backoff up to its ``max_attempts``
   (``SCHEDULING_DEFAULT_MAX_ATTEMPTS``, 5); between attempts it reads READY (Django's "ready to be
   executed again") with one ``TaskError`` per failed attempt, and FAILED after the last. The
@@ -41,9 +48,26 @@ Behaviours of the peers' suites that do not apply to a durable, retrying backend
   locks (``get_locked``): Celery's worker options and Timekeeper's claim, tested in their own
   suites (tests/integration/due_at/test_claim.py).
 - **``prune_db_task_results``**: finished tasks go with ``SCHEDULING_RETENTION_DAYS`` (the sweeper).
+- **Which class the backend is** (``isinstance(backend, ImmediateBackend)``, the sender of
+  ``task_enqueued`` being the peer's class): run from outside, those name the peer's classes.
 - **TaskResult's own equality, hashing and ordering** in newer Django: framework code, not the
   backend's; this suite checks only that a read result equals the enqueued one. Pickling a task
   and its result is checked only where the framework's ``Task`` pickles (``Task._reconstruct``).
+
+Run against this backend from outside (``tests/conformance/run_peers.py``, which fetches and copies
+nothing: it takes a checkout of the peer's tests, points the backends they configure at
+Timekeeper's, with ``testing.run_due()`` after each ``enqueue`` where they expect the immediate
+backend, and tries a task once as the peers' backends do; commands in docs/development.md): Django
+6.0.10's ``tests/tasks`` (immediate, dummy, tasks) 60 of 71 pass; django-tasks 0.12.0's
+(immediate, dummy, tasks, on 5.2) 61 of 73; django-tasks-db 0.12.0's 26 of 87 (6 skipped by
+their own conditions). ``QUEUES = []`` (Django's "any queue name") failed three of them until
+this backend took it. Every failure left is one of the behaviours above: the immediate backend's
+missing ``run_after`` / ``get_result``, its re-raised ``KeyboardInterrupt``, the dummy's list, a sync
+``refresh()`` in an async test, the class checks; and for django-tasks-db its ``DBTaskResult``
+rows, admin and app check, its ``db_worker`` command and processes, ``get_locked``,
+``prune_db_task_results``, ``id_function``, query counts, ``USE_TZ = False`` and exact priority
+order. Its worker tests' behaviours (a failing task, context, run_after, an unknown task path) are
+this suite's, run by ``run_due``.
 """
 
 from __future__ import annotations
@@ -197,6 +221,17 @@ def test_a_queue_outside_queues_is_invalid_at_enqueue_and_aenqueue():
             call()
     with override_settings(TASKS=TWO_QUEUES):
         assert t.noop.using(queue_name="queue-1").enqueue().task.queue_name == "queue-1"
+
+
+def test_an_empty_queues_list_allows_any_queue_name():
+    """QUEUES = [] is Django's "any queue name": the check passes and a task of any queue is enqueued and run."""
+    any_queue = {"default": {"BACKEND": "scheduling.backends.TimekeeperBackend", "QUEUES": []}}
+    with override_settings(TASKS=any_queue):
+        assert list(default_task_backend.check()) == []
+        result = t.meaning_of_life.using(queue_name="reports").enqueue()
+        assert result.task.queue_name == "reports"
+        testing.run_due()
+        assert result.task.get_result(result.id).return_value == 42
 
 
 def test_priority_and_run_after_are_validated():

@@ -328,8 +328,8 @@ def test_a_reclaimed_attempt_is_a_worker_lost_error(run_sql):
 
 
 def test_the_backend_check_names_bad_queues_and_options():
-    """scheduling.E009: a Timekeeper TASKS entry with no queues, or with OPTIONS it does not read."""
-    bad = backends.TimekeeperBackend("bad", {"QUEUES": [], "OPTIONS": {"retries": 3}})
+    """scheduling.E009: a Timekeeper TASKS entry with a queue that is no name, or with OPTIONS it does not read."""
+    bad = backends.TimekeeperBackend("bad", {"QUEUES": ["default", ""], "OPTIONS": {"retries": 3}})
     assert [m.id for m in bad.check()] == ["scheduling.E009", "scheduling.E009"]
     assert list(task_backends["default"].check()) == []
 
