@@ -5,13 +5,19 @@
 
 -- name: lock_capped_kinds
 -- Caps hold exactly under concurrent claimers: before its claim statement, a claim's transaction
--- locks the control row of every capped kind (in kind order, so two claimers never deadlock). A
--- second claimer waits here until the first commits, and its claim statement then starts with a
--- fresh snapshot (READ COMMITTED takes one per statement) that counts the first one's claims. The
--- lock must be its own statement: a count in the statement that takes the lock reads the snapshot
--- taken before the lock was granted, and two overlapping claims would each see the whole room.
--- Without caps nothing is locked and claimers never wait for each other.
-SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY kind FOR UPDATE;
+-- locks the control row of every capped kind. A second claimer skips the rows the first holds
+-- (SKIP LOCKED: a claim never waits, neither for another claim nor for an operator's transaction
+-- left open on a control row, issue 34 item 6): a kind whose row it could not lock has no room in
+-- its claim this turn (the kinds it holds are written to the transaction-local setting
+-- timekeeper.held_kinds, which the claim statement reads). A kind it does lock was committed by
+-- any earlier holder, and its claim statement then starts with a fresh snapshot (READ COMMITTED
+-- takes one per statement) that counts that holder's claims. The lock must be its own statement: a
+-- count in the statement that takes the lock reads the snapshot taken before the lock was granted,
+-- and two overlapping claims would each see the whole room.
+-- Without caps nothing is locked and claimers never touch each other.
+SELECT set_config('timekeeper.held_kinds', coalesce(string_agg(kind, ','), ''), true)
+FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY kind
+      FOR UPDATE SKIP LOCKED) AS held;
 
 -- name: claim_due_jobs
 -- The claim is one statement so that choosing the rows and claiming them cannot be separated:
@@ -50,6 +56,8 @@ SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY k
 WITH controls AS (
     SELECT c.kind, c.paused,
            CASE WHEN c.max_running IS NULL THEN NULL
+                -- another transaction holds its control row (lock_capped_kinds): no room this turn
+                WHEN NOT c.kind = ANY(string_to_array(current_setting('timekeeper.held_kinds', true), ',')) THEN 0
                 ELSE greatest(0, c.max_running - (SELECT count(*) FROM scheduling_scheduledjob AS r
                                                   WHERE r.state IN ('claimed', 'running') AND r.kind = c.kind)) END AS room
     FROM scheduling_kindcontrol AS c
