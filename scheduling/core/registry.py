@@ -176,6 +176,66 @@ class Limits:
                 )
 
 
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}  # "10/s", "1/m", "100/h", "5/2s"
+MAX_RATE_LIMIT = 1_000_000  # the most starts per period a rate takes
+MAX_RATE_PERIOD_SECONDS = 7 * 86400.0  # the longest period (a week)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    """At most ``limit`` starts of a kind per ``per_seconds`` (a sliding window), cluster-wide.
+
+    Decided at the claim (``due_at/sql/claim.sql``): a claim takes at most the limit minus the
+    starts of the last ``per_seconds``, under the kind's control-row lock, so the limit is exact
+    with any number of claimers. ``partition_by`` names a payload field: the limit then holds for
+    each of its values apart ("10 a second per partner"); a job without the field is in the ''
+    partition. ``Rate.parse("10/s")``; units s, m, h, d, optionally with a count ("5/2s").
+    """
+
+    limit: int
+    per_seconds: float = 1.0
+    partition_by: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= MAX_RATE_LIMIT:
+            raise exceptions.SchedulingError(
+                f"A rate's limit must be a whole number from 1 to {MAX_RATE_LIMIT}, not {self.limit!r}."
+            )
+        per = self.per_seconds
+        if isinstance(per, bool) or not isinstance(per, (int, float)) or not 0 < per <= MAX_RATE_PERIOD_SECONDS:
+            raise exceptions.SchedulingError(
+                f"A rate's period must be seconds above 0, at most {MAX_RATE_PERIOD_SECONDS:g}, not {per!r}."
+            )
+        if not isinstance(self.partition_by, str) or len(self.partition_by) > 100:
+            raise exceptions.SchedulingError(
+                "A rate's partition_by must be a payload field name (at most 100 characters)."
+            )
+
+    @classmethod
+    def parse(cls, text: str, partition_by: str = "") -> Rate:
+        """``"10/s"`` -> Rate(10, 1.0); ``"5/2s"`` -> Rate(5, 2.0); ``"1/m"``, ``"100/h"``, ``"1000/d"``."""
+        count, sep, unit = str(text).strip().partition("/")
+        amount = unit.rstrip("smhd")
+        if not sep or not count.isdigit() or unit[len(amount) :] not in RATE_UNITS:
+            raise exceptions.SchedulingError(f"A rate reads like '10/s', '1/m', '100/h' or '5/2s', not {text!r}.")
+        try:
+            scale = float(amount) if amount else 1.0
+        except ValueError:
+            raise exceptions.SchedulingError(
+                f"A rate reads like '10/s', '1/m', '100/h' or '5/2s', not {text!r}."
+            ) from None
+        return cls(int(count), scale * RATE_UNITS[unit[len(amount) :]], partition_by)
+
+    @classmethod
+    def of(cls, value: Rate | str) -> Rate:
+        """A ``Rate`` as given, or parsed from its text."""
+        return value if isinstance(value, Rate) else cls.parse(value)
+
+    def __str__(self) -> str:
+        per = f"{self.per_seconds:g}s" if self.per_seconds != 1 else "s"
+        return f"{self.limit}/{per}" + (f" per {self.partition_by}" if self.partition_by else "")
+
+
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """A registered job kind and how it runs."""
@@ -194,6 +254,7 @@ class Kind:
     api: Access | None = None  # None: not schedulable through the API (the admin: superusers only)
     critical: bool = False  # /healthz counts its overdue jobs, whoever owns them (and the system's jobs of any kind)
     own_limits: Limits = Limits()  # as registered; the doors read ``limits`` (settings filled in)
+    rate: Rate | None = None  # the registered rate limit (an operator's api.set_rate replaces it at runtime)
 
     @property
     def limits(self) -> Limits:
@@ -280,6 +341,7 @@ def handler(
     api: Access | None = None,
     critical: bool = False,
     limits: Limits | None = None,
+    rate: Rate | str | None = None,
 ) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -288,6 +350,8 @@ def handler(
     most attempts x ``timeout``) is refused here. ``critical``: ``/healthz`` counts its overdue
     jobs in the backlog (besides the system's own jobs); other owners' jobs never flip it.
     ``limits``: the kind's own payload limits (``Limits``; a field left ``None`` is the setting's).
+    ``rate``: at most so many starts per period, cluster-wide (``"10/s"`` or ``Rate(10, per_seconds=1,
+    partition_by="partner")``); an operator's ``api.set_rate`` replaces it at runtime.
 
     ``atomic`` (the default): on the due_at path the handler runs inside the transaction that
     records its outcome, so its database writes and the job's ``done`` commit together or not at
@@ -321,6 +385,7 @@ def handler(
             api=api,
             critical=critical,
             own_limits=limits or Limits(),
+            rate=None if rate is None else Rate.of(rate),
         )
         kind.own_limits.check(name)
         check_caller_bounds(kind)
@@ -451,6 +516,7 @@ __all__ = [
     "Kind",
     "Limits",
     "Mechanism",
+    "Rate",
     "all_kinds",
     "autodiscover",
     "get",

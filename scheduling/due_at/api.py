@@ -339,6 +339,39 @@ def set_max_running(kind: str, max_running: int | None) -> store.KindControlRow:
     return row
 
 
+def set_rate(kind: str, rate: registry.Rate | str | None) -> store.KindControlRow:
+    """Limit how many jobs of ``kind`` start per period, cluster-wide (``"10/s"``, ``registry.Rate(...)``; None: none).
+
+    Decided at the claim, exactly, under any number of claimers; the kind's due jobs past its rate
+    wait pending (counted as ``rate_limited``). The operator's rate replaces the handler's
+    registered one (``handler(rate=...)``) from then on, None included. Raises ``InvalidSchedule``
+    for a rate that is not one; a limit can be lifted (None) from a kind no longer registered.
+    """
+    if rate is None:
+        _registered_or_controlled(kind)
+    else:
+        registry.get(kind)
+    try:
+        parsed = None if rate is None else registry.Rate.of(rate)
+    except exceptions.SchedulingError as exc:
+        raise exceptions.InvalidSchedule(str(exc)) from None
+    if parsed is None:
+        row = store.set_kind_rate(kind, None, None, "")
+    else:
+        row = store.set_kind_rate(kind, parsed.limit, float(parsed.per_seconds), parsed.partition_by)
+    claim.wake_on_commit(0.0)
+    logger.info("kind rate set", extra={"kind": kind, "rate": str(parsed), "action": "rate_set"})
+    audit.record(
+        "rate",
+        changed=1,
+        selected=1,
+        kind=kind,
+        target=f"kind {kind}",
+        details={"rate": None if parsed is None else str(parsed)},
+    )
+    return row
+
+
 def kind_controls() -> list[store.KindControlRow]:
     """Every kind with a control (paused or capped), with what waits behind it."""
     return store.kind_controls()
@@ -353,10 +386,18 @@ class KindOverview:
     paused: bool
     max_running: int | None
     priority: int  # the kind's default priority
+    rate: str  # its rate limit ("10/s per partner"), "" for none
     due: int  # pending and due (held back while paused)
     claimed: int  # claimed, waiting for a worker
     running: int
     dead_24h: int
+
+
+def rate_text(control: store.KindControlRow | None) -> str:
+    """A control row's rate as text (``"10/s"``, ``"5/2s per partner"``), "" when it has none."""
+    if control is None or control.rate_limit is None or control.rate_period_seconds is None:
+        return ""
+    return str(registry.Rate(control.rate_limit, control.rate_period_seconds, control.rate_partition_by))
 
 
 def kind_overview() -> list[KindOverview]:
@@ -373,6 +414,7 @@ def kind_overview() -> list[KindOverview]:
                 description=kind.description if kind else "not registered in this process",
                 paused=bool(control and control.paused),
                 max_running=control.max_running if control else None,
+                rate=rate_text(control),
                 priority=kind.priority if kind else 0,
                 due=count.due if count else 0,
                 claimed=count.claimed if count else 0,
@@ -495,4 +537,5 @@ __all__ = [
     "schedule_many",
     "schedule_with_outcome",
     "set_max_running",
+    "set_rate",
 ]  # scheduling.api re-exports these; its own status() wraps this module's (adding the broker's counts)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import kombu.exceptions
 
@@ -84,6 +85,29 @@ def hard_time_limit(batch: Sequence[store.Claim]) -> float:
     return total + HARD_LIMIT_MARGIN_SECONDS
 
 
+_synced_rates: tuple[Any, ...] | None = None  # the registered rates last written (sync_rates)
+
+
+def sync_rates(force: bool = False) -> None:
+    """Write the handlers' registered rates (``handler(rate=...)``) to their kinds' control rows, once per change.
+
+    The claim reads rates from the control rows only (an operator's ``api.set_rate`` wins over the
+    registered one). Called by the claim; ``force`` writes again (a new leader, a test database).
+    """
+    global _synced_rates
+    kinds = registry.all_kinds()
+    rates = {
+        name: (kind.rate.limit, float(kind.rate.per_seconds), kind.rate.partition_by)
+        for name, kind in sorted(kinds.items())
+        if kind.rate is not None
+    }
+    signature = (tuple(rates.items()), tuple(sorted(kinds)))
+    if signature == _synced_rates and not force:
+        return
+    store.sync_code_rates(rates, sorted(kinds))
+    _synced_rates = signature
+
+
 def room() -> int:
     """How many more batch messages the job queue may hold now."""
     return max(0, conf.get().max_queued_batches - broker.queued_messages())
@@ -91,6 +115,7 @@ def room() -> int:
 
 def claim_here(limit: int) -> list[store.Claim]:
     """Claim up to ``limit`` due rows to run in this process, sending nothing (``scheduling.testing.run_due``)."""
+    sync_rates()
     return store.claim_due_jobs(limit)
 
 
@@ -111,6 +136,7 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
         logger.debug("claim deferred: the queue is full", extra={"action": "claim_deferred"})
         return ClaimReport(0, 0, 0, more_due=True, queue_full=True)
     size = min(limit or settings.claim_batch_size, free * settings.default_batch_size)
+    sync_rates()
     claims = store.claim_due_jobs(size, messages=free, batch_sizes=batch_sizes())
     span.set("job_ids", [c.id for c in claims])
     span.set("kinds", sorted({c.kind for c in claims}))

@@ -237,6 +237,12 @@ class _StartedRow:
         )
 
 
+# A kind whose rate is partitioned reads up to this many of its due rows per claim and decides
+# per partition which to take: a partition is served while its rows are among its kind's most
+# urgent PARTITION_SCAN_ROWS (docs/operations.md, "Rate limits").
+PARTITION_SCAN_ROWS = 1000
+
+
 def claim_params(
     limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
@@ -246,6 +252,7 @@ def claim_params(
     """
     sizes = dict(batch_sizes or {})
     return {
+        "partition_scan": PARTITION_SCAN_ROWS,
         "limit": limit,
         "messages": limit if messages is None else messages,
         "kinds": list(sizes),
@@ -588,16 +595,17 @@ def prune_finished_jobs(*, days: int, limit: int) -> int:
     return len(SQL.fetch_values("prune_finished_jobs", {"days": days, "limit": limit}))
 
 
-ESTIMATED_COUNTS = ("backlog", "paused", "pending", "due_next_24h")
+ESTIMATED_COUNTS = ("backlog", "paused", "rate_limited", "pending", "due_next_24h")
 
 
 @dataclasses.dataclass(frozen=True)
 class BacklogStatus:
     """The numbers operators watch; the counts named in ``estimated`` are planner estimates."""
 
-    backlog: int  # pending and due (kinds not paused)
+    backlog: int  # pending and due (kinds neither paused nor rate-limited)
     oldest_overdue_seconds: float
     paused: int  # pending and due, of paused kinds (waiting on purpose: not backlog)
+    rate_limited: int  # pending and due, of rate-limited kinds not paused (waiting for their rate: not backlog)
     pending: int
     due_next_24h: int
     claimed: int
@@ -628,6 +636,9 @@ class KindControlRow:
     kind: str
     paused: bool
     max_running: int | None
+    rate_limit: int | None = None  # at most this many starts per rate_period_seconds (None: no rate limit)
+    rate_period_seconds: float | None = None
+    rate_partition_by: str = ""  # a payload field: the limit holds per value
     due: int = 0  # pending and due
     claimed: int = 0  # claimed: queued or running
 
@@ -640,6 +651,33 @@ def set_kind_paused(kind: str, paused: bool) -> KindControlRow:
 def set_kind_max_running(kind: str, max_running: int | None) -> KindControlRow:
     """Cap (None: uncap) how many jobs of ``kind`` may be claimed or running at once; returns its controls."""
     return SQL.fetch_all(KindControlRow, "set_kind_max_running", {"kind": kind, "max_running": max_running})[0]
+
+
+def set_kind_rate(kind: str, limit: int | None, per_seconds: float | None, partition_by: str) -> KindControlRow:
+    """An operator's rate for ``kind`` (``limit`` None: none), kept over the registered one; returns its controls."""
+    params = {"kind": kind, "limit": limit, "per_seconds": per_seconds, "partition_by": partition_by}
+    return SQL.fetch_all(KindControlRow, "set_kind_rate", params)[0]
+
+
+def sync_code_rates(rates: Mapping[str, tuple[int, float, str]], registered: Sequence[str]) -> list[str]:
+    """Write the registered ``rates`` (kind -> (limit, per_seconds, partition_by)) to the kinds' control rows.
+
+    An operator's rate (``set_kind_rate``) is kept; a ``registered`` kind without a rate loses a
+    registered one. Returns the kinds changed (none when the rows already say so).
+    """
+    params = {
+        "kinds": list(rates),
+        "limits": [r[0] for r in rates.values()],
+        "periods": [r[1] for r in rates.values()],
+        "partitions": [r[2] for r in rates.values()],
+        "registered": list(registered),
+    }
+    return [str(k) for k in SQL.fetch_values("sync_code_rates", params)]
+
+
+def rate_limited_due() -> bool:
+    """Whether a rate-limited kind that is not paused has a due job waiting."""
+    return bool(SQL.fetch_values("rate_limited_due")[0])
 
 
 def kind_controls() -> list[KindControlRow]:

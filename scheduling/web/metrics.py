@@ -140,6 +140,11 @@ class TimekeeperCollector(Collector):
         yield _gauge("timekeeper_backlog_jobs", "Pending jobs whose due time has passed.", status["backlog"])
         yield _gauge("timekeeper_paused_jobs", "Due jobs of paused kinds (waiting on purpose).", status["paused"])
         yield _gauge(
+            "timekeeper_rate_limited_jobs",
+            "Due jobs of rate-limited kinds (waiting for their rate).",
+            status["rate_limited"],
+        )
+        yield _gauge(
             "timekeeper_oldest_overdue_seconds",
             "Age of the oldest pending job past its due time (0 when none).",
             status["oldest_overdue_seconds"],

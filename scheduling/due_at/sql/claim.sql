@@ -14,9 +14,11 @@
 -- takes one per statement) that counts that holder's claims. The lock must be its own statement: a
 -- count in the statement that takes the lock reads the snapshot taken before the lock was granted,
 -- and two overlapping claims would each see the whole room.
--- Without caps nothing is locked and claimers never touch each other.
+-- Rate-limited kinds are locked the same way: their windows (scheduling_kindrate) are read and
+-- written only under their control row's lock. Without caps or rates nothing is locked and
+-- claimers never touch each other.
 SELECT set_config('timekeeper.held_kinds', coalesce(string_agg(kind, ','), ''), true)
-FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY kind
+FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL OR rate_limit IS NOT NULL ORDER BY kind
       FOR UPDATE SKIP LOCKED) AS held;
 
 -- name: claim_due_jobs
@@ -44,6 +46,12 @@ FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDE
 -- due_at) index. So a capped kind with a backlog takes its room and no more, and the walk fills the
 -- claim with other kinds' rows (had its rows been in the walk, they would fill the LIMIT and be
 -- dropped by the cap, leaving the claim short and every other kind waiting).
+-- A rate-limited kind (rate_limit per rate_period_seconds, a sliding window) is not in the walk
+-- either: its room is also at most the limit minus its starts inside the window (its
+-- scheduling_kindrate row, or one row per value of the payload field rate_partition_by), and the
+-- claim adds what it took to the window (counted). Read and written under the kind's control-row
+-- lock, so the rate is exact with any number of claimers; a claim given back (unsent) stays
+-- counted: the window errs below the limit, never above.
 --
 -- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s), in
 -- order of urgency. Rows are cut into the batches the claim sends (the only place batches are cut;
@@ -53,32 +61,74 @@ FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDE
 -- them: a batch_size=1 kind is claimed one row per free message, not %(limit)s rows to give back.
 -- Rows locked and not kept are not updated; their locks end with the statement's transaction.
 -- The result comes back sorted by urgency (UPDATE ... RETURNING has no order of its own).
-WITH controls AS (
-    SELECT c.kind, c.paused,
-           CASE WHEN c.max_running IS NULL THEN NULL
+WITH clock AS (
+    -- the rate windows' clock, read once, after lock_capped_kinds took the control rows: so it is
+    -- later than every earlier holder's (now() is when the transaction began, which may be earlier)
+    SELECT clock_timestamp() AS t
+), controls AS (
+    SELECT c.kind, c.paused, c.rate_limit, c.rate_period_seconds, c.rate_partition_by,
+           CASE WHEN c.max_running IS NULL AND c.rate_limit IS NULL THEN NULL
                 -- another transaction holds its control row (lock_capped_kinds): no room this turn
                 WHEN NOT c.kind = ANY(string_to_array(current_setting('timekeeper.held_kinds', true), ',')) THEN 0
-                ELSE greatest(0, c.max_running - (SELECT count(*) FROM scheduling_scheduledjob AS r
-                                                  WHERE r.state IN ('claimed', 'running') AND r.kind = c.kind)) END AS room
+                ELSE least(
+                    CASE WHEN c.max_running IS NULL THEN %(limit)s
+                         ELSE greatest(0, c.max_running - (SELECT count(*) FROM scheduling_scheduledjob AS r
+                                                           WHERE r.state IN ('claimed', 'running') AND r.kind = c.kind))
+                    END,
+                    -- an unpartitioned rate: the limit minus the starts inside the sliding window
+                    CASE WHEN c.rate_limit IS NULL OR c.rate_partition_by <> '' THEN %(limit)s
+                         ELSE greatest(0, c.rate_limit - (SELECT coalesce(sum(u.n), 0)
+                                                          FROM scheduling_kindrate AS w
+                                                          CROSS JOIN LATERAL unnest(w.starts_at, w.starts) AS u(at, n)
+                                                          WHERE w.kind = c.kind AND w.partition = ''
+                                                            AND u.at > (SELECT t FROM clock)
+                                                                       - make_interval(secs => c.rate_period_seconds)))
+                    END)
+           END AS room
     FROM scheduling_kindcontrol AS c
-    WHERE c.paused OR c.max_running IS NOT NULL
+    WHERE c.paused OR c.max_running IS NOT NULL OR c.rate_limit IS NOT NULL
 ), capped AS (
-    -- per capped kind with room, the same walk down the priorities in its own range of the
-    -- (kind, priority, due_at) index, stopped once its room is locked (rows not yet due are never read)
+    -- per capped or rate-limited kind with room, the same walk down the priorities in its own
+    -- range of the (kind, priority, due_at) index, stopped once its room is locked (rows not yet
+    -- due are never read). A partitioned rate's kind reads up to %(partition_scan)s rows: its
+    -- room is decided per partition below, and a full partition must not hide the others' rows.
     SELECT r.* FROM controls AS c
     CROSS JOIN LATERAL (
         -- repeat p in 9..0 joined by UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone,
+                              CASE WHEN c.rate_partition_by = '' THEN ''
+                                   ELSE left(coalesce(payload ->> c.rate_partition_by, ''), 200) END AS part
+                       FROM scheduling_scheduledjob
                        WHERE state = 'pending' AND kind = c.kind AND priority = {p} AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k{p}
+                       ORDER BY due_at
+                       LIMIT CASE WHEN c.rate_partition_by <> '' THEN %(partition_scan)s ELSE least(c.room, %(limit)s) END
+                       FOR UPDATE SKIP LOCKED) AS k{p}
         -- end repeat
-        LIMIT least(c.room, %(limit)s)
+        LIMIT CASE WHEN c.rate_partition_by <> '' THEN %(partition_scan)s ELSE least(c.room, %(limit)s) END
     ) AS r
     WHERE NOT c.paused AND c.room > 0
+), parted AS (
+    SELECT capped.*, row_number() OVER (PARTITION BY kind, part ORDER BY priority DESC, due_at, id) AS in_part
+    FROM capped
+), kept AS (
+    -- a partitioned rate: each partition takes at most the limit minus its starts inside the window;
+    -- then the kind takes at most its room (its cap's) of what is left. Rows locked and not kept
+    -- are not updated (their locks end with the transaction).
+    SELECT id, kind, priority, due_at, run_alone, part FROM (
+        SELECT p.*, row_number() OVER (PARTITION BY p.kind ORDER BY p.priority DESC, p.due_at, p.id) AS in_kind, c.room
+        FROM parted AS p JOIN controls AS c USING (kind)
+        WHERE c.rate_limit IS NULL OR c.rate_partition_by = ''
+           OR p.in_part <= c.rate_limit - (SELECT coalesce(sum(u.n), 0)
+                                          FROM scheduling_kindrate AS w
+                                          CROSS JOIN LATERAL unnest(w.starts_at, w.starts) AS u(at, n)
+                                          WHERE w.kind = p.kind AND w.partition = p.part
+                                            AND u.at > (SELECT t FROM clock) - make_interval(secs => c.rate_period_seconds))
+    ) AS ranked_in_kind
+    WHERE in_kind <= room
 ), walk AS (
     SELECT * FROM (
     -- repeat p in 9..0 joined by UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone, '' AS part FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = {p} AND due_at <= now()
                      AND kind NOT IN (SELECT kind FROM controls)
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p{p}
@@ -86,7 +136,7 @@ WITH controls AS (
     ) AS by_priority
     LIMIT %(limit)s
 ), due AS (
-    SELECT * FROM capped
+    SELECT * FROM kept
     UNION ALL
     SELECT * FROM walk
 ), sized AS (
@@ -120,6 +170,25 @@ WITH controls AS (
     -- hash join over the whole table (the ids are few: at most a claim's rows)
     WHERE j.id = ANY(ARRAY(SELECT id FROM allowed))
     RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone, j.timeout_seconds
+), counted AS (
+    -- the rate windows: each rate-limited kind's (and partition's) claimed rows, at the clock, with
+    -- the entries older than its period dropped. Only under the kind's control-row lock.
+    INSERT INTO scheduling_kindrate AS w (kind, partition, starts_at, starts)
+    SELECT d.kind, d.part, ARRAY[(SELECT t FROM clock)], ARRAY[count(*)::int]
+    FROM claimed JOIN due AS d USING (id)
+    WHERE d.kind IN (SELECT kind FROM controls WHERE rate_limit IS NOT NULL)
+    GROUP BY d.kind, d.part
+    ON CONFLICT (kind, partition) DO UPDATE
+    SET starts_at = ARRAY(SELECT u.at FROM unnest(w.starts_at, w.starts) AS u(at, n)
+                          WHERE u.at > EXCLUDED.starts_at[1] - make_interval(secs => (
+                                    SELECT coalesce(max(k.rate_period_seconds), 0) FROM scheduling_kindcontrol AS k
+                                    WHERE k.kind = w.kind))
+                          ORDER BY u.at) || EXCLUDED.starts_at,
+        starts = ARRAY(SELECT u.n FROM unnest(w.starts_at, w.starts) AS u(at, n)
+                       WHERE u.at > EXCLUDED.starts_at[1] - make_interval(secs => (
+                                 SELECT coalesce(max(k.rate_period_seconds), 0) FROM scheduling_kindcontrol AS k
+                                 WHERE k.kind = w.kind))
+                       ORDER BY u.at) || EXCLUDED.starts
 )
 -- Each row says which batch it is in (its rank, most urgent batch first): the claim sends exactly
 -- these batches (claim.batches_for groups by it), so batches are cut here and nowhere else.

@@ -37,6 +37,7 @@ EXPECTED = [
     "schedule_many",
     "schedule_with_outcome",
     "set_max_running",
+    "set_rate",
     "status",
 ]
 
