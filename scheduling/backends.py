@@ -46,7 +46,8 @@ same code imports whichever is there) run as Timekeeper jobs:
   task's result id raises ``TaskResultDoesNotExist``; a stored job is never ``InvalidTask``.
 
 Timekeeper's extras: per task with ``@backends.task(..., max_attempts=, timeout=, backoff=,
-atomic=, api=)`` (Django's ``@task`` arguments plus these: the kind's contract), per call with
+atomic=, api=, rate=)`` (``rate="10/s"`` or a ``registry.Rate``: the kind's rate limit, the same one
+``registry.handler(rate=...)`` sets) (Django's ``@task`` arguments plus these: the kind's contract), per call with
 ``send_welcome.options(key=, on_conflict=, max_attempts=, owner=, timeout=, backoff=,
 atomic=).enqueue(...)``: the call's ``timeout``, ``backoff`` and ``atomic`` are that job's own
 (``scheduling.api.schedule(timeout=, backoff=, atomic=)``, kept on its row), used by the worker
@@ -159,6 +160,7 @@ class TimekeeperTask(Task):
     backoff: registry.Backoff | None = None  # per task or per call: between failed attempts
     atomic: bool = True  # per task or per call: the function's database writes commit with the job's outcome
     api: registry.Access | None = None  # per task: who may enqueue it through the JSON API (None: nobody)
+    rate: registry.Rate | str | None = None  # per task: at most so many starts per period (the kind's rate limit)
     per_call: bool = dataclasses.field(default=False, repr=False)  # made by options(): the kind is the declared task's
     overridden: frozenset[str] = dataclasses.field(default=frozenset(), repr=False)  # JOB_OVERRIDES options() set
 
@@ -191,7 +193,7 @@ def task(
     takes_context: bool = False,
     **extras: Any,
 ) -> Any:
-    """Django's ``@task`` plus Timekeeper's per-task extras (max_attempts, timeout, backoff, atomic, api).
+    """Django's ``@task`` plus Timekeeper's per-task extras (max_attempts, timeout, backoff, atomic, api, rate).
 
     The same on Django 6.0 and on the backport; ``backend`` must be a Timekeeper backend.
     """
@@ -243,6 +245,7 @@ def _register(task_obj: Task) -> None:
         backoff=getattr(task_obj, "backoff", None),
         atomic=getattr(task_obj, "atomic", True),
         api=getattr(task_obj, "api", None),
+        rate=getattr(task_obj, "rate", None),
     )(run)
 
 

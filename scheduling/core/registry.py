@@ -232,7 +232,7 @@ class Rate:
         return value if isinstance(value, Rate) else cls.parse(value)
 
     def __str__(self) -> str:
-        per = f"{self.per_seconds:g}s" if self.per_seconds != 1 else "s"
+        per = next((u for u, secs in RATE_UNITS.items() if secs == self.per_seconds), f"{self.per_seconds:g}s")
         return f"{self.limit}/{per}" + (f" per {self.partition_by}" if self.partition_by else "")
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -86,6 +87,8 @@ def hard_time_limit(batch: Sequence[store.Claim]) -> float:
 
 
 _synced_rates: tuple[Any, ...] | None = None  # the registered rates last written (sync_rates)
+_synced_at = 0.0  # when (time.monotonic()); written again every RATE_SYNC_SECONDS
+RATE_SYNC_SECONDS = 60.0  # the registered rates are written again this often (a restored or new database)
 
 
 def sync_rates(force: bool = False) -> None:
@@ -94,7 +97,7 @@ def sync_rates(force: bool = False) -> None:
     The claim reads rates from the control rows only (an operator's ``api.set_rate`` wins over the
     registered one). Called by the claim; ``force`` writes again (a new leader, a test database).
     """
-    global _synced_rates
+    global _synced_rates, _synced_at
     kinds = registry.all_kinds()
     rates = {
         name: (kind.rate.limit, float(kind.rate.per_seconds), kind.rate.partition_by)
@@ -102,10 +105,10 @@ def sync_rates(force: bool = False) -> None:
         if kind.rate is not None
     }
     signature = (tuple(rates.items()), tuple(sorted(kinds)))
-    if signature == _synced_rates and not force:
+    if signature == _synced_rates and not force and time.monotonic() < _synced_at + RATE_SYNC_SECONDS:
         return
     store.sync_code_rates(rates, sorted(kinds))
-    _synced_rates = signature
+    _synced_rates, _synced_at = signature, time.monotonic()
 
 
 def room() -> int:
@@ -115,7 +118,7 @@ def room() -> int:
 
 def claim_here(limit: int) -> list[store.Claim]:
     """Claim up to ``limit`` due rows to run in this process, sending nothing (``scheduling.testing.run_due``)."""
-    sync_rates()
+    sync_rates(force=True)  # the eager path (tests, run_due): its database may be new
     return store.claim_due_jobs(limit)
 
 

@@ -241,7 +241,9 @@ def gather(range_name: str | None = None, kind: str | None = None) -> dict[str, 
         "beat_max_age_seconds": health.beat_max_age_seconds(),
         "broker": broker,
         "kinds": [
-            k for k in kinds_overview if k.due or k.claimed or k.running or k.dead_24h or k.paused or k.max_running
+            k
+            for k in kinds_overview
+            if k.due or k.claimed or k.running or k.dead_24h or k.paused or k.max_running or k.rate
         ],
         "next24": {
             "jobs": sum(jobs_per_hour),

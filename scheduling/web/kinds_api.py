@@ -1,4 +1,4 @@
-"""The kinds JSON API: ``GET /api/kinds/``, ``POST /api/kinds/<kind>/pause``, ``.../resume``, ``.../cap``.
+"""The kinds JSON API: ``GET /api/kinds/``, ``POST /api/kinds/<kind>/pause``, ``.../resume``, ``.../cap``, ``.../rate``.
 
 Operators' controls over whole kinds, through ``scheduling.api`` (``pause``, ``resume``,
 ``set_max_running``, ``kind_overview``). Every endpoint takes a staff account with the
@@ -21,6 +21,7 @@ from scheduling.web import jobs_api
 
 PERMISSION = "scheduling.change_kindcontrol"
 CAP_FIELDS = frozenset({"max_running"})
+RATE_FIELDS = frozenset({"rate", "partition_by"})
 
 
 def _operator(user: Any) -> None:
@@ -88,4 +89,26 @@ def cap(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
         raise jobs_api.ApiError(404, "unknown_kind", f"No registered kind {kind!r}.") from None
     except exceptions.InvalidSchedule as exc:
         raise jobs_api.ApiError(400, "invalid_cap", str(exc)) from None
+    return jobs_api.ok(_overview(kind))
+
+
+@jobs_api._endpoint(("POST",))
+def rate(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
+    """Limit a kind's starts: ``{"rate": "10/s", "partition_by": "partner"}``, or ``{"rate": null}`` for none."""
+    _operator(user)
+    data = jobs_api.read_json(request)
+    jobs_api._check_fields(data, RATE_FIELDS)
+    if "rate" not in data or not (data["rate"] is None or isinstance(data["rate"], str)):
+        raise jobs_api.ApiError(400, "invalid_request", 'Send {"rate": "10/s"} (optionally "partition_by") or null.')
+    partition_by = data.get("partition_by") or ""
+    if not isinstance(partition_by, str):
+        raise jobs_api.ApiError(400, "invalid_rate", "partition_by must be a payload field name.")
+    try:  # api.set_rate knows which kinds can be limited or lifted
+        given = None if data["rate"] is None else registry.Rate.parse(data["rate"], partition_by)
+        with transaction.atomic():
+            api.set_rate(kind, given)
+    except exceptions.UnknownJobKind:
+        raise jobs_api.ApiError(404, "unknown_kind", f"No registered kind {kind!r}.") from None
+    except exceptions.SchedulingError as exc:
+        raise jobs_api.ApiError(400, "invalid_rate", str(exc)) from None
     return jobs_api.ok(_overview(kind))

@@ -13,4 +13,5 @@ urlpatterns = [
     path("<str:kind>/pause", kinds_api.pause, name="pause"),
     path("<str:kind>/resume", kinds_api.resume, name="resume"),
     path("<str:kind>/cap", kinds_api.cap, name="cap"),
+    path("<str:kind>/rate", kinds_api.rate, name="rate"),
 ]

@@ -12,7 +12,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from scheduling import api
-from scheduling.core import exceptions
+from scheduling.core import exceptions, registry
 from scheduling.models import (
     KindControl,
 )
@@ -55,7 +55,7 @@ class KindControlAdmin(admin.ModelAdmin):
             raise PermissionDenied
         context = {
             **self.admin_site.each_context(request),
-            "title": "Kinds: pause, resume, cap",
+            "title": "Kinds: pause, resume, cap, rate",
             "opts": self.model._meta,
             "kinds": api.kind_overview(),
             "can_change": self.has_change_permission(request),
@@ -65,8 +65,8 @@ class KindControlAdmin(admin.ModelAdmin):
 
     def act_view(self, request: HttpRequest, kind: str, action: str) -> HttpResponse:
         """POST: pause, resume or cap ``kind`` through ``scheduling.api``; the message says what changed."""
-        if request.method != "POST" or action not in {"pause", "resume", "cap"}:
-            return HttpResponseBadRequest("Post pause, resume or cap.")
+        if request.method != "POST" or action not in {"pause", "resume", "cap", "rate"}:
+            return HttpResponseBadRequest("Post pause, resume, cap or rate.")
         if not self.has_change_permission(request):
             raise PermissionDenied
         back = HttpResponseRedirect(reverse("admin:scheduling_kindcontrol_changelist"))
@@ -81,6 +81,11 @@ class KindControlAdmin(admin.ModelAdmin):
             elif action == "resume":
                 api.resume(kind)
                 self.message_user(request, f"Resumed {kind}: its due jobs are claimed again.")
+            elif action == "rate":
+                text, _, field = str(request.POST.get("rate", "")).strip().partition(" per ")
+                rate = registry.Rate.parse(text, field.strip()) if text and text.lower() != "none" else None
+                api.set_rate(kind, rate)
+                self.message_user(request, f"{kind}: at most {rate}." if rate else f"{kind}: no rate limit.")
             else:
                 form = KindCapForm(request.POST)
                 if not form.is_valid():
