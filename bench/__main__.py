@@ -28,6 +28,7 @@ SCENARIOS = (
     "memory",
     "beat",
     "recurring",
+    "flow",
 )
 ALONE = ("chaos", "soak")  # run only by name (soaks of 10 and 60 minutes), never by "all"
 

@@ -418,7 +418,9 @@ class KindRate(models.Model):
 
     ``starts_at[i]`` is when a claim took ``starts[i]`` of its jobs (the database clock, read after
     the claim locked the kind's control row); entries older than the rate period are dropped as
-    the claim writes. The claim's room is the limit minus the starts inside the sliding window.
+    the claim writes. The claim's room is the limit minus the starts inside the sliding window, and
+    at most ``tokens`` (a bucket refilled at the limit per period, holding at most a twentieth of
+    the limit, at least 1): the window makes the limit exact, the bucket spreads the starts over it.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -442,6 +444,13 @@ class KindRate(models.Model):
         db_default=RawSQL("'{}'", []),
         help_text="How many jobs each recent claim took.",
     )
+
+    tokens = models.FloatField(
+        "tokens",
+        db_default=0.0,
+        help_text="Starts the kind may take at once now (refilled at the limit per period, up to its burst).",
+    )
+    tokens_at = models.DateTimeField("tokens at", db_default=Now(), help_text="When tokens was last written.")
 
     class Meta:
         db_table = "scheduling_kindrate"

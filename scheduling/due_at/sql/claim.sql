@@ -51,7 +51,10 @@ FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL OR r
 -- scheduling_kindrate row, or one row per value of the payload field rate_partition_by), and the
 -- claim adds what it took to the window (counted). Read and written under the kind's control-row
 -- lock, so the rate is exact with any number of claimers; a claim given back (unsent) stays
--- counted: the window errs below the limit, never above.
+-- counted: the window errs below the limit, never above. A token bucket beside the window (same
+-- row) spreads the starts of a busy kind: a kind with no start inside its window may take its
+-- whole limit at once; after that at most max(1, limit / 20) at once, refilled at the limit per
+-- period, so a backlog is not taken as one burst per period (which would repeat, a period apart).
 --
 -- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s), in
 -- order of urgency. Rows are cut into the batches the claim sends (the only place batches are cut;
@@ -75,14 +78,20 @@ WITH clock AS (
                          ELSE greatest(0, c.max_running - (SELECT count(*) FROM scheduling_scheduledjob AS r
                                                            WHERE r.state IN ('claimed', 'running') AND r.kind = c.kind))
                     END,
-                    -- an unpartitioned rate: the limit minus the starts inside the sliding window
+                    -- an unpartitioned rate: its allowance (below, in kept, for a partitioned one)
                     CASE WHEN c.rate_limit IS NULL OR c.rate_partition_by <> '' THEN %(limit)s
-                         ELSE greatest(0, c.rate_limit - (SELECT coalesce(sum(u.n), 0)
-                                                          FROM scheduling_kindrate AS w
-                                                          CROSS JOIN LATERAL unnest(w.starts_at, w.starts) AS u(at, n)
-                                                          WHERE w.kind = c.kind AND w.partition = ''
-                                                            AND u.at > (SELECT t FROM clock)
-                                                                       - make_interval(secs => c.rate_period_seconds)))
+                         ELSE (SELECT greatest(0, least(
+                                   -- the window: the limit minus the starts inside the period (exact)
+                                   c.rate_limit - s.used,
+                                   -- the bucket (smooth): a kind idle for a period may take its whole limit
+                                   CASE WHEN s.used = 0 THEN c.rate_limit
+                                        ELSE floor(least(greatest(1, ceil(c.rate_limit / 20.0)),
+                                                         w.tokens + c.rate_limit * extract(epoch FROM clock.t - w.tokens_at)
+                                                                                 / c.rate_period_seconds)) END))
+                               FROM clock LEFT JOIN scheduling_kindrate AS w ON w.kind = c.kind AND w.partition = ''
+                               CROSS JOIN LATERAL (SELECT coalesce(sum(u.n), 0) AS used
+                                                   FROM unnest(w.starts_at, w.starts) AS u(at, n)
+                                                   WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds)) AS s)
                     END)
            END AS room
     FROM scheduling_kindcontrol AS c
@@ -118,11 +127,16 @@ WITH clock AS (
         SELECT p.*, row_number() OVER (PARTITION BY p.kind ORDER BY p.priority DESC, p.due_at, p.id) AS in_kind, c.room
         FROM parted AS p JOIN controls AS c USING (kind)
         WHERE c.rate_limit IS NULL OR c.rate_partition_by = ''
-           OR p.in_part <= c.rate_limit - (SELECT coalesce(sum(u.n), 0)
-                                          FROM scheduling_kindrate AS w
-                                          CROSS JOIN LATERAL unnest(w.starts_at, w.starts) AS u(at, n)
-                                          WHERE w.kind = p.kind AND w.partition = p.part
-                                            AND u.at > (SELECT t FROM clock) - make_interval(secs => c.rate_period_seconds))
+           OR p.in_part <= (SELECT greatest(0, least(
+                                c.rate_limit - s.used,
+                                CASE WHEN s.used = 0 THEN c.rate_limit
+                                     ELSE floor(least(greatest(1, ceil(c.rate_limit / 20.0)),
+                                                      w.tokens + c.rate_limit * extract(epoch FROM clock.t - w.tokens_at)
+                                                                              / c.rate_period_seconds)) END))
+                            FROM clock LEFT JOIN scheduling_kindrate AS w ON w.kind = p.kind AND w.partition = p.part
+                            CROSS JOIN LATERAL (SELECT coalesce(sum(u.n), 0) AS used
+                                                FROM unnest(w.starts_at, w.starts) AS u(at, n)
+                                                WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds)) AS s)
     ) AS ranked_in_kind
     WHERE in_kind <= room
 ), walk AS (
@@ -171,24 +185,28 @@ WITH clock AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM allowed))
     RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone, j.timeout_seconds
 ), counted AS (
-    -- the rate windows: each rate-limited kind's (and partition's) claimed rows, at the clock, with
-    -- the entries older than its period dropped. Only under the kind's control-row lock.
-    INSERT INTO scheduling_kindrate AS w (kind, partition, starts_at, starts)
-    SELECT d.kind, d.part, ARRAY[(SELECT t FROM clock)], ARRAY[count(*)::int]
-    FROM claimed JOIN due AS d USING (id)
-    WHERE d.kind IN (SELECT kind FROM controls WHERE rate_limit IS NOT NULL)
-    GROUP BY d.kind, d.part
+    -- the rate windows: each rate-limited kind's (and partition's) claimed rows at the clock, the
+    -- entries older than its period dropped, and its bucket refilled then spent. Written only under
+    -- the kind's control-row lock, so the row read here (old) is the one replaced.
+    INSERT INTO scheduling_kindrate AS w (kind, partition, starts_at, starts, tokens, tokens_at)
+    SELECT t.kind, t.part,
+           ARRAY(SELECT u.at FROM unnest(old.starts_at, old.starts) AS u(at, n)
+                 WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds) ORDER BY u.at) || clock.t,
+           ARRAY(SELECT u.n FROM unnest(old.starts_at, old.starts) AS u(at, n)
+                 WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds) ORDER BY u.at) || t.n,
+           greatest(0, CASE WHEN coalesce((SELECT sum(u.n) FROM unnest(old.starts_at, old.starts) AS u(at, n)
+                                          WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds)), 0) = 0
+                            THEN least(greatest(1, ceil(c.rate_limit / 20.0)), c.rate_limit - t.n)
+                            ELSE least(greatest(1, ceil(c.rate_limit / 20.0)),
+                                       old.tokens + c.rate_limit * extract(epoch FROM clock.t - old.tokens_at)
+                                                    / c.rate_period_seconds) - t.n END),
+           clock.t
+    FROM (SELECT d.kind, d.part, count(*)::int AS n FROM claimed JOIN due AS d USING (id) GROUP BY d.kind, d.part) AS t
+    JOIN controls AS c ON c.kind = t.kind AND c.rate_limit IS NOT NULL
+    CROSS JOIN clock
+    LEFT JOIN scheduling_kindrate AS old ON old.kind = t.kind AND old.partition = t.part
     ON CONFLICT (kind, partition) DO UPDATE
-    SET starts_at = ARRAY(SELECT u.at FROM unnest(w.starts_at, w.starts) AS u(at, n)
-                          WHERE u.at > EXCLUDED.starts_at[1] - make_interval(secs => (
-                                    SELECT coalesce(max(k.rate_period_seconds), 0) FROM scheduling_kindcontrol AS k
-                                    WHERE k.kind = w.kind))
-                          ORDER BY u.at) || EXCLUDED.starts_at,
-        starts = ARRAY(SELECT u.n FROM unnest(w.starts_at, w.starts) AS u(at, n)
-                       WHERE u.at > EXCLUDED.starts_at[1] - make_interval(secs => (
-                                 SELECT coalesce(max(k.rate_period_seconds), 0) FROM scheduling_kindcontrol AS k
-                                 WHERE k.kind = w.kind))
-                       ORDER BY u.at) || EXCLUDED.starts
+    SET starts_at = EXCLUDED.starts_at, starts = EXCLUDED.starts, tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at
 )
 -- Each row says which batch it is in (its rank, most urgent batch first): the claim sends exactly
 -- these batches (claim.batches_for groups by it), so batches are cut here and nowhere else.
