@@ -25,9 +25,11 @@ same code imports whichever is there) run as Timekeeper jobs:
   ``ceil(p * 9 / 100)`` (1-11 -> 1, ..., 89-100 -> 9). Order is kept; negative priorities tie
   with the default.
 - **Queues**: ``QUEUES`` (default ``["default"]``) lists the names a task may use; any other is
-  ``InvalidTask`` (the kind's schema says the same to the JSON API). The due_at engine has one
-  queue, the table, ordered by priority then due time: the name is kept on the job (its payload's
-  ``queue_name``, shown in the admin) and on the result, and does not route work to other workers.
+  ``InvalidTask`` (the kind's schema says the same to the JSON API). A task's declared
+  ``queue_name`` is its kind's queue (``registry.handler(queue=...)``): its batches go to that
+  queue and run on the workers that serve it (``-Q``); the claim keeps each queue's room apart.
+  The name is also kept on the job (its payload's ``queue_name``) and on the result; a per-call
+  ``using(queue_name=...)`` is recorded there but the job runs on its kind's queue.
 - **Running**: the kind's handler sends ``task_started``, calls the function (a coroutine through
   ``async_to_sync``) with a ``TimekeeperTaskContext`` (Django's, plus ``owner_id``) first when
   ``takes_context``, keeps the JSON return value in the job's ``return_value`` (written in the
@@ -246,6 +248,7 @@ def _register(task_obj: Task) -> None:
         atomic=getattr(task_obj, "atomic", True),
         api=getattr(task_obj, "api", None),
         rate=getattr(task_obj, "rate", None),
+        queue=task_obj.queue_name,  # Django's queue_name is the kind's queue (workers serve it with -Q)
     )(run)
 
 

@@ -129,15 +129,16 @@ def message_args(raw: bytes | str) -> tuple[str, list[Any]] | None:
         return None
 
 
-def queued_claim_ids(task_name: str, queue: str | None = None) -> set[int] | None:
-    """Job ids carried by ``task_name`` messages still waiting in ``queue``; None if Redis cannot say.
+def queued_claim_ids(task_name: str, queue: str | Iterable[str] | None = None) -> set[int] | None:
+    """Job ids carried by ``task_name`` messages waiting in ``queue`` (or in each of several); None: Redis cannot say.
 
     The claim keeps the job queue short (``SCHEDULING_MAX_QUEUED_BATCHES`` messages), so this reads
     a few dozen messages. A message is ``[[[id, token], ...]]``: one batch of claims.
     """
     ids: set[int] = set()
     try:
-        for key in queue_keys([queue or default_queue()]):
+        names = [queue or default_queue()] if queue is None or isinstance(queue, str) else list(queue)
+        for key in queue_keys(names):
             for raw in client().lrange(key, 0, -1):
                 parsed = message_args(raw)
                 if parsed is None or parsed[0] != task_name or not parsed[1]:

@@ -23,6 +23,7 @@ import importlib
 import logging
 import pkgutil
 import random
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -176,6 +177,15 @@ class Limits:
                 )
 
 
+DEFAULT_QUEUE = "default"  # a kind's queue unless it names one; its batches go to Celery's default queue
+QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+def celery_queue(queue: str, default: str) -> str:
+    """The Celery queue of Timekeeper's ``queue``: ``default`` (Celery's default queue) for "default", else its name."""
+    return default if queue == DEFAULT_QUEUE else queue
+
+
 RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}  # "10/s", "1/m", "100/h", "5/2s"
 MAX_RATE_LIMIT = 1_000_000  # the most starts per period a rate takes
 MAX_RATE_PERIOD_SECONDS = 7 * 86400.0  # the longest period (a week)
@@ -255,6 +265,7 @@ class Kind:
     critical: bool = False  # /healthz counts its overdue jobs, whoever owns them (and the system's jobs of any kind)
     own_limits: Limits = Limits()  # as registered; the doors read ``limits`` (settings filled in)
     rate: Rate | None = None  # the registered rate limit (an operator's api.set_rate replaces it at runtime)
+    queue: str = DEFAULT_QUEUE  # the named queue its batches go to (workers serve queues with -Q)
 
     @property
     def limits(self) -> Limits:
@@ -342,6 +353,7 @@ def handler(
     critical: bool = False,
     limits: Limits | None = None,
     rate: Rate | str | None = None,
+    queue: str = "default",
 ) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -352,6 +364,9 @@ def handler(
     ``limits``: the kind's own payload limits (``Limits``; a field left ``None`` is the setting's).
     ``rate``: at most so many starts per period, cluster-wide (``"10/s"`` or ``Rate(10, per_seconds=1,
     partition_by="partner")``); an operator's ``api.set_rate`` replaces it at runtime.
+    ``queue``: the named queue the kind belongs to ("default" unless set): its batches are sent to
+    that queue (``celery_queue``), served by the workers started with ``-Q`` naming it, and the
+    claim keeps each queue's room apart.
 
     ``atomic`` (the default): on the due_at path the handler runs inside the transaction that
     records its outcome, so its database writes and the job's ``done`` commit together or not at
@@ -365,6 +380,11 @@ def handler(
             raise exceptions.SchedulingError(f"Job kind {name!r} is registered twice.")
         if schema is not None:
             jsonschema.Draft202012Validator.check_schema(schema)
+        if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
+            raise exceptions.SchedulingError(
+                f"Job kind {name!r}: queue must be a name of letters, digits, '.', '_' or '-' (at most 100), "
+                f"not {queue!r}."
+            )
         if not is_priority(priority):
             raise exceptions.SchedulingError(
                 f"Job kind {name!r}: priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} "
@@ -386,6 +406,7 @@ def handler(
             critical=critical,
             own_limits=limits or Limits(),
             rate=None if rate is None else Rate.of(rate),
+            queue=queue,
         )
         kind.own_limits.check(name)
         check_caller_bounds(kind)
@@ -509,6 +530,7 @@ def largest_limits() -> Limits:
 
 
 __all__ = [
+    "DEFAULT_QUEUE",
     "PRIORITIZE_PERMISSION",
     "Access",
     "Backoff",
@@ -519,6 +541,7 @@ __all__ = [
     "Rate",
     "all_kinds",
     "autodiscover",
+    "celery_queue",
     "get",
     "handler",
     "handler_modules",

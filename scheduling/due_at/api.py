@@ -20,7 +20,9 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from scheduling.core import audit, conf, exceptions, registry, tracing, validation
+import redis
+
+from scheduling.core import audit, conf, exceptions, holdings, registry, tracing, validation
 from scheduling.core import options as options_
 from scheduling.core import store as core_store
 from scheduling.due_at import claim, store
@@ -283,6 +285,39 @@ def status() -> dict[str, Any]:
     return {**dataclasses.asdict(numbers), "estimated": list(numbers.estimated)}
 
 
+@dataclasses.dataclass(frozen=True)
+class QueueStatus:
+    """A named queue: its due jobs, the Celery queue its batches go to, and the live workers serving it."""
+
+    queue: str
+    celery_queue: str
+    due: int  # pending and due jobs of its kinds
+    live_workers: int | None  # None: unknown (Redis did not answer, or a worker does not say)
+
+    @property
+    def unserved(self) -> bool:
+        """Due work and no live worker: its jobs wait until a worker started with ``-Q`` serves it."""
+        return self.due > 0 and self.live_workers == 0
+
+
+def queue_status() -> list[QueueStatus]:
+    """Every named queue of the registered kinds, with its due jobs and live workers (reads Redis)."""
+    queues = claim.kind_queues()
+    due: dict[str, int] = {}
+    for row in store.kind_breakdown():
+        name = queues.get(row.kind, registry.DEFAULT_QUEUE)
+        due[name] = due.get(name, 0) + row.due
+    try:
+        live = holdings.live_queues()
+    except redis.RedisError:
+        live = None
+    out = []
+    for name in sorted(set(queues.values()) | set(due) | {registry.DEFAULT_QUEUE}):
+        target = claim.celery_queue(name)
+        out.append(QueueStatus(name, target, due.get(name, 0), None if live is None else live.get(target, 0)))
+    return out
+
+
 # --- Kind controls: pause, resume, cap ------------------------------------------------------------
 
 
@@ -528,6 +563,7 @@ __all__ = [
     "kind_controls",
     "kind_overview",
     "pause",
+    "queue_status",
     "reschedule",
     "reschedule_many",
     "resume",

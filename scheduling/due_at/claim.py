@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import kombu.exceptions
+import redis
 
-from scheduling.core import broker, conf, exceptions, registry, tasknames, tracing
+from scheduling.core import broker, conf, exceptions, holdings, registry, tasknames, tracing
 from scheduling.core import store as core_store
 from scheduling.due_at import store
 
@@ -112,8 +113,40 @@ def sync_rates(force: bool = False) -> None:
 
 
 def room() -> int:
-    """How many more batch messages the job queue may hold now."""
+    """How many more batch messages the default job queue may hold now."""
     return max(0, conf.get().max_queued_batches - broker.queued_messages())
+
+
+def kind_queues() -> dict[str, str]:
+    """Every registered kind's named queue ("default" unless it names one)."""
+    return {name: kind.queue for name, kind in registry.all_kinds().items()}
+
+
+def celery_queue(queue: str) -> str:
+    """The Celery queue a named queue's batches are sent to (the default one's: Celery's default queue)."""
+    return registry.celery_queue(queue, broker.default_queue())
+
+
+def queue_rooms(queues: Sequence[str]) -> dict[str, int]:
+    """Each named queue's room: the batches its Celery queue may still hold, 0 when no live worker serves it.
+
+    Back-pressure per queue: a queue nobody consumes would fill to the bound and keep its claims
+    waiting there, so it takes nothing at all while no live worker says it serves it
+    (``holdings.live_queues``). When Redis cannot say who serves what, only the lengths count.
+    """
+    bound = conf.get().max_queued_batches
+    try:
+        live = holdings.live_queues()
+    except redis.RedisError:
+        live = None
+    rooms = {}
+    for queue in sorted(set(queues) | {registry.DEFAULT_QUEUE}):
+        name = celery_queue(queue)
+        if live is not None and live and not live.get(name):
+            rooms[queue] = 0
+        else:
+            rooms[queue] = max(0, bound - broker.queued_messages(name))
+    return rooms
 
 
 def claim_here(limit: int) -> list[store.Claim]:
@@ -134,13 +167,15 @@ def claim_and_dispatch(limit: int | None = None) -> ClaimReport:
 
 def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
     settings = conf.get()
-    free = room()
+    queues = kind_queues()
+    rooms = queue_rooms(list(queues.values()))
+    free = sum(rooms.values())
     if free <= 0:
-        logger.debug("claim deferred: the queue is full", extra={"action": "claim_deferred"})
+        logger.debug("claim deferred: every queue is full", extra={"action": "claim_deferred"})
         return ClaimReport(0, 0, 0, more_due=True, queue_full=True)
     size = min(limit or settings.claim_batch_size, free * settings.default_batch_size)
     sync_rates()
-    claims = store.claim_due_jobs(size, messages=free, batch_sizes=batch_sizes())
+    claims = store.claim_due_jobs(size, messages=free, batch_sizes=batch_sizes(), kind_queues=queues, queue_rooms=rooms)
     span.set("job_ids", [c.id for c in claims])
     span.set("kinds", sorted({c.kind for c in claims}))
     batches = batches_for(claims)
@@ -151,6 +186,7 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
                 tasknames.RUN_BATCH,
                 args=[[[c.id, c.token] for c in batch]],
                 time_limit=hard_time_limit(batch),
+                queue=celery_queue(queues.get(batch[0].kind, registry.DEFAULT_QUEUE)),
                 shadow=tasknames.batch(batch[0].kind),  # Flower shows batch:<kind> (a batch holds one)
             )
             sent += 1

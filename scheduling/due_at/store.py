@@ -244,19 +244,34 @@ PARTITION_SCAN_ROWS = 1000
 
 
 def claim_params(
-    limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
+    limit: int,
+    *,
+    messages: int | None = None,
+    batch_sizes: Mapping[str, int] | None = None,
+    kind_queues: Mapping[str, str] | None = None,
+    queue_rooms: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``claim_due_jobs``: at most ``messages`` batches (default: ``limit``), cut by kind.
 
     ``batch_sizes`` maps a kind to its batch size; a kind not in it is cut into batches of one.
+    ``kind_queues`` maps a kind to its named queue (default "default"); ``queue_rooms`` a queue to
+    the batches it has room for (a queue not in it: ``messages``). The kinds of a queue with no
+    room are left out of the claim.
     """
+    queues = dict(kind_queues or {})
+    rooms = dict(queue_rooms or {})
+    kinds = sorted(set(batch_sizes or {}) | set(queues))
     sizes = dict(batch_sizes or {})
     return {
         "partition_scan": PARTITION_SCAN_ROWS,
         "limit": limit,
         "messages": limit if messages is None else messages,
-        "kinds": list(sizes),
-        "batch_sizes": list(sizes.values()),
+        "kinds": kinds,
+        "batch_sizes": [sizes.get(k, 1) for k in kinds],
+        "kind_queues": [queues.get(k, "default") for k in kinds],
+        "queues": list(rooms),
+        "queue_rooms": [max(0, int(r)) for r in rooms.values()],
+        "closed_kinds": sorted(k for k in kinds if rooms.get(queues.get(k, "default"), 1) <= 0),
     }
 
 
@@ -266,7 +281,12 @@ def claim_statement() -> str:
 
 
 def claim_due_jobs(
-    limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
+    limit: int,
+    *,
+    messages: int | None = None,
+    batch_sizes: Mapping[str, int] | None = None,
+    kind_queues: Mapping[str, str] | None = None,
+    queue_rooms: Mapping[str, int] | None = None,
 ) -> list[Claim]:
     """Claim due rows: whole batches, at most ``messages`` of them, sorted most urgent first.
 
@@ -275,7 +295,9 @@ def claim_due_jobs(
     committed before it, and caps hold exactly with any number of claimers.
     """
     sql = claim_statement()
-    params = claim_params(limit, messages=messages, batch_sizes=batch_sizes)
+    params = claim_params(
+        limit, messages=messages, batch_sizes=batch_sizes, kind_queues=kind_queues, queue_rooms=queue_rooms
+    )
     if not connection.get_autocommit():
         return db.fetch_all_sql(Claim, sql, params)  # the caller's transaction holds the lock until it ends
     with transaction.atomic():

@@ -40,7 +40,9 @@ class SweepReport:
 def reclaim_expired() -> tuple[int, int]:
     """Return stranded claims to pending (or dead); (reclaimed, killed)."""
     reclaimed = killed = 0
-    queued = broker.queued_claim_ids(tasknames.RUN_BATCH)
+    # every named queue's Celery queue: a claim waiting in any of them is not stranded
+    celery_queues = {registry.celery_queue(k.queue, broker.default_queue()) for k in registry.all_kinds().values()}
+    queued = broker.queued_claim_ids(tasknames.RUN_BATCH, sorted(celery_queues | {broker.default_queue()}))
     default = registry.Backoff()
     backoffs = {
         name: (kind.backoff.base_seconds, kind.backoff.cap_seconds) for name, kind in registry.all_kinds().items()

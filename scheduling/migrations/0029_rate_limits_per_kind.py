@@ -7,59 +7,149 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0028_list_an_owners_jobs_by_due_time'),
+        ("scheduling", "0028_list_an_owners_jobs_by_due_time"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='KindRate',
+            name="KindRate",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('kind', models.CharField(help_text='The rate-limited job kind.', max_length=100, verbose_name='kind')),
-                ('partition', models.CharField(blank=True, db_default='', help_text="The partition field's value; empty: the kind.", max_length=200, verbose_name='partition')),
-                ('starts_at', django.contrib.postgres.fields.ArrayField(base_field=models.DateTimeField(), db_default=django.db.models.expressions.RawSQL("'{}'", []), help_text='When each recent claim took jobs.', size=None, verbose_name='starts at')),
-                ('starts', django.contrib.postgres.fields.ArrayField(base_field=models.IntegerField(), db_default=django.db.models.expressions.RawSQL("'{}'", []), help_text='How many jobs each recent claim took.', size=None, verbose_name='starts')),
-                ('tokens', models.FloatField(db_default=0.0, help_text='Starts the kind may take at once now (refilled at the limit per period, up to its burst).', verbose_name='tokens')),
-                ('tokens_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), help_text='When tokens was last written.', verbose_name='tokens at')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("kind", models.CharField(help_text="The rate-limited job kind.", max_length=100, verbose_name="kind")),
+                (
+                    "partition",
+                    models.CharField(
+                        blank=True,
+                        db_default="",
+                        help_text="The partition field's value; empty: the kind.",
+                        max_length=200,
+                        verbose_name="partition",
+                    ),
+                ),
+                (
+                    "starts_at",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.DateTimeField(),
+                        db_default=django.db.models.expressions.RawSQL("'{}'", []),
+                        help_text="When each recent claim took jobs.",
+                        size=None,
+                        verbose_name="starts at",
+                    ),
+                ),
+                (
+                    "starts",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.IntegerField(),
+                        db_default=django.db.models.expressions.RawSQL("'{}'", []),
+                        help_text="How many jobs each recent claim took.",
+                        size=None,
+                        verbose_name="starts",
+                    ),
+                ),
+                (
+                    "tokens",
+                    models.FloatField(
+                        db_default=0.0,
+                        help_text="Starts the kind may take at once now (refilled at the limit per period, up to its burst).",
+                        verbose_name="tokens",
+                    ),
+                ),
+                (
+                    "tokens_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(),
+                        help_text="When tokens was last written.",
+                        verbose_name="tokens at",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'kind rate window',
-                'db_table': 'scheduling_kindrate',
+                "verbose_name": "kind rate window",
+                "db_table": "scheduling_kindrate",
             },
         ),
         migrations.AddField(
-            model_name='kindcontrol',
-            name='rate_limit',
-            field=models.PositiveIntegerField(blank=True, help_text='At most this many jobs of the kind claimed (started) per rate period, cluster-wide; empty: none.', null=True, verbose_name='rate limit'),
+            model_name="kindcontrol",
+            name="rate_limit",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="At most this many jobs of the kind claimed (started) per rate period, cluster-wide; empty: none.",
+                null=True,
+                verbose_name="rate limit",
+            ),
         ),
         migrations.AddField(
-            model_name='kindcontrol',
-            name='rate_partition_by',
-            field=models.CharField(blank=True, db_default='', help_text='A payload field: the rate limit holds for each of its values apart; empty: one limit for the kind.', max_length=100, verbose_name='rate partitioned by'),
+            model_name="kindcontrol",
+            name="rate_partition_by",
+            field=models.CharField(
+                blank=True,
+                db_default="",
+                help_text="A payload field: the rate limit holds for each of its values apart; empty: one limit for the kind.",
+                max_length=100,
+                verbose_name="rate partitioned by",
+            ),
         ),
         migrations.AddField(
-            model_name='kindcontrol',
-            name='rate_period_seconds',
-            field=models.FloatField(blank=True, help_text='The sliding window of the rate limit, in seconds.', null=True, verbose_name='rate period (seconds)'),
+            model_name="kindcontrol",
+            name="rate_period_seconds",
+            field=models.FloatField(
+                blank=True,
+                help_text="The sliding window of the rate limit, in seconds.",
+                null=True,
+                verbose_name="rate period (seconds)",
+            ),
         ),
         migrations.AddField(
-            model_name='kindcontrol',
-            name='rate_set_by_operator',
-            field=models.BooleanField(db_default=False, help_text="The rate was set at runtime (api.set_rate): the handler's registered rate no longer replaces it.", verbose_name='rate set by an operator'),
+            model_name="kindcontrol",
+            name="rate_set_by_operator",
+            field=models.BooleanField(
+                db_default=False,
+                help_text="The rate was set at runtime (api.set_rate): the handler's registered rate no longer replaces it.",
+                verbose_name="rate set by an operator",
+            ),
         ),
         migrations.AlterField(
-            model_name='auditrecord',
-            name='action',
-            field=models.CharField(choices=[('cancel', 'cancel'), ('reschedule', 'reschedule'), ('run_now', 'run now'), ('retry', 'retry'), ('pause', 'pause kind'), ('resume', 'resume kind'), ('cap', 'cap kind'), ('rate', 'set kind rate'), ('token_create', 'create token'), ('token_revoke', 'revoke token'), ('recurrence_pause', 'pause recurrence'), ('recurrence_resume', 'resume recurrence'), ('recurrence_cancel', 'cancel recurrence'), ('schedule_run_now', 'run schedule now'), ('schedule_enable', 'enable schedule'), ('schedule_disable', 'disable schedule'), ('schedule_toggle', 'toggle schedule')], help_text='What was done.', max_length=20, verbose_name='action'),
+            model_name="auditrecord",
+            name="action",
+            field=models.CharField(
+                choices=[
+                    ("cancel", "cancel"),
+                    ("reschedule", "reschedule"),
+                    ("run_now", "run now"),
+                    ("retry", "retry"),
+                    ("pause", "pause kind"),
+                    ("resume", "resume kind"),
+                    ("cap", "cap kind"),
+                    ("rate", "set kind rate"),
+                    ("token_create", "create token"),
+                    ("token_revoke", "revoke token"),
+                    ("recurrence_pause", "pause recurrence"),
+                    ("recurrence_resume", "resume recurrence"),
+                    ("recurrence_cancel", "cancel recurrence"),
+                    ("schedule_run_now", "run schedule now"),
+                    ("schedule_enable", "enable schedule"),
+                    ("schedule_disable", "disable schedule"),
+                    ("schedule_toggle", "toggle schedule"),
+                ],
+                help_text="What was done.",
+                max_length=20,
+                verbose_name="action",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='kindcontrol',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('rate_limit__isnull', True), ('rate_period_seconds__isnull', True)), models.Q(('rate_limit__gte', 1), ('rate_period_seconds__gt', 0)), _connector='OR'), name='kindcontrol_rate_valid'),
+            model_name="kindcontrol",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("rate_limit__isnull", True), ("rate_period_seconds__isnull", True)),
+                    models.Q(("rate_limit__gte", 1), ("rate_period_seconds__gt", 0)),
+                    _connector="OR",
+                ),
+                name="kindcontrol_rate_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='kindrate',
-            constraint=models.UniqueConstraint(fields=('kind', 'partition'), name='kindrate_one_row_per_partition'),
+            model_name="kindrate",
+            constraint=models.UniqueConstraint(fields=("kind", "partition"), name="kindrate_one_row_per_partition"),
         ),
     ]

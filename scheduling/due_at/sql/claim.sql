@@ -56,7 +56,10 @@ FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL OR r
 -- whole limit at once; after that at most max(1, limit / 20) at once, refilled at the limit per
 -- period, so a backlog is not taken as one burst per period (which would repeat, a period apart).
 --
--- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s), in
+-- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s in all,
+-- and per named queue its own room, %(queue_rooms)s: a kind's batches go to its queue, %(kind_queues)s,
+-- and a queue without room, or without a live worker, takes nothing: its kinds, %(closed_kinds)s,
+-- are left out of the claim like paused ones, so they never take another queue's room), in
 -- order of urgency. Rows are cut into the batches the claim sends (the only place batches are cut;
 -- each row returns its batch's rank, claim.batches_for groups by it): per kind, most urgent first, %(batch_sizes)s rows each (1 for a kind not listed), and
 -- a run_alone row (its batch died with its process) in a batch of its own. A batch's urgency is its
@@ -115,7 +118,7 @@ WITH clock AS (
         -- end repeat
         LIMIT CASE WHEN c.rate_partition_by <> '' THEN %(partition_scan)s ELSE least(c.room, %(limit)s) END
     ) AS r
-    WHERE NOT c.paused AND c.room > 0
+    WHERE NOT c.paused AND c.room > 0 AND c.kind <> ALL(%(closed_kinds)s::text[])
 ), parted AS (
     SELECT capped.*, row_number() OVER (PARTITION BY kind, part ORDER BY priority DESC, due_at, id) AS in_part
     FROM capped
@@ -144,7 +147,7 @@ WITH clock AS (
     -- repeat p in 9..0 joined by UNION ALL
     SELECT * FROM (SELECT id, kind, priority, due_at, run_alone, '' AS part FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = {p} AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
+                     AND kind NOT IN (SELECT kind FROM controls) AND kind <> ALL(%(closed_kinds)s::text[])
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p{p}
     -- end repeat
     ) AS by_priority
@@ -154,14 +157,15 @@ WITH clock AS (
     UNION ALL
     SELECT * FROM walk
 ), sized AS (
-    SELECT due.*, coalesce(b.size, 1) AS size,
+    SELECT due.*, coalesce(b.size, 1) AS size, coalesce(b.queue, 'default') AS queue,
            CASE WHEN due.run_alone THEN due.id
                 ELSE (row_number() OVER (PARTITION BY due.kind, due.run_alone
                                          ORDER BY due.priority DESC, due.due_at, due.id) - 1) / coalesce(b.size, 1)
            END AS batch_no
-    FROM due LEFT JOIN unnest(%(kinds)s::text[], %(batch_sizes)s::int[]) AS b(kind, size) ON b.kind = due.kind
+    FROM due LEFT JOIN unnest(%(kinds)s::text[], %(batch_sizes)s::int[], %(kind_queues)s::text[]) AS b(kind, size, queue)
+                       ON b.kind = due.kind
 ), headed AS (
-    SELECT sized.id,
+    SELECT sized.id, sized.queue,
            first_value(priority) OVER batch AS head_priority,
            first_value(due_at) OVER batch AS head_due_at,
            first_value(id) OVER batch AS head_id,
@@ -171,11 +175,17 @@ WITH clock AS (
 ), ranked AS (
     SELECT headed.id,
            dense_rank() OVER urgency AS batch_rank,
+           dense_rank() OVER (PARTITION BY queue ORDER BY head_priority DESC, head_due_at, head_id) AS queue_rank,
+           queue,
            count(*) OVER urgency - batch_rows AS rows_before  -- the peers of a row are its batch's rows
     FROM headed
     WINDOW urgency AS (ORDER BY head_priority DESC, head_due_at, head_id)
 ), allowed AS (
-    SELECT id FROM ranked WHERE batch_rank <= %(messages)s AND rows_before < %(limit)s
+    -- each queue's batches up to its own room (%(queue_rooms)s: back-pressure per queue)
+    SELECT id FROM ranked
+    LEFT JOIN unnest(%(queues)s::text[], %(queue_rooms)s::int[]) AS q(name, room) ON q.name = ranked.queue
+    WHERE rows_before < %(limit)s
+      AND CASE WHEN q.room IS NULL THEN batch_rank <= %(messages)s ELSE queue_rank <= q.room END
 ), claimed AS (
     UPDATE scheduling_scheduledjob AS j
     SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = NULL,

@@ -23,6 +23,7 @@ EXPECTED = [
     "pause",
     "pause_recurrence",
     "pause_recurrences",
+    "queue_status",
     "recur",
     "recur_many",
     "reschedule",
