@@ -8,6 +8,10 @@ is one more entry):
   handlers' starts (``JobAttempt.started_at``, the database clock). The limited kind's rate over
   the window must be within 2% of 50/s and no 1 s window (sliding, over every start) may hold more
   than 50; ``demo.noop``'s lag (start minus due) p99 <= 50 ms.
+  The same two figures are also measured on the claim's own instants (its rate windows, read
+  every 0.25 s: ``claimed_rate_error_pct``, ``max_claimed_in_1s``), which is where the limit is
+  decided; a handler starts after its batch crosses the queue, so a worker that falls behind
+  bunches starts that were claimed apart.
 - ``partitioned``: the same kind limited to 5/s per ``label`` (20 labels, the backlog spread over
   them), the same two checks per partition, the same other kind beside it.
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -78,9 +83,40 @@ def _rate_figures(times: list[float], limit: float, seconds: float) -> dict[str,
     }
 
 
+class ClaimLog:
+    """The limited kind's claims as the claim recorded them (its rate windows, read every 0.25 s).
+
+    A window keeps every claim of the last period, so reading it more often than the period
+    misses none: the union is every claim's instant and count, per partition.
+    """
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, float, int]] = set()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        from django.db import connection
+
+        try:
+            while not self.stop.wait(0.25):
+                for partition, at, n in common.sql(
+                    "SELECT w.partition, extract(epoch FROM u.at)::float8, u.n FROM scheduling_kindrate AS w"
+                    " CROSS JOIN LATERAL unnest(w.starts_at, w.starts) AS u(at, n) WHERE w.kind = %s",
+                    [LIMITED_KIND],
+                ):
+                    self.seen.add((str(partition), float(at), int(n)))
+        finally:
+            connection.close()
+
+    def times(self, partition: str | None = None) -> list[float]:
+        """Each claimed job's claim instant (a claim of n jobs counts n times), sorted."""
+        return sorted(at for p, at, n in self.seen if partition is None or p == partition for _ in range(n))
+
+
 def _run(
     seconds: float, set_rate: Callable[[], None], payloads: list[dict[str, Any]], rng: random.Random
-) -> tuple[list[tuple[float, str]], list[float], int]:
+) -> tuple[list[tuple[float, str]], list[float], int, ClaimLog]:
     """One scenario: the limited backlog due now, the other kind paced beside it; the starts and lags."""
     from scheduling import api
 
@@ -92,6 +128,8 @@ def _run(
         worker = group.worker("tk-w1", concurrency=2)
         group.wait_ready(worker)
         time.sleep(2.0)
+        log = ClaimLog()
+        log.thread.start()
         for chunk in range(0, len(payloads), 1000):
             api.schedule_many(LIMITED_KIND, payloads[chunk : chunk + 1000], delay=0)
         sent = lag.paced(
@@ -100,17 +138,19 @@ def _run(
             lambda: api.schedule(OTHER_KIND, {}, delay=rng.uniform(*lag.DELAY_RANGE_S)),
         )
         time.sleep(lag.DELAY_RANGE_S[1] + 1)  # the last paced jobs come due and run
+        log.stop.set()
+        log.thread.join(5)
         api.set_rate(LIMITED_KIND, None)  # let the rest of the backlog go, so the group stops cleanly
     starts, lags = _starts(LIMITED_KIND), _other_lags_ms()
     common.reset_state()
-    return starts, lags, sent
+    return starts, lags, sent, log
 
 
 def scenario_rate(seconds: float, backlog: int, rng: random.Random) -> dict[str, Any]:
     from scheduling import api
 
     common.say(f"flow rate: {LIMITED_KIND} at {LIMIT_PER_S}/s with {backlog} due, {OTHER_KIND} at {OTHER_RATE_PER_S}/s")
-    starts, lags, sent = _run(
+    starts, lags, sent, log = _run(
         seconds,
         lambda: api.set_rate(LIMITED_KIND, f"{LIMIT_PER_S}/s"),
         [{"label": "one"}] * backlog,
@@ -118,8 +158,16 @@ def scenario_rate(seconds: float, backlog: int, rng: random.Random) -> dict[str,
     )
     times = [t for t, _ in starts]
     figures = _rate_figures(times, LIMIT_PER_S, seconds)
+    claimed = _rate_figures(log.times(), LIMIT_PER_S, seconds)
     other = common.summary_ms(lags)
-    return {**figures, "other_sent": sent, "other_kind_lag": other, "other_kind_lag_p99_ms": other["p99_ms"]}
+    return {
+        **figures,
+        "claimed_rate_error_pct": claimed["rate_error_pct"],
+        "max_claimed_in_1s": claimed["max_starts_in_1s"],
+        "other_sent": sent,
+        "other_kind_lag": other,
+        "other_kind_lag_p99_ms": other["p99_ms"],
+    }
 
 
 def scenario_partitioned(seconds: float, per_partition: int, rng: random.Random) -> dict[str, Any]:
@@ -128,7 +176,7 @@ def scenario_partitioned(seconds: float, per_partition: int, rng: random.Random)
     common.say(f"flow partitioned: {PARTITIONS} labels at {PARTITION_LIMIT_PER_S}/s each, {per_partition} due each")
     labels = [f"p{i:02d}" for i in range(PARTITIONS)]
     payloads = [{"label": labels[i % PARTITIONS]} for i in range(PARTITIONS * per_partition)]
-    starts, lags, sent = _run(
+    starts, lags, sent, log = _run(
         seconds,
         lambda: api.set_rate(LIMITED_KIND, registry.Rate(PARTITION_LIMIT_PER_S, 1.0, partition_by="label")),
         payloads,
@@ -138,8 +186,11 @@ def scenario_partitioned(seconds: float, per_partition: int, rng: random.Random)
         label: _rate_figures([t for t, got in starts if got == label], PARTITION_LIMIT_PER_S, seconds)
         for label in labels
     }
+    claimed = {label: _rate_figures(log.times(label), PARTITION_LIMIT_PER_S, seconds) for label in labels}
     other = common.summary_ms(lags)
     return {
+        "partition_claimed_rate_error_pct_max": max(p["rate_error_pct"] for p in claimed.values()),
+        "partition_max_claimed_in_1s": max(p["max_starts_in_1s"] for p in claimed.values()),
         "partition_rate_error_pct_max": max(p["rate_error_pct"] for p in per.values()),
         "partition_max_starts_in_1s": max(p["max_starts_in_1s"] for p in per.values()),
         "partition_limit_per_s": PARTITION_LIMIT_PER_S,
@@ -206,6 +257,11 @@ def main(quick: bool = False) -> dict[str, Any]:
         "partition_limit_per_s": PARTITION_LIMIT_PER_S,
         "partition_rate_error_pct_max": part["partition_rate_error_pct_max"],
         "partition_max_starts_in_1s": part["partition_max_starts_in_1s"],
+        # the same figures on the claim's own instants (the decision), beside the handlers' starts
+        "claimed_rate_error_pct": rate["claimed_rate_error_pct"],
+        "max_claimed_in_1s": rate["max_claimed_in_1s"],
+        "partition_claimed_rate_error_pct_max": part["partition_claimed_rate_error_pct_max"],
+        "partition_max_claimed_in_1s": part["partition_max_claimed_in_1s"],
         "other_kind_lag_p99_ms": other_p99,
         "other_rate_per_s": OTHER_RATE_PER_S,
         "target_rate_error_pct": TARGET_RATE_ERROR_PCT,

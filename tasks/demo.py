@@ -17,6 +17,7 @@ from scheduling import registry
 from tasks.models import Execution
 
 RECORD_TIMEOUT_SECONDS = 60
+EXPORTS_QUEUE = "exports"  # demo.export's named queue (and its Celery queue)
 RECORD_SCHEMA = {
     "type": "object",
     "properties": {
@@ -86,3 +87,15 @@ def sleep(job: registry.Job) -> None:
     """Sleep for payload["seconds"] (to show the timeout stopping a handler)."""
     Execution.objects.create(idempotency_key=job.idempotency_key, kind=job.kind, pid=os.getpid())
     time.sleep(float(job.payload.get("seconds", 5)))
+
+
+# A kind of its own named queue: its batches go to the Celery queue "exports", served only by the
+# workers started with `-Q exports` (docker-compose.yml's worker-exports, deploy/kubernetes/worker-exports.yaml).
+registry.handler(
+    "demo.export",
+    schema=RECORD_SCHEMA,
+    timeout=RECORD_TIMEOUT_SECONDS,
+    max_attempts=3,
+    backoff=registry.Backoff(1, 5),
+    queue=EXPORTS_QUEUE,
+)(record)
