@@ -422,6 +422,7 @@ class KindOverview:
     max_running: int | None
     priority: int  # the kind's default priority
     rate: str  # its rate limit ("10/s per partner"), "" for none
+    queue: str  # its named queue (workers serve it with -Q)
     due: int  # pending and due (held back while paused)
     claimed: int  # claimed, waiting for a worker
     running: int
@@ -450,6 +451,7 @@ def kind_overview() -> list[KindOverview]:
                 paused=bool(control and control.paused),
                 max_running=control.max_running if control else None,
                 rate=rate_text(control),
+                queue=kind.queue if kind else registry.DEFAULT_QUEUE,
                 priority=kind.priority if kind else 0,
                 due=count.due if count else 0,
                 claimed=count.claimed if count else 0,
