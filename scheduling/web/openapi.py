@@ -223,7 +223,7 @@ def _schemas() -> dict[str, Any]:
                 "paused": {"type": "boolean"},
                 "max_running": {"type": "integer", "nullable": True, "minimum": 1},
                 "rate": {"type": "string", "description": 'Its rate limit ("10/s", "5/2s per partner"); "" for none.'},
-                "queue": {"type": "string", "description": "Its named queue (workers started with -Q naming it run it)."},
+                "queue": {"type": "string", "description": "Its named queue (run by workers started with -Q)."},
                 "priority": {"type": "integer", "minimum": registry.MIN_PRIORITY, "maximum": registry.MAX_PRIORITY},
                 "due": {"type": "integer", "description": "Pending and due (held back while paused)."},
                 "claimed": {"type": "integer", "description": "Claimed, waiting for a worker."},
