@@ -52,9 +52,10 @@ FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL OR r
 -- claim adds what it took to the window (counted). Read and written under the kind's control-row
 -- lock, so the rate is exact with any number of claimers; a claim given back (unsent) stays
 -- counted: the window errs below the limit, never above. A token bucket beside the window (same
--- row) spreads the starts of a busy kind: a kind with no start inside its window may take its
+-- row) spreads the starts of a busy kind: a kind that took nothing for two periods may take its
 -- whole limit at once; after that at most max(1, limit / 20) at once, refilled at the limit per
--- period, so a backlog is not taken as one burst per period (which would repeat, a period apart).
+-- period, so a backlog is not taken as one burst per period (which would repeat, a period apart:
+-- the window's entries of one burst all expire together).
 --
 -- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s in all,
 -- and per named queue its own room, %(queue_rooms)s: a kind's batches go to its queue, %(kind_queues)s,
@@ -86,8 +87,10 @@ WITH clock AS (
                          ELSE (SELECT greatest(0, least(
                                    -- the window: the limit minus the starts inside the period (exact)
                                    c.rate_limit - s.used,
-                                   -- the bucket (smooth): a kind idle for a period may take its whole limit
-                                   CASE WHEN s.used = 0 THEN c.rate_limit
+                                   -- the bucket (smooth): a kind idle for two periods may take its whole limit
+                                   CASE WHEN w.tokens_at IS NULL
+                                          OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
+                                        THEN c.rate_limit
                                         ELSE floor(least(greatest(1, ceil(c.rate_limit / 20.0)),
                                                          w.tokens + c.rate_limit * extract(epoch FROM clock.t - w.tokens_at)
                                                                                  / c.rate_period_seconds)) END))
@@ -132,7 +135,9 @@ WITH clock AS (
         WHERE c.rate_limit IS NULL OR c.rate_partition_by = ''
            OR p.in_part <= (SELECT greatest(0, least(
                                 c.rate_limit - s.used,
-                                CASE WHEN s.used = 0 THEN c.rate_limit
+                                CASE WHEN w.tokens_at IS NULL
+                                       OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
+                                     THEN c.rate_limit
                                      ELSE floor(least(greatest(1, ceil(c.rate_limit / 20.0)),
                                                       w.tokens + c.rate_limit * extract(epoch FROM clock.t - w.tokens_at)
                                                                               / c.rate_period_seconds)) END))
@@ -204,8 +209,8 @@ WITH clock AS (
                  WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds) ORDER BY u.at) || clock.t,
            ARRAY(SELECT u.n FROM unnest(old.starts_at, old.starts) AS u(at, n)
                  WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds) ORDER BY u.at) || t.n,
-           greatest(0, CASE WHEN coalesce((SELECT sum(u.n) FROM unnest(old.starts_at, old.starts) AS u(at, n)
-                                          WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds)), 0) = 0
+           greatest(0, CASE WHEN old.tokens_at IS NULL
+                              OR old.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
                             THEN least(greatest(1, ceil(c.rate_limit / 20.0)), c.rate_limit - t.n)
                             ELSE least(greatest(1, ceil(c.rate_limit / 20.0)),
                                        old.tokens + c.rate_limit * extract(epoch FROM clock.t - old.tokens_at)

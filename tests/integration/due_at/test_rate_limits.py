@@ -117,14 +117,15 @@ def test_a_busy_kinds_starts_are_spread_not_burst(run_sql):
 
 
 def test_the_window_slides_starts_older_than_the_period_free_room(run_sql):
-    """Rate 3 an hour: a full window gives nothing; once its starts are older than the hour, 3 more are claimed."""
+    """Rate 3 an hour: a full window gives nothing; idle for two hours, the kind takes 3 again."""
     api.schedule_many("demo.record", [{}] * 10, delay=60)
     support.make_due(state="pending")
     api.set_rate("demo.record", registry.Rate(3, per_seconds=HOUR))
     assert len(store.claim_due_jobs(100)) == 3
     assert store.claim_due_jobs(100) == []
     run_sql(
-        "UPDATE scheduling_kindrate SET starts_at = ARRAY(SELECT t - interval '61 minutes' FROM unnest(starts_at) t)"
+        "UPDATE scheduling_kindrate SET tokens_at = tokens_at - interval '121 minutes',"
+        " starts_at = ARRAY(SELECT t - interval '121 minutes' FROM unnest(starts_at) t)"
     )
     assert len(store.claim_due_jobs(100)) == 3
     (window,) = KindRate.objects.filter(kind="demo.record")
@@ -223,3 +224,17 @@ def test_rate_text_reads_back_as_given():
     assert registry.Rate.parse("5/2s") == registry.Rate(5, 2.0)
     assert registry.Rate.parse("1/m") == registry.Rate(1, 60.0)
     assert str(registry.Rate(10, 1.0, "partner")) == "10/s per partner"
+
+
+def test_a_window_full_from_one_burst_does_not_burst_again_when_it_expires(run_sql):
+    """240 an hour: an idle kind's burst of 100; when it expires (an hour on) the kind takes its bucket, not 100."""
+    api.schedule_many("demo.record", [{}] * 300, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(240, per_seconds=HOUR))
+    assert len(store.claim_due_jobs(100)) == 100
+    assert len(store.claim_due_jobs(100)) == 12
+    run_sql(
+        "UPDATE scheduling_kindrate SET starts_at = ARRAY(SELECT t - interval '61 minutes' FROM unnest(starts_at) t),"
+        " tokens_at = tokens_at - interval '61 minutes'"
+    )
+    assert len(store.claim_due_jobs(100)) == 12, "the bucket's burst, not the whole limit"
