@@ -420,7 +420,7 @@ class KindRate(models.Model):
     the claim locked the kind's control row); entries older than the rate period are dropped as
     the claim writes. The claim's room is the limit minus the starts inside the sliding window, and
     at most ``tokens`` (a bucket refilled at the limit per period, holding at most a twentieth of
-    the limit, at least 1, or the whole limit after two idle periods): the window makes the limit
+    the limit, at least 2, or the whole limit after two idle periods): the window makes the limit
     exact, the bucket spreads the starts over it.
     """
 

@@ -53,7 +53,7 @@ FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL OR r
 -- lock, so the rate is exact with any number of claimers; a claim given back (unsent) stays
 -- counted: the window errs below the limit, never above. A token bucket beside the window (same
 -- row) spreads the starts of a busy kind: a kind that took nothing for two periods may take its
--- whole limit at once; after that at most max(1, limit / 20) at once, refilled at the limit per
+-- whole limit at once; after that at most max(2, limit / 20) at once, refilled at the limit per
 -- period, so a backlog is not taken as one burst per period (which would repeat, a period apart:
 -- the window's entries of one burst all expire together).
 --
@@ -91,7 +91,7 @@ WITH clock AS (
                                    CASE WHEN w.tokens_at IS NULL
                                           OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
                                         THEN c.rate_limit
-                                        ELSE floor(least(greatest(1, ceil(c.rate_limit / 20.0)),
+                                        ELSE floor(least(greatest(2, ceil(c.rate_limit / 20.0)),
                                                          w.tokens + c.rate_limit * extract(epoch FROM clock.t - w.tokens_at)
                                                                                  / c.rate_period_seconds)) END))
                                FROM clock LEFT JOIN scheduling_kindrate AS w ON w.kind = c.kind AND w.partition = ''
@@ -138,7 +138,7 @@ WITH clock AS (
                                 CASE WHEN w.tokens_at IS NULL
                                        OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
                                      THEN c.rate_limit
-                                     ELSE floor(least(greatest(1, ceil(c.rate_limit / 20.0)),
+                                     ELSE floor(least(greatest(2, ceil(c.rate_limit / 20.0)),
                                                       w.tokens + c.rate_limit * extract(epoch FROM clock.t - w.tokens_at)
                                                                               / c.rate_period_seconds)) END))
                             FROM clock LEFT JOIN scheduling_kindrate AS w ON w.kind = p.kind AND w.partition = p.part
@@ -211,8 +211,8 @@ WITH clock AS (
                  WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds) ORDER BY u.at) || t.n,
            greatest(0, CASE WHEN old.tokens_at IS NULL
                               OR old.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
-                            THEN least(greatest(1, ceil(c.rate_limit / 20.0)), c.rate_limit - t.n)
-                            ELSE least(greatest(1, ceil(c.rate_limit / 20.0)),
+                            THEN least(greatest(2, ceil(c.rate_limit / 20.0)), c.rate_limit - t.n)
+                            ELSE least(greatest(2, ceil(c.rate_limit / 20.0)),
                                        old.tokens + c.rate_limit * extract(epoch FROM clock.t - old.tokens_at)
                                                     / c.rate_period_seconds) - t.n END),
            clock.t
