@@ -216,7 +216,7 @@ WITH clock AS (
                                        old.tokens + c.rate_limit * extract(epoch FROM clock.t - old.tokens_at)
                                                     / c.rate_period_seconds) - t.n END),
            clock.t
-    FROM (SELECT d.kind, d.part, count(*)::int AS n FROM claimed JOIN due AS d USING (id) GROUP BY d.kind, d.part) AS t
+    FROM (SELECT d.kind, d.part, count(*)::int AS n FROM claimed JOIN kept AS d USING (id) GROUP BY d.kind, d.part) AS t
     JOIN controls AS c ON c.kind = t.kind AND c.rate_limit IS NOT NULL
     CROSS JOIN clock
     LEFT JOIN scheduling_kindrate AS old ON old.kind = t.kind AND old.partition = t.part
