@@ -134,19 +134,26 @@ def queue_rooms(queues: Sequence[str]) -> dict[str, int]:
     waiting there, so it takes nothing at all while no live worker says it serves it
     (``holdings.live_queues``). When Redis cannot say who serves what, only the lengths count.
     """
+    return _queue_rooms(queues)[0]
+
+
+def _queue_rooms(queues: Sequence[str]) -> tuple[dict[str, int], set[str]]:
+    """``queue_rooms`` and the queues whose room is 0 because they are full (not because they are unserved)."""
     bound = conf.get().max_queued_batches
     try:
         live = holdings.live_queues()
     except redis.RedisError:
         live = None
-    rooms = {}
+    rooms, full = {}, set()
     for queue in sorted(set(queues) | {registry.DEFAULT_QUEUE}):
         name = celery_queue(queue)
         if live is not None and live and not live.get(name):
             rooms[queue] = 0
         else:
             rooms[queue] = max(0, bound - broker.queued_messages(name))
-    return rooms
+            if rooms[queue] <= 0:
+                full.add(queue)
+    return rooms, full
 
 
 def claim_here(limit: int) -> list[store.Claim]:
@@ -168,11 +175,12 @@ def claim_and_dispatch(limit: int | None = None) -> ClaimReport:
 def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
     settings = conf.get()
     queues = kind_queues()
-    rooms = queue_rooms(list(queues.values()))
+    rooms, filled = _queue_rooms(list(queues.values()))
     free = sum(rooms.values())
+    full = bool(filled)  # a queue full by its length (an unserved one is not: nothing will empty it)
     if free <= 0:
         logger.debug("claim deferred: every queue is full", extra={"action": "claim_deferred"})
-        return ClaimReport(0, 0, 0, more_due=True, queue_full=True)
+        return ClaimReport(0, 0, 0, more_due=True, queue_full=full)
     size = min(limit or settings.claim_batch_size, free * settings.default_batch_size)
     sync_rates()
     claims = store.claim_due_jobs(size, messages=free, batch_sizes=batch_sizes(), kind_queues=queues, queue_rooms=rooms)
@@ -199,9 +207,13 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
             "claimed due jobs",
             extra={"claimed": len(claims), "batches": sent, "given_back": given_back, "action": "claimed"},
         )
-    # More may be due when the claim took all the rows or all the messages it was allowed.
-    more_due = len(claims) >= size or len(batches) >= free
-    return ClaimReport(len(claims) - given_back, sent, given_back, more_due=more_due)
+    # More may be due when the claim took all the rows, or all the messages a queue had room for.
+    per_queue: dict[str, int] = {}
+    for batch in batches:
+        name = queues.get(batch[0].kind, registry.DEFAULT_QUEUE)
+        per_queue[name] = per_queue.get(name, 0) + 1
+    more_due = len(claims) >= size or any(n >= rooms.get(name, free) for name, n in per_queue.items())
+    return ClaimReport(len(claims) - given_back, sent, given_back, more_due=more_due, queue_full=full and not claims)
 
 
 def wake_on_commit(in_seconds: float) -> None:
