@@ -28,6 +28,7 @@ SCENARIOS = (
     "memory",
     "beat",
     "recurring",
+    "flow",
 )
 # Run only by name, never by "all": the soaks (10 and 60 minutes); flow_abort (python -m bench flow calls it).
 ALONE = ("chaos", "soak", "flow_abort")

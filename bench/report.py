@@ -257,6 +257,22 @@ def _rows() -> list[Row]:
         ],
     )
     add(
+        "flow",
+        lambda d: [
+            (
+                "flow",
+                f"{d['limit_per_s']}/s on a 5,000 backlog, then {d['partition_limit_per_s']}/s x 20 partitions, "
+                f"beside {d['other_rate_per_s']} jobs/s of another kind, {d['seconds']:.0f} s each"
+                + (" (--quick)" if d.get("quick") else ""),
+                f"rate error {d['rate_error_pct']}% (max {d['max_starts_in_1s']} in 1 s); partitions worst "
+                f"{d['partition_rate_error_pct_max']}% (max {d['partition_max_starts_in_1s']} in 1 s); other kind "
+                f"lag p99 {d['other_kind_lag_p99_ms']} ms",
+                "rate within 2%, never above it in 1 s; other lag p99 <= 50 ms",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
+    add(
         "soak",
         lambda d: [
             (
@@ -294,6 +310,7 @@ def markdown() -> str:
             "beat",
             "chaos",
             "recurring",
+            "flow",
             "soak",
         )
     }

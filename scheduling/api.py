@@ -24,6 +24,7 @@ their jobs keep who owned them.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from typing import Any
@@ -164,10 +165,15 @@ def status(*, include_broker: bool = True) -> dict[str, Any]:
     ``broker`` holds the broker's counts (``countdowns.broker_counts()``: visible, delayed, in
     flight, unacked), or None when Redis does not answer; ``include_broker=False`` skips reading
     Redis (which reads every queued message to sort them by ETA) when only the table matters.
+    ``queues`` lists each named queue (its due jobs, its Celery queue, the live workers serving it;
+    None: unknown) and ``queues_without_workers`` the ones with due work and no live worker.
     """
     numbers = jobs_api.status()
     if include_broker:
         numbers["broker"] = countdowns.broker_counts()
+        queues = jobs_api.queue_status()
+        numbers["queues"] = [{**dataclasses.asdict(q), "unserved": q.unserved} for q in queues]
+        numbers["queues_without_workers"] = [q.queue for q in queues if q.unserved]
     return numbers
 
 

@@ -25,10 +25,12 @@ same code imports whichever is there) run as Timekeeper jobs:
   ``ceil(p * 9 / 100)`` (1-11 -> 1, ..., 89-100 -> 9). Order is kept; negative priorities tie
   with the default.
 - **Queues**: ``QUEUES`` (default ``["default"]``) lists the names a task may use; any other is
-  ``InvalidTask`` (the kind's schema says the same to the JSON API). ``QUEUES = []`` allows any
-  name, as on Django's backends. The due_at engine has one
-  queue, the table, ordered by priority then due time: the name is kept on the job (its payload's
-  ``queue_name``, shown in the admin) and on the result, and does not route work to other workers.
+  ``InvalidTask`` (the kind's schema says the same to the JSON API); ``QUEUES = []`` allows any
+  name, as on Django's backends. A task's declared
+  ``queue_name`` is its kind's queue (``registry.handler(queue=...)``): its batches go to that
+  queue and run on the workers that serve it (``-Q``); the claim keeps each queue's room apart.
+  The name is also kept on the job (its payload's ``queue_name``) and on the result; a per-call
+  ``using(queue_name=...)`` is recorded there but the job runs on its kind's queue.
 - **Running**: the kind's handler sends ``task_started``, calls the function (a coroutine through
   ``async_to_sync``) with a ``TimekeeperTaskContext`` (Django's, plus ``owner_id``) first when
   ``takes_context``, keeps the JSON return value in the job's ``return_value`` (written in the
@@ -50,7 +52,8 @@ same code imports whichever is there) run as Timekeeper jobs:
   task's result id raises ``TaskResultDoesNotExist``; a stored job is never ``InvalidTask``.
 
 Timekeeper's extras: per task with ``@backends.task(..., max_attempts=, timeout=, backoff=,
-atomic=, api=)`` (Django's ``@task`` arguments plus these: the kind's contract), per call with
+atomic=, api=, rate=)`` (``rate="10/s"`` or a ``registry.Rate``: the kind's rate limit, the same one
+``registry.handler(rate=...)`` sets) (Django's ``@task`` arguments plus these: the kind's contract), per call with
 ``send_welcome.options(key=, on_conflict=, max_attempts=, owner=, timeout=, backoff=,
 atomic=).enqueue(...)``: the call's ``timeout``, ``backoff`` and ``atomic`` are that job's own
 (``scheduling.api.schedule(timeout=, backoff=, atomic=)``, kept on its row), used by the worker
@@ -177,6 +180,7 @@ class TimekeeperTask(Task):
     api: registry.Access | None = None  # per task: who may enqueue it through the JSON API (None: nobody)
     unique_for: float | dt.timedelta | None = None  # per task or per call: a uniqueness window (schedule())
     unique_states: tuple[str, ...] | None = None  # per task or per call: the states that hold the window
+    rate: registry.Rate | str | None = None  # per task: at most so many starts per period (the kind's rate limit)
     per_call: bool = dataclasses.field(default=False, repr=False)  # made by options(): the kind is the declared task's
     overridden: frozenset[str] = dataclasses.field(default=frozenset(), repr=False)  # JOB_OVERRIDES options() set
 
@@ -209,7 +213,7 @@ def task(
     takes_context: bool = False,
     **extras: Any,
 ) -> Any:
-    """Django's ``@task`` plus Timekeeper's per-task extras (max_attempts, timeout, backoff, atomic, api).
+    """Django's ``@task`` plus Timekeeper's per-task extras (max_attempts, timeout, backoff, atomic, api, rate).
 
     The same on Django 6.0 and on the backport; ``backend`` must be a Timekeeper backend.
     """
@@ -261,6 +265,8 @@ def _register(task_obj: Task) -> None:
         backoff=getattr(task_obj, "backoff", None),
         atomic=getattr(task_obj, "atomic", True),
         api=getattr(task_obj, "api", None),
+        rate=getattr(task_obj, "rate", None),
+        queue=task_obj.queue_name,  # Django's queue_name is the kind's queue (workers serve it with -Q)
     )(run)
 
 

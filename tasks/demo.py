@@ -17,6 +17,7 @@ from scheduling import registry
 from tasks.models import Execution
 
 RECORD_TIMEOUT_SECONDS = 60
+EXPORTS_QUEUE = "exports"  # demo.export's named queue (and its Celery queue)
 RECORD_SCHEMA = {
     "type": "object",
     "properties": {
@@ -106,3 +107,15 @@ def choose(job: registry.Job) -> None:
 
 registry.handler("demo.choose", schema={"type": "object"}, timeout=10, max_attempts=2)(choose)
 registry.handler("demo.choose_committing", schema={"type": "object"}, timeout=10, max_attempts=2, atomic=False)(choose)
+
+
+# A kind of its own named queue: its batches go to the Celery queue "exports", served only by the
+# workers started with `-Q exports` (docker-compose.yml's worker-exports, deploy/kubernetes/worker-exports.yaml).
+registry.handler(
+    "demo.export",
+    schema=RECORD_SCHEMA,
+    timeout=RECORD_TIMEOUT_SECONDS,
+    max_attempts=3,
+    backoff=registry.Backoff(1, 5),
+    queue=EXPORTS_QUEUE,
+)(record)

@@ -26,6 +26,8 @@ from urllib.parse import unquote, urlsplit
 import redis
 from celery import Celery, current_app
 
+from scheduling.core import registry, tasknames
+
 logger = logging.getLogger(__name__)
 
 REDIS_VISIBILITY_TIMEOUT_DEFAULT_SECONDS = 3600  # kombu's Redis transport default
@@ -177,22 +179,40 @@ def message_args(raw: bytes | str) -> tuple[str, list[Any]] | None:
         return None
 
 
-def task_queues(task_name: str) -> list[str]:
-    """The queues a ``task_name`` message may wait in: where Celery's router sends it, and the default queue.
+def routed_queue(task_name: str) -> str:
+    """The queue Celery's router sends a ``task_name`` message to when the sender names none: the default queue
+    unless ``CELERY_TASK_ROUTES`` (a router function, the task's ``queue`` option) says otherwise.
 
-    The router is Celery's own (``app.amqp.router``: ``CELERY_TASK_ROUTES``, a router function, the
-    task's ``queue`` option), so a run message routed to a queue of its own is looked for there. The
-    default queue is always read too: messages sent before the routing changed wait there.
+    The claim sends the batches of the kinds of the "default" named queue here (``due_at.claim.celery_queue``),
+    so a run message routed to a queue of its own goes, is counted (the claim's room) and is looked for there.
     """
-    names = [default_queue()]
     try:
         routed = app().amqp.router.route({}, task_name).get("queue")
     except KeyError:  # kombu's QueueNotFound: a route to a queue that is not declared (nothing goes there)
-        logger.warning("cannot route %s; reading the default queue only", task_name, exc_info=True)
-        return names
+        logger.warning("cannot route %s; using the default queue", task_name, exc_info=True)
+        return default_queue()
     name = getattr(routed, "name", routed)
-    if name and str(name) not in names:
-        names.append(str(name))
+    return str(name) if name else default_queue()
+
+
+def task_queues(task_name: str) -> list[str]:
+    """The queues a ``task_name`` message may wait in: where Celery's router sends it, the default queue, and
+    (for the run message) every registered kind's named queue.
+
+    The router is Celery's own (``routed_queue``), so a run message routed to a queue of its own is
+    looked for there. The default queue is always read too: messages sent before the routing changed
+    wait there. The claim sends each kind's batches to its named queue's Celery queue
+    (``registry.handler(queue=...)``; the "default" named queue's is the routed one), so the sweeper
+    reads every one of them.
+    """
+    names = [default_queue()]
+    routed = routed_queue(task_name)
+    wanted = [routed]
+    if task_name == tasknames.RUN_BATCH:
+        wanted += [registry.celery_queue(kind.queue, routed) for kind in registry.all_kinds().values()]
+    for name in wanted:
+        if name not in names:
+            names.append(name)
     return names
 
 
@@ -207,16 +227,17 @@ def claim_ids(task_name: str, messages: Iterable[bytes | str]) -> set[int]:
     return ids
 
 
-def queued_claim_ids(task_name: str, queue: str | None = None) -> set[int] | None:
-    """Job ids carried by ``task_name`` messages still waiting in ``queue`` (default: every queue of
-    ``task_queues``); None if Redis cannot say. Messages workers hold are not seen here: the sweeper
+def queued_claim_ids(task_name: str, queue: str | Iterable[str] | None = None) -> set[int] | None:
+    """Job ids carried by ``task_name`` messages still waiting in ``queue`` (or in each of several; default:
+    every queue of ``task_queues``); None if Redis cannot say. Messages workers hold are not seen here: the sweeper
     asks ``holdings.claim_ids_in_flight``, which reads both at once.
 
     The claim keeps the job queue short (``SCHEDULING_MAX_QUEUED_BATCHES`` messages), so this reads
     a few dozen messages.
     """
     try:
-        keys = queue_keys([queue] if queue else task_queues(task_name))
+        names = task_queues(task_name) if queue is None else [queue] if isinstance(queue, str) else list(queue)
+        keys = queue_keys(names)
         return claim_ids(task_name, (raw for key in keys for raw in client().lrange(key, 0, -1)))
     except redis.RedisError:
         logger.warning("cannot read the job queue; claims never started are left alone", exc_info=True)
@@ -224,10 +245,13 @@ def queued_claim_ids(task_name: str, queue: str | None = None) -> set[int] | Non
 
 
 def queued_messages(queue: str | None = None) -> int:
-    """Messages waiting in ``queue`` (default: the default queue), not yet taken by a worker; 0 if Redis cannot say."""
-    key = f"{key_prefix()}{queue or default_queue()}"
+    """Messages waiting in ``queue`` (default: the default queue; every priority step's list), not yet taken by
+    a worker; 0 if Redis cannot say. One round trip."""
     try:
-        return int(client().llen(key))
+        pipe = client().pipeline(transaction=False)
+        for key in queue_keys([queue or default_queue()]):
+            pipe.llen(key)
+        return sum(int(n) for n in pipe.execute())
     except redis.RedisError:
         logger.warning("cannot read the queue length; claiming as if it were empty", exc_info=True)
         return 0

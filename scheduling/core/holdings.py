@@ -143,6 +143,7 @@ class Holdings(bootsteps.StartStopStep):
         self.channel: Any = None  # the task channel in use (its routing table resolves queues)
         self.thread: threading.Thread | None = None
         self.restored = 0  # messages this worker put back for dead ones
+        self.queues: list[str] = []  # the Celery queues this worker consumes (-Q), in its presence
 
     def start(self, c: Any) -> None:
         channel = c.task_consumer.channel
@@ -150,6 +151,7 @@ class Holdings(bootsteps.StartStopStep):
             return  # not kombu's Redis transport (app_problem refuses those elsewhere)
         track(channel.qos, self.id)
         self.channel = channel
+        self.queues = sorted({str(q.name) for q in getattr(c.task_consumer, "queues", None) or []})
         try:
             self.refresh()  # present before the first delivery
         except (redis.RedisError, ValueError):  # ValueError: a broker URL redis-py cannot open
@@ -186,7 +188,8 @@ class Holdings(bootsteps.StartStopStep):
         presence = _key(PRESENCE_KEY.format(id=self.id))
         pipe = client.pipeline(transaction=True)
         pipe.exists(presence)
-        pipe.set(presence, json.dumps({"pid": os.getpid(), "at": time.time()}), px=int(presence_ttl_seconds() * 1000))
+        detail = {"pid": os.getpid(), "at": time.time(), "queues": self.queues}
+        pipe.set(presence, json.dumps(detail), px=int(presence_ttl_seconds() * 1000))
         pipe.sadd(_key(HOLDERS_KEY), self.id)
         existed = pipe.execute()[0]
         if not existed and self.thread is not None:
@@ -203,6 +206,33 @@ class Holdings(bootsteps.StartStopStep):
         restored = restore_dead(self.channel, exclude=self.id)
         self.restored += restored
         return restored
+
+
+def live_queues() -> dict[str, int] | None:
+    """Each Celery queue some live worker consumes, with how many live workers consume it.
+
+    Read from the workers' presences (a presence expires a lease after its worker's last
+    refresh). None when a live worker does not say which queues it consumes (a worker of an
+    older version, during a rolling deploy): then no queue can be called unserved. Raises
+    ``redis.RedisError`` when Redis cannot say.
+    """
+    client = broker.client()
+    ids = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in client.smembers(_key(HOLDERS_KEY)))
+    counts: dict[str, int] = {}
+    if not ids:
+        return counts
+    for raw in client.mget([_key(PRESENCE_KEY.format(id=i)) for i in ids]):
+        if raw is None:
+            continue
+        try:
+            detail = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(detail, dict) or not isinstance(detail.get("queues"), list):
+            return None
+        for name in detail["queues"]:
+            counts[str(name)] = counts.get(str(name), 0) + 1
+    return counts
 
 
 def track(qos: Any, worker_id: str) -> None:

@@ -23,6 +23,7 @@ import importlib
 import logging
 import pkgutil
 import random
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -248,6 +249,75 @@ class Limits:
                 )
 
 
+DEFAULT_QUEUE = "default"  # a kind's queue unless it names one; its batches go to Celery's default queue
+QUEUE_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+def celery_queue(queue: str, default: str) -> str:
+    """The Celery queue of Timekeeper's ``queue``: ``default`` (Celery's default queue) for "default", else its name."""
+    return default if queue == DEFAULT_QUEUE else queue
+
+
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}  # "10/s", "1/m", "100/h", "5/2s"
+MAX_RATE_LIMIT = 1_000_000  # the most starts per period a rate takes
+MAX_RATE_PERIOD_SECONDS = 7 * 86400.0  # the longest period (a week)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    """At most ``limit`` starts of a kind per ``per_seconds`` (a sliding window), cluster-wide.
+
+    Decided at the claim (``due_at/sql/claim.sql``): a claim takes at most the limit minus the
+    starts of the last ``per_seconds``, under the kind's control-row lock, so the limit is exact
+    with any number of claimers. ``partition_by`` names a payload field: the limit then holds for
+    each of its values apart ("10 a second per partner"); a job without the field is in the ''
+    partition. ``Rate.parse("10/s")``; units s, m, h, d, optionally with a count ("5/2s").
+    """
+
+    limit: int
+    per_seconds: float = 1.0
+    partition_by: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= MAX_RATE_LIMIT:
+            raise exceptions.SchedulingError(
+                f"A rate's limit must be a whole number from 1 to {MAX_RATE_LIMIT}, not {self.limit!r}."
+            )
+        per = self.per_seconds
+        if isinstance(per, bool) or not isinstance(per, (int, float)) or not 0 < per <= MAX_RATE_PERIOD_SECONDS:
+            raise exceptions.SchedulingError(
+                f"A rate's period must be seconds above 0, at most {MAX_RATE_PERIOD_SECONDS:g}, not {per!r}."
+            )
+        if not isinstance(self.partition_by, str) or len(self.partition_by) > 100:
+            raise exceptions.SchedulingError(
+                "A rate's partition_by must be a payload field name (at most 100 characters)."
+            )
+
+    @classmethod
+    def parse(cls, text: str, partition_by: str = "") -> Rate:
+        """``"10/s"`` -> Rate(10, 1.0); ``"5/2s"`` -> Rate(5, 2.0); ``"1/m"``, ``"100/h"``, ``"1000/d"``."""
+        count, sep, unit = str(text).strip().partition("/")
+        amount = unit.rstrip("smhd")
+        if not sep or not count.isdigit() or unit[len(amount) :] not in RATE_UNITS:
+            raise exceptions.SchedulingError(f"A rate reads like '10/s', '1/m', '100/h' or '5/2s', not {text!r}.")
+        try:
+            scale = float(amount) if amount else 1.0
+        except ValueError:
+            raise exceptions.SchedulingError(
+                f"A rate reads like '10/s', '1/m', '100/h' or '5/2s', not {text!r}."
+            ) from None
+        return cls(int(count), scale * RATE_UNITS[unit[len(amount) :]], partition_by)
+
+    @classmethod
+    def of(cls, value: Rate | str) -> Rate:
+        """A ``Rate`` as given, or parsed from its text."""
+        return value if isinstance(value, Rate) else cls.parse(value)
+
+    def __str__(self) -> str:
+        per = next((u for u, secs in RATE_UNITS.items() if secs == self.per_seconds), f"{self.per_seconds:g}s")
+        return f"{self.limit}/{per}" + (f" per {self.partition_by}" if self.partition_by else "")
+
+
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """A registered job kind and how it runs."""
@@ -269,6 +339,8 @@ class Kind:
     own_max_snoozes: int | None = None  # as registered (None: SCHEDULING_MAX_SNOOZES); read ``max_snoozes``
     unique_for_seconds: float | None = None  # its jobs' uniqueness window unless a job says (None: not unique)
     unique_states: tuple[str, ...] = ("pending", "claimed", "running", "done")  # states that hold the window
+    rate: Rate | None = None  # the registered rate limit (an operator's api.set_rate replaces it at runtime)
+    queue: str = DEFAULT_QUEUE  # the named queue its batches go to (workers serve queues with -Q)
 
     @property
     def max_snoozes(self) -> int:
@@ -363,6 +435,8 @@ def handler(
     max_snoozes: int | None = None,
     unique_for: float | dt.timedelta | None = None,
     unique_states: tuple[str, ...] | list[str] | None = None,
+    rate: Rate | str | None = None,
+    queue: str = "default",
 ) -> Callable[[Callable[[Job], Any]], Callable[[Job], Any]]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -374,6 +448,11 @@ def handler(
     ``max_snoozes``: how many times a job may ``raise Snooze(...)`` before the next one is a failure
     (None: ``SCHEDULING_MAX_SNOOZES``). ``unique_for`` / ``unique_states``: the default uniqueness
     window of its jobs and the states that hold it (``schedule(unique_for=...)``; checked as there).
+    ``rate``: at most so many starts per period, cluster-wide (``"10/s"`` or ``Rate(10, per_seconds=1,
+    partition_by="partner")``); an operator's ``api.set_rate`` replaces it at runtime.
+    ``queue``: the named queue the kind belongs to ("default" unless set): its batches are sent to
+    that queue (``celery_queue``), served by the workers started with ``-Q`` naming it, and the
+    claim keeps each queue's room apart.
 
     ``atomic`` (the default): on the due_at path the handler runs inside the transaction that
     records its outcome, so its database writes and the job's ``done`` commit together or not at
@@ -387,6 +466,11 @@ def handler(
             raise exceptions.SchedulingError(f"Job kind {name!r} is registered twice.")
         if schema is not None:
             jsonschema.Draft202012Validator.check_schema(schema)
+        if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
+            raise exceptions.SchedulingError(
+                f"Job kind {name!r}: queue must be a name of letters, digits, '.', '_' or '-' (at most 100), "
+                f"not {queue!r}."
+            )
         if not is_priority(priority):
             raise exceptions.SchedulingError(
                 f"Job kind {name!r}: priority must be a whole number from {MIN_PRIORITY} to {MAX_PRIORITY} "
@@ -408,6 +492,8 @@ def handler(
             critical=critical,
             own_limits=limits or Limits(),
             own_max_snoozes=max_snoozes,
+            rate=None if rate is None else Rate.of(rate),
+            queue=queue,
         )
         if unique_for is not None or unique_states is not None:
             from scheduling.core import options  # options imports this module
@@ -546,6 +632,7 @@ def largest_limits() -> Limits:
 
 
 __all__ = [
+    "DEFAULT_QUEUE",
     "PRIORITIZE_PERMISSION",
     "Access",
     "Backoff",
@@ -556,10 +643,12 @@ __all__ = [
     "Kind",
     "Limits",
     "Mechanism",
+    "Rate",
     "RetryAfter",
     "Snooze",
     "all_kinds",
     "autodiscover",
+    "celery_queue",
     "get",
     "handler",
     "handler_modules",

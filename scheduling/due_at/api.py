@@ -20,7 +20,9 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from scheduling.core import aborts, audit, conf, exceptions, kind_options, registry, tracing, validation
+import redis
+
+from scheduling.core import aborts, audit, conf, exceptions, holdings, kind_options, registry, tracing, validation
 from scheduling.core import options as options_
 from scheduling.core import store as core_store
 from scheduling.due_at import claim, lifecycle, store
@@ -439,6 +441,39 @@ def status() -> dict[str, Any]:
     return {**dataclasses.asdict(numbers), "estimated": list(numbers.estimated)}
 
 
+@dataclasses.dataclass(frozen=True)
+class QueueStatus:
+    """A named queue: its due jobs, the Celery queue its batches go to, and the live workers serving it."""
+
+    queue: str
+    celery_queue: str
+    due: int  # pending and due jobs of its kinds
+    live_workers: int | None  # None: unknown (Redis did not answer, or a worker does not say)
+
+    @property
+    def unserved(self) -> bool:
+        """Due work and no live worker: its jobs wait until a worker started with ``-Q`` serves it."""
+        return self.due > 0 and self.live_workers == 0
+
+
+def queue_status() -> list[QueueStatus]:
+    """Every named queue of the registered kinds, with its due jobs and live workers (reads Redis)."""
+    queues = claim.kind_queues()
+    due: dict[str, int] = {}
+    for row in store.kind_breakdown():
+        name = queues.get(row.kind, registry.DEFAULT_QUEUE)
+        due[name] = due.get(name, 0) + row.due
+    try:
+        live = holdings.live_queues()
+    except redis.RedisError:
+        live = None
+    out = []
+    for name in sorted(set(queues.values()) | set(due) | {registry.DEFAULT_QUEUE}):
+        target = claim.celery_queue(name)
+        out.append(QueueStatus(name, target, due.get(name, 0), None if live is None else live.get(target, 0)))
+    return out
+
+
 # --- Kind controls: pause, resume, cap ------------------------------------------------------------
 
 
@@ -502,6 +537,39 @@ def set_max_running(kind: str, max_running: int | None) -> store.KindControlRow:
     return set_kind_option(kind, "max_running", max_running)
 
 
+def set_rate(kind: str, rate: registry.Rate | str | None) -> store.KindControlRow:
+    """Limit how many jobs of ``kind`` start per period, cluster-wide (``"10/s"``, ``registry.Rate(...)``; None: none).
+
+    Decided at the claim, exactly, under any number of claimers; the kind's due jobs past its rate
+    wait pending (counted as ``rate_limited``). The operator's rate replaces the handler's
+    registered one (``handler(rate=...)``) from then on, None included. Raises ``InvalidSchedule``
+    for a rate that is not one; a limit can be lifted (None) from a kind no longer registered.
+    """
+    if rate is None:
+        _registered_or_controlled(kind)
+    else:
+        registry.get(kind)
+    try:
+        parsed = None if rate is None else registry.Rate.of(rate)
+    except exceptions.SchedulingError as exc:
+        raise exceptions.InvalidSchedule(str(exc)) from None
+    if parsed is None:
+        row = store.set_kind_rate(kind, None, None, "")
+    else:
+        row = store.set_kind_rate(kind, parsed.limit, float(parsed.per_seconds), parsed.partition_by)
+    claim.wake_on_commit(0.0)
+    logger.info("kind rate set", extra={"kind": kind, "rate": str(parsed), "action": "rate_set"})
+    audit.record(
+        "rate",
+        changed=1,
+        selected=1,
+        kind=kind,
+        target=f"kind {kind}",
+        details={"rate": None if parsed is None else str(parsed)},
+    )
+    return row
+
+
 def kind_controls() -> list[store.KindControlRow]:
     """Every kind with a control (paused or capped), with what waits behind it."""
     return store.kind_controls()
@@ -516,6 +584,8 @@ class KindOverview:
     paused: bool
     options: Mapping[str, Any]  # every per-kind option (core/kind_options.py) by name; None: unset
     priority: int  # the kind's default priority
+    rate: str  # its rate limit ("10/s per partner"), "" for none
+    queue: str  # its named queue (workers serve it with -Q)
     due: int  # pending and due (held back while paused)
     claimed: int  # claimed, waiting for a worker
     running: int
@@ -545,6 +615,13 @@ class KindOverview:
         return {name: getattr(self, name) for name in self.json_names()}
 
 
+def rate_text(control: store.KindControlRow | None) -> str:
+    """A control row's rate as text (``"10/s"``, ``"5/2s per partner"``), "" when it has none."""
+    if control is None or control.rate_limit is None or control.rate_period_seconds is None:
+        return ""
+    return str(registry.Rate(control.rate_limit, control.rate_period_seconds, control.rate_partition_by))
+
+
 def kind_overview() -> list[KindOverview]:
     """Every registered kind (and any kind with a control or live rows), with its controls and counts."""
     kinds = registry.all_kinds()
@@ -559,6 +636,8 @@ def kind_overview() -> list[KindOverview]:
                 description=kind.description if kind else "not registered in this process",
                 paused=bool(control and control.paused),
                 options={o.name: control.options.get(o.name) if control else None for o in kind_options.KIND_OPTIONS},
+                rate=rate_text(control),
+                queue=kind.queue if kind else registry.DEFAULT_QUEUE,
                 priority=kind.priority if kind else 0,
                 due=count.due if count else 0,
                 claimed=count.claimed if count else 0,
@@ -681,6 +760,7 @@ __all__ = [
     "kind_controls",
     "kind_overview",
     "pause",
+    "queue_status",
     "reschedule",
     "reschedule_many",
     "resume",
@@ -690,4 +770,5 @@ __all__ = [
     "schedule_many",
     "schedule_with_outcome",
     "set_max_running",
+    "set_rate",
 ]  # scheduling.api re-exports these; its own status() wraps this module's (adding the broker's counts)

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
+from typing import Any
 
 import kombu.exceptions
+import redis
 
-from scheduling.core import broker, conf, exceptions, registry, tasknames, tracing
+from scheduling.core import broker, conf, exceptions, holdings, registry, tasknames, tracing
 from scheduling.core import store as core_store
 from scheduling.due_at import store
 
@@ -93,13 +96,79 @@ def hard_time_limit(batch: Sequence[store.Claim]) -> float | None:
     return sum(timeouts) + HARD_LIMIT_MARGIN_SECONDS
 
 
+_synced_rates: tuple[Any, ...] | None = None  # the registered rates last written (sync_rates)
+_synced_at = 0.0  # when (time.monotonic()); written again every RATE_SYNC_SECONDS
+RATE_SYNC_SECONDS = 60.0  # the registered rates are written again this often (a restored or new database)
+
+
+def sync_rates(force: bool = False) -> None:
+    """Write the handlers' registered rates (``handler(rate=...)``) to their kinds' control rows, once per change.
+
+    The claim reads rates from the control rows only (an operator's ``api.set_rate`` wins over the
+    registered one). Called by the claim; ``force`` writes again (a new leader, a test database).
+    """
+    global _synced_rates, _synced_at
+    kinds = registry.all_kinds()
+    rates = {
+        name: (kind.rate.limit, float(kind.rate.per_seconds), kind.rate.partition_by)
+        for name, kind in sorted(kinds.items())
+        if kind.rate is not None
+    }
+    signature = (tuple(rates.items()), tuple(sorted(kinds)))
+    if signature == _synced_rates and not force and time.monotonic() < _synced_at + RATE_SYNC_SECONDS:
+        return
+    store.sync_code_rates(rates, sorted(kinds))
+    _synced_rates, _synced_at = signature, time.monotonic()
+
+
 def room() -> int:
-    """How many more batch messages the job queue may hold now."""
-    return max(0, conf.get().max_queued_batches - broker.queued_messages())
+    """How many more batch messages the default named queue's Celery queue (the routed one) may hold now."""
+    return max(0, conf.get().max_queued_batches - broker.queued_messages(celery_queue(registry.DEFAULT_QUEUE)))
+
+
+def kind_queues() -> dict[str, str]:
+    """Every registered kind's named queue ("default" unless it names one)."""
+    return {name: kind.queue for name, kind in registry.all_kinds().items()}
+
+
+def celery_queue(queue: str) -> str:
+    """The Celery queue a named queue's batches are sent to: its own name, or for the "default" named queue
+    the run message's routed queue (Celery's default queue unless ``CELERY_TASK_ROUTES`` routes it)."""
+    return registry.celery_queue(queue, broker.routed_queue(tasknames.RUN_BATCH))
+
+
+def queue_rooms(queues: Sequence[str]) -> dict[str, int]:
+    """Each named queue's room: the batches its Celery queue may still hold, 0 when no live worker serves it.
+
+    Back-pressure per queue: a queue nobody consumes would fill to the bound and keep its claims
+    waiting there, so it takes nothing at all while no live worker says it serves it
+    (``holdings.live_queues``). When Redis cannot say who serves what, only the lengths count.
+    """
+    return _queue_rooms(queues)[0]
+
+
+def _queue_rooms(queues: Sequence[str]) -> tuple[dict[str, int], set[str]]:
+    """``queue_rooms`` and the queues whose room is 0 because they are full (not because they are unserved)."""
+    bound = conf.get().max_queued_batches
+    try:
+        live = holdings.live_queues()
+    except redis.RedisError:
+        live = None
+    rooms, full = {}, set()
+    for queue in sorted(set(queues) | {registry.DEFAULT_QUEUE}):
+        name = celery_queue(queue)
+        if live is not None and live and not live.get(name):
+            rooms[queue] = 0
+        else:
+            rooms[queue] = max(0, bound - broker.queued_messages(name))
+            if rooms[queue] <= 0:
+                full.add(queue)
+    return rooms, full
 
 
 def claim_here(limit: int) -> list[store.Claim]:
     """Claim up to ``limit`` due rows to run in this process, sending nothing (``scheduling.testing.run_due``)."""
+    sync_rates(force=True)  # the eager path (tests, run_due): its database may be new
     return store.claim_due_jobs(limit)
 
 
@@ -115,12 +184,16 @@ def claim_and_dispatch(limit: int | None = None) -> ClaimReport:
 
 def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
     settings = conf.get()
-    free = room()
+    queues = kind_queues()
+    rooms, filled = _queue_rooms(list(queues.values()))
+    free = sum(rooms.values())
+    full = bool(filled)  # a queue full by its length (an unserved one is not: nothing will empty it)
     if free <= 0:
-        logger.debug("claim deferred: the queue is full", extra={"action": "claim_deferred"})
-        return ClaimReport(0, 0, 0, more_due=True, queue_full=True)
+        logger.debug("claim deferred: every queue is full", extra={"action": "claim_deferred"})
+        return ClaimReport(0, 0, 0, more_due=True, queue_full=full)
     size = min(limit or settings.claim_batch_size, free * settings.default_batch_size)
-    claims = store.claim_due_jobs(size, messages=free, batch_sizes=batch_sizes())
+    sync_rates()
+    claims = store.claim_due_jobs(size, messages=free, batch_sizes=batch_sizes(), kind_queues=queues, queue_rooms=rooms)
     span.set("job_ids", [c.id for c in claims])
     span.set("kinds", sorted({c.kind for c in claims}))
     batches = batches_for(claims)
@@ -132,6 +205,7 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
                 tasknames.RUN_BATCH,
                 args=[[[c.id, c.token] for c in batch]],
                 time_limit=hard_time_limit(batch),
+                queue=celery_queue(queues.get(batch[0].kind, registry.DEFAULT_QUEUE)),
                 shadow=tasknames.batch(batch[0].kind),  # Flower shows batch:<kind> (a batch holds one)
                 retry_policy=broker.LEADER_SEND_RETRY_POLICY,
             )
@@ -146,9 +220,20 @@ def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
             "claimed due jobs",
             extra={"claimed": len(claims), "batches": sent, "given_back": given_back, "action": "claimed"},
         )
-    # More may be due when the claim took all the rows or all the messages it was allowed.
-    more_due = len(claims) >= size or len(batches) >= free
-    return ClaimReport(len(claims) - given_back, sent, given_back, more_due=more_due, send_failed=send_failed)
+    # More may be due when the claim took all the rows, or all the messages a queue had room for.
+    per_queue: dict[str, int] = {}
+    for batch in batches:
+        name = queues.get(batch[0].kind, registry.DEFAULT_QUEUE)
+        per_queue[name] = per_queue.get(name, 0) + 1
+    more_due = len(claims) >= size or any(n >= rooms.get(name, free) for name, n in per_queue.items())
+    return ClaimReport(
+        len(claims) - given_back,
+        sent,
+        given_back,
+        more_due=more_due,
+        queue_full=full and not claims,
+        send_failed=send_failed,
+    )
 
 
 def wake_on_commit(in_seconds: float) -> None:

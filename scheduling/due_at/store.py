@@ -294,19 +294,41 @@ class _StartedRow:
         )
 
 
+# A kind whose rate is partitioned reads up to this many of its due rows per claim and decides
+# per partition which to take: a partition is served while its rows are among its kind's most
+# urgent PARTITION_SCAN_ROWS (docs/operations.md, "Rate limits").
+PARTITION_SCAN_ROWS = 1000
+
+
 def claim_params(
-    limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
+    limit: int,
+    *,
+    messages: int | None = None,
+    batch_sizes: Mapping[str, int] | None = None,
+    kind_queues: Mapping[str, str] | None = None,
+    queue_rooms: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``claim_due_jobs``: at most ``messages`` batches (default: ``limit``), cut by kind.
 
     ``batch_sizes`` maps a kind to its batch size; a kind not in it is cut into batches of one.
+    ``kind_queues`` maps a kind to its named queue (default "default"); ``queue_rooms`` a queue to
+    the batches it has room for (a queue not in it: ``messages``). The kinds of a queue with no
+    room are left out of the claim.
     """
+    queues = dict(kind_queues or {})
+    rooms = dict(queue_rooms or {})
+    kinds = sorted(set(batch_sizes or {}) | set(queues))
     sizes = dict(batch_sizes or {})
     return {
+        "partition_scan": PARTITION_SCAN_ROWS,
         "limit": limit,
         "messages": limit if messages is None else messages,
-        "kinds": list(sizes),
-        "batch_sizes": list(sizes.values()),
+        "kinds": kinds,
+        "batch_sizes": [sizes.get(k, 1) for k in kinds],
+        "kind_queues": [queues.get(k, "default") for k in kinds],
+        "queues": list(rooms),
+        "queue_rooms": [max(0, int(r)) for r in rooms.values()],
+        "closed_kinds": sorted(k for k in kinds if rooms.get(queues.get(k, "default"), 1) <= 0),
     }
 
 
@@ -316,7 +338,12 @@ def claim_statement() -> str:
 
 
 def claim_due_jobs(
-    limit: int, *, messages: int | None = None, batch_sizes: Mapping[str, int] | None = None
+    limit: int,
+    *,
+    messages: int | None = None,
+    batch_sizes: Mapping[str, int] | None = None,
+    kind_queues: Mapping[str, str] | None = None,
+    queue_rooms: Mapping[str, int] | None = None,
 ) -> list[Claim]:
     """Claim due rows: whole batches, at most ``messages`` of them, sorted most urgent first.
 
@@ -325,7 +352,9 @@ def claim_due_jobs(
     committed before it, and caps hold exactly with any number of claimers.
     """
     sql = claim_statement()
-    params = claim_params(limit, messages=messages, batch_sizes=batch_sizes)
+    params = claim_params(
+        limit, messages=messages, batch_sizes=batch_sizes, kind_queues=kind_queues, queue_rooms=queue_rooms
+    )
     if not connection.get_autocommit():
         return db.fetch_all_sql(Claim, sql, params)  # the caller's transaction holds the lock until it ends
     with transaction.atomic():
@@ -712,16 +741,17 @@ def prune_finished_jobs(*, days: int, limit: int) -> int:
     return pruned
 
 
-ESTIMATED_COUNTS = ("backlog", "paused", "pending", "due_next_24h")
+ESTIMATED_COUNTS = ("backlog", "paused", "rate_limited", "pending", "due_next_24h")
 
 
 @dataclasses.dataclass(frozen=True)
 class BacklogStatus:
     """The numbers operators watch; the counts named in ``estimated`` are planner estimates."""
 
-    backlog: int  # pending and due (kinds not paused)
+    backlog: int  # pending and due (kinds neither paused nor rate-limited)
     oldest_overdue_seconds: float
     paused: int  # pending and due, of paused kinds (waiting on purpose: not backlog)
+    rate_limited: int  # pending and due, of rate-limited kinds not paused (waiting for their rate: not backlog)
     pending: int
     due_next_24h: int
     claimed: int
@@ -751,7 +781,7 @@ class KindControlRow:
 
     kind: str
     paused: bool
-    options: db.Json  # {name: value} of every per-kind option (core/kind_options.py); None: unset
+    options: db.Json  # {name: value} of every option column (core/kind_options.py, and the rate's); None: unset
     due: int = 0  # pending and due
     claimed: int = 0  # claimed: queued or running
 
@@ -760,6 +790,23 @@ class KindControlRow:
         """The cap: at most this many claimed or running at once (None: no cap)."""
         cap: int | None = self.options.get("max_running")
         return cap
+
+    @property
+    def rate_limit(self) -> int | None:
+        """At most this many starts per ``rate_period_seconds`` (None: no rate limit)."""
+        limit: int | None = self.options.get("rate_limit")
+        return limit
+
+    @property
+    def rate_period_seconds(self) -> float | None:
+        """The rate limit's period, in seconds."""
+        period = self.options.get("rate_period_seconds")
+        return None if period is None else float(period)
+
+    @property
+    def rate_partition_by(self) -> str:
+        """A payload field: the rate limit holds per value ("" for the whole kind)."""
+        return str(self.options.get("rate_partition_by") or "")
 
 
 def set_kind_paused(kind: str, paused: bool) -> KindControlRow:
@@ -770,6 +817,33 @@ def set_kind_paused(kind: str, paused: bool) -> KindControlRow:
 def set_kind_options(kind: str, options: Mapping[str, Any]) -> KindControlRow:
     """Set options of ``kind`` ({name: value}, None unsets; the others keep theirs); returns its controls."""
     return SQL.fetch_all(KindControlRow, "set_kind_options", {"kind": kind, "options": json.dumps(dict(options))})[0]
+
+
+def set_kind_rate(kind: str, limit: int | None, per_seconds: float | None, partition_by: str) -> KindControlRow:
+    """An operator's rate for ``kind`` (``limit`` None: none), kept over the registered one; returns its controls."""
+    params = {"kind": kind, "limit": limit, "per_seconds": per_seconds, "partition_by": partition_by}
+    return SQL.fetch_all(KindControlRow, "set_kind_rate", params)[0]
+
+
+def sync_code_rates(rates: Mapping[str, tuple[int, float, str]], registered: Sequence[str]) -> list[str]:
+    """Write the registered ``rates`` (kind -> (limit, per_seconds, partition_by)) to the kinds' control rows.
+
+    An operator's rate (``set_kind_rate``) is kept; a ``registered`` kind without a rate loses a
+    registered one. Returns the kinds changed (none when the rows already say so).
+    """
+    params = {
+        "kinds": list(rates),
+        "limits": [r[0] for r in rates.values()],
+        "periods": [r[1] for r in rates.values()],
+        "partitions": [r[2] for r in rates.values()],
+        "registered": list(registered),
+    }
+    return [str(k) for k in SQL.fetch_values("sync_code_rates", params)]
+
+
+def rate_limited_due() -> bool:
+    """Whether a rate-limited kind that is not paused has a due job waiting."""
+    return bool(SQL.fetch_values("rate_limited_due")[0])
 
 
 def kind_controls() -> list[KindControlRow]:

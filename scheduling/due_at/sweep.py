@@ -41,7 +41,8 @@ class SweepReport:
 def reclaim_expired() -> tuple[int, int]:
     """Return stranded claims to pending (or dead); (reclaimed, killed)."""
     reclaimed = killed = 0
-    queued = holdings.claim_ids_in_flight(tasknames.RUN_BATCH)  # waiting in a queue, or held by a worker
+    # waiting in a queue (every named queue's Celery queue and the routed one: broker.task_queues), or held by a worker
+    queued = holdings.claim_ids_in_flight(tasknames.RUN_BATCH)
     default = registry.Backoff()
     backoffs = {
         name: (kind.backoff.base_seconds, kind.backoff.cap_seconds) for name, kind in registry.all_kinds().items()

@@ -216,9 +216,7 @@ def plan(state: TickState, now: dt.datetime, *, late_seconds: float, max_ticks: 
     sends.extend(Send(tick, TRIGGER_BEAT) for tick in on_time)
     chosen = set(catch_up)
     missed = tuple(tick for tick in candidates if tick not in chosen)
-    return TickPlan(
-        sends=tuple(sends), missed=missed, missed_more=more, advance_to=latest, next_tick=next_tick
-    )
+    return TickPlan(sends=tuple(sends), missed=missed, missed_more=more, advance_to=latest, next_tick=next_tick)
 
 
 def _within(age: dt.timedelta, limit: float | None) -> bool:

@@ -18,6 +18,7 @@ HELP = (
 TABLE_ROWS = (
     ("backlog", "backlog (pending and due)", ""),
     ("paused", "paused (due, kind paused)", ""),
+    ("rate_limited", "rate-limited (due, kind has a rate)", ""),
     ("oldest_overdue_seconds", "oldest overdue", "s"),
     ("pending", "pending (all)", ""),
     ("due_next_24h", "due in the next 24 h", ""),

@@ -7,26 +7,62 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0001_initial_jobs_attempts_and_schedules'),
+        ("scheduling", "0001_initial_jobs_attempts_and_schedules"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='What the token is for, e.g. billing-service.', max_length=100, verbose_name='name')),
-                ('key_hash', models.CharField(help_text='SHA-256 of the token; the token itself is shown once.', max_length=64, unique=True, verbose_name='key hash')),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), help_text='When the token was issued.', verbose_name='created at')),
-                ('last_used_at', models.DateTimeField(blank=True, help_text='Latest request made with it.', null=True, verbose_name='last used')),
-                ('revoked', models.BooleanField(default=False, help_text='A revoked token is refused.', verbose_name='revoked')),
-                ('user', models.ForeignKey(help_text='The account the token acts as (jobs are scoped to it).', on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL, verbose_name='user')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "name",
+                    models.CharField(
+                        help_text="What the token is for, e.g. billing-service.", max_length=100, verbose_name="name"
+                    ),
+                ),
+                (
+                    "key_hash",
+                    models.CharField(
+                        help_text="SHA-256 of the token; the token itself is shown once.",
+                        max_length=64,
+                        unique=True,
+                        verbose_name="key hash",
+                    ),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(),
+                        help_text="When the token was issued.",
+                        verbose_name="created at",
+                    ),
+                ),
+                (
+                    "last_used_at",
+                    models.DateTimeField(
+                        blank=True, help_text="Latest request made with it.", null=True, verbose_name="last used"
+                    ),
+                ),
+                (
+                    "revoked",
+                    models.BooleanField(default=False, help_text="A revoked token is refused.", verbose_name="revoked"),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        help_text="The account the token acts as (jobs are scoped to it).",
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                        verbose_name="user",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API token',
+                "verbose_name": "API token",
             },
         ),
     ]

@@ -4,41 +4,70 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0002_add_api_token'),
+        ("scheduling", "0002_add_api_token"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='schedulepolicy',
-            name='payload',
-            field=models.JSONField(blank=True, default=dict, help_text='Arguments handed to the handler on every run (a JSON object).', verbose_name='payload'),
+            model_name="schedulepolicy",
+            name="payload",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="Arguments handed to the handler on every run (a JSON object).",
+                verbose_name="payload",
+            ),
         ),
         migrations.AddField(
-            model_name='schedulepolicy',
-            name='pruned_through',
-            field=models.DateTimeField(blank=True, editable=False, help_text='History at or before this tick was pruned; a late delivery of such a tick is refused.', null=True, verbose_name='pruned through'),
+            model_name="schedulepolicy",
+            name="pruned_through",
+            field=models.DateTimeField(
+                blank=True,
+                editable=False,
+                help_text="History at or before this tick was pruned; a late delivery of such a tick is refused.",
+                null=True,
+                verbose_name="pruned through",
+            ),
         ),
         migrations.AddField(
-            model_name='schedulepolicy',
-            name='timing_key',
-            field=models.CharField(blank=True, default='', editable=False, help_text='The timing (expression, zone, interval, suspension) the anchor was last set for; when it changes, the anchor moves forward.', max_length=300, verbose_name='timing fingerprint'),
+            model_name="schedulepolicy",
+            name="timing_key",
+            field=models.CharField(
+                blank=True,
+                default="",
+                editable=False,
+                help_text="The timing (expression, zone, interval, suspension) the anchor was last set for; when it changes, the anchor moves forward.",
+                max_length=300,
+                verbose_name="timing fingerprint",
+            ),
         ),
         migrations.AddIndex(
-            model_name='schedulerun',
-            index=models.Index(condition=models.Q(('state', 'running')), fields=['schedule'], name='schedulerun_running_idx'),
+            model_name="schedulerun",
+            index=models.Index(
+                condition=models.Q(("state", "running")), fields=["schedule"], name="schedulerun_running_idx"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='schedulerun',
-            constraint=models.CheckConstraint(condition=models.Q(('state__in', ['running', 'succeeded', 'failed', 'skipped', 'missed', 'replaced', 'timed_out'])), name='schedulerun_state_valid'),
+            model_name="schedulerun",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("state__in", ["running", "succeeded", "failed", "skipped", "missed", "replaced", "timed_out"])
+                ),
+                name="schedulerun_state_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='schedulerun',
-            constraint=models.CheckConstraint(condition=models.Q(('trigger__in', ['beat', 'manual', 'catch_up'])), name='schedulerun_trigger_valid'),
+            model_name="schedulerun",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("trigger__in", ["beat", "manual", "catch_up"])), name="schedulerun_trigger_valid"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='schedulerun',
-            constraint=models.CheckConstraint(condition=models.Q(('state', 'running'), ('finished_at__isnull', False), _connector='OR'), name='schedulerun_final_has_finished_at'),
+            model_name="schedulerun",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("state", "running"), ("finished_at__isnull", False), _connector="OR"),
+                name="schedulerun_final_has_finished_at",
+            ),
         ),
     ]

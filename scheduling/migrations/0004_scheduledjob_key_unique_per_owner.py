@@ -6,24 +6,34 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0003_schedulepolicy_add_payload_timing_key_pruned_through'),
+        ("scheduling", "0003_schedulepolicy_add_payload_timing_key_pruned_through"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='scheduledjob',
-            name='scheduledjob_live_key_uniq',
+            model_name="scheduledjob",
+            name="scheduledjob_live_key_uniq",
         ),
         migrations.AlterField(
-            model_name='scheduledjob',
-            name='key',
-            field=models.CharField(blank=True, help_text="Optional business key: at most one pending or claimed job per owner and key (e.g. trial-ending:42); jobs without an owner share the system's namespace.", max_length=200, null=True, verbose_name='key'),
+            model_name="scheduledjob",
+            name="key",
+            field=models.CharField(
+                blank=True,
+                help_text="Optional business key: at most one pending or claimed job per owner and key (e.g. trial-ending:42); jobs without an owner share the system's namespace.",
+                max_length=200,
+                null=True,
+                verbose_name="key",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='scheduledjob',
-            constraint=models.UniqueConstraint(django.db.models.functions.comparison.Coalesce('owner', models.Value(0)), models.F('key'), condition=models.Q(('key__isnull', False), ('state__in', ['pending', 'claimed'])), name='scheduledjob_live_owner_key_uniq'),
+            model_name="scheduledjob",
+            constraint=models.UniqueConstraint(
+                django.db.models.functions.comparison.Coalesce("owner", models.Value(0)),
+                models.F("key"),
+                condition=models.Q(("key__isnull", False), ("state__in", ["pending", "claimed"])),
+                name="scheduledjob_live_owner_key_uniq",
+            ),
         ),
     ]

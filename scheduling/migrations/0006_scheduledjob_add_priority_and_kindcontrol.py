@@ -6,42 +6,86 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('scheduling', '0005_remove_beat_claim_and_sweep_entries'),
+        ("scheduling", "0005_remove_beat_claim_and_sweep_entries"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='KindControl',
+            name="KindControl",
             fields=[
-                ('kind', models.CharField(help_text='The registered job kind.', max_length=100, primary_key=True, serialize=False, verbose_name='kind')),
-                ('paused', models.BooleanField(default=False, help_text='While paused, due jobs of the kind stay pending (not claimed).', verbose_name='paused')),
-                ('max_running', models.PositiveIntegerField(blank=True, help_text='At most this many jobs of the kind claimed or running cluster-wide; empty: no cap.', null=True, verbose_name='max running')),
-                ('updated_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), help_text='Last change of the controls.', verbose_name='updated at')),
+                (
+                    "kind",
+                    models.CharField(
+                        help_text="The registered job kind.",
+                        max_length=100,
+                        primary_key=True,
+                        serialize=False,
+                        verbose_name="kind",
+                    ),
+                ),
+                (
+                    "paused",
+                    models.BooleanField(
+                        default=False,
+                        help_text="While paused, due jobs of the kind stay pending (not claimed).",
+                        verbose_name="paused",
+                    ),
+                ),
+                (
+                    "max_running",
+                    models.PositiveIntegerField(
+                        blank=True,
+                        help_text="At most this many jobs of the kind claimed or running cluster-wide; empty: no cap.",
+                        null=True,
+                        verbose_name="max running",
+                    ),
+                ),
+                (
+                    "updated_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(),
+                        help_text="Last change of the controls.",
+                        verbose_name="updated at",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'kind control',
-                'db_table': 'scheduling_kindcontrol',
-                'ordering': ['kind'],
+                "verbose_name": "kind control",
+                "db_table": "scheduling_kindcontrol",
+                "ordering": ["kind"],
             },
         ),
         migrations.AddField(
-            model_name='scheduledjob',
-            name='priority',
-            field=models.PositiveSmallIntegerField(db_default=0, default=0, help_text='0-9: among due jobs, a higher priority is claimed first.', verbose_name='priority'),
+            model_name="scheduledjob",
+            name="priority",
+            field=models.PositiveSmallIntegerField(
+                db_default=0,
+                default=0,
+                help_text="0-9: among due jobs, a higher priority is claimed first.",
+                verbose_name="priority",
+            ),
         ),
         migrations.AddIndex(
-            model_name='scheduledjob',
-            index=models.Index(condition=models.Q(('state', 'pending')), fields=['priority', 'due_at'], name='scheduledjob_pending_prio_idx'),
+            model_name="scheduledjob",
+            index=models.Index(
+                condition=models.Q(("state", "pending")),
+                fields=["priority", "due_at"],
+                name="scheduledjob_pending_prio_idx",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='scheduledjob',
-            constraint=models.CheckConstraint(condition=models.Q(('priority__gte', 0), ('priority__lte', 9)), name='scheduledjob_priority_range'),
+            model_name="scheduledjob",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("priority__gte", 0), ("priority__lte", 9)), name="scheduledjob_priority_range"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='kindcontrol',
-            constraint=models.CheckConstraint(condition=models.Q(('max_running__isnull', True), ('max_running__gte', 1), _connector='OR'), name='kindcontrol_max_running_positive'),
+            model_name="kindcontrol",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("max_running__isnull", True), ("max_running__gte", 1), _connector="OR"),
+                name="kindcontrol_max_running_positive",
+            ),
         ),
     ]

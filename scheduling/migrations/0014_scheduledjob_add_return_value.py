@@ -4,15 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("scheduling", "0012_add_api_rate_bucket_and_prioritize_permission"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='scheduledjob',
-            name='return_value',
-            field=models.JSONField(blank=True, help_text='What a Django task (scheduling.backends) returned, written with its outcome; empty for other kinds.', null=True, verbose_name='return value'),
+            model_name="scheduledjob",
+            name="return_value",
+            field=models.JSONField(
+                blank=True,
+                help_text="What a Django task (scheduling.backends) returned, written with its outcome; empty for other kinds.",
+                null=True,
+                verbose_name="return value",
+            ),
         ),
     ]

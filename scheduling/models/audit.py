@@ -35,6 +35,7 @@ class AuditAction(models.TextChoices):
     PAUSE = "pause", "pause kind"
     RESUME = "resume", "resume kind"
     CAP = "cap", "cap kind"
+    RATE = "rate", "set kind rate"
     TOKEN_CREATE = "token_create", "create token"
     TOKEN_REVOKE = "token_revoke", "revoke token"
     RECURRENCE_PAUSE = "recurrence_pause", "pause recurrence"

@@ -28,6 +28,7 @@ __all__ = [
     "JobAttempt",
     "JobState",
     "KindControl",
+    "KindRate",
     "ScheduledJob",
     "ScheduledJobQuerySet",
 ]
@@ -393,6 +394,27 @@ class KindControl(models.Model):
         blank=True,
         help_text="At most this many jobs of the kind claimed or running cluster-wide; empty: no cap.",
     )
+    rate_limit = models.PositiveIntegerField(
+        "rate limit",
+        null=True,
+        blank=True,
+        help_text="At most this many jobs of the kind claimed (started) per rate period, cluster-wide; empty: none.",
+    )
+    rate_period_seconds = models.FloatField(
+        "rate period (seconds)", null=True, blank=True, help_text="The sliding window of the rate limit, in seconds."
+    )
+    rate_partition_by = models.CharField(
+        "rate partitioned by",
+        max_length=100,
+        blank=True,
+        db_default="",
+        help_text="A payload field: the rate limit holds for each of its values apart; empty: one limit for the kind.",
+    )
+    rate_set_by_operator = models.BooleanField(
+        "rate set by an operator",
+        db_default=False,
+        help_text="The rate was set at runtime (api.set_rate): the handler's registered rate no longer replaces it.",
+    )
     updated_at = models.DateTimeField("updated at", db_default=Now(), help_text="Last change of the controls.")
 
     class Meta:
@@ -404,10 +426,64 @@ class KindControl(models.Model):
                 condition=models.Q(max_running__isnull=True) | models.Q(max_running__gte=1),
                 name="kindcontrol_max_running_positive",
             ),
+            models.CheckConstraint(
+                condition=models.Q(rate_limit__isnull=True, rate_period_seconds__isnull=True)
+                | models.Q(rate_limit__gte=1, rate_period_seconds__gt=0),
+                name="kindcontrol_rate_valid",
+            ),
         ]
 
     def __str__(self) -> str:
         return self.kind
+
+
+class KindRate(models.Model):
+    """The recent starts of a rate-limited kind (one row per partition), written by the claim statement.
+
+    ``starts_at[i]`` is when a claim took ``starts[i]`` of its jobs (the database clock, read after
+    the claim locked the kind's control row); entries older than the rate period are dropped as
+    the claim writes. The claim's room is the limit minus the starts inside the sliding window, and
+    at most ``tokens`` (a bucket refilled at the limit per period, holding at most a twentieth of
+    the limit, at least 2, or the whole limit after two idle periods): the window makes the limit
+    exact, the bucket spreads the starts over it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField("kind", max_length=100, help_text="The rate-limited job kind.")
+    partition = models.CharField(
+        "partition",
+        max_length=200,
+        blank=True,
+        db_default="",
+        help_text="The partition field's value; empty: the kind.",
+    )
+    starts_at = ArrayField(
+        models.DateTimeField(),
+        verbose_name="starts at",
+        db_default=RawSQL("'{}'", []),
+        help_text="When each recent claim took jobs.",
+    )
+    starts = ArrayField(
+        models.IntegerField(),
+        verbose_name="starts",
+        db_default=RawSQL("'{}'", []),
+        help_text="How many jobs each recent claim took.",
+    )
+
+    tokens = models.FloatField(
+        "tokens",
+        db_default=0.0,
+        help_text="Starts the kind may take at once now (refilled at the limit per period, up to its burst).",
+    )
+    tokens_at = models.DateTimeField("tokens at", db_default=Now(), help_text="When tokens was last written.")
+
+    class Meta:
+        db_table = "scheduling_kindrate"
+        verbose_name = "kind rate window"
+        constraints = [models.UniqueConstraint(fields=["kind", "partition"], name="kindrate_one_row_per_partition")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.partition}".strip()
 
 
 class JobAttempt(models.Model):

@@ -244,7 +244,7 @@ def gather(range_name: str | None = None, kind: str | None = None) -> dict[str, 
         "kinds": [
             k
             for k in kinds_overview
-            if k.due or k.claimed or k.running or k.dead_24h or k.paused or any(v for _, v in k.option_values)
+            if k.due or k.claimed or k.running or k.dead_24h or k.paused or any(v for _, v in k.option_values) or k.rate
         ],
         "kind_options": kind_options.KIND_OPTIONS,  # a column each in the kinds table
         "next24": {

@@ -1,12 +1,15 @@
-"""The kinds JSON API: ``GET /api/kinds/``, ``POST /api/kinds/<kind>/pause``, ``.../resume``, ``.../<verb>``.
+"""The kinds JSON API: ``GET /api/kinds/``, ``POST /api/kinds/<kind>/pause``, ``.../resume``, ``.../<verb>``
+(each per-kind option of ``core/kind_options.py``), ``.../rate``.
 
 Operators' controls over whole kinds, through ``scheduling.api`` (``pause``, ``resume``,
 ``set_kind_option``, ``kind_overview``). Each per-kind option of ``core/kind_options.py`` has its
 endpoint, named by its verb (``POST /api/kinds/<kind>/cap`` with ``{"max_running": n}``, n from 1 to
-1,000,000, or ``null`` for no cap), made here by ``setter(option)``. Every endpoint takes a staff
-account with the ``scheduling.change_kindcontrol`` permission (a session with CSRF, or a bearer
-token): others get 403 with the reason. 400: a wrong body (``invalid_<noun>`` for a value out of
-bounds); 404: no registered kind of that name; 405: wrong method.
+1,000,000, or ``null`` for no cap), made here by ``setter(option)``. The rate limit (N per period,
+optionally per payload field) is not a scalar option and keeps its own endpoint: ``POST
+/api/kinds/<kind>/rate`` with ``{"rate": "10/s", "partition_by": "partner"}`` or ``{"rate": null}``.
+Every endpoint takes a staff account with the ``scheduling.change_kindcontrol`` permission (a
+session with CSRF, or a bearer token): others get 403 with the reason. 400: a wrong body
+(``invalid_<noun>`` for a value out of bounds); 404: no registered kind of that name; 405: wrong method.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from scheduling.web import jobs_api
 
 PERMISSION = "scheduling.change_kindcontrol"
 CAP_FIELDS = frozenset({kind_options.BY_VERB["cap"].name})  # the cap's body: {"max_running": n}
+RATE_FIELDS = frozenset({"rate", "partition_by"})
 
 
 def _operator(user: Any) -> None:
@@ -104,3 +108,25 @@ def setter(option: kind_options.KindOption) -> Any:
 
 
 SETTERS = {option.verb: setter(option) for option in kind_options.KIND_OPTIONS}  # {verb: endpoint}
+
+
+@jobs_api._endpoint(("POST",))
+def rate(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
+    """Limit a kind's starts: ``{"rate": "10/s", "partition_by": "partner"}``, or ``{"rate": null}`` for none."""
+    _operator(user)
+    data = jobs_api.read_json(request)
+    jobs_api._check_fields(data, RATE_FIELDS)
+    if "rate" not in data or not (data["rate"] is None or isinstance(data["rate"], str)):
+        raise jobs_api.ApiError(400, "invalid_request", 'Send {"rate": "10/s"} (optionally "partition_by") or null.')
+    partition_by = data.get("partition_by") or ""
+    if not isinstance(partition_by, str):
+        raise jobs_api.ApiError(400, "invalid_rate", "partition_by must be a payload field name.")
+    try:  # api.set_rate knows which kinds can be limited or lifted
+        given = None if data["rate"] is None else registry.Rate.parse(data["rate"], partition_by)
+        with transaction.atomic():
+            api.set_rate(kind, given)
+    except exceptions.UnknownJobKind:
+        raise jobs_api.ApiError(404, "unknown_kind", f"No registered kind {kind!r}.") from None
+    except exceptions.SchedulingError as exc:
+        raise jobs_api.ApiError(400, "invalid_rate", str(exc)) from None
+    return jobs_api.ok(_overview(kind))

@@ -13,4 +13,5 @@ urlpatterns = [
     path("<str:kind>/pause", kinds_api.pause, name="pause"),
     path("<str:kind>/resume", kinds_api.resume, name="resume"),
     *(path(f"<str:kind>/{verb}", view, name=verb) for verb, view in kinds_api.SETTERS.items()),  # cap, ...
+    path("<str:kind>/rate", kinds_api.rate, name="rate"),  # a rate is not a scalar option: its own door
 ]

@@ -118,6 +118,7 @@ class TimekeeperCollector(Collector):
         yield from database
         counts = broker_counts()
         up.add_metric(["broker"], 0 if counts is None else 1)
+        yield from self._queues()
         if counts is not None:
             yield _gauge(
                 "timekeeper_broker_delayed_messages",
@@ -135,10 +136,32 @@ class TimekeeperCollector(Collector):
             "timekeeper_metrics_window_seconds", "The window of the *_recent metrics and the lag histogram.", window
         )
 
+    def _queues(self) -> Iterator[Metric]:
+        """Per named queue: its due jobs and the live workers serving it (for the unserved-queue alert)."""
+        try:
+            queues = api.queue_status()
+        except db.Error:
+            return
+        due = GaugeMetricFamily("timekeeper_queue_due_jobs", "Pending and due jobs per named queue.", labels=["queue"])
+        workers = GaugeMetricFamily(
+            "timekeeper_queue_live_workers", "Live workers serving each named queue (-Q).", labels=["queue"]
+        )
+        for q in queues:
+            due.add_metric([q.queue], q.due)
+            if q.live_workers is not None:
+                workers.add_metric([q.queue], q.live_workers)
+        yield due
+        yield workers
+
     def _database(self, window: float) -> Iterator[Metric]:
         status = api.status(include_broker=False)  # read below, apart, so one part failing spares the other
         yield _gauge("timekeeper_backlog_jobs", "Pending jobs whose due time has passed.", status["backlog"])
         yield _gauge("timekeeper_paused_jobs", "Due jobs of paused kinds (waiting on purpose).", status["paused"])
+        yield _gauge(
+            "timekeeper_rate_limited_jobs",
+            "Due jobs of rate-limited kinds (waiting for their rate).",
+            status["rate_limited"],
+        )
         yield _gauge(
             "timekeeper_oldest_overdue_seconds",
             "Age of the oldest pending job past its due time (0 when none).",

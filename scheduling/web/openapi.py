@@ -255,6 +255,8 @@ def _schemas() -> dict[str, Any]:
                 "description": {"type": "string"},
                 "paused": {"type": "boolean"},
                 **{o.name: o.reading_schema() for o in kind_options.KIND_OPTIONS},
+                "rate": {"type": "string", "description": 'Its rate limit ("10/s", "5/2s per partner"); "" for none.'},
+                "queue": {"type": "string", "description": "Its named queue (run by workers started with -Q)."},
                 "priority": {"type": "integer", "minimum": registry.MIN_PRIORITY, "maximum": registry.MAX_PRIORITY},
                 "due": {"type": "integer", "description": "Pending and due (held back while paused)."},
                 "claimed": {"type": "integer", "description": "Claimed, waiting for a worker."},
@@ -275,6 +277,25 @@ def _schemas() -> dict[str, Any]:
                 "properties": {o.name: o.json_schema()},
             }
             for o in kind_options.KIND_OPTIONS
+        },
+        "Rate": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["rate"],
+            "properties": {
+                "rate": {
+                    "type": "string",
+                    "nullable": True,
+                    "pattern": r"^[0-9]+/[0-9.]*[smhd]$",
+                    "description": "At most so many starts per period (a sliding window), cluster-wide: 10/s, 1/m, "
+                    "100/h, 5/2s; null: none. Replaces the handler's registered rate.",
+                },
+                "partition_by": {
+                    "type": "string",
+                    "maxLength": 100,
+                    "description": "A payload field: the limit holds for each of its values apart.",
+                },
+            },
         },
     }
 
@@ -348,6 +369,15 @@ def _kind_paths() -> dict[str, Any]:
                 },
             }
             for o in kind_options.KIND_OPTIONS
+        },
+        "/api/kinds/{kind}/rate": {
+            "parameters": [kind_parameter],
+            "post": {
+                "operationId": "rateKind",
+                "summary": "Limit how many of a kind's jobs start per period, cluster-wide (decided at the claim).",
+                "requestBody": {"required": True, "content": {JSON: {"schema": _ref("Rate")}}},
+                "responses": _kind_responses(one, "400", "401", "403", "404", "413", "415"),
+            },
         },
     }
 

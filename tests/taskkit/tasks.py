@@ -86,6 +86,12 @@ def open_to_users(note: str) -> str:
     return note
 
 
+@backends.task(rate="2/h")
+def rated(n: int) -> int:
+    """A task whose kind starts at most twice an hour (the Tasks backend's rate option)."""
+    return n
+
+
 @backends.task(takes_context=True, atomic=False, backoff=registry.Backoff(0.05, 0.1))
 def exits(context: TaskContext, label: str, code: int = 3) -> None:
     """Record an Execution (committed: not atomic) with this process's pid, then call sys.exit(code)."""

@@ -5,13 +5,21 @@
 
 -- name: lock_capped_kinds
 -- Caps hold exactly under concurrent claimers: before its claim statement, a claim's transaction
--- locks the control row of every capped kind (in kind order, so two claimers never deadlock). A
--- second claimer waits here until the first commits, and its claim statement then starts with a
--- fresh snapshot (READ COMMITTED takes one per statement) that counts the first one's claims. The
--- lock must be its own statement: a count in the statement that takes the lock reads the snapshot
--- taken before the lock was granted, and two overlapping claims would each see the whole room.
--- Without caps nothing is locked and claimers never wait for each other.
-SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY kind FOR UPDATE;
+-- locks the control row of every capped kind. A second claimer skips the rows the first holds
+-- (SKIP LOCKED: a claim never waits, neither for another claim nor for an operator's transaction
+-- left open on a control row, issue 34 item 6): a kind whose row it could not lock has no room in
+-- its claim this turn (the kinds it holds are written to the transaction-local setting
+-- timekeeper.held_kinds, which the claim statement reads). A kind it does lock was committed by
+-- any earlier holder, and its claim statement then starts with a fresh snapshot (READ COMMITTED
+-- takes one per statement) that counts that holder's claims. The lock must be its own statement: a
+-- count in the statement that takes the lock reads the snapshot taken before the lock was granted,
+-- and two overlapping claims would each see the whole room.
+-- Rate-limited kinds are locked the same way: their windows (scheduling_kindrate) are read and
+-- written only under their control row's lock. Without caps or rates nothing is locked and
+-- claimers never touch each other.
+SELECT set_config('timekeeper.held_kinds', coalesce(string_agg(kind, ','), ''), true)
+FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL OR rate_limit IS NOT NULL ORDER BY kind
+      FOR UPDATE SKIP LOCKED) AS held;
 
 -- name: claim_due_jobs
 -- The claim is one statement so that choosing the rows and claiming them cannot be separated:
@@ -38,8 +46,21 @@ SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY k
 -- due_at) index. So a capped kind with a backlog takes its room and no more, and the walk fills the
 -- claim with other kinds' rows (had its rows been in the walk, they would fill the LIMIT and be
 -- dropped by the cap, leaving the claim short and every other kind waiting).
+-- A rate-limited kind (rate_limit per rate_period_seconds, a sliding window) is not in the walk
+-- either: its room is also at most the limit minus its starts inside the window (its
+-- scheduling_kindrate row, or one row per value of the payload field rate_partition_by), and the
+-- claim adds what it took to the window (counted). Read and written under the kind's control-row
+-- lock, so the rate is exact with any number of claimers; a claim given back (unsent) stays
+-- counted: the window errs below the limit, never above. A token bucket beside the window (same
+-- row) spreads the starts of a busy kind: a kind that took nothing for two periods may take its
+-- whole limit at once; after that at most max(2, limit / 20) at once, refilled at the limit per
+-- period, so a backlog is not taken as one burst per period (which would repeat, a period apart:
+-- the window's entries of one burst all expire together).
 --
--- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s), in
+-- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s in all,
+-- and per named queue its own room, %(queue_rooms)s: a kind's batches go to its queue, %(kind_queues)s,
+-- and a queue without room, or without a live worker, takes nothing: its kinds, %(closed_kinds)s,
+-- are left out of the claim like paused ones, so they never take another queue's room), in
 -- order of urgency. Rows are cut into the batches the claim sends (the only place batches are cut;
 -- each row returns its batch's rank, claim.batches_for groups by it): per kind, most urgent first, %(batch_sizes)s rows each (1 for a kind not listed), and
 -- a run_alone row (its batch died with its process) in a batch of its own. A batch's urgency is its
@@ -47,49 +68,109 @@ SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL ORDER BY k
 -- them: a batch_size=1 kind is claimed one row per free message, not %(limit)s rows to give back.
 -- Rows locked and not kept are not updated; their locks end with the statement's transaction.
 -- The result comes back sorted by urgency (UPDATE ... RETURNING has no order of its own).
-WITH controls AS (
-    SELECT c.kind, c.paused,
-           CASE WHEN c.max_running IS NULL THEN NULL
-                ELSE greatest(0, c.max_running - (SELECT count(*) FROM scheduling_scheduledjob AS r
-                                                  WHERE r.state IN ('claimed', 'running') AND r.kind = c.kind)) END AS room
+WITH clock AS (
+    -- the rate windows' clock, read once, after lock_capped_kinds took the control rows: so it is
+    -- later than every earlier holder's (now() is when the transaction began, which may be earlier)
+    SELECT clock_timestamp() AS t
+), controls AS (
+    SELECT c.kind, c.paused, c.rate_limit, c.rate_period_seconds, c.rate_partition_by,
+           CASE WHEN c.max_running IS NULL AND c.rate_limit IS NULL THEN NULL
+                -- another transaction holds its control row (lock_capped_kinds): no room this turn
+                WHEN NOT c.kind = ANY(string_to_array(current_setting('timekeeper.held_kinds', true), ',')) THEN 0
+                ELSE least(
+                    CASE WHEN c.max_running IS NULL THEN %(limit)s
+                         ELSE greatest(0, c.max_running - (SELECT count(*) FROM scheduling_scheduledjob AS r
+                                                           WHERE r.state IN ('claimed', 'running') AND r.kind = c.kind))
+                    END,
+                    -- an unpartitioned rate: its allowance (below, in kept, for a partitioned one)
+                    CASE WHEN c.rate_limit IS NULL OR c.rate_partition_by <> '' THEN %(limit)s
+                         ELSE (SELECT greatest(0, least(
+                                   -- the window: the limit minus the starts inside the period (exact)
+                                   c.rate_limit - s.used,
+                                   -- the bucket (smooth): a kind idle for two periods may take its whole limit
+                                   CASE WHEN w.tokens_at IS NULL
+                                          OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
+                                        THEN c.rate_limit
+                                        ELSE floor(least(greatest(2, ceil(c.rate_limit / 20.0)),
+                                                         w.tokens + c.rate_limit * extract(epoch FROM clock.t - w.tokens_at)
+                                                                                 / c.rate_period_seconds)) END))
+                               FROM clock LEFT JOIN scheduling_kindrate AS w ON w.kind = c.kind AND w.partition = ''
+                               CROSS JOIN LATERAL (SELECT coalesce(sum(u.n), 0) AS used
+                                                   FROM unnest(w.starts_at, w.starts) AS u(at, n)
+                                                   WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds)) AS s)
+                    END)
+           END AS room
     FROM scheduling_kindcontrol AS c
-    WHERE c.paused OR c.max_running IS NOT NULL
+    WHERE c.paused OR c.max_running IS NOT NULL OR c.rate_limit IS NOT NULL
 ), capped AS (
-    -- per capped kind with room, the same walk down the priorities in its own range of the
-    -- (kind, priority, due_at) index, stopped once its room is locked (rows not yet due are never read)
+    -- per capped or rate-limited kind with room, the same walk down the priorities in its own
+    -- range of the (kind, priority, due_at) index, stopped once its room is locked (rows not yet
+    -- due are never read). A partitioned rate's kind reads up to %(partition_scan)s rows: its
+    -- room is decided per partition below, and a full partition must not hide the others' rows.
     SELECT r.* FROM controls AS c
     CROSS JOIN LATERAL (
         -- repeat p in 9..0 joined by UNION ALL
-        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+        SELECT * FROM (SELECT id, kind, priority, due_at, run_alone,
+                              CASE WHEN c.rate_partition_by = '' THEN ''
+                                   ELSE left(coalesce(payload ->> c.rate_partition_by, ''), 200) END AS part
+                       FROM scheduling_scheduledjob
                        WHERE state = 'pending' AND kind = c.kind AND priority = {p} AND due_at <= now()
-                       ORDER BY due_at LIMIT least(c.room, %(limit)s) FOR UPDATE SKIP LOCKED) AS k{p}
+                       ORDER BY due_at
+                       LIMIT CASE WHEN c.rate_partition_by <> '' THEN %(partition_scan)s ELSE least(c.room, %(limit)s) END
+                       FOR UPDATE SKIP LOCKED) AS k{p}
         -- end repeat
-        LIMIT least(c.room, %(limit)s)
+        LIMIT CASE WHEN c.rate_partition_by <> '' THEN %(partition_scan)s ELSE least(c.room, %(limit)s) END
     ) AS r
-    WHERE NOT c.paused AND c.room > 0
+    WHERE NOT c.paused AND c.room > 0 AND c.kind <> ALL(%(closed_kinds)s::text[])
+), parted AS (
+    SELECT capped.*, row_number() OVER (PARTITION BY kind, part ORDER BY priority DESC, due_at, id) AS in_part
+    FROM capped
+), kept AS (
+    -- a partitioned rate: each partition takes at most the limit minus its starts inside the window;
+    -- then the kind takes at most its room (its cap's) of what is left. Rows locked and not kept
+    -- are not updated (their locks end with the transaction).
+    SELECT id, kind, priority, due_at, run_alone, part FROM (
+        SELECT p.*, row_number() OVER (PARTITION BY p.kind ORDER BY p.priority DESC, p.due_at, p.id) AS in_kind, c.room
+        FROM parted AS p JOIN controls AS c USING (kind)
+        WHERE c.rate_limit IS NULL OR c.rate_partition_by = ''
+           OR p.in_part <= (SELECT greatest(0, least(
+                                c.rate_limit - s.used,
+                                CASE WHEN w.tokens_at IS NULL
+                                       OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
+                                     THEN c.rate_limit
+                                     ELSE floor(least(greatest(2, ceil(c.rate_limit / 20.0)),
+                                                      w.tokens + c.rate_limit * extract(epoch FROM clock.t - w.tokens_at)
+                                                                              / c.rate_period_seconds)) END))
+                            FROM clock LEFT JOIN scheduling_kindrate AS w ON w.kind = p.kind AND w.partition = p.part
+                            CROSS JOIN LATERAL (SELECT coalesce(sum(u.n), 0) AS used
+                                                FROM unnest(w.starts_at, w.starts) AS u(at, n)
+                                                WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds)) AS s)
+    ) AS ranked_in_kind
+    WHERE in_kind <= room
 ), walk AS (
     SELECT * FROM (
     -- repeat p in 9..0 joined by UNION ALL
-    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone FROM scheduling_scheduledjob
+    SELECT * FROM (SELECT id, kind, priority, due_at, run_alone, '' AS part FROM scheduling_scheduledjob
                    WHERE state = 'pending' AND priority = {p} AND due_at <= now()
-                     AND kind NOT IN (SELECT kind FROM controls)
+                     AND kind NOT IN (SELECT kind FROM controls) AND kind <> ALL(%(closed_kinds)s::text[])
                    ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p{p}
     -- end repeat
     ) AS by_priority
     LIMIT %(limit)s
 ), due AS (
-    SELECT * FROM capped
+    SELECT * FROM kept
     UNION ALL
     SELECT * FROM walk
 ), sized AS (
-    SELECT due.*, coalesce(b.size, 1) AS size,
+    SELECT due.*, coalesce(b.size, 1) AS size, coalesce(b.queue, 'default') AS queue,
            CASE WHEN due.run_alone THEN due.id
                 ELSE (row_number() OVER (PARTITION BY due.kind, due.run_alone
                                          ORDER BY due.priority DESC, due.due_at, due.id) - 1) / coalesce(b.size, 1)
            END AS batch_no
-    FROM due LEFT JOIN unnest(%(kinds)s::text[], %(batch_sizes)s::int[]) AS b(kind, size) ON b.kind = due.kind
+    FROM due LEFT JOIN unnest(%(kinds)s::text[], %(batch_sizes)s::int[], %(kind_queues)s::text[]) AS b(kind, size, queue)
+                       ON b.kind = due.kind
 ), headed AS (
-    SELECT sized.id,
+    SELECT sized.id, sized.queue,
            first_value(priority) OVER batch AS head_priority,
            first_value(due_at) OVER batch AS head_due_at,
            first_value(id) OVER batch AS head_id,
@@ -99,11 +180,17 @@ WITH controls AS (
 ), ranked AS (
     SELECT headed.id,
            dense_rank() OVER urgency AS batch_rank,
+           dense_rank() OVER (PARTITION BY queue ORDER BY head_priority DESC, head_due_at, head_id) AS queue_rank,
+           queue,
            count(*) OVER urgency - batch_rows AS rows_before  -- the peers of a row are its batch's rows
     FROM headed
     WINDOW urgency AS (ORDER BY head_priority DESC, head_due_at, head_id)
 ), allowed AS (
-    SELECT id FROM ranked WHERE batch_rank <= %(messages)s AND rows_before < %(limit)s
+    -- each queue's batches up to its own room (%(queue_rooms)s: back-pressure per queue)
+    SELECT id FROM ranked
+    LEFT JOIN unnest(%(queues)s::text[], %(queue_rooms)s::int[]) AS q(name, room) ON q.name = ranked.queue
+    WHERE rows_before < %(limit)s
+      AND CASE WHEN q.room IS NULL THEN batch_rank <= %(messages)s ELSE queue_rank <= q.room END
 ), claimed AS (
     UPDATE scheduling_scheduledjob AS j
     SET state = 'claimed', token = gen_random_uuid(), claimed_at = now(), heartbeat_at = NULL,
@@ -112,6 +199,29 @@ WITH controls AS (
     -- hash join over the whole table (the ids are few: at most a claim's rows)
     WHERE j.id = ANY(ARRAY(SELECT id FROM allowed))
     RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone, j.timeout_seconds
+), counted AS (
+    -- the rate windows: each rate-limited kind's (and partition's) claimed rows at the clock, the
+    -- entries older than its period dropped, and its bucket refilled then spent. Written only under
+    -- the kind's control-row lock, so the row read here (old) is the one replaced.
+    INSERT INTO scheduling_kindrate AS w (kind, partition, starts_at, starts, tokens, tokens_at)
+    SELECT t.kind, t.part,
+           ARRAY(SELECT u.at FROM unnest(old.starts_at, old.starts) AS u(at, n)
+                 WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds) ORDER BY u.at) || clock.t,
+           ARRAY(SELECT u.n FROM unnest(old.starts_at, old.starts) AS u(at, n)
+                 WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds) ORDER BY u.at) || t.n,
+           greatest(0, CASE WHEN old.tokens_at IS NULL
+                              OR old.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
+                            THEN least(greatest(2, ceil(c.rate_limit / 20.0)), c.rate_limit - t.n)
+                            ELSE least(greatest(2, ceil(c.rate_limit / 20.0)),
+                                       old.tokens + c.rate_limit * extract(epoch FROM clock.t - old.tokens_at)
+                                                    / c.rate_period_seconds) - t.n END),
+           clock.t
+    FROM (SELECT d.kind, d.part, count(*)::int AS n FROM claimed JOIN kept AS d USING (id) GROUP BY d.kind, d.part) AS t
+    JOIN controls AS c ON c.kind = t.kind AND c.rate_limit IS NOT NULL
+    CROSS JOIN clock
+    LEFT JOIN scheduling_kindrate AS old ON old.kind = t.kind AND old.partition = t.part
+    ON CONFLICT (kind, partition) DO UPDATE
+    SET starts_at = EXCLUDED.starts_at, starts = EXCLUDED.starts, tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at
 )
 -- Each row says which batch it is in (its rank, most urgent batch first): the claim sends exactly
 -- these batches (claim.batches_for groups by it), so batches are cut here and nowhere else.

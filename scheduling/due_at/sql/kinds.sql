@@ -23,6 +23,46 @@ ON CONFLICT (kind) DO UPDATE SET
     updated_at = now()
 RETURNING c.kind, c.paused, to_jsonb(c) - 'kind' - 'paused' - 'updated_at' AS options;
 
+-- name: set_kind_rate
+-- An operator's rate limit for a kind (NULL limit: none), kept over the handler's registered one. Not
+-- set_kind_options: a rate is three columns (limit, period, partition) and who set it. Returns the
+-- options as set_kind_options does (the rate's columns are among them).
+INSERT INTO scheduling_kindcontrol AS c (kind, paused, max_running, rate_limit, rate_period_seconds, rate_partition_by,
+                                         rate_set_by_operator, updated_at)
+VALUES (%(kind)s, false, NULL, %(limit)s, %(per_seconds)s, %(partition_by)s, true, now())
+ON CONFLICT (kind) DO UPDATE
+SET rate_limit = EXCLUDED.rate_limit, rate_period_seconds = EXCLUDED.rate_period_seconds,
+    rate_partition_by = EXCLUDED.rate_partition_by, rate_set_by_operator = true, updated_at = now()
+RETURNING c.kind, c.paused, to_jsonb(c) - 'kind' - 'paused' - 'updated_at' AS options;
+
+-- name: sync_code_rates
+-- The handlers' registered rates (%(kinds)s with %(limits)s per %(periods)s, partitioned by
+-- %(partitions)s) written to their control rows, unless an operator set the kind's rate; a kind
+-- whose registered rate was removed loses it (its row stays for its other controls). Changes
+-- nothing when the rows already say so (no write, no lock on a row that is up to date).
+WITH code AS (
+    SELECT * FROM unnest(%(kinds)s::text[], %(limits)s::int[], %(periods)s::float8[], %(partitions)s::text[])
+        AS t(kind, rate_limit, rate_period_seconds, rate_partition_by)
+), added AS (
+    INSERT INTO scheduling_kindcontrol AS c (kind, paused, max_running, rate_limit, rate_period_seconds,
+                                             rate_partition_by, rate_set_by_operator, updated_at)
+    SELECT kind, false, NULL, rate_limit, rate_period_seconds, rate_partition_by, false, now() FROM code
+    ON CONFLICT (kind) DO UPDATE
+    SET rate_limit = EXCLUDED.rate_limit, rate_period_seconds = EXCLUDED.rate_period_seconds,
+        rate_partition_by = EXCLUDED.rate_partition_by, updated_at = now()
+    WHERE NOT c.rate_set_by_operator
+      AND (c.rate_limit, c.rate_period_seconds, c.rate_partition_by)
+          IS DISTINCT FROM (EXCLUDED.rate_limit, EXCLUDED.rate_period_seconds, EXCLUDED.rate_partition_by)
+    RETURNING c.kind
+), removed AS (
+    UPDATE scheduling_kindcontrol AS c
+    SET rate_limit = NULL, rate_period_seconds = NULL, rate_partition_by = '', updated_at = now()
+    WHERE NOT c.rate_set_by_operator AND c.rate_limit IS NOT NULL AND c.kind <> ALL(%(kinds)s::text[])
+      AND c.kind = ANY(%(registered)s::text[])
+    RETURNING c.kind
+)
+SELECT kind FROM added UNION ALL SELECT kind FROM removed;
+
 -- name: kind_controls
 -- Every kind with a control, its options by name (as above), with its pending-and-due and claimed
 -- counts (for status and the admin).
@@ -49,3 +89,11 @@ WHERE (state = 'pending' AND due_at <= now())
    OR (state = 'dead' AND finished_at > now() - interval '24 hours')
 GROUP BY kind
 ORDER BY kind;
+
+-- name: rate_limited_due
+-- Whether a rate-limited kind (not paused) has a due job waiting: the control loop then claims again
+-- within RATE_STEP_SECONDS, as the kind's window frees room, instead of sleeping to its next due time.
+SELECT EXISTS (SELECT 1 FROM scheduling_kindcontrol AS c
+               WHERE c.rate_limit IS NOT NULL AND NOT c.paused
+                 AND EXISTS (SELECT 1 FROM scheduling_scheduledjob AS j
+                             WHERE j.state = 'pending' AND j.kind = c.kind AND j.due_at <= now())) AS waiting;

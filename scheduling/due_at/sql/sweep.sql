@@ -63,16 +63,22 @@ RETURNING id;
 -- index, so the query costs the same with a million pending rows as with ten thousand (counting a
 -- million index entries takes hundreds of milliseconds, on every scrape). A count that comes back
 -- as exact_limit + 1 means "more": store.backlog_status replaces it with the planner's estimate.
+-- Due jobs of paused kinds and of rate-limited kinds wait on purpose: counted apart (paused,
+-- rate_limited), not as backlog.
 SELECT
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
-                             AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)
+                             AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused OR rate_limit IS NOT NULL)
                            LIMIT %(exact_limit)s + 1) AS capped) AS backlog,
     (SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0)::float8
        FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
-         AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)) AS oldest_overdue_seconds,
+         AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused OR rate_limit IS NOT NULL)) AS oldest_overdue_seconds,
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
                              AND kind IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)
                            LIMIT %(exact_limit)s + 1) AS capped) AS paused,
+    (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
+                             AND kind IN (SELECT kind FROM scheduling_kindcontrol
+                                          WHERE rate_limit IS NOT NULL AND NOT paused)
+                           LIMIT %(exact_limit)s + 1) AS capped) AS rate_limited,
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending'
                            LIMIT %(exact_limit)s + 1) AS capped) AS pending,
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
@@ -95,11 +101,15 @@ SELECT
 -- name: estimate_backlog
 -- Planner estimates (EXPLAIN, from the table statistics) for counts past backlog_status's exact limit.
 SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
-  AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused);
+  AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused OR rate_limit IS NOT NULL);
 
 -- name: estimate_paused
 SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
   AND kind IN (SELECT kind FROM scheduling_kindcontrol WHERE paused);
+
+-- name: estimate_rate_limited
+SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending' AND due_at <= now()
+  AND kind IN (SELECT kind FROM scheduling_kindcontrol WHERE rate_limit IS NOT NULL AND NOT paused);
 
 -- name: estimate_pending
 SELECT 1 FROM scheduling_scheduledjob WHERE state = 'pending';

@@ -16,7 +16,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from scheduling import api
-from scheduling.core import exceptions, kind_options
+from scheduling.core import exceptions, kind_options, registry
 from scheduling.models import (
     KindControl,
 )
@@ -66,7 +66,7 @@ class KindControlAdmin(admin.ModelAdmin):
             raise PermissionDenied
         context = {
             **self.admin_site.each_context(request),
-            "title": "Kinds: pause, resume, cap",
+            "title": "Kinds: pause, resume, cap, rate",
             "opts": self.model._meta,
             "kinds": api.kind_overview(),
             "kind_options": kind_options.KIND_OPTIONS,
@@ -78,8 +78,8 @@ class KindControlAdmin(admin.ModelAdmin):
     def act_view(self, request: HttpRequest, kind: str, action: str) -> HttpResponse:
         """POST: pause, resume or cap ``kind`` through ``scheduling.api``; the message says what changed."""
         option = kind_options.by_verb(action)
-        if request.method != "POST" or (action not in {"pause", "resume"} and option is None):
-            verbs = ", ".join(["pause", "resume", *(o.verb for o in kind_options.KIND_OPTIONS)])
+        if request.method != "POST" or (action not in {"pause", "resume", "rate"} and option is None):
+            verbs = ", ".join(["pause", "resume", *(o.verb for o in kind_options.KIND_OPTIONS), "rate"])
             return HttpResponseBadRequest(f"Post {verbs}.")
         if not self.has_change_permission(request):
             raise PermissionDenied
@@ -95,6 +95,11 @@ class KindControlAdmin(admin.ModelAdmin):
             elif action == "resume":
                 api.resume(kind)
                 self.message_user(request, f"Resumed {kind}: its due jobs are claimed again.")
+            elif action == "rate":
+                text, _, field = str(request.POST.get("rate", "")).strip().partition(" per ")
+                rate = registry.Rate.parse(text, field.strip()) if text and text.lower() != "none" else None
+                api.set_rate(kind, rate)
+                self.message_user(request, f"{kind}: at most {rate}." if rate else f"{kind}: no rate limit.")
             else:
                 assert option is not None
                 form = OPTION_FORMS[option.verb](request.POST)

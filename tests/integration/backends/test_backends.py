@@ -297,6 +297,15 @@ def test_a_task_is_api_schedulable_only_when_it_says_who_may():
     assert registry.get("tests.taskkit.tasks.open_to_users").allows(user, payload) is True
 
 
+def test_a_tasks_rate_option_reaches_the_kinds_rate_limit():
+    """@backends.task(rate="2/h"): the kind's rate is 2 an hour and of three enqueued tasks two start."""
+    assert registry.get("tests.taskkit.tasks.rated").rate == registry.Rate(2, 3600.0)
+    results = [tasks.rated.enqueue(n) for n in range(3)]
+    assert testing.run_due().started == 2
+    statuses = sorted(str(tasks.rated.get_result(r.id).status) for r in results)
+    assert statuses == sorted([str(TaskResultStatus.SUCCESSFUL)] * 2 + [str(TaskResultStatus.READY)])
+
+
 def test_pause_holds_tasks_and_resume_lets_them_run():
     """A task's kind can be paused like any kind: its due task stays READY until resumed."""
     result = tasks.add.enqueue(4, 4)

@@ -23,7 +23,8 @@ from tests.support import ROOT
 yaml = pytest.importorskip("yaml")
 
 APP_SERVICES = ["web", "worker", "beat", "flower"]
-DJANGO_SERVICES = ["web", "worker", "worker-deferred", "beat"]  # those that load Django's settings (not Flower)
+# those that load Django's settings (not Flower)
+DJANGO_SERVICES = ["web", "worker", "worker-deferred", "worker-exports", "beat"]
 ALL_SERVICES = ["postgres", "redis", "migrate", *APP_SERVICES]
 
 FACTS_SCRIPT = """
@@ -304,9 +305,19 @@ def test_deferrals_have_their_own_worker(services: dict[str, Any]) -> None:
     assert "container_name" not in services["worker-deferred"]
 
 
+def test_a_second_pool_serves_the_exports_queue(services: dict[str, Any]) -> None:
+    """worker-exports consumes only "exports", demo.export's named queue; the job worker does not consume it."""
+    from scheduling.core import registry
+
+    exports = argv_of(services["worker-exports"]["command"])
+    assert exports[exports.index("-Q") + 1] == "exports" == registry.get("demo.export").queue
+    assert "exports" not in argv_of(services["worker"]["command"])
+    assert "container_name" not in services["worker-exports"]
+
+
 def test_workers_stop_softly(services: dict[str, Any]) -> None:
     """Workers remap SIGTERM to a soft shutdown that ends within the container's stop grace period."""
-    for name in ["worker", "worker-deferred"]:
+    for name in ["worker", "worker-deferred", "worker-exports"]:
         env = services[name]["environment"]
         assert env["REMAP_SIGTERM"] == "SIGQUIT"
         soft = int(str(env["CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT_SECONDS"]).split(":-")[-1].rstrip("}"))

@@ -27,6 +27,7 @@ EXPECTED = [
     "pause",
     "pause_recurrence",
     "pause_recurrences",
+    "queue_status",
     "recur",
     "recur_many",
     "reschedule",
@@ -41,6 +42,7 @@ EXPECTED = [
     "schedule_many",
     "schedule_with_outcome",
     "set_max_running",
+    "set_rate",
     "status",
 ]
 

@@ -59,6 +59,7 @@ def test_cli_lists_every_scenario():
         "memory",
         "beat",
         "recurring",
+        "flow",
     }
     with pytest.raises(SystemExit):
         bench_main.main(["no-such-scenario"])
@@ -174,3 +175,11 @@ def test_recurring_scenario_imports_and_takes_quick():
     assert recurring.SCENARIO == "recurring"
     assert list(inspect.signature(recurring.main).parameters) == ["quick"]
     assert (recurring.TARGET_RATIO, recurring.TARGET_SPIKE_S, len(recurring.ZONES)) == (1.2, 60.0, 30)
+
+
+def test_flow_counts_the_most_starts_in_any_half_open_second():
+    """bench flow's window: starts at 0.0, 0.5, 0.99 and 1.0 hold 3 in [0, 1), and 3 in [0.5, 1.5)."""
+    from bench import flow
+
+    assert flow.max_in_window([0.0, 0.5, 0.99, 1.0]) == 3
+    assert flow.max_in_window([]) == 0

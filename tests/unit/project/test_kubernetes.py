@@ -62,6 +62,7 @@ def test_web_is_ready_on_readyz_and_alive_on_livez():
 
 
 @pytest.mark.parametrize(("name", "role"), [("timekeeper-worker", "worker"), ("timekeeper-worker-deferred", "worker"),
+                                            ("timekeeper-worker-exports", "worker"),
                                             ("timekeeper-beat", "beat")])  # fmt: skip
 def test_workers_and_beat_are_alive_by_timekeeper_probe(name, role):
     """Workers and beat run `manage.py timekeeper probe <role>` as liveness, with the liveness dir mounted."""
@@ -72,7 +73,7 @@ def test_workers_and_beat_are_alive_by_timekeeper_probe(name, role):
     assert config()["SCHEDULING_LIVENESS_DIR"] in mounts
 
 
-@pytest.mark.parametrize("name", ["timekeeper-worker", "timekeeper-worker-deferred"])
+@pytest.mark.parametrize("name", ["timekeeper-worker", "timekeeper-worker-deferred", "timekeeper-worker-exports"])
 def test_worker_grace_period_covers_the_soft_shutdown_and_the_control_loop_stop(name):
     """terminationGracePeriodSeconds > soft shutdown + the control loop's stop + a margin; SIGTERM is remapped."""
     deployment = by_name("Deployment", name)
@@ -89,6 +90,18 @@ def test_queues_are_split_between_job_and_deferral_workers():
     deferred = container(by_name("Deployment", "timekeeper-worker-deferred"))["args"]
     assert jobs[jobs.index("-X") + 1] == "timekeeper.deferred"
     assert deferred[deferred.index("-Q") + 1] == "timekeeper.deferred"
+
+
+def test_a_second_pool_serves_the_named_queue_of_its_kinds():
+    """worker-exports consumes only "exports", the queue demo.export belongs to; the job workers do not consume it."""
+    from scheduling.core import registry
+
+    exports = container(by_name("Deployment", "timekeeper-worker-exports"))["args"]
+    assert exports[exports.index("-Q") + 1] == "exports" == registry.get("demo.export").queue
+    jobs = container(by_name("Deployment", "timekeeper-worker"))["args"]
+    assert "-Q" not in jobs, "the job workers serve Celery's declared queues only"
+    assert "exports" not in jobs
+    assert "exports" not in {q.name for q in project_settings.CELERY_TASK_QUEUES}
 
 
 def test_beat_runs_two_replicas_and_every_deployment_has_a_disruption_budget():

@@ -1,0 +1,240 @@
+"""Rate limits per kind, decided at the claim: exact under concurrent claimers, per partition, no starvation."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from scheduling import api, exceptions, registry
+from scheduling.core import registry as core_registry
+from scheduling.due_at import claim, store
+from scheduling.models import KindControl, KindRate, ScheduledJob
+from tests import support
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HOUR = 3600.0  # a window that does not slide during a test: what is claimed is decided by the rate alone
+
+
+def _claimed_kinds(claims: list[store.Claim]) -> Counter[str]:
+    return Counter(c.kind for c in claims)
+
+
+def test_a_rate_limited_kind_takes_its_limit_and_the_claim_fills_with_other_kinds(run_sql):
+    """Rate 5 an hour, 20 due beside 10 of another kind: a claim of 100 takes 5 and the other kind's 10."""
+    api.schedule_many("demo.record", [{}] * 20, delay=60)
+    api.schedule_many("demo.fail", [{}] * 10, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(5, per_seconds=HOUR))
+    assert _claimed_kinds(store.claim_due_jobs(100)) == {"demo.record": 5, "demo.fail": 10}
+    assert _claimed_kinds(store.claim_due_jobs(100)) == {}, "the window is full: no more starts this hour"
+
+
+def test_two_claimers_on_a_barrier_never_exceed_the_rate(raw_connect):
+    """Two connections claiming at once, each holding its transaction open: 5 claimed in all under a rate of 5."""
+    api.schedule_many("demo.record", [{}] * 30, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(5, per_seconds=HOUR))
+    sql, params = store.claim_statement(), store.claim_params(20)
+    conns = {"a": raw_connect(), "b": raw_connect()}
+    barrier, got = threading.Barrier(2), {}
+
+    def claim_on(name: str) -> None:
+        conn = conns[name]
+        barrier.wait()
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            got[name] = len(cur.fetchall())
+        barrier.wait()  # both claims done before either commits: they overlap
+        conn.commit()
+
+    threads = [threading.Thread(target=claim_on, args=(name,)) for name in conns]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert sum(got.values()) == 5, got
+    for conn in conns.values():  # after both committed, neither finds room
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            assert cur.fetchall() == []
+        conn.commit()
+    assert ScheduledJob.objects.filter(state="claimed").count() == 5
+
+
+def test_many_rounds_of_concurrent_claims_count_every_start(raw_connect, run_sql):
+    """Two claimers, ten rounds each on a barrier: 1 an hour starts 1; 240 an hour starts 2 then its bucket's 12."""
+    api.schedule_many("demo.record", [{}] * 40, delay=60)
+    support.make_due(state="pending")
+    sql, params = store.claim_statement(), store.claim_params(2)
+    conns = [raw_connect(), raw_connect()]
+    barrier, total, lock = threading.Barrier(2), [0], threading.Lock()
+
+    def rounds(conn: Any) -> None:
+        for _ in range(10):
+            barrier.wait()
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                n = len(cur.fetchall())
+            conn.commit()
+            with lock:
+                total[0] += n
+
+    def race() -> int:
+        total[0] = 0
+        threads = [threading.Thread(target=rounds, args=(conn,)) for conn in conns]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+        return total[0]
+
+    api.set_rate("demo.record", registry.Rate(1, per_seconds=HOUR))
+    assert race() == 1
+    run_sql("DELETE FROM scheduling_kindrate")  # a fresh window for the second race
+    # 240 an hour: the first claim finds the window idle and takes its 2; then the bucket holds
+    # 240 / 20 = 12 (refilled by 1 every 15 s): the other nineteen claims take those 12 and no more
+    api.set_rate("demo.record", registry.Rate(240, per_seconds=HOUR))
+    second = race()
+    assert second in (14, 15)  # 15 only if the race took 15 s (one token refilled)
+    assert ScheduledJob.objects.filter(state="claimed").count() == 1 + second
+
+
+def test_a_busy_kinds_starts_are_spread_not_burst(run_sql):
+    """240 an hour: an idle kind takes up to its limit at once; then at most its bucket (12) until it refills."""
+    api.schedule_many("demo.record", [{}] * 300, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(240, per_seconds=HOUR))
+    assert len(store.claim_due_jobs(100)) == 100  # idle for a period: the window's room (240), up to the claim's size
+    assert len(store.claim_due_jobs(100)) == 12  # busy: the bucket's burst, a twentieth of the limit
+    assert store.claim_due_jobs(100) == []
+    run_sql("UPDATE scheduling_kindrate SET tokens_at = tokens_at - interval '1 minute'")  # 4 tokens refilled
+    assert len(store.claim_due_jobs(100)) == 4
+
+
+def test_the_window_slides_starts_older_than_the_period_free_room(run_sql):
+    """Rate 3 an hour: a full window gives nothing; idle for two hours, the kind takes 3 again."""
+    api.schedule_many("demo.record", [{}] * 10, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(3, per_seconds=HOUR))
+    assert len(store.claim_due_jobs(100)) == 3
+    assert store.claim_due_jobs(100) == []
+    run_sql(
+        "UPDATE scheduling_kindrate SET tokens_at = tokens_at - interval '121 minutes',"
+        " starts_at = ARRAY(SELECT t - interval '121 minutes' FROM unnest(starts_at) t)"
+    )
+    assert len(store.claim_due_jobs(100)) == 3
+    (window,) = KindRate.objects.filter(kind="demo.record")
+    assert window.starts == [3], "the entries older than the period were dropped as the claim wrote"
+
+
+def test_a_partitioned_rate_holds_for_each_value_of_the_payload_field(run_sql):
+    """2 an hour per partner: partners a and b (5 each) get 2 each, c (1) gets 1, a job without the field 2."""
+    payloads = [{"partner": "a"}] * 5 + [{"partner": "b"}] * 5 + [{"partner": "c"}] + [{}] * 3
+    api.schedule_many("demo.record", payloads, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(2, per_seconds=HOUR, partition_by="partner"))
+    claims = store.claim_due_jobs(100)
+    partners = Counter(ScheduledJob.objects.get(id=c.id).payload.get("partner", "") for c in claims)
+    assert partners == {"a": 2, "b": 2, "c": 1, "": 2}
+    assert store.claim_due_jobs(100) == []
+    assert dict(KindRate.objects.filter(kind="demo.record").values_list("partition", "starts")) == {
+        "a": [2],
+        "b": [2],
+        "c": [1],
+        "": [2],
+    }
+
+
+def test_a_partitioned_rate_with_a_cap_takes_the_smaller_room(run_sql):
+    """2 an hour per partner and a cap of 3: three partners with room, only 3 claimed."""
+    api.schedule_many("demo.record", [{"partner": p} for p in "aabbcc"], delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(2, per_seconds=HOUR, partition_by="partner"))
+    api.set_max_running("demo.record", 3)
+    assert len(store.claim_due_jobs(100)) == 3
+
+
+def test_a_rate_limited_kind_with_a_backlog_never_starves_another_kind(run_sql):
+    """A rate-limited kind with 500 due older than everything: every claim still takes the other kind's due rows."""
+    api.schedule_many("demo.record", [{}] * 500, delay=60)
+    support.make_due(ago="1 hour")
+    api.set_rate("demo.record", registry.Rate(1, per_seconds=HOUR))
+    for _ in range(3):
+        api.schedule_many("demo.fail", [{}] * 4, delay=0)
+        got = _claimed_kinds(store.claim_due_jobs(4))
+        assert got["demo.fail"] == 4 - got["demo.record"], got
+    assert ScheduledJob.objects.filter(kind="demo.record", state="claimed").count() == 1
+
+
+def test_status_counts_rate_limited_due_jobs_apart_from_the_backlog(run_sql):
+    """10 due of a rate-limited kind and 2 of another: rate_limited 10, backlog 2."""
+    api.schedule_many("demo.record", [{}] * 10, delay=60)
+    api.schedule_many("demo.fail", [{}] * 2, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", "3/h")
+    numbers = api.status(include_broker=False)
+    assert (numbers["rate_limited"], numbers["backlog"]) == (10, 2)
+
+
+def test_a_registered_rate_is_written_to_the_control_row_and_an_operator_rate_wins():
+    """The handler's rate reaches the control row; api.set_rate replaces it, None included, and a sync keeps that."""
+    store.sync_code_rates({"demo.record": (10, 1.0, "partner")}, ["demo.record", "demo.fail"])
+    row = KindControl.objects.get(kind="demo.record")
+    assert (row.rate_limit, row.rate_period_seconds, row.rate_partition_by) == (10, 1.0, "partner")
+    assert store.sync_code_rates({"demo.record": (10, 1.0, "partner")}, ["demo.record"]) == []
+    api.set_rate("demo.record", None)
+    store.sync_code_rates({"demo.record": (10, 1.0, "partner")}, ["demo.record"])
+    row.refresh_from_db()
+    assert (row.rate_limit, row.rate_set_by_operator) == (None, True)
+
+
+def test_a_removed_registered_rate_is_lifted_from_the_control_row():
+    """A kind registered again without its rate: the sync lifts the rate it had written."""
+    store.sync_code_rates({"demo.record": (10, 1.0, "")}, ["demo.record"])
+    assert store.sync_code_rates({}, ["demo.record"]) == ["demo.record"]
+    assert KindControl.objects.get(kind="demo.record").rate_limit is None
+
+
+def test_the_claim_writes_the_registered_rates_before_claiming(monkeypatch):
+    """A kind registered with rate='2/h': claim_here syncs it and takes 2 of 5 due."""
+    rated = dataclasses.replace(registry.get("demo.record"), rate=registry.Rate(2, HOUR))
+    monkeypatch.setitem(core_registry._kinds, "demo.record", rated)
+    api.schedule_many("demo.record", [{}] * 5, delay=0)
+    assert len(claim.claim_here(100)) == 2
+    claim.sync_rates(force=True)
+
+
+def test_set_rate_refuses_what_is_not_a_rate():
+    """'fast', 0/s and a negative period are refused with InvalidSchedule."""
+    for bad in ("fast", "0/s", "10/x"):
+        with pytest.raises(exceptions.InvalidSchedule):
+            api.set_rate("demo.record", bad)
+    with pytest.raises(exceptions.SchedulingError):
+        registry.Rate(1, per_seconds=-1)
+
+
+def test_rate_text_reads_back_as_given():
+    """'10/s', '5/2s' and '1/m' parse to their limits and periods."""
+    assert registry.Rate.parse("10/s") == registry.Rate(10, 1.0)
+    assert registry.Rate.parse("5/2s") == registry.Rate(5, 2.0)
+    assert registry.Rate.parse("1/m") == registry.Rate(1, 60.0)
+    assert str(registry.Rate(10, 1.0, "partner")) == "10/s per partner"
+
+
+def test_a_window_full_from_one_burst_does_not_burst_again_when_it_expires(run_sql):
+    """240 an hour: an idle kind's burst of 100; when it expires (an hour on) the kind takes its bucket, not 100."""
+    api.schedule_many("demo.record", [{}] * 300, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(240, per_seconds=HOUR))
+    assert len(store.claim_due_jobs(100)) == 100
+    assert len(store.claim_due_jobs(100)) == 12
+    run_sql(
+        "UPDATE scheduling_kindrate SET starts_at = ARRAY(SELECT t - interval '61 minutes' FROM unnest(starts_at) t),"
+        " tokens_at = tokens_at - interval '61 minutes'"
+    )
+    assert len(store.claim_due_jobs(100)) == 12, "the bucket's burst, not the whole limit"
