@@ -22,7 +22,7 @@ def timekeeper_dashboard(context: dict[str, Any]) -> dict[str, Any]:
     if user is None or not user.has_perm("scheduling.view_scheduledjob"):
         return {"show": False}
     query = request.GET if request is not None else {}
-    gathered = dashboard.gather(query.get("range"), query.get("kind"))
+    gathered = dashboard.gather(query.get("range"), query.get("kind"), query.get("queue"))
     # The inline style and refresh script carry the request's Content-Security-Policy nonce (django-csp).
     return {"show": True, "csp_nonce": getattr(request, "csp_nonce", ""), **gathered}
 

@@ -13,7 +13,8 @@ sets the history charts' window; each chart has 60 buckets in it.
   broker's visible messages other than the batches of those claimed jobs (now only: the broker
   keeps no history); paused work apart.
 - **Finished**: succeeded and failed attempts and jobs that became dead, per minute (the rate over
-  each bucket), for every kind or one (``?kind=``); beside it, per kind, the window's counts and the
+  each bucket), for every kind, one (``?kind=``) or one queue's kinds (``?queue=``); beside it, per kind
+  and per queue, the window's counts and, per kind, the
   totals of the outcome counters (``scheduling_outcomecounter``, /metrics' ``*_total``), which
   survive pruning.
 - **Waiting and lag count from the later of due time and creation**: a job scheduled into the past
@@ -32,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from django.utils import timezone
@@ -146,16 +148,42 @@ def kind_outcomes(buckets: list[store.OutcomeBucket]) -> list[KindOutcomes]:
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class QueueOutcomes:
+    """One named queue's finished work within the window: its kinds' counts added up."""
+
+    queue: str
+    kinds: tuple[str, ...]
+    window: dict[str, int]  # succeeded, failed, dead within the window
+
+
+def queue_outcomes(outcomes: list[KindOutcomes], queue_of: dict[str, str]) -> list[QueueOutcomes]:
+    """Per queue (a kind's named queue; ``default`` for a kind no longer registered), the window's counts."""
+    kinds: dict[str, list[str]] = {}
+    window: dict[str, dict[str, int]] = {}
+    for k in outcomes:
+        queue = queue_of.get(k.kind, "default")
+        kinds.setdefault(queue, []).append(k.kind)
+        counts = window.setdefault(queue, dict.fromkeys(OUTCOMES, 0))
+        for outcome in OUTCOMES:
+            counts[outcome] += k.window[outcome]
+    return [QueueOutcomes(q, tuple(kinds[q]), window[q]) for q in sorted(kinds)]
+
+
 def finished_series(
-    buckets: list[store.OutcomeBucket], kind: str | None, start: dt.datetime, now: dt.datetime, bucket_seconds: float
+    buckets: list[store.OutcomeBucket],
+    kinds: Collection[str] | None,
+    start: dt.datetime,
+    now: dt.datetime,
+    bucket_seconds: float,
 ) -> list[svg.Series]:
-    """Succeeded, failed and dead per minute (each bucket's count over its width), every bucket drawn (0 if none)."""
+    """Succeeded, failed and dead per minute of ``kinds`` (None: every kind), every bucket drawn (0 if none)."""
     step = dt.timedelta(seconds=bucket_seconds)
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
     first = epoch + step * ((start - epoch) // step)  # date_bin's bucket holding the window's start
     slots = [first + step * i for i in range(int((now - first) / step) + 1)]
     counts = {outcome: dict.fromkeys(slots, 0) for outcome in OUTCOMES}
-    matched = [b for b in buckets if (kind is None or b.kind == kind) and b.at in counts[b.outcome]]
+    matched = [b for b in buckets if (kinds is None or b.kind in kinds) and b.at in counts[b.outcome]]
     if not matched:
         return [svg.Series(outcome, []) for outcome in OUTCOMES]  # drawn as "nothing finished"
     for b in matched:
@@ -174,9 +202,9 @@ def range_key(value: str | None) -> str:
     return value if value in RANGES else DEFAULT_RANGE
 
 
-def gather(range_name: str | None = None, kind: str | None = None) -> dict[str, Any]:
+def gather(range_name: str | None = None, kind: str | None = None, queue: str | None = None) -> dict[str, Any]:
     """Every number and chart the dashboard shows, over the history range ``range_name``; the finished chart for
-    ``kind`` (every kind when None or unknown)."""
+    ``kind``, else for the kinds of ``queue`` (every kind when both are None or unknown)."""
     key = range_key(range_name)
     window = RANGES[key]
     now = core_store.database_now()
@@ -206,8 +234,12 @@ def gather(range_name: str | None = None, kind: str | None = None) -> dict[str, 
     bucket_seconds = window / HISTORY_POINTS
     finished = store.outcome_buckets(window, bucket_seconds)
     outcomes = kind_outcomes(finished)
+    queues = queue_outcomes(outcomes, {k.kind: k.queue for k in kinds_overview})
     if kind not in {k.kind for k in outcomes}:
         kind = None
+    chosen = next((q for q in queues if q.queue == queue), None) if kind is None else None
+    shown = f"queue {chosen.queue}" if chosen else kind or "every kind"
+    charted = [kind] if kind else (chosen.kinds if chosen else None)
     local_now = timezone.localtime(now)
     hour_labels = [f"{(local_now + dt.timedelta(hours=h)):%H}h" for h in range(24)]
     claimed_waiting = sum(k.claimed for k in kinds_overview)
@@ -275,12 +307,14 @@ def gather(range_name: str | None = None, kind: str | None = None) -> dict[str, 
             title="Waiting work (due, not started) and paused work",
         ),
         "finished_kind": kind,
+        "finished_queue": chosen.queue if chosen else None,
         "kind_outcomes": outcomes,
+        "queue_outcomes": queues,
         "finished_chart": svg.line_chart(
-            finished_series(finished, kind, start, now, bucket_seconds),
+            finished_series(finished, charted, start, now, bucket_seconds),
             start=start,
             end=now,
-            title=f"Finished per minute ({kind or 'every kind'}): succeeded, failed, dead",
+            title=f"Finished per minute ({shown}): succeeded, failed, dead",
             value_text=lambda value: f"{value:,.3g}/min" if value else "0",
             empty_text="nothing finished in this period",
         ),

@@ -469,7 +469,8 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
 
         if not self.has_view_permission(request):
             raise PermissionDenied
-        context = {"show": True, **dashboard.gather(request.GET.get("range"), request.GET.get("kind"))}
+        query = request.GET
+        context = {"show": True, **dashboard.gather(query.get("range"), query.get("kind"), query.get("queue"))}
         response = TemplateResponse(request, "scheduling/dashboard_body.html", context)
         response["Cache-Control"] = "no-store"
         return response

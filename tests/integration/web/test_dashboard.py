@@ -168,6 +168,30 @@ def test_the_finished_chart_counts_succeeded_failed_and_dead_per_kind(admin_clie
     assert "Finished per minute (every kind)" in admin_client.get(f"{FRAGMENT}?kind=nope").content.decode()
 
 
+def _queue_row(page: str, queue: str) -> list[str]:
+    row = re.search(rf'<tr data-finished-queue="{re.escape(queue)}">(.*?)</tr>', page, re.S)
+    assert row, f"no finished row for queue {queue}"
+    return [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
+
+
+def test_the_finished_chart_draws_one_queue_and_the_queues_add_up_their_kinds(admin_client):
+    """?queue= charts the kinds of one named queue; the per-queue rows add up their kinds' window counts."""
+    api.schedule_many("demo.noop", [{}, {}], delay=0)
+    api.schedule("demo.fail", {}, delay=0, max_attempts=1)
+    api.schedule("demo.export", {"label": "q"}, delay=0)
+    support.make_due()
+    testing.run_due()
+    page = admin_client.get(FRAGMENT).content.decode()
+    assert _queue_row(page, "default") == ["default", "demo.fail, demo.noop", "2", "1", "1"]
+    assert _queue_row(page, "exports") == ["exports", "demo.export", "1", "0", "0"]
+    one = admin_client.get(f"{FRAGMENT}?queue=exports").content.decode()
+    assert "Finished per minute (queue exports)" in one
+    assert 'data-finished-queue="exports" aria-current="true"' in one
+    assert "Finished per minute (every kind)" in admin_client.get(f"{FRAGMENT}?queue=nope").content.decode()
+    both = admin_client.get(f"{FRAGMENT}?kind=demo.fail&queue=exports").content.decode()
+    assert "Finished per minute (demo.fail)" in both  # a kind is the narrower choice
+
+
 def test_the_finished_totals_come_from_the_outcome_counters_and_survive_pruning(admin_client, run_sql):
     """Deleting the history (as the pruner does) empties the window's counts but not the totals."""
     api.schedule("demo.noop", {}, delay=0)
