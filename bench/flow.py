@@ -1,8 +1,10 @@
 """Flow control: a rate-limited kind beside an unlimited one, decided at the claim (issue 36).
 
-Scenarios (``SCENARIOS``; each adds its figures to the one JSON line, so a later one, e.g. abort,
-is one more entry):
+Scenarios (``SCENARIOS``; each adds its figures to the one JSON line):
 
+- ``abort`` (``bench/flow_abort.py``, also ``python -m bench flow_abort``): 100 running jobs
+  aborted; abort() to the handler's interruption p99 <= the heartbeat interval + 1 s, 0 committed
+  writes of aborted atomic jobs (``abort_p99_s``, ``heartbeat_s``, ``aborted_committed_writes``).
 - ``rate``: ``demo.record`` limited to 50 starts/s (``api.set_rate``) with 5,000 due at once,
   beside ``demo.noop`` scheduled at 200 jobs/s (due 0.5-5 s ahead), for 60 s. Starts are the
   handlers' starts (``JobAttempt.started_at``, the database clock). The limited kind's rate over
@@ -202,10 +204,20 @@ def scenario_partitioned(seconds: float, per_partition: int, rng: random.Random)
     }
 
 
-# The scenarios, in order; each returns its figures (the abort scenario is the next entry).
+def scenario_abort(quick: bool) -> dict[str, Any]:
+    """100 running jobs aborted (``bench/flow_abort.py``): abort() to the handler's interruption, and writes."""
+    from bench import flow_abort
+
+    if quick:
+        return flow_abort.run(flow_abort.QUICK_JOBS, flow_abort.QUICK_HEARTBEAT_S)
+    return flow_abort.run(flow_abort.JOBS, flow_abort.HEARTBEAT_S)
+
+
+# The scenarios, in order; each returns its figures.
 SCENARIOS: dict[str, Callable[[float, bool, random.Random], dict[str, Any]]] = {
     "rate": lambda s, quick, rng: scenario_rate(s, 1500 if quick else BACKLOG, rng),
     "partitioned": lambda s, quick, rng: scenario_partitioned(s, 100 if quick else 400, rng),
+    "abort": lambda s, quick, rng: scenario_abort(quick),
 }
 
 
@@ -214,7 +226,7 @@ def main(quick: bool = False) -> dict[str, Any]:
     seconds = 15.0 if quick else 60.0
     rng = random.Random(36)
     detail = {name: run(seconds, quick, rng) for name, run in SCENARIOS.items()}
-    rate, part = detail["rate"], detail["partitioned"]
+    rate, part, abort = detail["rate"], detail["partitioned"], detail["abort"]
     rows = [
         [
             f"{LIMIT_PER_S}/s, one window",
@@ -247,6 +259,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         and part["partition_rate_error_pct_max"] <= TARGET_RATE_ERROR_PCT
         and part["partition_max_starts_in_1s"] <= PARTITION_LIMIT_PER_S
         and other_p99 <= TARGET_LAG_P99_MS
+        and abort["target_met"]
     )
     return {
         "seconds": seconds,
@@ -266,6 +279,10 @@ def main(quick: bool = False) -> dict[str, Any]:
         "other_rate_per_s": OTHER_RATE_PER_S,
         "target_rate_error_pct": TARGET_RATE_ERROR_PCT,
         "target_lag_p99_ms": TARGET_LAG_P99_MS,
+        "abort_p99_s": abort["abort_p99_s"],
+        "heartbeat_s": abort["heartbeat_s"],
+        "aborted_committed_writes": abort["aborted_committed_writes"],
+        "abort_target_met": abort["target_met"],
         "target_met": met,
         "scenarios": list(SCENARIOS),
         "detail": detail,
