@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from scheduling.core import exceptions, registry, validation
+from scheduling.core import exceptions, options, registry, validation
 from scheduling.models import (
     MAX_PRIORITY,
     MIN_PRIORITY,
@@ -95,6 +95,21 @@ class NewJobForm(forms.Form):
     max_attempts = forms.IntegerField(
         required=False, min_value=1, max_value=1000, help_text="Empty: the kind's default."
     )
+    unique_for = forms.FloatField(
+        required=False,
+        min_value=0,
+        label="Unique for (seconds)",
+        help_text="A uniqueness window: a job of this kind with the same key (or, without one, the same payload) "
+        "in the same window is a duplicate, answered by on_conflict. Empty: the kind's; 0: not unique.",
+    )
+    unique_states = forms.MultipleChoiceField(
+        choices=[(s, s) for s in options.UNIQUE_STATES_CHOICES],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text=f"The states in which a job holds its window. None ticked: the kind's "
+        f"(by default {', '.join(options.DEFAULT_UNIQUE_STATES)}); {', '.join(options.UNIQUE_STATES_ALWAYS)} "
+        "always hold it.",
+    )
     priority = forms.TypedChoiceField(
         choices=[("", "the kind's default"), *[(str(n), str(n)) for n in range(MIN_PRIORITY, MAX_PRIORITY + 1)]],
         coerce=int,
@@ -136,6 +151,13 @@ class NewJobForm(forms.Form):
         data = self.cleaned_data
         if data.get("payload") is None and "payload" not in self.errors:
             data["payload"] = {}
+        # The window's checks are api.schedule's (options.check_unique_*), with their words, on their fields.
+        for name, check in (("unique_for", options.check_unique_for), ("unique_states", options.check_unique_states)):
+            if data.get(name) not in (None, []):
+                try:
+                    check(data[name])
+                except exceptions.InvalidSchedule as exc:
+                    self.add_error(name, str(exc))
         if data.get("due_at") is None and data.get("delay_seconds") is None and not self.errors.get("due_at"):
             raise ValidationError("Give a due time or a delay.")
         if self.user is not None and not self.user.is_superuser and data.get("kind") and "payload" not in self.errors:
@@ -168,6 +190,10 @@ class NewJobForm(forms.Form):
             out["due_at"] = data["due_at"]
         if data.get("delay_seconds") is not None:
             out["delay"] = data["delay_seconds"]
+        if data.get("unique_for") is not None:
+            out["unique_for"] = data["unique_for"]
+        if data.get("unique_states"):
+            out["unique_states"] = data["unique_states"]
         return out
 
     def add_scheduling_error(self, exc: exceptions.SchedulingError) -> None:

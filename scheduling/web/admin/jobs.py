@@ -613,6 +613,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             (None, {"fields": ["kind", "payload", *(["owner"] if "owner" in form.fields else [])]}),
             ("When", {"fields": ["due_at", "delay_seconds"]}),
             ("Key, priority and retries", {"fields": ["key", "on_conflict", "priority", "max_attempts"]}),
+            ("Uniqueness window", {"fields": ["unique_for", "unique_states"]}),
         ]
         # django-stubs type these as ModelForm only; the admin's helpers work with any form.
         admin_form = helpers.AdminForm(form, fieldsets, {}, model_admin=self)  # type: ignore[arg-type]
