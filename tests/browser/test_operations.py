@@ -53,6 +53,27 @@ def test_operator_pauses_and_resumes_a_kind(page, django_user_model):
     page.shot("resumed")
 
 
+def test_operator_sets_and_lifts_a_kinds_rate(page, django_user_model):
+    """The Kinds page's Set rate limits demo.noop to "5/2s per partner", shows it in the row, then lifts it."""
+    log_in(page, django_user_model)
+    page.goto("/admin/scheduling/kindcontrol/")
+    field = page.locator('tr[data-kind="demo.noop"] form.tk-rate input[name=rate]')
+    expect(field).to_have_value("")
+    field.fill("5/2s per partner")
+    page.locator('tr[data-kind="demo.noop"] form.tk-rate button').click()
+    page.wait_for_selector("text=demo.noop: at most 5/2s per partner.")
+    expect(page.locator('tr[data-kind="demo.noop"] form.tk-rate input[name=rate]')).to_have_value("5/2s per partner")
+    row = KindControl.objects.get(kind="demo.noop")
+    assert (row.rate_limit, row.rate_period_seconds, row.rate_partition_by) == (5, 2.0, "partner")
+    page.shot("rate-set")
+    page.locator('tr[data-kind="demo.noop"] form.tk-rate input[name=rate]').fill("")
+    page.locator('tr[data-kind="demo.noop"] form.tk-rate button').click()
+    page.wait_for_selector("text=demo.noop: no rate limit.")
+    expect(page.locator('tr[data-kind="demo.noop"] form.tk-rate input[name=rate]')).to_have_value("")
+    assert KindControl.objects.get(kind="demo.noop").rate_limit is None
+    page.shot("rate-lifted")
+
+
 def test_operator_retries_a_dead_job_from_its_page(page, django_user_model):
     """A dead job's page has Retry and no Save; Retry makes it pending and says so."""
     log_in(page, django_user_model)
