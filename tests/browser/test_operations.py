@@ -65,6 +65,8 @@ def test_operator_sets_and_lifts_a_kinds_rate(page, django_user_model):
     expect(page.locator('tr[data-kind="demo.noop"] form.tk-rate input[name=rate]')).to_have_value("5/2s per partner")
     row = KindControl.objects.get(kind="demo.noop")
     assert (row.rate_limit, row.rate_period_seconds, row.rate_partition_by) == (5, 2.0, "partner")
+    # every control of every kind is on screen at 1,280 px: nothing scrolls sideways
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= page.evaluate("window.innerWidth")
     page.shot("rate-set")
     page.locator('tr[data-kind="demo.noop"] form.tk-rate input[name=rate]').fill("")
     page.locator('tr[data-kind="demo.noop"] form.tk-rate button').click()
