@@ -263,6 +263,9 @@ MAX_RATE_LIMIT = 1_000_000  # the most starts per period a rate takes
 MAX_RATE_PERIOD_SECONDS = 7 * 86400.0  # the longest period (a week)
 
 
+PARTITION_FIELD = re.compile(r"[A-Za-z0-9_.\-]{1,100}")  # a rate's partition_by: a payload field's name
+
+
 @dataclasses.dataclass(frozen=True)
 class Rate:
     """At most ``limit`` starts of a kind per ``per_seconds`` (a sliding window), cluster-wide.
@@ -288,9 +291,11 @@ class Rate:
             raise exceptions.SchedulingError(
                 f"A rate's period must be seconds above 0, at most {MAX_RATE_PERIOD_SECONDS:g}, not {per!r}."
             )
-        if not isinstance(self.partition_by, str) or len(self.partition_by) > 100:
+        if not isinstance(self.partition_by, str) or (
+            self.partition_by and not PARTITION_FIELD.fullmatch(self.partition_by)
+        ):
             raise exceptions.SchedulingError(
-                "A rate's partition_by must be a payload field name (at most 100 characters)."
+                "A rate's partition_by must be a payload field name (at most 100 letters, digits, '_', '-' or '.')."
             )
 
     @classmethod

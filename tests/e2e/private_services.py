@@ -303,6 +303,8 @@ class Stack:
             "owner_id": None,
             "priority": 0,
             **store.NO_OVERRIDES.params(),
+            "unique_key": None,  # no uniqueness window
+            "unique_states": None,
         }
         return int(self.sql(store.SQL["insert_job"], params)[0][0])
 

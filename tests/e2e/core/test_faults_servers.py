@@ -282,6 +282,7 @@ def _claim_with_lost_messages(stack: Stack, count: int, lease: int) -> list[list
     params = {"kind": "demo.record", "payload": "{}", "due_at": an_hour_ago, "delay": 0.0, "lease_seconds": lease,
               "max_attempts": 5, "key": None, "owner_id": None, "priority": 0}  # fmt: skip
     params.update(store.NO_OVERRIDES.params())  # the kind's timeout, backoff and atomicity
+    params.update(unique_key=None, unique_states=None)  # no uniqueness window
     with conn, conn.cursor() as cur:
         inserted = set()
         for _ in range(count):

@@ -17,6 +17,7 @@ from django.conf import settings
 
 from scheduling import api
 from scheduling.core import broker as core_broker
+from scheduling.core import holdings as core_holdings
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, Recurrence, RecurrenceState, ScheduledJob
 from tests.e2e.harness import wait_for, wait_ready
 from tests.faultkit.kinds import handlers as fault_kinds  # noqa: F401 - registers the new kind in this process
@@ -77,8 +78,19 @@ def test_an_old_leader_sends_a_new_kind_without_a_time_limit(cluster, broker):
     """A leader that does not know a kind sends its batch with no hard time limit (a guessed one killed 120 s jobs)."""
     old = cluster.worker("old", args=["-Q", "elsewhere"], env=OLD)  # it leads, and leaves the batch queued
     wait_ready(old)
-    job = api.schedule(KIND, {}, delay=0)
-    (message,) = wait_for(lambda: _queued_batches(broker), 30, message=f"the old leader's batch ({old.log_path})")
-    assert message["headers"]["task"] == "scheduling.run_batch"
-    assert message["headers"]["timelimit"] == [None, None]
-    assert ScheduledJob.objects.get(pk=job.id).state == JobState.CLAIMED
+    # The default queue needs a live worker, or the claim gives it no room (per-queue back-pressure).
+    # A real one would take the batch (even stopped: Redis hands a blocked BRPOP the message), so a
+    # presence that says a worker serves it, written as a worker writes its own, stands in for one.
+    presence = core_holdings._key(core_holdings.PRESENCE_KEY.format(id="standby"))
+    holders = core_holdings._key(core_holdings.HOLDERS_KEY)
+    broker.sadd(holders, "standby")
+    broker.set(presence, json.dumps({"pid": 0, "at": time.time(), "queues": [core_broker.default_queue()]}), ex=120)
+    try:
+        job = api.schedule(KIND, {}, delay=0)
+        (message,) = wait_for(lambda: _queued_batches(broker), 30, message=f"the old leader's batch ({old.log_path})")
+        assert message["headers"]["task"] == "scheduling.run_batch"
+        assert message["headers"]["timelimit"] == [None, None]
+        assert ScheduledJob.objects.get(pk=job.id).state == JobState.CLAIMED
+    finally:
+        broker.delete(presence)
+        broker.srem(holders, "standby")
