@@ -127,7 +127,7 @@ def test_scenario_targets():
     assert (realistic.TARGET_JOBS_PER_S, realistic.TARGET_RATIO_VS_CELERY) == (3500, 4.0)
     assert realistic.TARGET_RATIO_VS_FLOOR == 0.75
     assert (throughput.TARGET_JOBS_PER_S, throughput.TARGET_RATIO_VS_RAW_BATCH_50) == (10_000, 0.6)
-    assert burst.TARGET_DRAIN_S == 60.0
+    assert burst.TARGET_DRAIN_S == 25.0  # issue 32
     assert rescue.TARGET_S == 45.0
     assert (lag.RATE_PER_S, lag.HIGH_RATE_PER_S, lag.TARGET_P99_MS) == (200, 1000, 50)
 
@@ -174,7 +174,7 @@ def test_recurring_scenario_imports_and_takes_quick():
 
     assert recurring.SCENARIO == "recurring"
     assert list(inspect.signature(recurring.main).parameters) == ["quick"]
-    assert (recurring.TARGET_RATIO, recurring.TARGET_SPIKE_S, len(recurring.ZONES)) == (1.2, 60.0, 30)
+    assert (recurring.TARGET_RATIO, recurring.TARGET_SPIKE_S, len(recurring.ZONES)) == (1.2, 40.0, 30)  # issue 32: 40 s
 
 
 def test_flow_counts_the_most_starts_in_any_half_open_second():
