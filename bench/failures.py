@@ -13,7 +13,7 @@ on_commit raises every time). Reported:
   their attempts;
 - throughput as a ratio of the clean run. Each timeout costs its process the full second whatever
   the runner does (timeouts x 1 s / 2 processes of drain no design avoids), so the ratio is given
-  raw and net of that floor; the target (>= 0.8) is checked on the net ratio.
+  raw and net of that floor; the target (>= 0.9, issue 32) is checked on the net ratio.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ SCENARIO = "failures"
 WORKER_CONCURRENCY = 2
 DRAIN_TIMEOUT_S = 600
 TARGET_CALLS_PER_ATTEMPT = 1.0
-TARGET_RATIO_VS_CLEAN = 0.8
+TARGET_RATIO_VS_CLEAN = 0.9  # issue 32: net-of-timeouts ratio >= 0.9 (0.8 before it)
 FATES = {0: "raise", 1: "raise", 2: "timeout", 3: "callback"}  # by job index % 100: 2%, 1%, 1%
 
 

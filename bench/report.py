@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import burst, common, recurring
+from bench import burst, common, failures, recurring
 
 README = common.ROOT / "bench" / "README.md"
 START = "<!-- bench-report:start -->"
@@ -106,8 +106,11 @@ def _rows() -> list[Row]:
                 f"{_fmt(d['callbacks_expected'])} callbacks run; {_fmt(d['mixed_jobs_per_s'])} jobs/s = "
                 f"{d['ratio_vs_clean']}x the clean run ({_fmt(d['clean_jobs_per_s'])}/s), "
                 f"{d['ratio_vs_clean_net_of_timeouts']}x net of the {_fmt(d['timeout_floor_s'])} s the timeouts cost",
-                "1.00 calls per attempt, 0 duplicates, all callbacks but the raising ones, >= 0.8x clean (net)",
-                verdict(bool(d["target_met"])),
+                f"1.00 calls per attempt, 0 duplicates, all callbacks but the raising ones, "
+                f">= {failures.TARGET_RATIO_VS_CLEAN:g}x clean (net)",
+                verdict(  # today's target, not the one stored with an older run
+                    bool(d["target_met"]) and d["ratio_vs_clean_net_of_timeouts"] >= failures.TARGET_RATIO_VS_CLEAN
+                ),
             )
         ],
     )
@@ -123,7 +126,26 @@ def _rows() -> list[Row]:
                 f"(~{d['sweeps_expected']} expected); {d['duplicate_effects']} duplicate effects",
                 f"<= {burst.TARGET_DRAIN_S:g} s, exactly once, queue within its bound, sweeps on schedule",
                 verdict(bool(d["target_met"]) and d["drain_s"] <= burst.TARGET_DRAIN_S),  # today's target
-            )
+            ),
+            *(
+                [
+                    (
+                        "burst (30k)",
+                        f"{_fmt(d['small']['jobs'])} ORM-insert jobs due at one instant, 1 worker x 2 + beat",
+                        f"drained {_fmt(d['small']['drain_s'])} s after the due instant; start lag p99 "
+                        f"{_fmt(d['small']['lag_p99_ms'])} ms; {d['small']['duplicate_effects']} duplicate, "
+                        f"{d['small']['missing_effects']} missing effects",
+                        f"<= {burst.TARGET_SMALL_DRAIN_S:g} s, exactly once",
+                        verdict(
+                            bool(d.get("small_target_met"))
+                            and d["small"]["drain_s"] is not None
+                            and d["small"]["drain_s"] <= burst.TARGET_SMALL_DRAIN_S
+                        ),
+                    )
+                ]
+                if "small" in d
+                else []
+            ),
         ],
     )
     add(
