@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from scheduling.core import exceptions, registry, validation
@@ -95,7 +96,12 @@ class JobOptions:
     backoff: registry.Backoff | None = None
     atomic: bool | None = None
     unique_for: float | dt.timedelta | None = None  # seconds or a timedelta; 0: not unique; None: the kind's
-    unique_states: tuple[str, ...] | list[str] | None = None  # None: the kind's, else DEFAULT_UNIQUE_STATES
+    unique_states: Sequence[str] | None = None  # None: the kind's, else DEFAULT_UNIQUE_STATES; kept as a tuple
+
+    def __post_init__(self) -> None:
+        states = self.unique_states
+        if isinstance(states, Sequence) and not isinstance(states, (str, tuple)):  # a list would not hash
+            object.__setattr__(self, "unique_states", tuple(states))  # anything else: validated() says what is wrong
 
     def using(self, **changes: Any) -> JobOptions:
         """A copy with ``changes``."""
@@ -168,7 +174,7 @@ def check_unique_for(value: Any) -> float | None:
     return float(seconds)
 
 
-def _unique_states(kind: registry.Kind, value: tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+def _unique_states(kind: registry.Kind, value: Sequence[str] | None) -> tuple[str, ...]:
     """The states that hold a window (the job's, else its kind's); ``InvalidSchedule`` unless valid."""
     return check_unique_states(kind.unique_states if value is None else value)
 

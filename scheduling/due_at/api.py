@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import inspect
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import redis
 
@@ -31,6 +32,8 @@ from scheduling.models import JobState, ScheduledJob
 logger = logging.getLogger(__name__)
 
 ON_CONFLICT_CHOICES = options_.ON_CONFLICT_CHOICES
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def schedule(
@@ -92,44 +95,26 @@ def schedule(
         backoff=backoff,
         atomic=atomic,
         unique_for=unique_for,
-        unique_states=None if unique_states is None else tuple(unique_states),
+        unique_states=unique_states,
     )
     return schedule_with_options(kind, payload, options)[0]
 
 
-def schedule_with_outcome(
-    kind: str,
-    payload: Any,
-    *,
-    due_at: dt.datetime | None = None,
-    delay: float | int | dt.timedelta | None = None,
-    key: str | None = None,
-    on_conflict: str = "replace",
-    max_attempts: int | None = None,
-    owner: Any = None,
-    priority: int | None = None,
-    timeout: float | dt.timedelta | None = None,
-    backoff: registry.Backoff | None = None,
-    atomic: bool | None = None,
-    unique_for: float | dt.timedelta | None = None,
-    unique_states: Sequence[str] | None = None,
-) -> tuple[ScheduledJob, str]:
-    """``schedule()``, also saying what happened: "created", "replaced" or "kept"."""
-    options = options_.JobOptions(
-        due_at=due_at,
-        delay=delay,
-        key=key,
-        on_conflict=on_conflict,
-        max_attempts=max_attempts,
-        owner=owner,
-        priority=priority,
-        timeout=timeout,
-        backoff=backoff,
-        atomic=atomic,
-        unique_for=unique_for,
-        unique_states=None if unique_states is None else tuple(unique_states),
-    )
-    return schedule_with_options(kind, payload, options)
+def _parameters_of(model: Callable[P, object]) -> Callable[[Callable[..., R]], Callable[P, R]]:
+    """Give the decorated function ``model``'s parameters (what type checkers and ``help()`` show), its own return."""
+
+    def give(function: Callable[..., R]) -> Callable[P, R]:
+        returns = inspect.signature(function).return_annotation
+        function.__signature__ = inspect.signature(model).replace(return_annotation=returns)  # type: ignore[attr-defined]
+        return function
+
+    return give
+
+
+@_parameters_of(schedule)
+def schedule_with_outcome(kind: str, payload: Any, **keywords: Any) -> tuple[ScheduledJob, str]:
+    """``schedule()`` (the same parameters), also saying what happened: "created", "replaced" or "kept"."""
+    return schedule_with_options(kind, payload, options_.JobOptions(**keywords))
 
 
 def schedule_with_options(kind: str, payload: Any, options: options_.JobOptions) -> tuple[ScheduledJob, str]:
