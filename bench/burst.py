@@ -188,26 +188,28 @@ def _met(r: dict[str, Any], target_s: float) -> bool:
 def main(quick: bool = False) -> dict[str, Any]:
     common.setup()
     small_jobs, jobs = (10_000, 20_000) if quick else (SMALL_JOBS, 100_000)
-    common.say(f"{SCENARIO}: {small_jobs:,} ORM-insert jobs due at one instant, 1 worker x 2 processes + beat")
-    small = run(small_jobs, with_beat=True)
-    common.reset_state()
-    print(
-        common.table(
-            f"Burst: {small_jobs:,} jobs due at one instant, 1 worker x 2 + beat, load average {common.load_average()}",
-            ["figure", "measured", "target"],
-            _rows(small, None if quick else TARGET_SMALL_DRAIN_S),
+    stages = [
+        (small_jobs, True, TARGET_SMALL_DRAIN_S, "1 worker x 2 processes + beat"),
+        (jobs, False, TARGET_DRAIN_S, "1 worker x 2 processes"),
+    ]
+    small: dict[str, Any] = {}
+    r: dict[str, Any] = {}
+    for count, with_beat, target_s, shape in stages:
+        common.say(f"{SCENARIO}: {count:,} ORM-insert jobs due at one instant, {shape}")
+        figures = run(count, with_beat=with_beat)
+        common.reset_state()
+        print(
+            common.table(
+                f"Burst: {count:,} jobs (one ORM insert each) due at one instant, {shape}, "
+                f"load average {common.load_average()}",
+                ["figure", "measured", "target"],
+                _rows(figures, None if quick else target_s),
+            )
         )
-    )
-    common.say(f"{SCENARIO}: {jobs:,} ORM-insert jobs due at one instant, 2 worker processes")
-    r = run(jobs)
-    common.reset_state()
-    print(
-        common.table(
-            f"Burst: {jobs:,} jobs (one ORM insert each) due at one instant, load average {common.load_average()}",
-            ["figure", "measured", "target"],
-            _rows(r, None if quick else TARGET_DRAIN_S),
-        )
-    )
+        if with_beat:
+            small = figures
+        else:
+            r = figures
     return {
         **{k: v for k, v in r.items() if k != "lag"},
         "lag_p50_ms": r["lag"]["p50_ms"],
