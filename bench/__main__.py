@@ -30,8 +30,9 @@ SCENARIOS = (
     "recurring",
     "flow",
 )
-# Run only by name, never by "all": the soaks (10 and 60 minutes); flow_abort (python -m bench flow calls it).
-ALONE = ("chaos", "soak", "flow_abort")
+# Run only by name, never by "all": the soaks (10 and 60 minutes); flow_abort (python -m bench flow calls
+# it); ab (it needs --base).
+ALONE = ("chaos", "soak", "flow_abort", "ab")
 
 
 def run(name: str, quick: bool, extra: list[str] | None = None) -> dict[str, Any]:

@@ -184,3 +184,12 @@ def test_flow_counts_the_most_starts_in_any_half_open_second():
 
     assert flow.max_in_window([0.0, 0.5, 0.99, 1.0]) == 3
     assert flow.max_in_window([]) == 0
+
+
+def test_ab_needs_a_base_and_carries_issue_36s_target():
+    """bench ab compares with a base revision (required) and judges a loss of at most 3% (issue 36)."""
+    from bench import ab
+
+    assert ab.TARGET_LOSS_PCT == 3.0
+    with pytest.raises(SystemExit):
+        ab.main([])

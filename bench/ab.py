@@ -1,0 +1,113 @@
+"""A/B: the realistic benchmark's Timekeeper run on this tree and on a base revision, interleaved.
+
+``python -m bench ab --base REV [--rounds N] [--jobs N]``: what a change costs the realistic
+workload (``bench.realistic.run_timekeeper``: N ``demo.record`` jobs, one ORM insert each, one
+worker with 2 processes) when its features are present and unused. The base revision is exported
+with ``git archive`` into ``var/bench-ab/<rev>`` (never checked out in place) and runs from there,
+with this venv's Python and a database of its own (``<BENCH_DATABASE>_<rev>``: the two sides'
+migrations differ). The sides alternate, base first, ``--rounds`` times each, so that a drift of
+the machine's load falls on both; medians are compared. Issue 36's target: this tree loses at most
+3% against the base (``loss_pct <= 3``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench import common
+
+SCENARIO = "ab"
+TARGET_LOSS_PCT = 3.0  # issue 36: the realistic benchmark loses at most 3% with the new features present and unused
+ONE_RUN = (
+    "import json, sys; from bench import common, realistic; common.setup(); "
+    "r = realistic.run_timekeeper(int(sys.argv[1])); common.reset_state(); "
+    "keys = ('jobs', 'done', 'jobs_per_s', 'duplicate_effects', 'missing_effects'); "
+    "print('AB ' + json.dumps({k: r[k] for k in keys}))"
+)
+
+
+def export(rev: str) -> Path:
+    """The tree of ``rev`` under ``var/bench-ab/<rev>`` (exported once)."""
+    found = subprocess.run(["git", "rev-parse", "--short", rev], cwd=common.ROOT, capture_output=True, text=True)
+    if found.returncode != 0:
+        raise SystemExit(f"bench ab: no revision {rev!r} in this repository")
+    short = found.stdout.strip()
+    target = common.ROOT / "var" / "bench-ab" / short
+    if not (target / "manage.py").exists():
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile() as archive:
+            subprocess.run(["git", "archive", short], cwd=common.ROOT, stdout=archive, check=True)
+            archive.seek(0)
+            with tarfile.open(fileobj=archive) as tar:
+                tar.extractall(target, filter="data")
+    return target
+
+
+def one_run(tree: Path, database: str, jobs: int) -> dict[str, Any]:
+    env = {**os.environ, "BENCH_DATABASE": database, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_RUN, str(jobs)], cwd=tree, env=env, capture_output=True, text=True, check=False
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("AB ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"the run in {tree} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        )
+    return dict(json.loads(lines[-1][3:]))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench ab", description=__doc__)
+    parser.add_argument("--base", required=True, help="the revision to compare with (e.g. the commit before a feature)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each side (default 3)")
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs per run (default 20,000, as bench realistic)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 5,000 jobs")
+    args = parser.parse_args(argv)
+    rounds, jobs = (2, 5_000) if args.quick else (args.rounds, args.jobs)
+    base_tree = export(args.base)
+    sides = {"base": (base_tree, f"{common.BENCH_DB}_{base_tree.name}"), "this": (common.ROOT, common.BENCH_DB)}
+    runs: dict[str, list[dict[str, Any]]] = {"base": [], "this": []}
+    this = common.git_commit()
+    common.say(f"{SCENARIO}: realistic, {jobs:,} jobs, base {base_tree.name} vs this tree ({this}), {rounds} rounds")
+    for round_no in range(1, rounds + 1):
+        for side, (tree, database) in sides.items():
+            figures = one_run(tree, database, jobs)
+            runs[side].append(figures)
+            common.say(f"  round {round_no} {side}: {figures['jobs_per_s']:,.0f} jobs/s (load {common.load_average()})")
+    median = {side: statistics.median(r["jobs_per_s"] for r in rs) for side, rs in runs.items()}
+    loss_pct = round(100.0 * (1.0 - median["this"] / median["base"]), 1)
+    exact = all(r["duplicate_effects"] == 0 and r["missing_effects"] == 0 for rs in runs.values() for r in rs)
+    print(
+        common.table(
+            f"A/B realistic ({jobs:,} jobs, median of {rounds}), load average {common.load_average()}",
+            ["side", "jobs/s (median)", "runs"],
+            [[side, round(median[side]), ", ".join(f"{r['jobs_per_s']:,.0f}" for r in runs[side])] for side in runs],
+        )
+    )
+    common.say(f"  this tree loses {loss_pct}% against the base (target <= {TARGET_LOSS_PCT:g}%)")
+    return common.emit(
+        SCENARIO,
+        {
+            "base": base_tree.name,
+            "jobs": jobs,
+            "rounds": rounds,
+            "base_jobs_per_s": [round(r["jobs_per_s"], 1) for r in runs["base"]],
+            "this_jobs_per_s": [round(r["jobs_per_s"], 1) for r in runs["this"]],
+            "base_median": round(median["base"], 1),
+            "this_median": round(median["this"], 1),
+            "loss_pct": loss_pct,
+            "target_loss_pct": TARGET_LOSS_PCT,
+            "exactly_once": exact,
+            "target_met": exact and loss_pct <= TARGET_LOSS_PCT,
+        },
+        quick=args.quick,
+    )
