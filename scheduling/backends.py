@@ -17,7 +17,8 @@ same code imports whichever is there) run as Timekeeper jobs:
   nothing (``USE_TZ = False`` is one). ``result.task`` is the task enqueued. The result id is a
   random UUID in the job's ``task_result_id``, never its sequential id (a task scheduled through
   the JSON API gets ``signed_result_id(job id)`` at its first run); ``cancel()`` /
-  ``reschedule()`` here take tasks' result ids only. ``get_result`` shows any task to whoever has
+  ``reschedule()`` / ``abort()`` here take tasks' result ids only (``abort``: a running task's
+  handler is interrupted, ``scheduling.api.abort``). ``get_result`` shows any task to whoever has
   its id: a host's "poll my task" view calls ``owned_result(result_id, request.user)``
   (docs/installing.md, "Whose result is it").
 - **Priority**: Django's -100..100 onto the claim's 0-9 (higher first): ``p <= 0`` is 0, the
@@ -46,7 +47,8 @@ same code imports whichever is there) run as Timekeeper jobs:
 - **Results** are read from the row and its attempts: READY (pending, or claimed and not
   started), RUNNING (started), SUCCESSFUL (done), FAILED (dead or cancelled); ``errors`` holds one
   ``TaskError`` per failed attempt (the exception's class path and Django's whole traceback,
-  message included; a timeout is ``scheduling.core.executor.JobTimeout``, a claim taken back from a
+  message included; a timeout is ``scheduling.core.executor.JobTimeout``, an abort
+  ``scheduling.core.executor.JobAborted`` with who asked and when, a claim taken back from a
   dead worker ``scheduling.backends.WorkerLost``, a claim a stopping worker gave back no error
   while the task will run again); ``worker_ids`` one worker per attempt. Any id that is not a
   task's result id raises ``TaskResultDoesNotExist``; a stored job is never ``InvalidTask``.
@@ -89,7 +91,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduling import api
-from scheduling.core import conf, exceptions, executor, registry
+from scheduling.core import aborts, conf, exceptions, executor, registry
 from scheduling.core import options as job_options
 from scheduling.due_at import api as due_at_api
 from scheduling.due_at.api import ON_CONFLICT_CHOICES
@@ -437,6 +439,7 @@ def _changed(result: TaskResult, **changes: Any) -> TaskResult:
 # --- Results: read from the job's row and its attempts -------------------------------------------
 
 
+_ABORTED_PATH = f"{executor.JobAborted.__module__}.{executor.JobAborted.__qualname__}"
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 
 
@@ -451,6 +454,8 @@ def _attempt_error(attempt: JobAttempt) -> TaskError:
         path = f"{executor.JobTimeout.__module__}.{executor.JobTimeout.__qualname__}"
     elif attempt.outcome == AttemptOutcome.RECLAIMED:
         path = f"{WorkerLost.__module__}.{WorkerLost.__qualname__}"
+    elif attempt.outcome == AttemptOutcome.ABORTED:  # its error says who asked and when
+        path = _ABORTED_PATH
     else:
         path = _class_path(attempt.traceback, attempt.error.split(":", 1)[0].strip())
     return TaskError(exception_class_path=path, traceback=attempt.traceback or attempt.error)
@@ -464,6 +469,21 @@ def _class_path(text: str, name: str) -> str:
             found = match.group(1)
             return found if "." in found else f"builtins.{found}"
     return "builtins.Exception"
+
+
+def _errors(row: ScheduledJob, attempts: list[JobAttempt]) -> list[TaskError]:
+    """The task's errors: its failed attempts', and an abort that cancelled its claim before it started.
+
+    That abort records no attempt (nothing ran), only the row's ``last_error`` ("aborted by ...").
+    """
+    errors = [_attempt_error(a) for i, a in enumerate(attempts) if _is_error(a, row, i == len(attempts) - 1)]
+    if (
+        row.state == JobState.CANCELLED
+        and row.last_error.startswith(aborts.REASON_PREFIX)
+        and not any(a.outcome == AttemptOutcome.ABORTED for a in attempts)
+    ):
+        errors.append(TaskError(exception_class_path=_ABORTED_PATH, traceback=row.last_error))
+    return errors
 
 
 def _status(row: ScheduledJob) -> TaskResultStatus:
@@ -547,7 +567,7 @@ def _result(
         args=list(payload.get("args", [])),
         kwargs=dict(payload.get("kwargs", {})),
         backend=backend.alias,
-        errors=[_attempt_error(a) for i, a in enumerate(attempts) if _is_error(a, row, i == len(attempts) - 1)],
+        errors=_errors(row, attempts),
         worker_ids=worker_ids,
     )
     if status == TaskResultStatus.SUCCESSFUL:
@@ -592,6 +612,19 @@ def cancel(result: TaskResult | str) -> int:
 def reschedule(result: TaskResult | str, run_after: dt.datetime) -> dt.datetime:
     """Move a task that has not started to ``run_after`` (aware); returns the stored due time (tasks only)."""
     return api.reschedule(job_id=task_job(result).pk, due_at=run_after)
+
+
+def abort(result: TaskResult | str, *, by: str | None = None) -> api.Aborted:
+    """Abort a claimed or running task (``scheduling.api.abort``): its handler interrupted, its atomic writes undone.
+
+    Returns ``api.Aborted`` (``requested``: running, its worker stops it within about a heartbeat;
+    ``cancelled``: claimed, never started). ``by`` names who asked (else the door's operator, else
+    "application"). ``JobAlreadyFinished`` when the task had finished first (it stays so),
+    ``JobNotAbortable`` when it has not been claimed (``cancel()`` it). Its result is then FAILED
+    with a ``scheduling.core.executor.JobAborted`` error saying who asked and when. Only a task's
+    result id is taken: any other id is ``TaskResultDoesNotExist``.
+    """
+    return api.abort(task_job(result).pk, by=by)
 
 
 def owned_result(result_id: str, owner: Any, *, alias: str = "default") -> TaskResult:
@@ -718,6 +751,7 @@ __all__ = [
     "TimekeeperTask",
     "TimekeeperTaskContext",
     "WorkerLost",
+    "abort",
     "cancel",
     "job_priority",
     "owned_result",

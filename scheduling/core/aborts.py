@@ -38,9 +38,12 @@ def asker(by: str | None) -> str:
     return actor.resolve()[2] if actor is not None else "application"
 
 
+REASON_PREFIX = "aborted by "  # how every abort's text begins (an error's text is "Type: message", never this)
+
+
 def reason(by: str, at: dt.datetime) -> str:
     """The text an aborted job records (its attempt's error, its last error): who asked and when (UTC)."""
-    return f"aborted by {by} at {at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+    return f"{REASON_PREFIX}{by} at {at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def request(job_id: int, token: str, reason: str) -> bool:

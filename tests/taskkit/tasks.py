@@ -69,12 +69,12 @@ async def async_sleepy(label: str, seconds: float) -> None:
     await sync_to_async(_record_execution, thread_sensitive=False)(label)
 
 
-def _record_execution(label: str) -> None:
+def _record_execution(label: str, kind: str = "tests.taskkit.async_sleepy") -> None:
     """Record (and commit, on a connection of this thread) an Execution row labelled ``label``."""
     from django.db import connection
 
     try:
-        Execution.objects.create(idempotency_key=label, kind="tests.taskkit.async_sleepy", pid=os.getpid())
+        Execution.objects.create(idempotency_key=label, kind=kind, pid=os.getpid())
     finally:
         connection.close()
 
@@ -127,6 +127,34 @@ def holds(context: TaskContext, label: str, seconds: float) -> str:
     Execution.objects.create(idempotency_key=f"{label}:{context.attempt}", kind="holds", pid=os.getpid())
     time.sleep(seconds)
     return label
+
+
+ABORTABLE_HOLD_SECONDS = 120.0  # how long ``abortable`` holds its worker unless aborted
+
+
+@backends.task(max_attempts=1, timeout=300)
+def abortable(label: str) -> str:
+    """Write an Execution ``label`` (atomic: it commits with the task), say so, then hold the worker in one sleep.
+
+    "Say so" is a row ``label:started`` committed at once on another connection (a thread's), so a test
+    knows the atomic row was written before it aborts; ``label:woke`` likewise if the sleep ran to its end.
+    """
+    import time
+
+    Execution.objects.create(idempotency_key=label, kind="tests.taskkit.abortable", pid=os.getpid())
+    _committed_now(f"{label}:started")
+    time.sleep(ABORTABLE_HOLD_SECONDS)
+    _committed_now(f"{label}:woke")
+    return label
+
+
+def _committed_now(label: str) -> None:
+    """Record an Execution ``label`` committed at once, outside the running task's transaction (a thread's)."""
+    import threading
+
+    marker = threading.Thread(target=_record_execution, args=(label, "tests.taskkit.abortable"))
+    marker.start()
+    marker.join()
 
 
 @task

@@ -182,3 +182,44 @@ def test_an_async_task_that_times_out_is_cancelled(cluster):
     # database clock of the attempt, then look.
     time.sleep(4)
     assert not Execution.objects.filter(idempotency_key="async-timed-out").exists()
+
+
+def test_a_running_task_aborted_through_the_tasks_door_is_interrupted_and_rolled_back(cluster):
+    """backends.abort(result) on a real worker: the sleeping task interrupted, its atomic row gone, FAILED."""
+    from scheduling import api, backends
+    from scheduling.models import AttemptOutcome, JobAbort, JobAttempt
+
+    worker = cluster.worker(env={**WORKER_ENV, "SCHEDULING_HEARTBEAT_SECONDS": "1"})
+    wait_ready(worker)
+    result = tasks.abortable.enqueue("aborted-task")
+    wait_for(
+        lambda: Execution.objects.filter(idempotency_key="aborted-task:started").exists(),
+        60,
+        message=f"the task to write its row and say so ({worker.log_path})",
+    )
+    assert tasks.abortable.get_result(result.id).status == TaskResultStatus.RUNNING
+    job_id = backends.task_job(result).pk
+    assert backends.abort(result, by="operator-11") == api.Aborted(job_id, "requested")
+    wait_for(
+        lambda: tasks.abortable.get_result(result.id).is_finished,
+        tasks.ABORTABLE_HOLD_SECONDS / 2,
+        interval=0.1,
+        message=f"the abort to interrupt the task ({worker.log_path})",
+    )
+    aborted = tasks.abortable.get_result(result.id)
+    assert (aborted.status, aborted.attempts) == (TaskResultStatus.FAILED, 1)
+    assert [e.exception_class_path for e in aborted.errors] == ["scheduling.core.executor.JobAborted"]
+    assert aborted.errors[0].traceback.startswith("aborted by operator-11 at ")
+    assert ScheduledJob.objects.get(pk=job_id).state == JobState.CANCELLED
+    (attempt,) = JobAttempt.objects.filter(job_id=job_id)
+    assert attempt.outcome == AttemptOutcome.ABORTED
+    # The task wrote its atomic row before the abort (it said so on another connection), and slept
+    # on: the row is rolled back with the task, the sleep never ended ("woke" is never written).
+    started = Execution.objects.get(idempotency_key="aborted-task:started")
+    assert started.pid != os.getpid()  # a pool process ran it, not the test
+    assert not Execution.objects.filter(idempotency_key="aborted-task").exists()
+    assert not Execution.objects.filter(idempotency_key="aborted-task:woke").exists()
+    took = (attempt.finished_at - JobAbort.objects.get(job_id=job_id).requested_at).total_seconds()
+    print(f"task aborted through backends.abort: interrupted {took:.2f} s after the request (heartbeat 1 s)")
+    assert (attempt.finished_at - attempt.started_at).total_seconds() < tasks.ABORTABLE_HOLD_SECONDS
+    assert worker.alive(), "the pool process lives on"
