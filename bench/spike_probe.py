@@ -14,7 +14,10 @@ worker's, but every figure below is the same statements' work:
 - ``EXPLAIN (ANALYZE, BUFFERS, WAL)`` of the claim at 10%, 50% and 90% of the spike, rolled back:
   planning and execution time, shared buffers.
 
-Prints one JSON line.
+``--vacuum-at 0.5`` VACUUMs the jobs table once half the jobs are done (a vacuum a leader would ask
+for); ``--hold-snapshot`` holds another session's snapshot from before the first claim to the end
+(a long transaction: the dead entries at the head of the pending index can then not be removed).
+``--analyze-first`` analyzes the empty table first. Prints one JSON line.
 """
 
 from __future__ import annotations
