@@ -84,6 +84,7 @@ DJANGO60_MIN_PYTHON = (3, 12)
 DJANGO60_TESTS = [
     "tests/unit",
     "tests/integration/backends/test_backends.py",
+    "tests/integration/backends/test_backends_abort.py",
     "tests/conformance",
     "tests/integration/due_at/test_testing.py",
     "tests/e2e/backends/test_backends_worker.py",
