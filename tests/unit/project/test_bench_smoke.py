@@ -184,3 +184,30 @@ def test_flow_counts_the_most_starts_in_any_half_open_second():
 
     assert flow.max_in_window([0.0, 0.5, 0.99, 1.0]) == 3
     assert flow.max_in_window([]) == 0
+
+
+def test_report_renders_the_chaos_row_from_several_seeds(tmp_path, monkeypatch):
+    """The chaos row shows the seeds, the worst case of issue 34's figures across runs, and the verdict."""
+    from bench import chaos, report
+
+    run = {
+        "seed": 1, "seconds": 180.0, "settings": {"lease_s": 10}, "faults": {"host_loss": 1}, "jobs": 100,
+        "lost_jobs": 0, "duplicate_atomic_effects": 0, "self_exits": 0, "duplicate_ticks": 0,
+        "parked_deferrals": 0, "lost_deferrals": 0, "deferral_max_late_s": 3.0, "rescue_s_max": 12.0,
+        "drain_s": 4.0, "countdown_max_late_after_worker_kill_s": 21.5, "host_loss_max_moved_s": 24.0,
+        "host_loss_not_moved": 0, "ticks_missed_beyond_bound": 0, "second_leaders_after_heal": 0,
+        "sentinel_promotion_s": 2.1, "sentinel_countdowns_lost": 3, "target_met": True,
+    }  # fmt: skip
+    second = run | {"seed": 2, "host_loss_max_moved_s": 33.0, "target_met": False}
+    assert chaos.target_met(run) and not chaos.target_met(second)
+    summary = chaos._summary([run, second])
+    assert (summary["host_loss_max_moved_s"], summary["target_met"]) == (33.0, False)
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    figures = {"seeds": [1, 2], "seconds": 180.0, "settings": run["settings"], "faults": {"host_loss": 2}}
+    (tmp_path / "chaos.json").write_text(json.dumps(figures | {"runs": [run, second]} | summary))
+    row = next(line for line in report.markdown().splitlines() if line.startswith("| chaos |"))
+    assert "x 2 seeds (1, 2)" in row
+    assert "moved after max 33.0 s" in row
+    assert "max 21.5 s late" in row
+    assert "3 countdowns lost" in row
+    assert row.endswith("| **missed** |")
