@@ -587,7 +587,7 @@ class Soak:
             if any(self.sent_at[d] <= f["at"] + 1 and self.deferrals[d] >= f["at"] - 1 for f in failovers)
         )
         losses = [f for f in self.faults if f["fault"] == "host_loss"]
-        ticks_beyond = self.ticks_missed_beyond_bound(losses, executions)
+        ticks_beyond = self.ticks_missed_beyond_bound(losses, ticks_to.timestamp())
         tick = cron.interval_next_after(ticks_from + dt.timedelta(seconds=TICK_EVERY_S), TICK_EVERY_S)
         checked = dup_ticks = missed_ticks = 0
         while tick <= ticks_to:
@@ -654,14 +654,16 @@ class Soak:
                 (v for f in losses for v in f["moved_s"].values() if v is not None), default=None
             ),
             "host_loss_not_moved": sum(len(f["not_moved"]) for f in losses),
-            "ticks_missed_beyond_bound": ticks_beyond if losses else None,
+            "ticks_missed_beyond_bound": len(ticks_beyond) if losses else None,
+            "ticks_missed_beyond_bound_detail": ticks_beyond,
             "second_leaders_after_heal": sum(1 for f in losses if f["second_leader_after_heal"]) if losses else None,
             "sentinel_promotion_s": max((f["promotion_s"] for f in failovers), default=None),
             "sentinel_countdowns_lost": sentinel_lost if failovers else None,
         }
 
-    def ticks_missed_beyond_bound(self, losses: list[dict[str, Any]], executions: Counter[str]) -> int:
-        """Ticks due from a cut to the bound after its heal that did not start by max(due, cut + bound) + slack."""
+    def ticks_missed_beyond_bound(self, losses: list[dict[str, Any]], until: float) -> list[dict[str, Any]]:
+        """Ticks due from a cut to the bound after its heal (and before ``until``) that did not start by
+        max(due, cut + bound) + slack: each with its due time after the cut and its start after due (None: never)."""
         starts = {
             str(k): float(v)
             for k, v in self._sql(
@@ -670,19 +672,20 @@ class Soak:
                 [f"fixed:{TICK_NAME}@%"],
             )
         }
-        missed = set()
+        missed: dict[str, dict[str, Any]] = {}
         for loss in losses:
             cut, heal = loss["cut_at"], loss["heal_at"]
-            first = dt.datetime.fromtimestamp(cut - cut % TICK_EVERY_S, dt.UTC)
-            tick = first
-            while tick.timestamp() <= heal + HOST_LOSS_BOUND_S:
-                if tick.timestamp() >= cut:
-                    key = f"fixed:{TICK_NAME}@{tick.isoformat()}"
-                    deadline = max(tick.timestamp(), cut + HOST_LOSS_BOUND_S) + TICK_SLACK_S
-                    if key not in starts or starts[key] > deadline:
-                        missed.add(key)
+            tick = dt.datetime.fromtimestamp(cut - cut % TICK_EVERY_S, dt.UTC)
+            while tick.timestamp() <= min(heal + HOST_LOSS_BOUND_S, until):
+                due = tick.timestamp()
+                key = f"fixed:{TICK_NAME}@{tick.isoformat()}"
+                deadline = max(due, cut + HOST_LOSS_BOUND_S) + TICK_SLACK_S
+                if due >= cut and (key not in starts or starts[key] > deadline):
+                    late = round(starts[key] - due, 1) if key in starts else None
+                    missed[key] = {"tick": key.split("@", 1)[1], "due_after_cut_s": round(due - cut, 1)}
+                    missed[key]["started_late_s"] = late
                 tick += dt.timedelta(seconds=TICK_EVERY_S)
-        return len(missed)
+        return list(missed.values())
 
     def held_by(self, worker: Any) -> int:
         """How many messages ``worker`` holds unacknowledged (its held set, ``core/holdings.py``)."""

@@ -199,7 +199,8 @@ def test_report_renders_the_chaos_row_from_several_seeds(tmp_path, monkeypatch):
         "sentinel_promotion_s": 2.1, "sentinel_countdowns_lost": 3, "target_met": True,
     }  # fmt: skip
     second = run | {"seed": 2, "host_loss_max_moved_s": 33.0, "target_met": False}
-    assert chaos.target_met(run) and not chaos.target_met(second)
+    assert chaos.target_met(run)
+    assert not chaos.target_met(second)
     summary = chaos._summary([run, second])
     assert (summary["host_loss_max_moved_s"], summary["target_met"]) == (33.0, False)
     monkeypatch.setattr(common, "RESULTS", tmp_path)
@@ -211,3 +212,18 @@ def test_report_renders_the_chaos_row_from_several_seeds(tmp_path, monkeypatch):
     assert "max 21.5 s late" in row
     assert "3 countdowns lost" in row
     assert row.endswith("| **missed** |")
+
+
+def test_chaos_refuses_sentinel_with_the_plain_redis_restarts_and_all_leaves_them_out(capsys):
+    """--faults: sentinel_failover with redis_kill is refused before anything starts; all = every fault but those."""
+    import argparse
+
+    from bench import chaos
+
+    with pytest.raises(SystemExit) as refused:
+        chaos.main(["--faults", "sentinel_failover,redis_kill", "--minutes", "0.1"])
+    assert refused.value.code == 2
+    assert "choose one or the other" in capsys.readouterr().err
+    chosen = chaos._faults(argparse.ArgumentParser(), "all")
+    assert {"host_loss", "sentinel_failover", "kill_worker_main"} <= set(chosen)
+    assert not set(chosen) & set(chaos.PLAIN_REDIS_FAULTS)
