@@ -368,7 +368,6 @@ class Soak:
         elif fault == "host_loss":
             self.host_loss(record)
         elif fault == "sentinel_failover":
-            record["sent_before"] = time.time()
             name, record["promotion_s"] = self.sentinels.fail_over()
             rejoin_started = time.monotonic()
             self.sentinels.rejoin(name)  # the killed one, back as a replica: a later failover can happen
