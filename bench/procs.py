@@ -44,8 +44,10 @@ class Group:
         queues: str | None = None,
         env: dict[str, str] | None = None,
         level: str = "info",
+        prefix: Sequence[str] = (),
     ) -> Proc:
         argv = [
+            *prefix,
             *CELERY,
             "-A",
             app,
@@ -64,9 +66,11 @@ class Group:
             argv.append(f"--queues={queues}")
         return self.start(name, argv, common.bench_env(env))
 
-    def beat(self, name: str = "beat1", *, env: dict[str, str] | None = None) -> Proc:
+    def beat(self, name: str = "beat1", *, env: dict[str, str] | None = None, prefix: Sequence[str] = ()) -> Proc:
+        """A beat; ``prefix`` goes before the command (``ip netns exec <ns>``: it execs, the pid is the beat's)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        argv = [*CELERY, "-A", "project", "beat", "-l", "info", "--pidfile=", "-s", str(self.log_dir / f"{name}-db")]
+        schedule = str(self.log_dir / f"{name}-db")
+        argv = [*prefix, *CELERY, "-A", "project", "beat", "-l", "info", "--pidfile=", "-s", schedule]
         return self.start(name, argv, common.bench_env(env))
 
     def wait_ready(self, *procs: Proc, timeout: float = 60.0) -> None:

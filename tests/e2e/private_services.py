@@ -130,8 +130,12 @@ class PrivatePostgres:
 
     def start(self) -> None:
         """Start and wait until it accepts connections."""
-        options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c max_connections=200"
-        self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-o", options, "-w", "-t", "60", "start")
+        log = str(self.log_path)
+        self._pg("pg_ctl", "-D", str(self.data), "-l", log, "-o", self.options(), "-w", "-t", "60", "start")
+
+    def options(self) -> str:
+        """The server's options (port, socket directory, addresses it listens on)."""
+        return f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c max_connections=200"
 
     def stop(self, mode: str = "fast") -> None:
         """Stop (mode smart, fast or immediate) and wait until it is gone."""
@@ -139,8 +143,8 @@ class PrivatePostgres:
 
     def restart(self, mode: str = "immediate") -> None:
         """``pg_ctl restart -m <mode>``: every connection is cut; committed data must survive."""
-        options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c max_connections=200"
-        self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-o", options, "-m", mode, "-w", "restart")
+        log = str(self.log_path)
+        self._pg("pg_ctl", "-D", str(self.data), "-l", log, "-o", self.options(), "-m", mode, "-w", "restart")
 
     def running(self) -> bool:
         cmd = [*self.prefix, str(self.bindir / "pg_ctl"), "-D", str(self.data), "status"]
@@ -196,11 +200,15 @@ class PrivateRedis:
             persistence = ["--appendonly", "yes", "--appendfsync", "everysec"]
         argv = [
             shutil.which("redis-server") or "redis-server",
-            "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence,
+            "--port", str(self.port), *self.bind_args(), "--save", "", *persistence,
             "--dir", str(self.base), "--logfile", str(self.log_path), "--daemonize", "no",
         ]  # fmt: skip
         self.popen = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL)
         harness.wait_for(self._pings, 30, 0.05, message=f"redis-server on port {self.port}")
+
+    def bind_args(self) -> list[str]:
+        """The addresses it listens on (loopback only)."""
+        return ["--bind", "127.0.0.1"]
 
     def _pings(self) -> bool:
         try:

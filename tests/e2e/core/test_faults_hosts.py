@@ -15,13 +15,9 @@ saying so, where either is missing. Figures go to tests/artifacts/faults-servers
 
 from __future__ import annotations
 
-import os
-import random
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,7 +25,7 @@ import pytest
 from scheduling.core import locks
 from scheduling.due_at import control
 from scheduling.fixed import beat, gate
-from tests.e2e import harness, private_services
+from tests.e2e import harness, netns, private_services
 from tests.e2e.harness import wait_for, wait_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -40,133 +36,26 @@ BOUND_SECONDS = 30  # the target of issue 34: every leadership and lock back wit
 SCHEDULE = "hosts-forbid-4s"
 
 
-def _ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=30, check=check)
-
-
-def _netns_refused() -> str | None:
-    """Why this machine cannot run the test (None: it can)."""
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if not shutil.which("ip"):
-        return "iproute2 (ip) is not installed"
-    probe = f"tkprobe{os.getpid() % 100000}"
-    done = _ip("netns", "add", probe, check=False)
-    if done.returncode != 0:
-        return f"the kernel refuses network namespaces: {done.stderr.strip()}"
-    _ip("netns", "del", probe, check=False)
-    return None
-
-
-@dataclass
-class Link:
-    """A namespace ``ns`` joined by veth ``outer`` (root side, ``server``) / ``inner`` (namespace side, ``client``)."""
-
-    ns: str
-    outer: str
-    inner: str
-    server: str
-    client: str
-
-    def run_inside(self) -> list[str]:
-        return ["ip", "netns", "exec", self.ns]
-
-    def cut(self) -> None:
-        """Take the namespace's end of the link down: silence, no FIN and no RST reach the servers.
-
-        (``tc ... netem loss 100%`` would be the closer copy of a lost node, but kernels built
-        without sch_netem refuse it; a link set down on the lost host's side is silent as well.)
-        """
-        _ip("netns", "exec", self.ns, "ip", "link", "set", self.inner, "down")
-
-    def heal(self) -> None:
-        _ip("netns", "exec", self.ns, "ip", "link", "set", self.inner, "up")
-
-
-def _make_link(name: str) -> Link:
-    """A namespace (made if missing) and a new veth pair into it, in a random private 10.213.x.y/30."""
-    block = random.randrange(0, 64) * 4
-    third = random.randrange(1, 255)
-    ns = name.rstrip("ab")
-    link = Link(ns, f"{name}o", f"{name}i", f"10.213.{third}.{block + 1}", f"10.213.{third}.{block + 2}")
-    if _ip("netns", "exec", ns, "true", check=False).returncode != 0:
-        _ip("netns", "add", ns)
-    _ip("link", "add", link.outer, "type", "veth", "peer", "name", link.inner)
-    _ip("link", "set", link.inner, "netns", link.ns)
-    _ip("addr", "add", f"{link.server}/30", "dev", link.outer)
-    _ip("link", "set", link.outer, "up")
-    inside = ["netns", "exec", link.ns, "ip"]
-    _ip(*inside, "addr", "add", f"{link.client}/30", "dev", link.inner)
-    _ip(*inside, "link", "set", link.inner, "up")
-    _ip(*inside, "link", "set", "lo", "up")
-    return link
-
-
-def _remove(link: Link) -> None:
-    _ip("netns", "del", link.ns, check=False)
-    _ip("link", "del", link.outer, check=False)
-
-
 @pytest.fixture
-def links() -> Iterator[tuple[Link, Link]]:
+def links() -> Iterator[tuple[netns.Link, netns.Link]]:
     """Two veth pairs into one fresh namespace: one for PostgreSQL, one for Redis (removed afterwards)."""
-    refused = _netns_refused()
+    refused = netns.refused()
     if refused:
         pytest.skip(refused)
-    tag = f"tkh{os.getpid() % 10000}{random.randrange(100)}"
-    made: list[Link] = []
+    tag = netns.tag()
+    made: list[netns.Link] = []
     try:
-        made.append(_make_link(f"{tag}a"))
-        made.append(_make_link(f"{tag}b"))
+        made.append(netns.make_link(f"{tag}a"))
+        made.append(netns.make_link(f"{tag}b"))
         yield made[0], made[1]
     finally:
         for link in made:
-            _remove(link)
-
-
-class VethPostgres(private_services.PrivatePostgres):
-    """The private PostgreSQL, also listening on the veth address, trusting the /30."""
-
-    def __init__(self, base: Path, address: str) -> None:
-        super().__init__(base)
-        self.address = address
-
-    def start(self) -> None:
-        hba = self.data / "pg_hba.conf"
-        network = self.address.rsplit(".", 1)[0] + f".{int(self.address.rsplit('.', 1)[1]) - 1}/30"
-        with hba.open("a") as out:
-            out.write(f"\nhost all all {network} trust\n")
-        options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1,{self.address} -c max_connections=200"
-        self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-o", options, "-w", "-t", "60", "start")
-
-    def url(self, database: str = private_services.DATABASE) -> str:
-        return f"postgresql://postgres@{self.address}:{self.port}/{database}"
-
-
-class VethRedis(private_services.PrivateRedis):
-    """The private Redis, also listening on the veth address (protected mode off: no password here)."""
-
-    def __init__(self, base: Path, address: str) -> None:
-        super().__init__(base)
-        self.address = address
-
-    def start(self) -> None:
-        self.base.mkdir(parents=True, exist_ok=True)
-        argv = [
-            shutil.which("redis-server") or "redis-server",
-            "--port", str(self.port), "--bind", "127.0.0.1", self.address, "--protected-mode", "no",
-            "--save", "", "--appendonly", "no", "--dir", str(self.base), "--logfile", str(self.log_path),
-        ]  # fmt: skip
-        self.popen = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL)
-        wait_for(self._pings, 30, 0.05, message=f"redis-server on {self.address}:{self.port}")
-
-    def url(self, db: int = 0) -> str:
-        return f"redis://{self.address}:{self.port}/{db}"
+            netns.remove(link)
 
 
 @pytest.fixture
 def veth_stack(
-    request: pytest.FixtureRequest, pg_template: Path, links: tuple[Link, Link]
+    request: pytest.FixtureRequest, pg_template: Path, links: tuple[netns.Link, netns.Link]
 ) -> Iterator[private_services.Stack]:
     """Private PostgreSQL (on the first link) and Redis (on the second) reachable from both sides."""
     link, redis_link = links
@@ -176,8 +65,8 @@ def veth_stack(
     for old in log_dir.glob("*"):
         if old.is_file():
             old.unlink()
-    pg = VethPostgres(base / "pg", link.server)
-    broker = VethRedis(base / "redis", redis_link.server)
+    pg = netns.VethPostgres(base / "pg", link.server)
+    broker = netns.VethRedis(base / "redis", redis_link.server)
     cluster = harness.Cluster(log_dir, env=private_services.stack_env(pg, broker))
     stack = private_services.Stack(pg, broker, cluster)
     try:
@@ -196,7 +85,7 @@ def veth_stack(
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _inside(stack: private_services.Stack, link: Link, name: str, *args: str) -> harness.Proc:
+def _inside(stack: private_services.Stack, link: netns.Link, name: str, *args: str) -> harness.Proc:
     """Start ``celery <args>`` inside the namespace (``ip netns exec`` execs it: the pid is the process's)."""
     cluster = stack.cluster
     argv = [*link.run_inside(), *harness.CELERY, *args]
@@ -207,14 +96,7 @@ def _inside(stack: private_services.Stack, link: Link, name: str, *args: str) ->
 
 def _holder(stack: private_services.Stack, key: int) -> str | None:
     """The client address of the session holding advisory lock ``key`` (None: nobody holds it)."""
-    rows = stack.sql(
-        "SELECT host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-        " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-        " AND l.classid = ((%(key)s::bigint >> 32) & 4294967295)::oid"
-        " AND l.objid = (%(key)s::bigint & 4294967295)::oid",
-        {"key": key},
-    )
-    return str(rows[0][0]) if rows else None
+    return netns.holder(stack.sql, key)
 
 
 def _declare(stack: private_services.Stack) -> int:

@@ -10,108 +10,23 @@ replicates asynchronously). The figures go to tests/artifacts/faults-servers.jso
 
 from __future__ import annotations
 
-import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import redis
 
 from tests import support
 from tests.e2e import harness, private_services
 from tests.e2e.harness import wait_for, wait_ready
-from tests.system_packages import ensure
+from tests.e2e.sentinel import Sentinels
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 pg_template = private_services.pg_template  # the fixtures, made visible to this module's tests
 private_stack = private_services.private_stack
 
-MASTER = "tkmaster"
 BURST = 200  # countdowns sent in the instant before the primary dies
-
-
-class Sentinels:
-    """A primary, a replica and one sentinel, each a ``redis-server`` process of this test."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.primary_port = private_services.free_port()
-        self.replica_port = private_services.free_port()
-        self.sentinel_port = private_services.free_port()
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def _server(self, name: str, *argv: str) -> None:
-        folder = self.base / name
-        folder.mkdir(parents=True, exist_ok=True)
-        server = shutil.which("redis-server") or "redis-server"
-        log = str(folder / "redis.log")
-        self.procs[name] = subprocess.Popen(
-            [server, *argv, "--dir", str(folder), "--logfile", log], start_new_session=True, stdout=subprocess.DEVNULL
-        )
-
-    def start(self) -> None:
-        ensure("redis-sentinel", "/usr/bin/redis-sentinel")
-        plain = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self._server("primary", "--port", str(self.primary_port), *plain)
-        replica_of = ["--replicaof", "127.0.0.1", str(self.primary_port)]
-        self._server("replica", "--port", str(self.replica_port), *plain, *replica_of)
-        conf = self.base / "sentinel.conf"
-        conf.write_text(
-            f"port {self.sentinel_port}\nbind 127.0.0.1\nprotected-mode no\ndir {self.base}\n"
-            f"sentinel monitor {MASTER} 127.0.0.1 {self.primary_port} 1\n"
-            f"sentinel down-after-milliseconds {MASTER} 1000\n"
-            f"sentinel failover-timeout {MASTER} 5000\n"
-        )
-        sentinel = shutil.which("redis-sentinel") or "/usr/bin/redis-sentinel"
-        self.procs["sentinel"] = subprocess.Popen(
-            [sentinel, str(conf), "--logfile", str(self.base / "sentinel.log")],
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-        )
-        wait_for(lambda: self._replicated(), 30, message="the replica to be in sync")
-        wait_for(lambda: self._sentinel_sees_replica(), 30, message="the sentinel to know the replica")
-
-    def client(self, port: int) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=2, socket_connect_timeout=2)
-
-    def _replicated(self) -> bool:
-        try:
-            return self.client(self.replica_port).info("replication").get("master_link_status") == "up"
-        except redis.RedisError:
-            return False
-
-    def _sentinel_sees_replica(self) -> bool:
-        try:
-            return bool(self.client(self.sentinel_port).execute_command("SENTINEL", "REPLICAS", MASTER))
-        except redis.RedisError:
-            return False
-
-    def primary(self) -> int | None:
-        """The port of the primary the sentinel names now."""
-        try:
-            _, port = self.client(self.sentinel_port).execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER)
-        except (redis.RedisError, TypeError, ValueError):
-            return None
-        return int(port)
-
-    def url(self) -> str:
-        return f"sentinel://127.0.0.1:{self.sentinel_port}/0"
-
-    def kill(self, name: str) -> None:
-        proc = self.procs.get(name)
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-
-    def stop(self, log_dir: Path) -> None:
-        for name in list(self.procs):
-            self.kill(name)
-        for log in self.base.rglob("*.log"):
-            shutil.copyfile(log, log_dir / f"redis-{log.parent.name}-{log.name}")
 
 
 @pytest.fixture
@@ -148,7 +63,7 @@ def test_a_worker_on_sentinel_carries_on_through_a_failover(private_stack, senti
     (what a failover may lose).
     ``replica-lagging``: the replica is stopped (SIGSTOP) while they are sent, so it never had them."""
     stack = private_stack
-    env = {"CELERY_BROKER_URL": sentinels.url(), "CELERY_BROKER_MASTER_NAME": MASTER}
+    env = sentinels.env()
     stack.manage(
         "shell",
         "-c",
@@ -181,10 +96,12 @@ def test_a_worker_on_sentinel_carries_on_through_a_failover(private_stack, senti
     _defer(stack, env, 1, 1, "after")
     wait_for(lambda: _deferred_runs(stack) >= before_failover + 1, 60, message="the deferral sent after the failover")
     wait_for(
-        lambda: stack.value(
-            "SELECT count(*) FROM scheduling_schedulerun WHERE state = 'succeeded' AND tick > %s", [promoted_at]
-        )
-        >= 2,
+        lambda: (
+            stack.value(
+                "SELECT count(*) FROM scheduling_schedulerun WHERE state = 'succeeded' AND tick > %s", [promoted_at]
+            )
+            >= 2
+        ),
         60,
         message="beat's ticks after the failover to run",
     )

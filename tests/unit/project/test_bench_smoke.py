@@ -193,3 +193,46 @@ def test_ab_needs_a_base_and_carries_issue_36s_target():
     assert ab.TARGET_LOSS_PCT == 3.0
     with pytest.raises(SystemExit):
         ab.main([])
+
+
+def test_report_renders_the_chaos_row_from_several_seeds(tmp_path, monkeypatch):
+    """The chaos row shows the seeds, the worst case of issue 34's figures across runs, and the verdict."""
+    from bench import chaos, report
+
+    run = {
+        "seed": 1, "seconds": 180.0, "settings": {"lease_s": 10}, "faults": {"host_loss": 1}, "jobs": 100,
+        "lost_jobs": 0, "duplicate_atomic_effects": 0, "self_exits": 0, "duplicate_ticks": 0,
+        "parked_deferrals": 0, "lost_deferrals": 0, "deferral_max_late_s": 3.0, "rescue_s_max": 12.0,
+        "drain_s": 4.0, "countdown_max_late_after_worker_kill_s": 21.5, "host_loss_max_moved_s": 24.0,
+        "host_loss_not_moved": 0, "ticks_missed_beyond_bound": 0, "second_leaders_after_heal": 0,
+        "sentinel_promotion_s": 2.1, "sentinel_countdowns_lost": 3, "target_met": True,
+    }  # fmt: skip
+    second = run | {"seed": 2, "host_loss_max_moved_s": 33.0, "target_met": False}
+    assert chaos.target_met(run)
+    assert not chaos.target_met(second)
+    summary = chaos._summary([run, second])
+    assert (summary["host_loss_max_moved_s"], summary["target_met"]) == (33.0, False)
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    figures = {"seeds": [1, 2], "seconds": 180.0, "settings": run["settings"], "faults": {"host_loss": 2}}
+    (tmp_path / "chaos.json").write_text(json.dumps(figures | {"runs": [run, second]} | summary))
+    row = next(line for line in report.markdown().splitlines() if line.startswith("| chaos |"))
+    assert "x 2 seeds (1, 2)" in row
+    assert "moved after max 33.0 s" in row
+    assert "max 21.5 s late" in row
+    assert "3 countdowns lost" in row
+    assert row.endswith("| **missed** |")
+
+
+def test_chaos_refuses_sentinel_with_the_plain_redis_restarts_and_all_leaves_them_out(capsys):
+    """--faults: sentinel_failover with redis_kill is refused before anything starts; all = every fault but those."""
+    import argparse
+
+    from bench import chaos
+
+    with pytest.raises(SystemExit) as refused:
+        chaos.main(["--faults", "sentinel_failover,redis_kill", "--minutes", "0.1"])
+    assert refused.value.code == 2
+    assert "choose one or the other" in capsys.readouterr().err
+    chosen = chaos._faults(argparse.ArgumentParser(), "all")
+    assert {"host_loss", "sentinel_failover", "kill_worker_main"} <= set(chosen)
+    assert not set(chosen) & set(chaos.PLAIN_REDIS_FAULTS)
