@@ -186,11 +186,12 @@ def _insert_due(cur: Any, n: int) -> None:
 
 def run_raw(jobs: int, batch: int) -> dict[str, Any]:
     """Claim ``batch`` rows and complete them, one transaction per batch, on one connection."""
+    from scheduling.core import db
     from scheduling.due_at import store
 
     common.reset_state()
     conn = common.admin_connect(common.BENCH_DB)
-    claim_sql = store.SQL["claim_due_jobs"]
+    claim_sql = db.NO_JIT + store.SQL["claim_due_jobs"]  # as the engine sends it: JIT off for the claim (core/db.py)
     try:
         with conn.cursor() as cur:
             _insert_due(cur, jobs)
