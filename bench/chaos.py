@@ -84,6 +84,10 @@ DEFERRAL_LATE_BOUND_S = 30.0  # docs/fault-tolerance.md: a countdown after a 2 s
 TICK_EVERY_S = 2
 TICK_NAME = "chaos-tick"
 DRAIN_TIMEOUT_S = 300.0
+# The sentinel's down-after-milliseconds in the soak. At 1,000 (the e2e test's, for a quick promotion) the sentinel
+# once took the just-promoted primary for down 1 s after the switch, while its new links came up, and failed over
+# again to the killed server restarted empty (seed 1, 2026-12-05). Sentinel's own default is 30,000.
+SENTINEL_DOWN_AFTER_MS = 3000
 PREFLIGHT_EXIT_STATUS = 78  # a process started while PostgreSQL or Redis is unreachable refuses to start
 DEFAULT_FAULTS = ("kill_pool", "kill_worker", "kill_worker_main", "kill_leading_beat", "sigstop_worker", "pg_fast",
                   "pg_immediate", "redis_restart", "redis_kill")  # fmt: skip
@@ -193,7 +197,9 @@ class Soak:
         conn.close()
         self.env["DATABASE_URL"] = self.pg.url()
         if self.use_sentinel:
-            self.sentinels = sentinel_module.Sentinels(self.base / "sentinels", host, sentinel_port=sentinel_port)
+            self.sentinels = sentinel_module.Sentinels(
+                self.base / "sentinels", host, sentinel_port=sentinel_port, down_after_ms=SENTINEL_DOWN_AFTER_MS
+            )
             self.sentinels.start()
             self.env.update(self.sentinels.env())
         else:

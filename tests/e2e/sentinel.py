@@ -26,7 +26,9 @@ MASTER = "tkmaster"
 class Sentinels:
     """A primary, a replica and one sentinel on ``host`` (127.0.0.1, or an address a namespace reaches)."""
 
-    def __init__(self, base: Path, host: str = "127.0.0.1", *, sentinel_port: int | None = None) -> None:
+    def __init__(
+        self, base: Path, host: str = "127.0.0.1", *, sentinel_port: int | None = None, down_after_ms: int = 1000
+    ) -> None:
         from tests.e2e.private_services import free_port  # here: it imports the models (the bench sets up first)
 
         self.base = base
@@ -35,6 +37,7 @@ class Sentinels:
         self.replica_port = free_port()
         self.sentinel_port = sentinel_port or free_port()
         self.ports = {"primary": self.primary_port, "replica": self.replica_port}
+        self.down_after_ms = down_after_ms  # the sentinel's down-after-milliseconds: a primary silent this long is down
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def _bind(self) -> list[str]:
@@ -62,7 +65,7 @@ class Sentinels:
         conf.write_text(
             f"port {self.sentinel_port}\nbind {bind}\nprotected-mode no\ndir {self.base}\n"
             f"sentinel monitor {MASTER} {self.host} {self.primary_port} 1\n"
-            f"sentinel down-after-milliseconds {MASTER} 1000\n"
+            f"sentinel down-after-milliseconds {MASTER} {self.down_after_ms}\n"
             f"sentinel failover-timeout {MASTER} 5000\n"
         )
         sentinel = shutil.which("redis-sentinel") or "/usr/bin/redis-sentinel"
