@@ -105,6 +105,16 @@ COUNTDOWN_KILL_BOUND_S = 45.0  # issue 34: every countdown within 45 s of due af
 CUT_HOST = ("w2", "beat2")  # with host_loss: the processes of the namespace "host" (the others stay in the root one)
 
 
+def host_loss_window_end(loss: dict[str, Any], faults: list[dict[str, Any]], until: float) -> float:
+    """Where a host loss's ticks stop being its own: the bound after the heal, the next fault's injection, or ``until``.
+
+    A tick due after the next fault was injected (a failover, a SIGSTOP) answers for that fault: the soak's
+    ``missed_ticks`` (never run, whatever the fault) counts it if it never runs.
+    """
+    later = [f["at"] for f in faults if f["at"] > loss["at"]]
+    return min(loss["heal_at"] + HOST_LOSS_BOUND_S, until, *later)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -667,8 +677,8 @@ class Soak:
         }
 
     def ticks_missed_beyond_bound(self, losses: list[dict[str, Any]], until: float) -> list[dict[str, Any]]:
-        """Ticks due from a cut to the bound after its heal (and before ``until``) that did not start by
-        max(due, cut + bound) + slack: each with its due time after the cut and its start after due (None: never)."""
+        """Ticks due from a cut to ``host_loss_window_end`` that did not start by max(due, cut + bound) + slack:
+        each with its due time after the cut and its start after due (None: never)."""
         starts = {
             str(k): float(v)
             for k, v in self._sql(
@@ -679,9 +689,9 @@ class Soak:
         }
         missed: dict[str, dict[str, Any]] = {}
         for loss in losses:
-            cut, heal = loss["cut_at"], loss["heal_at"]
+            cut = loss["cut_at"]
             tick = dt.datetime.fromtimestamp(cut - cut % TICK_EVERY_S, dt.UTC)
-            while tick.timestamp() <= min(heal + HOST_LOSS_BOUND_S, until):
+            while tick.timestamp() < host_loss_window_end(loss, self.faults, until):
                 due = tick.timestamp()
                 key = f"fixed:{TICK_NAME}@{tick.isoformat()}"
                 deadline = max(due, cut + HOST_LOSS_BOUND_S) + TICK_SLACK_S

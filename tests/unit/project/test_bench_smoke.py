@@ -236,3 +236,15 @@ def test_chaos_refuses_sentinel_with_the_plain_redis_restarts_and_all_leaves_the
     chosen = chaos._faults(argparse.ArgumentParser(), "all")
     assert {"host_loss", "sentinel_failover", "kill_worker_main"} <= set(chosen)
     assert not set(chosen) & set(chaos.PLAIN_REDIS_FAULTS)
+
+
+def test_a_host_loss_answers_for_its_ticks_until_the_bound_after_the_heal_or_the_next_fault():
+    """bench chaos: a host loss's tick window ends 30 s after the heal, or where the next fault was injected."""
+    from bench import chaos
+
+    loss = {"fault": "host_loss", "at": 100.0, "cut_at": 100.1, "heal_at": 140.1}
+    assert chaos.host_loss_window_end(loss, [loss], until=1000.0) == 140.1 + chaos.HOST_LOSS_BOUND_S
+    failover = {"fault": "sentinel_failover", "at": 160.0}
+    earlier = {"fault": "kill_pool", "at": 50.0}
+    assert chaos.host_loss_window_end(loss, [earlier, loss, failover], until=1000.0) == 160.0
+    assert chaos.host_loss_window_end(loss, [loss], until=150.0) == 150.0
