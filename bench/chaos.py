@@ -582,6 +582,14 @@ class Soak:
                 "due_after_fault_s": round(self.deferrals[d] - nearest["at"], 1) if nearest else None,
             })  # fmt: skip
         dup_deferrals = sum(max(0, executions[f"broker:{d}"] - 1) for d in self.deferrals)
+        # Which fault each deferral run twice followed (the last one injected up to 5 s after its due time, while it
+        # may have been running): at least once
+        # allows them; docs/fault-tolerance.md says which faults can cause them.
+        dup_near: Counter[str] = Counter()
+        for d in self.deferrals:
+            if executions[f"broker:{d}"] > 1:
+                before = [f for f in self.faults if f["at"] <= self.deferrals[d] + 5]
+                dup_near[before[-1]["fault"] if before else "none"] += executions[f"broker:{d}"] - 1
         # Countdowns held when a worker's main process was killed (sent before, due after): how late they ran.
         kill_late: list[float] = []
         kill_unrun = 0
@@ -652,6 +660,7 @@ class Soak:
             "deferral_late_bound_s": DEFERRAL_LATE_BOUND_S,
             "deferral_max_late_s": round(max(late.values(), default=0.0), 1),
             "duplicate_deferrals": dup_deferrals,
+            "duplicate_deferrals_by_fault": dict(dup_near),
             "ticks_checked": checked,
             "duplicate_ticks": dup_ticks,
             "missed_ticks": missed_ticks,
