@@ -583,8 +583,7 @@ class Soak:
             })  # fmt: skip
         dup_deferrals = sum(max(0, executions[f"broker:{d}"] - 1) for d in self.deferrals)
         # Which fault each deferral run twice followed (the last one injected up to 5 s after its due time, while it
-        # may have been running): at least once
-        # allows them; docs/fault-tolerance.md says which faults can cause them.
+        # may have been running): at least once allows them; docs/fault-tolerance.md says which faults cause them.
         dup_near: Counter[str] = Counter()
         for d in self.deferrals:
             if executions[f"broker:{d}"] > 1:
