@@ -11,9 +11,10 @@ Scenarios (``SCENARIOS``; each adds its figures to the one JSON line):
   the window must be within 2% of 50/s and no 1 s window (sliding, over every start) may hold more
   than 50; ``demo.noop``'s lag (start minus due) p99 <= 50 ms.
   The same two figures are also measured on the claim's own instants (its rate windows, read
-  every 0.25 s: ``claimed_rate_error_pct``, ``max_claimed_in_1s``), which is where the limit is
-  decided; a handler starts after its batch crosses the queue, so a worker that falls behind
-  bunches starts that were claimed apart.
+  every 0.25 s: ``claimed_rate_error_pct``, ``max_claimed_in_1s``), which is where the claim's
+  limit is decided. A handler starts after its batch crosses the queue; its worker takes a start
+  permit first (``scheduling/due_at/starts.py``), so a worker that falls behind waits for room
+  instead of bunching starts that were claimed apart.
 - ``partitioned``: the same kind limited to 5/s per ``label`` (20 labels, the backlog spread over
   them), the same two checks per partition, the same other kind beside it.
 

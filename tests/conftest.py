@@ -110,6 +110,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("tests at the wrong level:\n" + "\n".join(problems))
 
 
+@pytest.fixture(autouse=True)
+def _close_start_permits() -> Iterator[None]:
+    """Close this process's start-permit connection after each test (the test database is dropped at the end)."""
+    yield
+    from scheduling.due_at import starts  # imported here: the unit tests' collection needs no settings
+
+    starts.close()
+
+
 BLOATED_BYTES = 512 * 1024  # a table file larger than this is truncated after a test, not emptied with DELETE
 
 

@@ -50,6 +50,7 @@ class Event(enum.StrEnum):
     CRASHED = "crashed"  # running, its process died (the sweeper) or its chunk's transaction was lost
     CANCEL = "cancel"  # an operator or the API cancels it
     UNKNOWN_KIND = "unknown_kind"  # its worker has no handler for its kind (an old release): given back, later
+    RATE_LIMITED = "rate_limited"  # its start found its kind's rate window full past the wait: given back, later
     # A handler's choice (registry.Snooze, RetryAfter, Discard, Cancel); the values are the attempt's outcome.
     SNOOZED = "snoozed"  # run again after the given delay, the attempt not charged
     RETRY_AFTER = "retry_after"  # a failure charged, retried after the given delay instead of the backoff
@@ -76,13 +77,22 @@ FROM_STATES: dict[Event, tuple[JobState, ...]] = {
     Event.DISCARDED: (JobState.RUNNING, JobState.CLAIMED),
     Event.CANCELLED: (JobState.RUNNING, JobState.CLAIMED),
     Event.UNKNOWN_KIND: (JobState.RUNNING, JobState.CLAIMED),
+    Event.RATE_LIMITED: (JobState.RUNNING,),
     Event.ABORT: (JobState.CLAIMED,),
     Event.ABORTED: (JobState.RUNNING,),
 }
 
 # Given back without having failed: a deleted owner's job is then cancelled, not dead.
 GIVE_BACKS = frozenset(
-    {Event.UNSENT, Event.RELEASED, Event.NOT_STARTED, Event.EXPIRED, Event.SNOOZED, Event.UNKNOWN_KIND}
+    {
+        Event.UNSENT,
+        Event.RELEASED,
+        Event.NOT_STARTED,
+        Event.EXPIRED,
+        Event.SNOOZED,
+        Event.UNKNOWN_KIND,
+        Event.RATE_LIMITED,
+    }
 )
 
 
@@ -143,7 +153,9 @@ def decide(event: Event, facts: Facts) -> Decision | None:
         # It ran nothing (never sent; or its batch's worker stopped before its handler began, a
         # deploy): the claim's attempt is given back, so a deploy costs no job an attempt.
         return _back(facts, Decision(JobState.PENDING, uncount=True), give_back=True)
-    if event == Event.UNKNOWN_KIND:  # uncharged, due after the given delay so old workers do not loop hot
+    if event in (Event.UNKNOWN_KIND, Event.RATE_LIMITED):
+        # It ran nothing: uncharged, due after the given delay (old workers do not loop hot; a full
+        # rate window has room again by then)
         return _back(facts, Decision(JobState.PENDING, due=Due.BACKOFF, uncount=True), give_back=True)
     if event in _HANDLER_CHOICES:
         return _handler_choice(event, facts)

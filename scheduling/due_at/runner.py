@@ -63,7 +63,7 @@ from django.db import DatabaseError, IntegrityError, InterfaceError, Operational
 
 from scheduling.core import aborts, exceptions, executor, leadership, registry, tracing
 from scheduling.core import store as core_store
-from scheduling.due_at import lease, store, task_events
+from scheduling.due_at import lease, lifecycle, starts, store, task_events
 from scheduling.models import AttemptOutcome, JobState
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,15 @@ UNKNOWN_KIND_REASON = (
 )
 RELEASE_REASON = "released: the worker stopped before the job finished"
 LOST_REASON = "released: the database ended the batch's transaction before the job's outcome committed"
+# A rate-limited kind's job takes a start permit before its handler runs (starts.py); with no room
+# in its kind's window it waits for room this long at most, then is given back uncharged.
+START_WAIT_SECONDS = 2.0
+START_WAIT_STEP_SECONDS = 0.001  # past the instant the window has room, so the next ask finds it
+RATE_LIMITED = lifecycle.Event.RATE_LIMITED.value  # its outcome (no attempt is recorded)
+RATE_LIMITED_REASON = (
+    "not run: its kind's rate limit had no room for its start within {wait:g} s (the handlers' starts "
+    "ran behind the claims); given back uncharged, due again in {delay:g} s"
+)
 BROKEN_TRANSACTION_ERROR = (
     "TransactionManagementError: the handler caught a database error and went on, leaving its transaction "
     "broken; its writes were rolled back (wrap the statement that may fail in transaction.atomic())"
@@ -110,7 +119,7 @@ class BatchReport:
     failed: int = 0
     stale: int = 0  # outcomes refused (or jobs not run) because the claim had been taken back
     skipped: int = 0  # claims no longer ours (or already started) when the batch began
-    given_back: int = 0  # jobs of kinds this worker does not know, given back uncharged
+    given_back: int = 0  # jobs of kinds this worker does not know, or without a start permit: given back uncharged
     chunks: int = 0  # transactions that committed atomic jobs together with their outcomes
 
 
@@ -252,9 +261,41 @@ def _job_for(job: store.StartedJob) -> registry.Job:
     )
 
 
+def _started_at(job: store.StartedJob, clock: _DbClock) -> dt.datetime | float:
+    """When the job's handler starts: now; for a rate-limited kind, when its start permit was granted.
+
+    A rate-limited kind's job waits for room in its kind's window of starts (``starts.py``), at most
+    ``START_WAIT_SECONDS``. With no room by then: the seconds until there is (the caller gives the
+    job back, uncharged, due then).
+    """
+    if job.rate_partition is None:
+        return clock.now()
+    waited = 0.0
+    while True:
+        permit = starts.take(job.kind, job.rate_partition)
+        if permit is None:  # could not be asked: the claim's limit alone holds
+            return clock.now()
+        if permit.granted:
+            return permit.at
+        if waited + permit.wait_seconds > START_WAIT_SECONDS:
+            return permit.wait_seconds
+        time.sleep(permit.wait_seconds + START_WAIT_STEP_SECONDS)
+        waited += permit.wait_seconds + START_WAIT_STEP_SECONDS
+
+
+def _rate_limited(job: store.StartedJob, clock: _DbClock, delay: float) -> store.Outcome:
+    """The outcome of a job whose start permit found no room within the wait: given back, due in ``delay``."""
+    now = clock.now()
+    reason = RATE_LIMITED_REASON.format(wait=START_WAIT_SECONDS, delay=round(delay, 3))
+    logger.info("start permit refused: job given back", extra={"job_id": job.id, "action": "rate_limited"})
+    return store.Outcome(job.id, job.token, now, now, RATE_LIMITED, reason, delay)
+
+
 def _outcome(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock) -> store.Outcome:
     """Run one job through the executor and say how it ended (nothing is written here)."""
-    started_at = clock.now()
+    started_at = _started_at(job, clock) if kind is not None else clock.now()
+    if not isinstance(started_at, dt.datetime):
+        return _rate_limited(job, clock, started_at)
     if kind is None:
         error = str(exceptions.UnknownJobKind(job.kind))
         return store.Outcome(
@@ -263,14 +304,15 @@ def _outcome(job: store.StartedJob, kind: registry.Kind | None, clock: _DbClock)
     _in_handler.set(job.id)
     result = executor.invoke(kind, _job_for(job), _timeout(job, kind))  # a shutdown leaves the mark
     _in_handler.set(None)
+    finished_at = max(clock.now(), started_at)  # a permit's instant may lead the estimated clock by its trip
     if result.ok:
-        return store.Outcome(job.id, job.token, started_at, clock.now(), AttemptOutcome.SUCCEEDED)
+        return store.Outcome(job.id, job.token, started_at, finished_at, AttemptOutcome.SUCCEEDED)
     delay = _backoff(job, kind).delay(job.attempts) if result.delay_seconds is None else result.delay_seconds
     return store.Outcome(
         job.id,
         job.token,
         started_at,
-        clock.now(),
+        finished_at,
         result.outcome,
         result.error,
         delay,
@@ -302,11 +344,16 @@ def _record(report: BatchReport, successes: list[store.Outcome], failures: list[
             "outcome refused: the claim token no longer matches (the job was taken back)",
             extra={"job_id": job_id, "action": "stale_completion"},
         )
+    limited = {o.id for o in failures if o.outcome == RATE_LIMITED}  # given back before they started
     for job in moved:
-        logger.info("job failed", extra={"job_id": job.id, "action": "dead" if job.state == JobState.DEAD else "retry"})
+        if job.id not in limited:
+            action = "dead" if job.state == JobState.DEAD else "retry"
+            logger.info("job failed", extra={"job_id": job.id, "action": action})
     task_events.recorded(successes, failures, {**dict.fromkeys(done, JobState.DONE), **{m.id: m.state for m in moved}})
+    given_back = sum(1 for m in moved if m.id in limited)
     report.succeeded += len(done)
-    report.failed += len(moved)
+    report.failed += len(moved) - given_back
+    report.given_back += given_back
     report.stale += len(stale)
 
 

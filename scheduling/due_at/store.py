@@ -260,6 +260,7 @@ class StartedJob:
     due_at: dt.datetime
     db_now: dt.datetime
     overrides: Overrides = NO_OVERRIDES  # the job's own timeout, backoff and atomicity (None fields: the kind's)
+    rate_partition: str | None = None  # its kind's rate window it starts in (starts.py); None: no rate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,6 +279,7 @@ class _StartedRow:
     backoff_base_seconds: float | None
     backoff_cap_seconds: float | None
     atomic: bool | None
+    rate_partition: str | None
 
     def started(self) -> StartedJob:
         overrides = Overrides(self.timeout_seconds, self.backoff_base_seconds, self.backoff_cap_seconds, self.atomic)
@@ -291,6 +293,7 @@ class _StartedRow:
             due_at=self.due_at,
             db_now=self.db_now,
             overrides=NO_OVERRIDES if overrides == NO_OVERRIDES else overrides,
+            rate_partition=self.rate_partition,
         )
 
 
@@ -480,11 +483,34 @@ def unclaim_jobs(claims: Sequence[tuple[int, str]]) -> list[int]:
     return [moved.id for moved in set_job_states(changes, asynchronous=True)]
 
 
+def take_start(conn: Any, kind: str, partition: str) -> tuple[dt.datetime, bool, float]:
+    """One start permit of ``kind`` in window ``partition`` (``sql/starts.sql``): (at, granted, wait seconds).
+
+    Sent on ``conn``, the worker process's own autocommit psycopg2 connection (``starts.py``), never
+    Django's: a batch's open transaction must not hold the window's row. The window's row is written
+    first when the claim has not written it yet.
+    """
+    params = {"kind": kind, "partition": partition}
+    with conn.cursor() as cur:
+        cur.execute(SQL["take_start"], params)
+        row = cur.fetchone()
+        if row is None:
+            cur.execute(SQL["add_start_window"], params)
+            cur.execute(SQL["take_start"], params)
+            row = cur.fetchone()
+    at, granted, wait_seconds = row
+    return at, bool(granted), max(0.0, float(wait_seconds))
+
+
+def give_back_rate_limited(claims: Sequence[tuple[int, str]], delay_seconds: float, reason: str) -> list[int]:
+    """Give back started claims whose start permit had no room: pending after ``delay_seconds``, uncharged."""
+    changes = [Change(i, t, lifecycle.Event.RATE_LIMITED, delay_seconds=delay_seconds, error=reason) for i, t in claims]
+    return [moved.id for moved in set_job_states(changes)]
+
+
 def give_back_unknown_kind(claims: Sequence[tuple[int, str]], delay_seconds: float, reason: str) -> list[int]:
     """Give back started claims of a kind this worker does not know: pending after ``delay_seconds``, uncharged."""
-    changes = [
-        Change(i, t, lifecycle.Event.UNKNOWN_KIND, delay_seconds=delay_seconds, error=reason) for i, t in claims
-    ]
+    changes = [Change(i, t, lifecycle.Event.UNKNOWN_KIND, delay_seconds=delay_seconds, error=reason) for i, t in claims]
     return [moved.id for moved in set_job_states(changes)]
 
 
@@ -496,7 +522,7 @@ class Outcome:
     token: str
     started_at: dt.datetime
     finished_at: dt.datetime
-    outcome: str  # AttemptOutcome value
+    outcome: str  # AttemptOutcome value, or lifecycle.Event.RATE_LIMITED's (given back before it started)
     error: str = ""
     retry_delay_seconds: float = 0.0
     traceback: str = ""  # a failure's formatted traceback (bounded by the executor), kept on its attempt

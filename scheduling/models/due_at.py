@@ -446,6 +446,10 @@ class KindRate(models.Model):
     at most ``tokens`` (a bucket refilled at the limit per period, holding at most a twentieth of
     the limit, at least 2, or the whole limit after two idle periods): the window makes the limit
     exact, the bucket spreads the starts over it.
+
+    ``handler_starts`` is the same window at the handlers' starts: a worker takes a start permit
+    before a rate-limited job's handler runs (``due_at/starts.py``), so a batch that crossed the
+    queue late cannot bunch its starts with the next claim's.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -476,6 +480,12 @@ class KindRate(models.Model):
         help_text="Starts the kind may take at once now (refilled at the limit per period, up to its burst).",
     )
     tokens_at = models.DateTimeField("tokens at", db_default=Now(), help_text="When tokens was last written.")
+    handler_starts = ArrayField(
+        models.DateTimeField(),
+        verbose_name="handler starts",
+        db_default=RawSQL("'{}'", []),
+        help_text="When each recent handler started (the runner's start permits, due_at/starts.py).",
+    )
 
     class Meta:
         db_table = "scheduling_kindrate"

@@ -251,9 +251,15 @@ WITH started AS (
     RETURNING j.id, j.token::text AS token, j.kind, j.payload, j.attempts, j.max_attempts, j.due_at, t.n,
               j.timeout_seconds, j.backoff_base_seconds, j.backoff_cap_seconds, j.atomic
 )
-SELECT id, token, kind, payload, attempts, max_attempts, due_at, clock_timestamp() AS db_now,
-       timeout_seconds, backoff_base_seconds, backoff_cap_seconds, atomic
-FROM started ORDER BY n;
+SELECT s.id, s.token, s.kind, s.payload, s.attempts, s.max_attempts, s.due_at, clock_timestamp() AS db_now,
+       s.timeout_seconds, s.backoff_base_seconds, s.backoff_cap_seconds, s.atomic,
+       -- a rate-limited kind's job takes a start permit before its handler runs (starts.sql): the
+       -- window it counts in, as the claim computes it; NULL for a kind without a rate
+       CASE WHEN c.rate_limit IS NULL THEN NULL
+            WHEN c.rate_partition_by = '' THEN ''
+            ELSE left(coalesce(s.payload ->> c.rate_partition_by, ''), 200) END AS rate_partition
+FROM started AS s LEFT JOIN scheduling_kindcontrol AS c ON c.kind = s.kind
+ORDER BY s.n;
 
 -- name: heartbeat_jobs
 -- Renew the lease of the started claims a worker process holds; returns every one still held

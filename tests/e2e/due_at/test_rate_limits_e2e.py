@@ -9,7 +9,7 @@ from django.db import connection
 
 from scheduling import api, registry
 from scheduling.due_at import claim
-from scheduling.models import JobState, ScheduledJob
+from scheduling.models import JobState, KindRate, ScheduledJob
 from tasks.models import Execution
 from tests.e2e.harness import wait_for, wait_ready
 
@@ -46,5 +46,7 @@ def test_two_workers_and_a_second_claimer_start_exactly_the_rate(cluster):
         stop.set()
         thread.join(30)
     assert Execution.objects.filter(kind="demo.record").count() == 6
+    # each handler started on a start permit its worker process took (due_at/starts.py)
+    assert len(KindRate.objects.get(kind="demo.record", partition="").handler_starts) == 6
     assert ScheduledJob.objects.filter(id__in=ids, state=JobState.PENDING).count() == 14
     assert api.status(include_broker=False)["rate_limited"] == 14

@@ -43,6 +43,10 @@ CASES = [
     (E.UNKNOWN_KIND, SPENT, Decision(S.PENDING, due=Due.BACKOFF, uncount=True)),
     (E.UNKNOWN_KIND, CLAIMED_LEFT, Decision(S.PENDING, due=Due.BACKOFF, uncount=True)),
     (E.UNKNOWN_KIND, RETIRED, Decision(S.CANCELLED, uncount=True)),
+    # a rate-limited job whose start permit found no room within the wait: given back uncharged, due later
+    (E.RATE_LIMITED, LEFT, Decision(S.PENDING, due=Due.BACKOFF, uncount=True)),
+    (E.RATE_LIMITED, SPENT, Decision(S.PENDING, due=Due.BACKOFF, uncount=True)),
+    (E.RATE_LIMITED, RETIRED, Decision(S.CANCELLED, uncount=True)),
     (E.NOT_STARTED, LEFT, Decision(S.PENDING, uncount=True)),
     (E.NOT_STARTED, SPENT, Decision(S.PENDING, uncount=True)),
     (E.NOT_STARTED, RETIRED, Decision(S.CANCELLED, uncount=True)),
