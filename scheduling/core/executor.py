@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import signal
 import threading
 import time
@@ -122,10 +123,12 @@ class _Watchdog:
     """One thread per process that cancels the database statements of a deadline still running past its end.
 
     Arming and disarming take a lock and nothing else (no thread, no round trip per job); the thread
-    sleeps until the armed time. The connections are captured when the deadline is armed (Django's
-    wrappers of the main thread: their ``connection`` is read when the watchdog fires, so one opened
-    during the job is seen too). Disarmed under the same lock before the deadline's block ends, it
-    never cancels a statement sent after the block.
+    sleeps until the armed time. It is woken only by a deadline earlier than the time it will look
+    again: the next job's deadline (as long as the last one's, or longer) is seen at that look, so
+    a batch does not switch threads once a job. The connections are captured when the deadline is
+    armed (Django's wrappers of the main thread: their ``connection`` is read when the watchdog
+    fires, so one opened during the job is seen too). Disarmed under the same lock before the
+    deadline's block ends, it never cancels a statement sent after the block.
     """
 
     def __init__(self) -> None:
@@ -133,15 +136,18 @@ class _Watchdog:
         self._armed: tuple[float, int, list[Any]] | None = None  # (monotonic time, generation, connections)
         self._generation = 0
         self._thread: threading.Thread | None = None
+        self._looks_at = math.inf  # when the thread looks at the armed deadline again (monotonic)
 
     def arm(self, seconds: float) -> int:
         with self._lock:
             self._generation += 1
-            self._armed = (time.monotonic() + seconds + CANCEL_GRACE_SECONDS, self._generation, db.thread_connections())
+            at = time.monotonic() + seconds + CANCEL_GRACE_SECONDS
+            self._armed = (at, self._generation, db.thread_connections())
             if self._thread is None or not self._thread.is_alive():
+                self._looks_at = math.inf
                 self._thread = threading.Thread(target=self._run, name="timekeeper-statement-watchdog", daemon=True)
                 self._thread.start()
-            else:
+            elif at < self._looks_at:
                 self._lock.notify()
             return self._generation
 
@@ -154,11 +160,13 @@ class _Watchdog:
         with self._lock:
             while True:
                 if self._armed is None:
+                    self._looks_at = math.inf
                     self._lock.wait()
                     continue
                 at, _, wrappers = self._armed
                 left = at - time.monotonic()
                 if left > 0:
+                    self._looks_at = at
                     self._lock.wait(left)
                     continue
                 self._armed = None

@@ -17,7 +17,10 @@ free message. Claims the broker refused are given back at once (``store.unclaim_
 never taken. So at every moment of a burst at most (bound x batch size) rows are claimed and not
 started, and each waits at most for the messages ahead of it. A claimed row's lease starts when its batch
 starts (``store.start_jobs``); until then the sweeper leaves it alone while its message is still
-in the queue (``broker.queued_claim_ids``).
+in the queue (``broker.queued_claim_ids``). The control loop refills a queue once it has room
+for half its bound (``refill_room``), not after each batch a worker takes: a claim of two batches
+costs about what one of one does (the statement's planning, the rooms read from Redis, the turn),
+and the batches still queued keep the workers busy meanwhile.
 
 Who claims: the control loop (``due_at.control``), one per cluster. ``wake_on_commit`` lets it know,
 by a NOTIFY sent when the caller's transaction commits, that a row is due soon.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "timekeeper_due"
 HARD_LIMIT_MARGIN_SECONDS = 30  # Celery kills a batch this long after the sum of its jobs' timeouts
+REFILL_SHARE = 0.5  # the control loop claims for a queue once this share of its bound is free (at least 1 batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +126,11 @@ def sync_rates(force: bool = False) -> None:
     _synced_rates, _synced_at = signature, time.monotonic()
 
 
+def refill_room() -> int:
+    """The room (batches) a queue needs before the control loop claims for it: ``REFILL_SHARE`` of the bound, >= 1."""
+    return max(1, math.ceil(conf.get().max_queued_batches * REFILL_SHARE))
+
+
 def room() -> int:
     """How many more batch messages the default named queue's Celery queue (the routed one) may hold now."""
     return max(0, conf.get().max_queued_batches - broker.queued_messages(celery_queue(registry.DEFAULT_QUEUE)))
@@ -172,20 +182,29 @@ def claim_here(limit: int) -> list[store.Claim]:
     return store.claim_due_jobs(limit)
 
 
-def claim_and_dispatch(limit: int | None = None) -> ClaimReport:
-    """Claim due rows, at most what the queue has room for, and send them to workers as batches."""
+def claim_and_dispatch(limit: int | None = None, *, min_room: int = 1) -> ClaimReport:
+    """Claim due rows, at most what the queue has room for, and send them to workers as batches.
+
+    ``min_room``: a queue with room for fewer batches than this (but some) is left out of this
+    claim as if it were full (``queue_full``); the control loop passes ``refill_room()``.
+    """
     with tracing.span("timekeeper.claim", mechanism=registry.Mechanism.DUE_AT) as span:
-        report = _claim_and_dispatch(limit, span)
+        report = _claim_and_dispatch(limit, min_room, span)
         span.set("claimed", report.claimed)
         span.set("batches", report.batches)
         span.set("given_back", report.given_back)
         return report
 
 
-def _claim_and_dispatch(limit: int | None, span: tracing.Handle) -> ClaimReport:
+def _claim_and_dispatch(limit: int | None, min_room: int, span: tracing.Handle) -> ClaimReport:
     settings = conf.get()
     queues = kind_queues()
     rooms, filled = _queue_rooms(list(queues.values()))
+    if min_room > 1:
+        # a queue not yet down to its refill mark waits: the batches it holds keep its workers busy
+        filling = {queue for queue, free_batches in rooms.items() if 0 < free_batches < min_room}
+        rooms = {queue: 0 if queue in filling else free_batches for queue, free_batches in rooms.items()}
+        filled |= filling
     free = sum(rooms.values())
     full = bool(filled)  # a queue full by its length (an unserved one is not: nothing will empty it)
     if free <= 0:

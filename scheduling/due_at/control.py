@@ -170,7 +170,7 @@ class ControlLoop:
             self._next_prune = now + (PRUNE_AGAIN_SECONDS if more else PRUNE_EVERY_SECONDS)
         for extra_duty in EXTRA_DUTIES:
             extra_duty()
-        report = claim.claim_and_dispatch()
+        report = claim.claim_and_dispatch(min_room=claim.refill_room())
         self.counters.claimed += report.claimed
         self.counters.batches += report.batches
         self.counters.given_back += report.given_back
