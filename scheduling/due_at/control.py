@@ -48,7 +48,7 @@ LEAD_SILENCE_SECONDS = 10  # PostgreSQL ends a frozen leader's lock session afte
 STANDBY_RETRY_SECONDS = 1.0  # a standby tries to take the lead this often
 WAIT_STEP_SECONDS = 0.5  # the longest single sleep: a stop is noticed within this
 BACKPRESSURE_PAUSE_SECONDS = 0.02  # pause while the queue is full
-RATE_STEP_SECONDS = 0.02  # while a rate-limited kind has due jobs, claim again this often (its window frees room)
+RATE_STEP_SECONDS = 0.02  # while a rate-limited kind has due jobs, claim again at most this often
 ERROR_PAUSE_SECONDS = 1.0  # pause after PostgreSQL or the broker failed a turn
 PRUNE_EVERY_SECONDS = 60.0  # history is pruned this often when the last slice left nothing behind
 PRUNE_AGAIN_SECONDS = 0.1  # while more is left, the next slice this soon: up to ~2,000 rows/s of history
@@ -180,9 +180,11 @@ class ControlLoop:
             self._wait(BACKPRESSURE_PAUSE_SECONDS)
         elif report.more_due and report.claimed:
             return  # a backlog: claim the next rows at once
-        elif store.rate_limited_due():
-            # a rate-limited kind waits for its window: claim as it frees room (smooth, not in bursts)
-            self._wait(min(RATE_STEP_SECONDS, self._until_next_due(settings.claim_interval_seconds)))
+        elif (refill := store.rate_limited_due()) is not None:
+            # a rate-limited kind waits for its window: claim as it frees room (smooth, not in bursts),
+            # once per start's worth of its window (50/s: every 20 ms; 5/s per partition: every 200 ms)
+            step = min(max(RATE_STEP_SECONDS, refill), WAIT_STEP_SECONDS)
+            self._wait(min(step, self._until_next_due(settings.claim_interval_seconds)))
         else:
             self._wait(self._until_next_due(settings.claim_interval_seconds))
 

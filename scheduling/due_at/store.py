@@ -867,9 +867,10 @@ def sync_code_rates(rates: Mapping[str, tuple[int, float, str]], registered: Seq
     return [str(k) for k in SQL.fetch_values("sync_code_rates", params)]
 
 
-def rate_limited_due() -> bool:
-    """Whether a rate-limited kind that is not paused has a due job waiting."""
-    return bool(SQL.fetch_values("rate_limited_due")[0])
+def rate_limited_due() -> float | None:
+    """Seconds per start of the fastest rate-limited kind (not paused) with a due job; None: none waits."""
+    value = SQL.fetch_values("rate_limited_due")[0]
+    return None if value is None else float(value)
 
 
 def kind_controls() -> list[KindControlRow]:

@@ -91,9 +91,12 @@ GROUP BY kind
 ORDER BY kind;
 
 -- name: rate_limited_due
--- Whether a rate-limited kind (not paused) has a due job waiting: the control loop then claims again
--- within RATE_STEP_SECONDS, as the kind's window frees room, instead of sleeping to its next due time.
-SELECT EXISTS (SELECT 1 FROM scheduling_kindcontrol AS c
-               WHERE c.rate_limit IS NOT NULL AND NOT c.paused
-                 AND EXISTS (SELECT 1 FROM scheduling_scheduledjob AS j
-                             WHERE j.state = 'pending' AND j.kind = c.kind AND j.due_at <= now())) AS waiting;
+-- The shortest refill interval (rate_period_seconds / rate_limit: one start's worth of window, per
+-- partition for a partitioned rate) among the rate-limited kinds (not paused) with a due job
+-- waiting; NULL when none waits. The control loop claims again after that long (at least
+-- RATE_STEP_SECONDS), as the kind's window frees room, instead of sleeping to its next due time.
+SELECT min(c.rate_period_seconds / c.rate_limit) AS refill_seconds
+FROM scheduling_kindcontrol AS c
+WHERE c.rate_limit IS NOT NULL AND NOT c.paused
+  AND EXISTS (SELECT 1 FROM scheduling_scheduledjob AS j
+              WHERE j.state = 'pending' AND j.kind = c.kind AND j.due_at <= now());

@@ -238,3 +238,17 @@ def test_a_window_full_from_one_burst_does_not_burst_again_when_it_expires(run_s
         " tokens_at = tokens_at - interval '61 minutes'"
     )
     assert len(store.claim_due_jobs(100)) == 12, "the bucket's burst, not the whole limit"
+
+
+def test_the_control_loop_claims_again_once_per_start_of_the_fastest_waiting_rate():
+    """The loop's step: a start's worth of window (period / limit) of the fastest rate-limited kind with due jobs."""
+    assert store.rate_limited_due() is None, "no rate-limited kind has due jobs"
+    api.schedule_many("demo.record", [{"label": "a"}] * 3, delay=60)
+    api.schedule_many("demo.fail", [{}] * 3, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(5, per_seconds=1, partition_by="label"))
+    assert store.rate_limited_due() == pytest.approx(0.2)
+    api.set_rate("demo.fail", "50/s")
+    assert store.rate_limited_due() == pytest.approx(0.02)
+    api.pause("demo.fail")
+    assert store.rate_limited_due() == pytest.approx(0.2), "a paused kind is not waiting on its window"
