@@ -63,8 +63,11 @@ def lock_key(namespace: str, name: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
-def dedicated_connection(application_name: str = "timekeeper-lock") -> Any:
-    """A new autocommit psycopg2 session, not shared with anyone: the direct URL, else the default database."""
+def dedicated_connection(application_name: str = "timekeeper-lock", lock_timeout_ms: int = 0) -> Any:
+    """A new autocommit psycopg2 session, not shared with anyone: the direct URL, else the default database.
+
+    ``lock_timeout_ms`` bounds how long one of its statements waits for a lock (0: no limit).
+    """
     session: dict[str, Any] = {
         "connect_timeout": CONNECT_TIMEOUT_SECONDS,
         "keepalives": 1,
@@ -82,7 +85,7 @@ def dedicated_connection(application_name: str = "timekeeper-lock") -> Any:
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            bound_session(cur, conn.server_version)
+            bound_session(cur, conn.server_version, lock_timeout_ms)
     except psycopg2.Error:
         conn.close()
         raise

@@ -110,6 +110,8 @@ Kinds = dict[str, registry.Kind | None]
 # The job whose handler this batch is running now (None between handlers): when the worker stops,
 # it is the one job charged; every other unfinished job of the batch is given back uncharged.
 _in_handler: contextvars.ContextVar[int | None] = contextvars.ContextVar("timekeeper_in_handler", default=None)
+# Whether this batch takes start permits for rate-limited kinds (not inside a caller's transaction).
+_permits: contextvars.ContextVar[bool] = contextvars.ContextVar("timekeeper_start_permits", default=True)
 
 
 @dataclasses.dataclass
@@ -155,6 +157,7 @@ def run_batch(claims: Sequence[tuple[int, str]]) -> BatchReport:
 
 
 def _run_batch(claims: list[tuple[int, str]], span: tracing.Handle) -> BatchReport:
+    _permits.set(connection.get_autocommit())  # no start permits inside a caller's transaction
     started = store.start_jobs(claims, leadership.process_name())
     task_events.started(started)  # Flower: each job's attempt as a task (nothing unless the worker sends events)
     span.set("kinds", sorted({j.kind for j in started}))
@@ -266,12 +269,16 @@ def _started_at(job: store.StartedJob, clock: _DbClock) -> dt.datetime | float:
 
     A rate-limited kind's job waits for room in its kind's window of starts (``starts.py``), at most
     ``START_WAIT_SECONDS``. With no room by then: the seconds until there is (the caller gives the
-    job back, uncharged, due then).
+    job back, uncharged, due then). A batch run inside a caller's transaction (``testing.run_due()``
+    in a ``TestCase``) takes no permit: its claim's window row is not committed, and the permit's
+    own connection would wait on it for ever.
     """
-    if job.rate_partition is None:
+    if job.rate_partition is None or not _permits.get():
         return clock.now()
     waited = 0.0
     while True:
+        if aborts.requested(job.id, job.token) is not None:
+            return clock.now()  # aborted while it waited: the executor cancels it without running it
         permit = starts.take(job.kind, job.rate_partition)
         if permit is None:  # could not be asked: the claim's limit alone holds
             return clock.now()
@@ -365,7 +372,7 @@ def _run_atomic(
     while pending:
         chunk: list[store.StartedJob] = []
         callbacks: list[tuple[int, Callable[[], None]]] = []
-        counted = (report.succeeded, report.failed)
+        counted = (report.succeeded, report.failed, report.given_back)
         try:
             pending = _run_chunk(pending, chunk, kinds, clock, report, settled, callbacks)
         except DatabaseError as exc:
@@ -382,7 +389,8 @@ def _run_atomic(
             connection.close()
             lost = [(j.id, j.token) for j in chunk]
             lease.release(lost)
-            report.succeeded, report.failed = counted  # the chunk's outcomes did not commit (or are counted below)
+            # the chunk's outcomes did not commit (or are counted below)
+            report.succeeded, report.failed, report.given_back = counted
             committed = _recording(functools.partial(store.committed_jobs, lost)) if ambiguous else {}
             if committed:
                 logger.warning(

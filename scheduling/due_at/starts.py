@@ -27,6 +27,7 @@ import os
 from typing import Any
 
 import psycopg2
+import psycopg2.errors
 
 from scheduling.core import locks
 from scheduling.due_at import store
@@ -34,6 +35,7 @@ from scheduling.due_at import store
 logger = logging.getLogger(__name__)
 
 APPLICATION_NAME = "timekeeper-starts"
+LOCK_TIMEOUT_MS = 2000  # a permit waits this long at most for the window's row (held for one statement)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +53,13 @@ class _Connection:
     def __init__(self) -> None:
         self.conn: Any = None
         self.pid = 0
+        self.inherited: list[Any] = []
 
     def get(self) -> Any:
         if self.conn is None or self.conn.closed or self.pid != os.getpid():
-            self.conn = locks.dedicated_connection(APPLICATION_NAME)
+            if self.pid != os.getpid() and self.conn is not None:
+                self.inherited.append(self.conn)  # a fork's copy: never closed here (it is the parent's session)
+            self.conn = locks.dedicated_connection(APPLICATION_NAME, lock_timeout_ms=LOCK_TIMEOUT_MS)
             self.pid = os.getpid()
         return self.conn
 
@@ -69,9 +74,19 @@ _connection = _Connection()
 
 
 def take(kind: str, partition: str) -> Permit | None:
-    """A permit for one start of ``kind`` in its window ``partition``; None when it could not be asked."""
+    """A permit for one start of ``kind`` in its window ``partition``; None when it could not be asked.
+
+    A connection the server dropped while idle is opened again once; a lock held past
+    ``LOCK_TIMEOUT`` (another session's open transaction on the window's row) is "could not be asked".
+    """
     try:
-        at, granted, wait_seconds = store.take_start(_connection.get(), kind, partition)
+        try:
+            at, granted, wait_seconds = store.take_start(_connection.get(), kind, partition)
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            if isinstance(exc, psycopg2.errors.LockNotAvailable):
+                raise
+            _connection.close()
+            at, granted, wait_seconds = store.take_start(_connection.get(), kind, partition)
     except psycopg2.Error:
         logger.warning(
             "start permit not taken: the job starts on its claim's rate alone",

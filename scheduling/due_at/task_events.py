@@ -41,12 +41,15 @@ from kombu import Exchange, Producer
 from kombu.exceptions import KombuError
 
 from scheduling.core import broker, conf
+from scheduling.due_at import lifecycle
 from scheduling.models import AttemptOutcome, JobState
 
 if TYPE_CHECKING:
     from scheduling.due_at import store
 
 logger = logging.getLogger(__name__)
+
+RATE_LIMITED = lifecycle.Event.RATE_LIMITED.value  # given back for want of a start permit: no attempt, no event
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +111,8 @@ def recorded(successes: Iterable[store.Outcome], failures: Iterable[store.Outcom
         return
     for outcome in [*successes, *failures]:
         job = collector.jobs.get(outcome.id)
-        if job is None or outcome.id not in kept:
-            continue
+        if job is None or outcome.id not in kept or outcome.outcome == RATE_LIMITED:
+            continue  # a job given back for want of a start permit made no attempt
         collector.events.append(
             JobEvent(
                 job_id=job.id,

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from scheduling import api, registry
+from scheduling import api, registry, testing
+from scheduling.core import aborts
 from scheduling.due_at import runner, starts, store
 from scheduling.models import JobAttempt, JobState, KindRate, ScheduledJob
 from tasks.models import Execution
@@ -184,7 +185,7 @@ def test_a_permit_that_cannot_be_asked_lets_the_job_start_on_its_claims_rate(mon
     assert ScheduledJob.objects.get(pk=job.id).state == JobState.DONE
 
 
-def _refused_connection(application_name: str = "") -> Any:
+def _refused_connection(application_name: str = "", lock_timeout_ms: int = 0) -> Any:
     import psycopg2
 
     return psycopg2.connect("host=127.0.0.1 port=1 connect_timeout=1")
@@ -201,3 +202,30 @@ def test_a_permit_asked_after_the_rate_was_lifted_is_granted_and_empties_the_win
     assert permit.granted
     assert permit.wait_seconds == 0
     assert KindRate.objects.get(kind="demo.record").handler_starts == []
+
+
+@pytest.mark.django_db(transaction=False)
+def test_run_due_inside_a_test_transaction_takes_no_permit(caplog):
+    """Inside a TestCase's transaction the claim's window row is uncommitted: no permit is asked (none could be)."""
+    api.set_rate("demo.record", registry.Rate(5, per_seconds=1))
+    job = api.schedule("demo.record", {}, delay=0)
+    report = testing.run_due()
+    assert report.succeeded == 1
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.DONE
+    assert KindRate.objects.get(kind="demo.record").handler_starts == []
+    assert "start permit not taken" not in caplog.text, "the permit was asked, and waited on the test's row lock"
+
+
+def test_an_abort_asked_while_a_job_waits_for_its_permit_cancels_it(run_sql):
+    """Aborted before its permit: cancelled as aborted, not given back to run later."""
+    api.set_rate("demo.record", registry.Rate(1, per_seconds=60))
+    job = api.schedule("demo.record", {}, delay=60)
+    support.make_due()
+    (claim,) = store.claim_due_jobs(10)
+    _fill_window(run_sql, "demo.record", 1)
+    aborts.request(claim.id, claim.token, "aborted by the test")
+    runner.run_batch([(claim.id, claim.token)])
+    row = ScheduledJob.objects.get(pk=job.id)
+    assert row.state == JobState.CANCELLED
+    assert not Execution.objects.filter(idempotency_key=f"job:{job.id}").exists()
+    assert len(KindRate.objects.get(kind="demo.record").handler_starts) == 1, "no permit taken for it"
