@@ -9,9 +9,11 @@
     python3 dev.py test [ARGS]       check the settings and servers, then ruff check, makemigrations --check,
                                      mypy, the import-linter contracts, apt-get install Debian's chromium,
                                      faketime, pgbouncer, prometheus when missing (as root), and pytest
-                                     ARGS (Django 5.2); with no ARGS also the Django 6.0 leg (.venv-django60,
-                                     Python 3.12: check, makemigrations --check and the Django-facing tests);
-                                     stops at the first failure
+                                     ARGS (Django 5.2); stops at the first failure. With no ARGS, the whole
+                                     suite in three lanes side by side (TEST_LANES; each line of output
+                                     says its lane), the last one followed by the Django 6.0 leg
+                                     (.venv-django60, Python 3.12: check, makemigrations --check and the
+                                     Django-facing tests); every lane runs to its end
     A wrong setting or an unreachable server is one line and exit status 78; --verbose (run) or
     TIMEKEEPER_VERBOSE=1 (all) shows the traceback instead, and run's every line (each migration,
     Flower's inspect warnings, the production-only deferral-queue warning).
@@ -36,6 +38,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -109,6 +112,18 @@ DJANGO60_TESTS = [
 ]
 # Pure Python with no Django in it, and pinned to cronsim's behaviour: the 5.2 run covers it.
 DJANGO60_IGNORED = ["--ignore=tests/unit/fixed/test_cron_differential.py"]
+# The whole suite runs as these pytest runs side by side (``dev.py test`` with no ARGS). Most of an
+# e2e test's time is spent waiting on real processes (a lease to run out, a beat to tick, a server to
+# come back): one after the other the suite took 29 minutes of which 15 on a CPU. Each pytest process
+# is a test run of its own, with its own database and Redis key prefix (tests/settings.py), so lanes
+# share no table and no queue. The last lane, CPU-bound, goes on with the Django 6.0 leg. Together
+# the lanes are pyproject's testpaths (tests/unit/project/test_dev.py checks).
+E2E_FIRST_LANE = ["tests/e2e/core", "tests/e2e/project"]
+TEST_LANES = {
+    "e2e-1": E2E_FIRST_LANE,
+    "e2e-2": ["tests/e2e", *(f"--ignore={path}" for path in E2E_FIRST_LANE)],
+    "rest": ["tests/unit", "tests/integration", "tests/conformance", "tests/browser"],
+}
 
 
 class Output:
@@ -406,25 +421,23 @@ def command_test(pytest_args: list[str]) -> int:
             ("mypy", [sys.executable, "-m", "mypy", "scheduling", "tasks"]),
             ("import contracts", [str(Path(sys.executable).with_name("lint-imports"))]),
             ("system packages", []),
-            ("pytest", [sys.executable, "-m", "pytest", *pytest_args]),
         ]
-        if not pytest_args:  # a whole-suite run proves Django 6.0 too; a selection is the user's, on 5.2
-            steps.append(("Django 6.0 venv", []))
+        if pytest_args:  # a selection is the user's, on 5.2, in one run
+            steps.append(("pytest", [sys.executable, "-m", "pytest", *pytest_args]))
         for name, argv in steps:
             if name == "system packages":
                 status = ensure_system_packages()
-            elif name == "Django 6.0 venv":
-                python = ensure_django60_venv()
-                status = 1 if python is None else 0
-                if python is not None:
-                    steps.extend(django60_steps(python))
             else:
                 say(f"{name}: {' '.join(argv[1:])}")
                 status = subprocess.run(argv, cwd=ROOT).returncode
-            if name == "pytest" and status == PYTEST_NO_TESTS and pytest_args:
+            if name == "pytest" and status == PYTEST_NO_TESTS:
                 status = 0  # a selection that matches nothing is the user's choice; the whole suite must not be empty
             if status:
                 say(f"{name} failed with status {status}")
+                return status
+        if not pytest_args:  # the whole suite, and Django 6.0 too
+            status = Lanes().run()
+            if status:
                 return status
         say("all checks passed")
         return 0
@@ -432,6 +445,79 @@ def command_test(pytest_args: list[str]) -> int:
         return 130
     finally:
         services.stop()
+
+
+class Lanes:
+    """The whole suite's pytest runs side by side (``TEST_LANES``), the last one followed by the Django 6.0 leg.
+
+    Each lane's output goes through here a line at a time, headed by its name. Every lane runs to its
+    end (a failure in one stops that lane only); the status is the first failed step's, else 0.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.failures: list[tuple[str, str, int]] = []  # (lane, step, status)
+        self.children: list[subprocess.Popen[str]] = []
+
+    def run(self) -> int:
+        names = list(TEST_LANES)
+        threads = [
+            threading.Thread(target=self.lane, args=(name, name == names[-1]), name=f"lane-{name}") for name in names
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.5)  # in steps: Ctrl-C (or SIGTERM, as KeyboardInterrupt) is seen here
+        except KeyboardInterrupt:
+            for child in self.children:
+                with contextlib.suppress(OSError):
+                    child.send_signal(signal.SIGINT)  # pytest stops and its fixtures stop their processes
+            for thread in threads:
+                thread.join(STOP_GRACE_SECONDS)
+            raise
+        for lane, step, status in self.failures:
+            say(f"[{lane}] {step} failed with status {status}")
+        return self.failures[0][2] if self.failures else 0
+
+    def lane(self, name: str, then_django60: bool) -> None:
+        steps = [("pytest", [sys.executable, "-m", "pytest", *TEST_LANES[name]])]
+        if not self.step(name, *steps[0]):
+            return
+        if not then_django60:
+            return
+        python = ensure_django60_venv()
+        if python is None:
+            with self.lock:
+                self.failures.append((name, "Django 6.0 venv", 1))
+            return
+        for step, argv in django60_steps(python):
+            if not self.step(name, step, argv):
+                return
+
+    def step(self, lane: str, step: str, argv: list[str]) -> bool:
+        """Run one step of ``lane``, its output headed by the lane's name; whether it passed."""
+        self.say(lane, f"{step}: {' '.join(argv[1:])}")
+        child = subprocess.Popen(
+            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
+        with self.lock:
+            self.children.append(child)
+        assert child.stdout is not None
+        for line in child.stdout:
+            with self.lock:
+                write(f"[{lane}] {line}")
+        status = child.wait()
+        if status:
+            with self.lock:
+                self.failures.append((lane, step, status))
+        self.say(lane, f"{step} {'failed with status ' + str(status) if status else 'passed'}")
+        return status == 0
+
+    def say(self, lane: str, message: str) -> None:
+        with self.lock:
+            say(f"[{lane}] {message}")
 
 
 # --- run -----------------------------------------------------------------------------------------

@@ -63,3 +63,34 @@ def test_manage_is_a_command_and_needs_arguments(capsys):
     usage = capsys.readouterr().err
     assert "dev.py manage ARGS" in usage
     assert "var/services.env" in usage
+
+
+def _lane_files(args: list[str]) -> set[str]:
+    """The test files a lane's pytest arguments select: its paths' test_*.py less the --ignore'd folders."""
+    from tests.support import ROOT
+
+    ignored = [arg.removeprefix("--ignore=") for arg in args if arg.startswith("--ignore=")]
+    files = set()
+    for path in (arg for arg in args if not arg.startswith("-")):
+        assert (ROOT / path).is_dir(), path
+        for found in (ROOT / path).rglob("test_*.py"):
+            relative = found.relative_to(ROOT).as_posix()
+            if not any(relative.startswith(folder + "/") for folder in ignored):
+                files.add(relative)
+    return files
+
+
+def test_the_lanes_run_every_test_file_of_the_testpaths_once():
+    """The whole-suite lanes split pyproject's testpaths: no test file is left out, none runs twice."""
+    import tomllib
+
+    from tests.support import ROOT
+
+    testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
+    every = _lane_files(testpaths)
+    lanes = {name: _lane_files(args) for name, args in dev.TEST_LANES.items()}
+    assert sum(len(files) for files in lanes.values()) == len(every)
+    assert set().union(*lanes.values()) == every
+    assert all(files for files in lanes.values())
+    assert "tests/e2e/core/test_faults_hosts.py" in lanes["e2e-1"]
+    assert "tests/e2e/due_at/test_sweep.py" in lanes["e2e-2"]
