@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import enum
 import functools
-import hashlib
 import json
 import re
 import types
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
 
 import psycopg2
-from django.db import DatabaseError, connection, connections
+from django.db import connection, connections
 
 R = TypeVar("R")
 Params = Mapping[str, Any] | Sequence[Any] | None
@@ -200,88 +199,6 @@ class Statements:
         _, rows = run("EXPLAIN (FORMAT JSON) " + self[name], None)
         plan = rows[0][0]
         return json.loads(plan) if isinstance(plan, str) else plan
-
-
-_PARAM = re.compile(r"%\((?P<name>\w+)\)s")
-# PostgreSQL's SQLSTATE for EXECUTE of a statement this server session never prepared.
-_NOT_PREPARED = "26000"
-
-
-class NotPrepared(Exception):
-    """This server session does not hold the prepared statement (a new connection, or a pooler's other session)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-    """A statement prepared once per server session and then executed by name (``prepared``).
-
-    PostgreSQL plans an EXECUTE afresh for its first five runs, then keeps a generic plan when that
-    plan's estimate is no worse than the fresh ones' (``plan_cache_mode = auto``): a statement that
-    runs every few milliseconds stops paying its planning each time. The name carries a digest of
-    the text, so two releases of a statement never share a name, and a session that holds another
-    release's statement (a pooler hands sessions around) runs its own.
-    """
-
-    name: str
-    prepare: str  # PREPARE <name>(<types>) AS <the statement with $1, $2 ...>
-    order: tuple[str, ...]  # the parameters' names, in $n order
-
-    def execute(self, params: Mapping[str, Any]) -> tuple[str, list[Any]]:
-        """The EXECUTE statement and its positional parameters (psycopg2's %s) for ``params``."""
-        placeholders = ", ".join(["%s"] * len(self.order))
-        return f"EXECUTE {self.name}({placeholders})", [params[name] for name in self.order]
-
-
-def prepared(sql: str, types: Mapping[str, str]) -> Prepared:
-    """``sql`` (psycopg2's ``%(name)s`` parameters, each typed in ``types``) as a ``Prepared``.
-
-    Every parameter needs a PostgreSQL type: an empty list has none of its own. ``sql`` may hold no
-    other ``%`` (it runs through no driver formatting).
-    """
-    order: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        name = match.group("name")
-        if name not in types:
-            raise ValueError(f"parameter {name!r} has no type")
-        if name not in order:
-            order.append(name)
-        return f"${order.index(name) + 1}"
-
-    body = _PARAM.sub(number, sql)
-    if "%" in body:
-        raise ValueError("a prepared statement's text may hold no % other than its parameters")
-    signature = ", ".join(types[name] for name in order)
-    digest = hashlib.sha256(f"{signature}\n{body}".encode()).hexdigest()[:16]
-    name = f"timekeeper_{digest}"
-    return Prepared(name, f"PREPARE {name}({signature}) AS {body}", tuple(order))
-
-
-def fetch_all_prepared(cls: type[R], statement: Prepared, params: Mapping[str, Any], *, before: str = "") -> list[R]:
-    """The rows of ``statement`` run by name as ``cls`` instances; ``before`` (statements) runs first, in one trip.
-
-    Raises ``NotPrepared`` when this server session does not hold it: the caller's transaction is
-    then aborted; run it again in a new transaction after ``prepare``.
-    """
-    execute, values = statement.execute(params)
-    if "%" in before:
-        raise ValueError("the statements run before a prepared one may hold no %")
-    try:
-        columns, rows = run(before + execute, values)
-    except DatabaseError as exc:
-        if getattr(exc.__cause__, "pgcode", None) == _NOT_PREPARED:
-            raise NotPrepared(statement.name) from exc
-        raise
-    make: Callable[[Sequence[Any]], R] = _builder(cast(Hashable, cls), tuple(columns))
-    return [make(row) for row in rows]
-
-
-def prepare(statement: Prepared) -> None:
-    """Prepare ``statement`` in this server session unless it already holds it (run inside a transaction:
-    behind a transaction pooler, the check and the PREPARE must reach the same session)."""
-    _, rows = run("SELECT 1 FROM pg_prepared_statements WHERE name = %s", [statement.name])
-    if not rows:
-        run(statement.prepare, None)
 
 
 def thread_connections() -> list[Any]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import functools
 import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
@@ -355,49 +354,15 @@ def claim_due_jobs(
     transaction (``lock_capped_kinds``): so the claim's count of a kind's claims sees every claim
     committed before it, and caps hold exactly with any number of claimers.
     """
+    sql = claim_statement()
     params = claim_params(
         limit, messages=messages, batch_sizes=batch_sizes, kind_queues=kind_queues, queue_rooms=queue_rooms
     )
     if not connection.get_autocommit():
-        # the caller's transaction holds the lock until it ends; unprepared: a statement missing from
-        # this session would abort the caller's transaction
-        return db.fetch_all_sql(Claim, claim_statement(), params)
-    before = db.NO_JIT + (ASYNC_COMMIT if conf.get().async_commit else "") + SQL["lock_capped_kinds"] + ";\n"
-    try:
-        with transaction.atomic():
-            return db.fetch_all_prepared(Claim, _claim_prepared(), params, before=before)  # see _async_commit_values
-    except db.NotPrepared:
-        # a session new to the statement (a new connection, or a pooler's other server session): the
-        # aborted transaction took nothing; prepare it here and claim again
-        with transaction.atomic():
-            db.prepare(_claim_prepared())
-            return db.fetch_all_prepared(Claim, _claim_prepared(), params, before=before)
-
-
-# The claim's parameters' types (a prepared statement names them; an empty list has none of its own).
-CLAIM_PARAM_TYPES = {
-    "partition_scan": "integer",
-    "limit": "integer",
-    "messages": "integer",
-    "kinds": "text[]",
-    "batch_sizes": "integer[]",
-    "kind_queues": "text[]",
-    "queues": "text[]",
-    "queue_rooms": "integer[]",
-    "closed_kinds": "text[]",
-}
-
-
-@functools.cache
-def _claim_prepared() -> db.Prepared:
-    """The claim statement prepared once per server session (``claim_due_jobs``).
-
-    The control loop claims up to every few milliseconds while a rate-limited kind waits or jobs
-    come due one by one; planning the statement (its branches per priority, its window functions)
-    took about 4 ms of a claim's 10 (``bench.flow``). PostgreSQL keeps a generic plan after the
-    first five runs when its estimate is no worse than theirs.
-    """
-    return db.prepared(SQL["claim_due_jobs"], CLAIM_PARAM_TYPES)
+        return db.fetch_all_sql(Claim, sql, params)  # the caller's transaction holds the lock until it ends
+    with transaction.atomic():
+        prefix = db.NO_JIT + (ASYNC_COMMIT if conf.get().async_commit else "")
+        return db.fetch_all_sql(Claim, prefix + sql, params)  # see _async_commit_values
 
 
 @dataclasses.dataclass(frozen=True)

@@ -182,38 +182,3 @@ def test_only_a_store_holds_a_cursor_on_djangos_connection():
         assert "dedicated_connection" in source, name
     stores = {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("store.py")}
     assert stores == {str(Path(store.__file__).relative_to(PACKAGE)) for store in STORES}
-
-
-def test_a_prepared_statement_numbers_its_parameters_in_order_of_first_use():
-    """`%(name)s` becomes `$n` by first use, a repeated name keeps its number, and the types follow that order."""
-    statement = db.prepared(
-        "SELECT %(b)s::int + %(a)s::int, %(b)s::int LIMIT %(a)s", {"a": "integer", "b": "integer", "unused": "text"}
-    )
-    assert statement.order == ("b", "a")
-    assert statement.prepare.endswith("(integer, integer) AS SELECT $1::int + $2::int, $1::int LIMIT $2")
-    assert statement.prepare.startswith(f"PREPARE {statement.name}(")
-    execute, values = statement.execute({"a": 5, "b": 7, "unused": "x"})
-    assert execute == f"EXECUTE {statement.name}(%s, %s)"
-    assert values == [7, 5]
-
-
-def test_a_prepared_statements_name_follows_its_text_and_types():
-    """Two releases of a statement (or of its types) never share a name in a server session."""
-    one = db.prepared("SELECT %(a)s", {"a": "integer"})
-    assert db.prepared("SELECT %(a)s", {"a": "integer"}).name == one.name
-    assert db.prepared("SELECT %(a)s + 0", {"a": "integer"}).name != one.name
-    assert db.prepared("SELECT %(a)s", {"a": "bigint"}).name != one.name
-
-
-def test_a_prepared_statement_refuses_an_untyped_parameter_or_a_stray_percent():
-    """Every parameter needs a type (an empty list has none); a `%` would be read as a placeholder by the driver."""
-    with pytest.raises(ValueError, match="'b' has no type"):
-        db.prepared("SELECT %(a)s, %(b)s", {"a": "integer"})
-    with pytest.raises(ValueError, match="no %"):
-        db.prepared("SELECT %(a)s WHERE 'x' LIKE 'x%%'", {"a": "integer"})
-
-
-def test_the_claims_parameters_all_have_types():
-    """Every parameter of the claim statement is typed for its prepared form (an empty list is typed too)."""
-    statement = db.prepared(jobs_store.SQL["claim_due_jobs"], jobs_store.CLAIM_PARAM_TYPES)
-    assert set(statement.order) == set(jobs_store.claim_params(1))
