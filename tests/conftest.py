@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,35 @@ def _flush_with_delete() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DatabaseOperations, "sql_flush", sql_flush)
         yield
+
+
+LINGER_SECONDS = 30.0  # how long the test database waits, at the end, for other sessions to leave it
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test database, dropped only once no other session uses it.
+
+    A process or thread a test started (a worker's pool process, a live server's thread) may still be
+    closing its connection when the last test ends; ``DROP DATABASE`` then fails ("being accessed by
+    other users") and the run ends with an error that no test made. So the end waits up to
+    ``LINGER_SECONDS`` for them to leave, then ends, by name, any that are left.
+    """
+    yield
+    import warnings
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        others = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        deadline = time.monotonic() + LINGER_SECONDS
+        while True:
+            cursor.execute(f"SELECT pid, application_name, state {others}")
+            left = cursor.fetchall()
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if left:  # a leak, not a slow exit: end them so the database goes, and say so (warnings are errors here)
+            cursor.execute(f"SELECT pg_terminate_backend(pid) {others}")
+            warnings.warn(
+                f"sessions still on the test database {LINGER_SECONDS:g} s after the end: {left}", stacklevel=1
+            )
+    connection.close()
