@@ -182,21 +182,23 @@ def claim_here(limit: int) -> list[store.Claim]:
     return store.claim_due_jobs(limit)
 
 
-def claim_and_dispatch(limit: int | None = None, *, min_room: int = 1) -> ClaimReport:
+def claim_and_dispatch(limit: int | None = None, *, min_room: int = 1, rates: bool = True) -> ClaimReport:
     """Claim due rows, at most what the queue has room for, and send them to workers as batches.
 
     ``min_room``: a queue with room for fewer batches than this (but some) is left out of this
     claim as if it were full (``queue_full``); the control loop passes ``refill_room()``.
+    ``rates`` false: the rate-limited kinds take nothing in this claim (the control loop claims them
+    on their own cadence, and other kinds' due times in between cost a claim without them).
     """
     with tracing.span("timekeeper.claim", mechanism=registry.Mechanism.DUE_AT) as span:
-        report = _claim_and_dispatch(limit, min_room, span)
+        report = _claim_and_dispatch(limit, min_room, rates, span)
         span.set("claimed", report.claimed)
         span.set("batches", report.batches)
         span.set("given_back", report.given_back)
         return report
 
 
-def _claim_and_dispatch(limit: int | None, min_room: int, span: tracing.Handle) -> ClaimReport:
+def _claim_and_dispatch(limit: int | None, min_room: int, rates: bool, span: tracing.Handle) -> ClaimReport:
     settings = conf.get()
     queues = kind_queues()
     rooms, filled = _queue_rooms(list(queues.values()))
@@ -212,7 +214,9 @@ def _claim_and_dispatch(limit: int | None, min_room: int, span: tracing.Handle) 
         return ClaimReport(0, 0, 0, more_due=True, queue_full=full)
     size = min(limit or settings.claim_batch_size, free * settings.default_batch_size)
     sync_rates()
-    claims = store.claim_due_jobs(size, messages=free, batch_sizes=batch_sizes(), kind_queues=queues, queue_rooms=rooms)
+    claims = store.claim_due_jobs(
+        size, messages=free, batch_sizes=batch_sizes(), kind_queues=queues, queue_rooms=rooms, rates=rates
+    )
     span.set("job_ids", [c.id for c in claims])
     span.set("kinds", sorted({c.kind for c in claims}))
     batches = batches_for(claims)

@@ -310,13 +310,14 @@ def claim_params(
     batch_sizes: Mapping[str, int] | None = None,
     kind_queues: Mapping[str, str] | None = None,
     queue_rooms: Mapping[str, int] | None = None,
+    rates: bool = True,
 ) -> dict[str, Any]:
     """The parameters of ``claim_due_jobs``: at most ``messages`` batches (default: ``limit``), cut by kind.
 
     ``batch_sizes`` maps a kind to its batch size; a kind not in it is cut into batches of one.
     ``kind_queues`` maps a kind to its named queue (default "default"); ``queue_rooms`` a queue to
     the batches it has room for (a queue not in it: ``messages``). The kinds of a queue with no
-    room are left out of the claim.
+    room are left out of the claim. ``rates`` false leaves the rate-limited kinds out of it.
     """
     queues = dict(kind_queues or {})
     rooms = dict(queue_rooms or {})
@@ -324,6 +325,7 @@ def claim_params(
     sizes = dict(batch_sizes or {})
     return {
         "partition_scan": PARTITION_SCAN_ROWS,
+        "rates": rates,
         "limit": limit,
         "messages": limit if messages is None else messages,
         "kinds": kinds,
@@ -347,16 +349,23 @@ def claim_due_jobs(
     batch_sizes: Mapping[str, int] | None = None,
     kind_queues: Mapping[str, str] | None = None,
     queue_rooms: Mapping[str, int] | None = None,
+    rates: bool = True,
 ) -> list[Claim]:
     """Claim due rows: whole batches, at most ``messages`` of them, sorted most urgent first.
 
     The capped kinds' control rows are locked first, in a statement of its own in the same
     transaction (``lock_capped_kinds``): so the claim's count of a kind's claims sees every claim
-    committed before it, and caps hold exactly with any number of claimers.
+    committed before it, and caps hold exactly with any number of claimers. ``rates`` false: the
+    rate-limited kinds take nothing in this claim (the control loop claims them on their cadence).
     """
     sql = claim_statement()
     params = claim_params(
-        limit, messages=messages, batch_sizes=batch_sizes, kind_queues=kind_queues, queue_rooms=queue_rooms
+        limit,
+        messages=messages,
+        batch_sizes=batch_sizes,
+        kind_queues=kind_queues,
+        queue_rooms=queue_rooms,
+        rates=rates,
     )
     if not connection.get_autocommit():
         return db.fetch_all_sql(Claim, sql, params)  # the caller's transaction holds the lock until it ends

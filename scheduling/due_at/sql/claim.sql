@@ -17,8 +17,14 @@
 -- Rate-limited kinds are locked the same way: their windows (scheduling_kindrate) are read and
 -- written only under their control row's lock. Without caps or rates nothing is locked and
 -- claimers never touch each other.
+-- %(rates)s false: the rate-limited kinds are left out of this claim (not locked, so no room): the
+-- control loop claims them on their own cadence (control.RATE_STEP_SECONDS and each kind's refill
+-- interval), not on every turn another kind's due time wakes it, since reading a rate-limited kind's
+-- backlog and windows is most of a claim's cost (a partitioned rate reads up to store.PARTITION_SCAN_ROWS).
 SELECT set_config('timekeeper.held_kinds', coalesce(string_agg(kind, ','), ''), true)
-FROM (SELECT kind FROM scheduling_kindcontrol WHERE max_running IS NOT NULL OR rate_limit IS NOT NULL ORDER BY kind
+FROM (SELECT kind FROM scheduling_kindcontrol
+      WHERE (max_running IS NOT NULL OR rate_limit IS NOT NULL) AND (%(rates)s OR rate_limit IS NULL)
+      ORDER BY kind
       FOR UPDATE SKIP LOCKED) AS held;
 
 -- name: claim_due_jobs
@@ -76,7 +82,7 @@ WITH clock AS (
     SELECT c.kind, c.paused, c.rate_limit, c.rate_period_seconds, c.rate_partition_by,
            CASE WHEN c.max_running IS NULL AND c.rate_limit IS NULL THEN NULL
                 -- another transaction holds its control row (lock_capped_kinds): no room this turn
-                WHEN NOT c.kind = ANY(string_to_array(current_setting('timekeeper.held_kinds', true), ',')) THEN 0
+                WHEN NOT c.kind = ANY(string_to_array(coalesce(current_setting('timekeeper.held_kinds', true), ''), ',')) THEN 0
                 ELSE least(
                     CASE WHEN c.max_running IS NULL THEN %(limit)s
                          ELSE greatest(0, c.max_running - (SELECT count(*) FROM scheduling_scheduledjob AS r
@@ -125,15 +131,10 @@ WITH clock AS (
 ), parted AS (
     SELECT capped.*, row_number() OVER (PARTITION BY kind, part ORDER BY priority DESC, due_at, id) AS in_part
     FROM capped
-), kept AS (
-    -- a partitioned rate: each partition takes at most the limit minus its starts inside the window;
-    -- then the kind takes at most its room (its cap's) of what is left. Rows locked and not kept
-    -- are not updated (their locks end with the transaction).
-    SELECT id, kind, priority, due_at, run_alone, part FROM (
-        SELECT p.*, row_number() OVER (PARTITION BY p.kind ORDER BY p.priority DESC, p.due_at, p.id) AS in_kind, c.room
-        FROM parted AS p JOIN controls AS c USING (kind)
-        WHERE c.rate_limit IS NULL OR c.rate_partition_by = ''
-           OR p.in_part <= (SELECT greatest(0, least(
+), allowances AS (
+    -- a partitioned rate: each partition in this claim may take the limit minus its starts inside
+    -- the window (and at most its bucket): read once per partition, not once per row
+    SELECT p.kind, p.part, (SELECT greatest(0, least(
                                 c.rate_limit - s.used,
                                 CASE WHEN w.tokens_at IS NULL
                                        OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
@@ -145,6 +146,16 @@ WITH clock AS (
                             CROSS JOIN LATERAL (SELECT coalesce(sum(u.n), 0) AS used
                                                 FROM unnest(w.starts_at, w.starts) AS u(at, n)
                                                 WHERE u.at > clock.t - make_interval(secs => c.rate_period_seconds)) AS s)
+                           AS allowance
+    FROM (SELECT DISTINCT kind, part FROM capped) AS p JOIN controls AS c USING (kind)
+    WHERE c.rate_limit IS NOT NULL AND c.rate_partition_by <> ''
+), kept AS (
+    -- each partition takes at most its allowance; then the kind takes at most its room (its cap's)
+    -- of what is left. Rows locked and not kept are not updated (their locks end with the transaction).
+    SELECT id, kind, priority, due_at, run_alone, part FROM (
+        SELECT p.*, row_number() OVER (PARTITION BY p.kind ORDER BY p.priority DESC, p.due_at, p.id) AS in_kind, c.room
+        FROM parted AS p JOIN controls AS c USING (kind) LEFT JOIN allowances AS a USING (kind, part)
+        WHERE a.allowance IS NULL OR p.in_part <= a.allowance  -- no allowance: not a partitioned rate
     ) AS ranked_in_kind
     WHERE in_kind <= room
 ), walk AS (

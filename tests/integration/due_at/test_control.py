@@ -241,3 +241,27 @@ def test_a_leader_with_history_left_to_prune_wakes_for_the_next_slice(queue):
     assert loop._until_next_due(conf.get().claim_interval_seconds) <= control.PRUNE_AGAIN_SECONDS
     loop._next_prune = time.monotonic() + control.PRUNE_EVERY_SECONDS
     assert loop._until_next_due(conf.get().claim_interval_seconds) == control.WAIT_STEP_SECONDS
+
+
+def test_the_leader_claims_rate_limited_kinds_once_per_step_and_other_kinds_on_every_turn(queue, monkeypatch):
+    """A turn sooner than RATE_CLAIM_SECONDS after the last claim of the rate-limited kinds claims the other
+    kinds only (no read of the rate-limited backlog); the first turn after it takes the rate-limited kind too."""
+    api.schedule_many("demo.record", [{}] * 5, delay=60)
+    api.set_rate("demo.record", registry.Rate(100, per_seconds=3600))
+    support.make_due(state="pending")
+    loop = control.ControlLoop()
+    assert loop.leadership.lead()
+    try:
+        monkeypatch.setattr(control, "RATE_CLAIM_SECONDS", 60.0)
+        loop._last_rate_claim = time.monotonic()  # a rate claim just ran
+        api.schedule("demo.noop", {}, delay=0)
+        loop.turn()
+        assert loop.counters.rate_claims == 0
+        assert {j.kind: j.state for j in ScheduledJob.objects.filter(state="claimed")} == {"demo.noop": "claimed"}
+        loop._last_rate_claim = time.monotonic() - 61.0  # the step has passed
+        loop.turn()
+        assert loop.counters.rate_claims == 1
+        assert ScheduledJob.objects.filter(kind="demo.record", state="claimed").count() == 5
+    finally:
+        loop.leadership.resign()
+        connection.close()  # the turn bounded this session (lock_timeout...) for the loop: not for later tests

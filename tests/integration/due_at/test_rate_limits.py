@@ -252,3 +252,21 @@ def test_the_control_loop_claims_again_once_per_start_of_the_fastest_waiting_rat
     assert store.rate_limited_due() == pytest.approx(0.02)
     api.pause("demo.fail")
     assert store.rate_limited_due() == pytest.approx(0.2), "a paused kind is not waiting on its window"
+
+
+def test_a_claim_without_rates_leaves_the_rate_limited_kinds_out_and_their_windows_untouched(run_sql):
+    """``rates=False`` (the control loop's turns between a rate's steps): capped and uncontrolled kinds are
+    claimed as always; a rate-limited kind, capped or not, takes nothing and its window is not written."""
+    api.schedule_many("demo.record", [{}] * 5, delay=60)  # rate-limited
+    api.schedule_many("demo.choose", [{}] * 5, delay=60)  # rate-limited and capped
+    api.schedule_many("demo.fail", [{}] * 5, delay=60)  # capped
+    api.schedule_many("demo.noop", [{}] * 3, delay=60)  # neither
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(5, per_seconds=HOUR))
+    api.set_rate("demo.choose", registry.Rate(5, per_seconds=HOUR))
+    api.set_max_running("demo.choose", 2)
+    api.set_max_running("demo.fail", 2)
+    assert _claimed_kinds(store.claim_due_jobs(100, rates=False)) == {"demo.fail": 2, "demo.noop": 3}
+    assert not KindRate.objects.exists(), "no rate window read or written"
+    assert _claimed_kinds(store.claim_due_jobs(100)) == {"demo.record": 5, "demo.choose": 2}
+    assert set(KindRate.objects.values_list("kind", flat=True)) == {"demo.record", "demo.choose"}
