@@ -6,7 +6,9 @@ worker with 2 processes) when its features are present and unused. The base revi
 with ``git archive`` into ``var/bench-ab/<rev>`` (never checked out in place) and runs from there,
 with this venv's Python and a database of its own (``<BENCH_DATABASE>_<rev>``: the two sides'
 migrations differ). The sides alternate, base first, ``--rounds`` times each, so that a drift of
-the machine's load falls on both; medians are compared. Issue 36's target: this tree loses at most
+the machine's load falls on both; medians are compared. Before every run the planner statistics
+of the measured tables are dropped (``forget_statistics``), so neither side plans on what an
+earlier benchmark left in its database. Issue 36's target: this tree loses at most
 3% against the base (``loss_pct <= 3``).
 """
 
@@ -22,6 +24,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import psycopg2
+import psycopg2.errors
 
 from bench import common
 
@@ -52,7 +57,40 @@ def export(rev: str) -> Path:
     return target
 
 
+# The tables whose planner statistics are dropped before every run (``forget_statistics``).
+MEASURED_TABLES = ("scheduling_scheduledjob", "scheduling_jobattempt", "tasks_execution")
+
+
+def forget_statistics(database: str) -> bool:
+    """Drop the planner's statistics of the measured tables in ``database``; False when not allowed.
+
+    Each side's plans then start from the same place. Without this, a side's plans follow whatever
+    that database was last analyzed on (another benchmark's backlog, a script's ANALYZE): seen
+    here, statistics left by 5,000 pending rows of a flow run made start_jobs and lock_claims 2-3x
+    slower for the whole run and cost that side 10% of its jobs/s. Needs a superuser (pg_statistic);
+    a database or table not created yet has none to drop.
+    """
+    try:
+        conn = psycopg2.connect(common.dsn(database))
+    except psycopg2.OperationalError:
+        return True  # not created yet: its first run migrates it, with no statistics
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(
+                "DELETE FROM pg_statistic"
+                " WHERE starelid = ANY(ARRAY(SELECT to_regclass(t) FROM unnest(%s::text[]) AS t))",
+                [list(MEASURED_TABLES)],
+            )
+        return True
+    except psycopg2.errors.InsufficientPrivilege:
+        return False
+    finally:
+        conn.close()
+
+
 def one_run(tree: Path, database: str, jobs: int) -> dict[str, Any]:
+    if not forget_statistics(database):
+        common.say("  (not a superuser: the planner statistics of each side's database are left as they are)")
     env = {**os.environ, "BENCH_DATABASE": database, "PYTHONPATH": str(tree)}
     done = subprocess.run(
         [sys.executable, "-c", ONE_RUN, str(jobs)], cwd=tree, env=env, capture_output=True, text=True, check=False

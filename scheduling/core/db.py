@@ -78,6 +78,36 @@ def expand_repeats(sql: str) -> str:
     return _REPEAT.sub(expand, sql)
 
 
+# A part of a statement that only one of its two variants has (the other may have its own, after -- else):
+#     -- only held
+#     ... (in "x")
+#     -- else
+#     ... (in "x_without_held")
+#     -- end only
+# A statement with such blocks is loaded twice: as itself with each block's first part, and as
+# "<name>_without_<flag>" with each block's -- else part (or nothing). One text, so the two cannot
+# drift apart (the claim without the capped and rate-limited kinds' branches: claim.sql).
+_ONLY = re.compile(
+    r"^[ \t]*--\s*only\s+(?P<flag>\w+)[ \t]*\n(?P<body>.*?)"
+    r"(?:^[ \t]*--\s*else[ \t]*\n(?P<other>.*?))?^[ \t]*--\s*end only[ \t]*(?:\n|$)",
+    flags=re.MULTILINE | re.DOTALL,
+)
+
+
+def variants(name: str, sql: str) -> dict[str, str]:
+    """``{name: sql}``, or for a statement with ``-- only <flag>`` blocks its two variants (see ``_ONLY``)."""
+    flags = {match["flag"] for match in _ONLY.finditer(sql)}
+    if not flags:
+        return {name: sql}
+    if len(flags) > 1:
+        raise ValueError(f"query {name!r}: -- only blocks of one flag per statement, not {sorted(flags)}")
+    (flag,) = flags
+    return {
+        name: _ONLY.sub(lambda match: match["body"], sql),
+        f"{name}_without_{flag}": _ONLY.sub(lambda match: match["other"] or "", sql),
+    }
+
+
 def _blocks(text: str, source: str, marker: re.Pattern[str]) -> dict[str, str]:
     """The blocks of ``text`` that start with ``marker`` (``-- name:`` or ``-- part:``), {name: raw text}."""
     blocks: dict[str, list[str]] = {}
@@ -130,11 +160,12 @@ def parse_queries(text: str, source: str = "", parts: Mapping[str, str] | None =
 
     A ``-- repeat`` block in a statement is written out (``expand_repeats``), an ``-- include:`` line
     replaced by its part (``expand_includes``; ``parts``, else the core's). ``-- part:`` blocks are no
-    statements.
+    statements. A statement with ``-- only`` blocks is loaded as its two variants (``variants``).
     """
     return {
-        name: expand_includes(expand_repeats(sql), parts).strip().rstrip(";")
+        variant: expand_includes(expand_repeats(text), parts).strip().rstrip(";")
         for name, sql in _blocks(text, source, _NAME).items()
+        for variant, text in variants(name, sql).items()
     }
 
 

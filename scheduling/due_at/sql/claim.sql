@@ -74,7 +74,9 @@ FROM (SELECT kind FROM scheduling_kindcontrol
 -- them: a batch_size=1 kind is claimed one row per free message, not %(limit)s rows to give back.
 -- Rows locked and not kept are not updated; their locks end with the statement's transaction.
 -- The result comes back sorted by urgency (UPDATE ... RETURNING has no order of its own).
-WITH clock AS (
+WITH
+-- only held
+clock AS (
     -- the rate windows' clock, read once, after lock_capped_kinds took the control rows: so it is
     -- later than every earlier holder's (now() is when the transaction began, which may be earlier)
     SELECT clock_timestamp() AS t
@@ -158,7 +160,15 @@ WITH clock AS (
         WHERE a.allowance IS NULL OR p.in_part <= a.allowance  -- no allowance: not a partitioned rate
     ) AS ranked_in_kind
     WHERE in_kind <= room
-), walk AS (
+),
+-- else
+controls AS (
+    -- no control row is held (lock_capped_kinds held none): no capped or rate-limited kind has room
+    -- in this claim, and the walk only needs to know which kinds to leave out
+    SELECT c.kind FROM scheduling_kindcontrol AS c WHERE c.paused OR c.max_running IS NOT NULL OR c.rate_limit IS NOT NULL
+),
+-- end only
+walk AS (
     SELECT * FROM (
     -- repeat p in 9..0 joined by UNION ALL
     SELECT * FROM (SELECT id, kind, priority, due_at, run_alone, '' AS part FROM scheduling_scheduledjob
@@ -169,8 +179,10 @@ WITH clock AS (
     ) AS by_priority
     LIMIT %(limit)s
 ), due AS (
+    -- only held
     SELECT * FROM kept
     UNION ALL
+    -- end only
     SELECT * FROM walk
 ), sized AS (
     SELECT due.*, coalesce(b.size, 1) AS size, coalesce(b.queue, 'default') AS queue,
@@ -210,6 +222,7 @@ WITH clock AS (
     -- hash join over the whole table (the ids are few: at most a claim's rows)
     WHERE j.id = ANY(ARRAY(SELECT id FROM allowed))
     RETURNING j.id, j.token::text AS token, j.kind, j.priority, j.due_at, j.run_alone, j.timeout_seconds
+-- only held
 ), counted AS (
     -- the rate windows: each rate-limited kind's (and partition's) claimed rows at the clock, the
     -- entries older than its period dropped, and its bucket refilled then spent. Written only under
@@ -233,6 +246,7 @@ WITH clock AS (
     LEFT JOIN scheduling_kindrate AS old ON old.kind = t.kind AND old.partition = t.part
     ON CONFLICT (kind, partition) DO UPDATE
     SET starts_at = EXCLUDED.starts_at, starts = EXCLUDED.starts, tokens = EXCLUDED.tokens, tokens_at = EXCLUDED.tokens_at
+-- end only
 )
 -- Each row says which batch it is in (its rank, most urgent batch first): the claim sends exactly
 -- these batches (claim.batches_for groups by it), so batches are cut here and nowhere else.

@@ -25,10 +25,15 @@ PACKAGE = Path(db.__file__).parents[1]
 
 @pytest.mark.parametrize("store", STORES, ids=lambda s: s.__name__)
 def test_every_named_block_is_loaded(store):
-    """Each `-- name:` line of a store's .sql files becomes one entry with a statement body."""
+    """Each `-- name:` line of a store's .sql files becomes one entry with a statement body (two, for a
+    statement with `-- only <flag>` blocks: it and <name>_without_<flag>)."""
     names = []
     for path in store.SQL.files():
-        names += re.findall(r"^--\s*name:\s*(\w+)\s*$", path.read_text(), flags=re.MULTILINE)
+        for block in re.split(r"^(?=--\s*name:)", path.read_text(), flags=re.MULTILINE):
+            named = re.match(r"--\s*name:\s*(\w+)\s*$", block, flags=re.MULTILINE)
+            if named:
+                flags = set(re.findall(r"^[ \t]*--\s*only\s+(\w+)[ \t]*$", block, flags=re.MULTILINE))
+                names += [named[1], *(f"{named[1]}_without_{flag}" for flag in flags)]
     loaded = store.SQL.queries
     assert names
     assert sorted(loaded) == sorted(names)
@@ -63,6 +68,35 @@ def test_a_repeat_block_is_written_out_once_per_value_highest_first():
     assert db.parse_queries(text) == {
         "q": "SELECT * FROM (\n  SELECT 2 AS n\n  UNION ALL\n  SELECT 1 AS n\n  UNION ALL\n  SELECT 0 AS n\n) AS t"
     }
+
+
+def test_a_statement_with_only_blocks_is_loaded_as_its_two_variants():
+    """``-- only held`` ... ``-- else`` ... ``-- end only``: the statement with the first part, and
+    ``<name>_without_held`` with the else part (or nothing); a statement without such blocks is itself."""
+    text = (
+        "-- name: q\nSELECT 1\n-- only held\n, 2\n-- else\n, 3\n-- end only\n"
+        "-- only held\n, 4\n-- end only\nFROM t;\n-- name: r\nSELECT 5;\n"
+    )
+    assert db.parse_queries(text) == {
+        "q": "SELECT 1\n, 2\n, 4\nFROM t",
+        "q_without_held": "SELECT 1\n, 3\nFROM t",
+        "r": "SELECT 5",
+    }
+    with pytest.raises(ValueError, match="one flag"):
+        db.parse_queries("-- name: q\nSELECT 1\n-- only a\n, 2\n-- end only\n-- only b\n, 3\n-- end only\n")
+
+
+def test_the_claim_without_held_kinds_has_no_capped_rate_or_window_branch():
+    """The claim's two variants come from one text: the lean one walks and cuts batches like the full one,
+    and has none of the capped kinds' walk, the rate windows' reads or their write."""
+    full, lean = jobs_store.SQL["claim_due_jobs"], jobs_store.SQL["claim_due_jobs_without_held"]
+    code = [re.sub(r"^\s*--.*$", "", sql, flags=re.MULTILINE) for sql in (full, lean)]
+    for part in ("capped AS (", "kept AS (", "allowances AS (", "counted AS (", "scheduling_kindrate"):
+        assert part in code[0], part
+        assert part not in code[1], part
+    for part in ("walk AS (", "sized AS (", "ranked AS (", "allowed AS (", "claimed AS ("):
+        assert part in code[0], part
+        assert part in code[1], part
 
 
 def test_the_claims_priority_walk_is_written_once_and_expanded_for_every_priority():
