@@ -15,11 +15,10 @@ which may hold any lock): the state is two plain values whose reads and writes a
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 # (job id, claim token) -> the reason recorded on its attempt ("aborted by alice at ...")
 _requested: dict[tuple[int, str], str] = {}
@@ -72,18 +71,30 @@ def current() -> str | None:
     return None if claim is None else _requested.get(claim)
 
 
-@contextlib.contextmanager
-def running(job_id: int | None, token: str | None) -> Iterator[None]:
+def running(job_id: int | None, token: str | None) -> _Running:
     """Mark this claim's handler as the one a poke interrupts while the block runs (main thread only)."""
-    global _current
-    if job_id is None or token is None or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _current = (job_id, token)
-    try:
-        yield
-    finally:
-        _current = None
+    return _Running(None if job_id is None or token is None else (job_id, token))
+
+
+class _Running:
+    """``running()``'s block: a plain context manager (entered for every job: a generator's costs more)."""
+
+    __slots__ = ("claim",)
+
+    def __init__(self, claim: tuple[int, str] | None) -> None:
+        self.claim = claim
+
+    def __enter__(self) -> None:
+        global _current
+        if self.claim is None or threading.current_thread() is not threading.main_thread():
+            self.claim = None
+            return
+        _current = self.claim
+
+    def __exit__(self, *exc_info: object) -> None:
+        global _current
+        if self.claim is not None:
+            _current = None
 
 
 def forget(claims: Sequence[tuple[int, str]]) -> None:

@@ -96,27 +96,36 @@ _armed = [0]  # deadlines whose timer is armed now (main thread only)
 _held = threading.local()  # .depth: how many ``alarms()`` blocks keep the handler installed (main thread only)
 
 
-@contextlib.contextmanager
-def alarms() -> Iterator[None]:
+def alarms() -> _Alarms:
     """Keep ``deadline``'s SIGALRM handler installed through the block (a batch of jobs).
 
     Each ``deadline`` inside then only arms and disarms its timer: installing and restoring a
     handler per job was most of the executor's own time in a worker's profile (bench/README.md).
     Off the main thread, nothing to do (no deadline is enforced there).
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    depth = getattr(_held, "depth", 0)
-    previous = signal.signal(signal.SIGALRM, _on_alarm) if depth == 0 else None
-    _held.depth = depth + 1
-    try:
-        yield
-    finally:
-        _held.depth = depth
-        if depth == 0:
+    return _Alarms()
+
+
+class _Alarms:
+    """``alarms()``'s block: a plain context manager (entered for every job: a generator's costs more)."""
+
+    __slots__ = ("depth", "main", "previous")
+
+    def __enter__(self) -> None:
+        self.main = threading.current_thread() is threading.main_thread()
+        if not self.main:
+            return
+        self.depth = getattr(_held, "depth", 0)
+        self.previous = signal.signal(signal.SIGALRM, _on_alarm) if self.depth == 0 else None
+        _held.depth = self.depth + 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self.main:
+            return
+        _held.depth = self.depth
+        if self.depth == 0:
             with aborts.poke_lock:  # no abort's poke can arrive once the handler is gone
-                signal.signal(signal.SIGALRM, previous)
+                signal.signal(signal.SIGALRM, self.previous)
 
 
 class _Watchdog:

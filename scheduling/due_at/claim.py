@@ -222,13 +222,14 @@ def _claim_and_dispatch(limit: int | None, min_room: int, rates: bool, span: tra
     batches = batches_for(claims)
     sent = 0
     send_failed = False
+    routed = {name: celery_queue(name) for name in set(queues.values()) | {registry.DEFAULT_QUEUE}}  # once a claim
     try:
         for batch in batches[:free]:
             broker.send(
                 tasknames.RUN_BATCH,
                 args=[[[c.id, c.token] for c in batch]],
                 time_limit=hard_time_limit(batch),
-                queue=celery_queue(queues.get(batch[0].kind, registry.DEFAULT_QUEUE)),
+                queue=routed[queues.get(batch[0].kind, registry.DEFAULT_QUEUE)],
                 shadow=tasknames.batch(batch[0].kind),  # Flower shows batch:<kind> (a batch holds one)
                 retry_policy=broker.LEADER_SEND_RETRY_POLICY,
             )
