@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "timekeeper_due"
 HARD_LIMIT_MARGIN_SECONDS = 30  # Celery kills a batch this long after the sum of its jobs' timeouts
+ARGSREPR_LIMIT = 1024  # characters of a batch message's arguments shown by Flower (Celery's own limit)
 REFILL_SHARE = 0.5  # the control loop claims for a queue once this share of its bound is free (at least 1 batch)
 
 
@@ -225,9 +226,13 @@ def _claim_and_dispatch(limit: int | None, min_room: int, rates: bool, span: tra
     routed = {name: celery_queue(name) for name in set(queues.values()) | {registry.DEFAULT_QUEUE}}  # once a claim
     try:
         for batch in batches[:free]:
+            args = [[[c.id, c.token] for c in batch]]
             broker.send(
                 tasknames.RUN_BATCH,
-                args=[[[c.id, c.token] for c in batch]],
+                args=args,
+                # what Flower shows as the message's arguments, written here: Celery's own (saferepr of
+                # 50 claims) cost 0.57 ms a message, a quarter of the leader's time per batch sent
+                argsrepr=repr(args)[:ARGSREPR_LIMIT],
                 time_limit=hard_time_limit(batch),
                 queue=routed[queues.get(batch[0].kind, registry.DEFAULT_QUEUE)],
                 shadow=tasknames.batch(batch[0].kind),  # Flower shows batch:<kind> (a batch holds one)
