@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import threading
 import time
 from typing import Any, Protocol
 
@@ -166,10 +167,28 @@ class FixedEntry(ModelEntry):
         return schedstate(plan.due, ticks.seconds_until(plan.next_tick, now, recheck))
 
 
+_building = threading.local()  # .now: a LeaderDatabaseScheduler is being built on this thread
+
+
 class LeaderDatabaseScheduler(DatabaseScheduler):
     """django-celery-beat's DatabaseScheduler that only sends while it holds the leader lock."""
 
     def __init__(self, *args: Any, clock: Clock | None = None, **kwargs: Any) -> None:
+        # Celery's stop handler (SIGINT, SIGTERM: celery.apps.beat's _sync) asks the service for its
+        # scheduler, to save it, then exits. A stop that lands while the first one is still being built
+        # (its first read of the schedule) would build a second on the same Django connection in the
+        # middle of the first's query, and django-celery-beat logged a traceback ("connection already
+        # closed", seen on a Ctrl-C of dev.py run while beat started). That second build exits at once
+        # instead: nothing was read yet, so nothing needs saving.
+        if getattr(_building, "now", False):
+            raise SystemExit(0)
+        _building.now = True
+        try:
+            self._build(*args, clock=clock, **kwargs)
+        finally:
+            _building.now = False
+
+    def _build(self, *args: Any, clock: Clock | None = None, **kwargs: Any) -> None:
         self._leadership = leadership.Leadership(LEADER_ROLE, check_seconds=LEADER_CHECK_SECONDS)
         self._last_heartbeat = 0.0
         self._lead_recorded = False  # whether this leadership's first heartbeat is written

@@ -375,3 +375,20 @@ def test_the_leading_beats_own_session_asks_the_server_to_end_it_when_its_host_v
         cursor.execute("SHOW tcp_user_timeout")
         assert cursor.fetchone()[0] in {str(locks.SERVER_USER_TIMEOUT_MS), "0"}  # 0 over a Unix socket
     connection.close()  # the bounds are for beat's session, not for the tests that follow
+
+
+def test_a_scheduler_asked_for_while_the_first_is_being_built_exits_without_a_second_build(monkeypatch):
+    """Celery's stop handler asks for the scheduler to save it; a stop that lands inside the first build
+    (django-celery-beat's first read of the schedule) must not build a second on the same connection."""
+    seen = []
+
+    def first_read(self: Any, *args: Any, **kwargs: Any) -> None:  # the parent's build, where the stop lands
+        with pytest.raises(SystemExit):
+            beat.LeaderDatabaseScheduler(app=celery_app)  # what celery.apps.beat's _sync does then
+        seen.append("the second build exited")
+
+    monkeypatch.setattr(DatabaseScheduler, "__init__", first_read)
+    beat.LeaderDatabaseScheduler(app=celery_app)
+    assert seen == ["the second build exited"]
+    beat.LeaderDatabaseScheduler(app=celery_app)  # built, not building: the next one is built as usual
+    assert seen == ["the second build exited"] * 2
