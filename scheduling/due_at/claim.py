@@ -155,10 +155,15 @@ def queue_rooms(queues: Sequence[str]) -> dict[str, int]:
     waiting there, so it takes nothing at all while no live worker says it serves it
     (``holdings.live_queues``). When Redis cannot say who serves what, only the lengths count.
     """
-    return _queue_rooms(queues)[0]
+    return _queue_rooms(_routes(queues))[0]
 
 
-def _queue_rooms(queues: Sequence[str]) -> tuple[dict[str, int], set[str]]:
+def _routes(queues: Sequence[str]) -> dict[str, str]:
+    """Each named queue (and the default one) with the Celery queue its batches go to: routed once a claim."""
+    return {queue: celery_queue(queue) for queue in sorted(set(queues) | {registry.DEFAULT_QUEUE})}
+
+
+def _queue_rooms(routes: dict[str, str]) -> tuple[dict[str, int], set[str]]:
     """``queue_rooms`` and the queues whose room is 0 because they are full (not because they are unserved)."""
     bound = conf.get().max_queued_batches
     try:
@@ -166,8 +171,7 @@ def _queue_rooms(queues: Sequence[str]) -> tuple[dict[str, int], set[str]]:
     except redis.RedisError:
         live = None
     rooms, full = {}, set()
-    for queue in sorted(set(queues) | {registry.DEFAULT_QUEUE}):
-        name = celery_queue(queue)
+    for queue, name in routes.items():
         if live is not None and live and not live.get(name):
             rooms[queue] = 0
         else:
@@ -202,7 +206,8 @@ def claim_and_dispatch(limit: int | None = None, *, min_room: int = 1, rates: bo
 def _claim_and_dispatch(limit: int | None, min_room: int, rates: bool, span: tracing.Handle) -> ClaimReport:
     settings = conf.get()
     queues = kind_queues()
-    rooms, filled = _queue_rooms(list(queues.values()))
+    routes = _routes(list(queues.values()))
+    rooms, filled = _queue_rooms(routes)
     if min_room > 1:
         # a queue not yet down to its refill mark waits: the batches it holds keep its workers busy
         filling = {queue for queue, free_batches in rooms.items() if 0 < free_batches < min_room}
@@ -223,7 +228,6 @@ def _claim_and_dispatch(limit: int | None, min_room: int, rates: bool, span: tra
     batches = batches_for(claims)
     sent = 0
     send_failed = False
-    routed = {name: celery_queue(name) for name in set(queues.values()) | {registry.DEFAULT_QUEUE}}  # once a claim
     try:
         for batch in batches[:free]:
             args = [[[c.id, c.token] for c in batch]]
@@ -234,7 +238,7 @@ def _claim_and_dispatch(limit: int | None, min_room: int, rates: bool, span: tra
                 # 50 claims) cost 0.57 ms a message, a quarter of the leader's time per batch sent
                 argsrepr=repr(args)[:ARGSREPR_LIMIT],
                 time_limit=hard_time_limit(batch),
-                queue=routed[queues.get(batch[0].kind, registry.DEFAULT_QUEUE)],
+                queue=routes[queues.get(batch[0].kind, registry.DEFAULT_QUEUE)],
                 shadow=tasknames.batch(batch[0].kind),  # Flower shows batch:<kind> (a batch holds one)
                 retry_policy=broker.LEADER_SEND_RETRY_POLICY,
             )

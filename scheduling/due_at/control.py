@@ -49,11 +49,11 @@ LEAD_SILENCE_SECONDS = 10  # PostgreSQL ends a frozen leader's lock session afte
 STANDBY_RETRY_SECONDS = 1.0  # a standby tries to take the lead this often
 WAIT_STEP_SECONDS = 0.5  # the longest single sleep: a stop is noticed within this
 BACKPRESSURE_PAUSE_SECONDS = 0.02  # pause while the queue is full
-RATE_STEP_SECONDS = 0.02  # while a rate-limited kind has due jobs, claim again at most this often
-# The rate-limited kinds are in a claim at most this often; the turns in between (other kinds' due
-# times) claim the other kinds only. Coarser costs rate: a window's room is taken up to this late
-# (bench flow, the worst 5/s partition: 200 ms and 50 ms lost 2.0-2.3% of its rate, 20 ms 1.0%).
-RATE_CLAIM_SECONDS = 0.02
+# While a rate-limited kind has due jobs, the rate-limited kinds are in a claim at most this often;
+# the turns in between (other kinds' due times) claim the other kinds only. Coarser costs rate: a
+# window's room is taken up to this late (bench flow, the worst 5/s partition: claims 200 ms and
+# 50 ms apart lost 2.0-2.3% of its rate, 20 ms 1.0%).
+RATE_STEP_SECONDS = 0.02
 ERROR_PAUSE_SECONDS = 1.0  # pause after PostgreSQL or the broker failed a turn
 PRUNE_EVERY_SECONDS = 60.0  # history is pruned this often when the last slice left nothing behind
 PRUNE_AGAIN_SECONDS = 0.1  # while more is left, the next slice this soon: up to ~2,000 rows/s of history
@@ -177,10 +177,10 @@ class ControlLoop:
             self._next_prune = now + (PRUNE_AGAIN_SECONDS if more else PRUNE_EVERY_SECONDS)
         for extra_duty in EXTRA_DUTIES:
             extra_duty()
-        # The rate-limited kinds are claimed at most every RATE_CLAIM_SECONDS, not on every turn another
+        # The rate-limited kinds are claimed at most every RATE_STEP_SECONDS, not on every turn another
         # kind's due time wakes the loop: reading their backlog and windows is most of a claim's cost (a
         # partitioned rate reads up to 1,000 rows), and within 20 ms a window frees little room.
-        rates = now >= self._last_rate_claim + RATE_CLAIM_SECONDS
+        rates = now >= self._last_rate_claim + RATE_STEP_SECONDS
         report = claim.claim_and_dispatch(min_room=claim.refill_room(), rates=rates)
         if rates:
             self.counters.rate_claims += 1

@@ -244,7 +244,7 @@ def test_a_leader_with_history_left_to_prune_wakes_for_the_next_slice(queue):
 
 
 def test_the_leader_claims_rate_limited_kinds_once_per_step_and_other_kinds_on_every_turn(queue, monkeypatch):
-    """A turn sooner than RATE_CLAIM_SECONDS after the last claim of the rate-limited kinds claims the other
+    """A turn sooner than RATE_STEP_SECONDS after the last claim of the rate-limited kinds claims the other
     kinds only (no read of the rate-limited backlog); the first turn after it takes the rate-limited kind too."""
     api.schedule_many("demo.record", [{}] * 5, delay=60)
     api.set_rate("demo.record", registry.Rate(100, per_seconds=3600))
@@ -252,7 +252,7 @@ def test_the_leader_claims_rate_limited_kinds_once_per_step_and_other_kinds_on_e
     loop = control.ControlLoop()
     assert loop.leadership.lead()
     try:
-        monkeypatch.setattr(control, "RATE_CLAIM_SECONDS", 60.0)
+        monkeypatch.setattr(control, "RATE_STEP_SECONDS", 60.0)
         loop._last_rate_claim = time.monotonic()  # a rate claim just ran
         api.schedule("demo.noop", {}, delay=0)
         loop.turn()
