@@ -8,6 +8,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from scheduling import api, exceptions, registry
 from scheduling.core import registry as core_registry
@@ -270,3 +272,22 @@ def test_a_claim_without_rates_leaves_the_rate_limited_kinds_out_and_their_windo
     assert not KindRate.objects.exists(), "no rate window read or written"
     assert _claimed_kinds(store.claim_due_jobs(100)) == {"demo.record": 5, "demo.choose": 2}
     assert set(KindRate.objects.values_list("kind", flat=True)) == {"demo.record", "demo.choose"}
+
+
+def test_a_claim_that_holds_no_control_row_takes_nothing_of_a_capped_or_rate_limited_kind(raw_connect):
+    """Another transaction holds both control rows: the claim is the one without their branches and takes the
+    other kind only; once they are free, the full claim takes the cap's and the rate's room."""
+    api.schedule_many("demo.record", [{}] * 5, delay=60)
+    api.schedule_many("demo.fail", [{}] * 5, delay=60)
+    api.schedule_many("demo.noop", [{}] * 3, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(2, per_seconds=HOUR))
+    api.set_max_running("demo.fail", 3)
+    holder = raw_connect()
+    with holder.cursor() as cur:  # as a second claimer or an operator's open transaction would
+        cur.execute("SELECT kind FROM scheduling_kindcontrol WHERE kind IN ('demo.record', 'demo.fail') FOR UPDATE")
+    with CaptureQueriesContext(connection) as captured:
+        assert _claimed_kinds(store.claim_due_jobs(100)) == {"demo.noop": 3}
+    assert not [q for q in captured.captured_queries if "INSERT INTO scheduling_kindrate" in q["sql"]]
+    holder.rollback()
+    assert _claimed_kinds(store.claim_due_jobs(100)) == {"demo.record": 2, "demo.fail": 3}
