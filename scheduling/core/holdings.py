@@ -57,6 +57,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -216,12 +217,45 @@ def live_queues() -> dict[str, int] | None:
     older version, during a rolling deploy): then no queue can be called unserved. Raises
     ``redis.RedisError`` when Redis cannot say.
     """
+    return live_queues_and_lengths([])[0]
+
+
+_holders: tuple[str, ...] = ()  # the holders read last: the next read asks for their presences with the set
+
+
+def live_queues_and_lengths(keys: Sequence[str]) -> tuple[dict[str, int] | None, list[int]]:
+    """``live_queues``, and the length of each Redis list in ``keys`` (the claim's queue rooms).
+
+    One round trip while the registered holders are those read last (their presences are asked for
+    in the same pipeline as the set), a second one when they changed. Raises ``redis.RedisError``.
+    """
+    global _holders
     client = broker.client()
-    ids = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in client.smembers(_key(HOLDERS_KEY)))
+    guess = _holders
+    pipe = client.pipeline(transaction=False)
+    pipe.smembers(_key(HOLDERS_KEY))
+    if guess:
+        pipe.mget(_presence_keys(guess))
+    for key in keys:
+        pipe.llen(key)
+    replies = pipe.execute()
+    ids = tuple(sorted(m.decode() if isinstance(m, bytes) else str(m) for m in replies[0]))
+    presences = replies[1] if guess else []
+    lengths = [int(n) for n in replies[1 + bool(guess) :]]
+    if ids != guess:
+        _holders = ids
+        presences = client.mget(_presence_keys(ids)) if ids else []
+    return _queues_served(presences), lengths
+
+
+def _presence_keys(ids: Sequence[str]) -> list[str]:
+    return [_key(PRESENCE_KEY.format(id=i)) for i in ids]
+
+
+def _queues_served(presences: Sequence[Any]) -> dict[str, int] | None:
+    """``live_queues`` from the holders' presences (None for an expired one)."""
     counts: dict[str, int] = {}
-    if not ids:
-        return counts
-    for raw in client.mget([_key(PRESENCE_KEY.format(id=i)) for i in ids]):
+    for raw in presences:
         if raw is None:
             continue
         try:

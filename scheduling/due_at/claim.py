@@ -164,18 +164,27 @@ def _routes(queues: Sequence[str]) -> dict[str, str]:
 
 
 def _queue_rooms(routes: dict[str, str]) -> tuple[dict[str, int], set[str]]:
-    """``queue_rooms`` and the queues whose room is 0 because they are full (not because they are unserved)."""
+    """``queue_rooms`` and the queues whose room is 0 because they are full (not because they are unserved).
+
+    Who serves what and the queues' lengths come in one Redis round trip (``holdings.live_queues_and_lengths``).
+    """
     bound = conf.get().max_queued_batches
+    names = sorted(set(routes.values()))
+    keys = {name: broker.queue_keys([name]) for name in names}
     try:
-        live = holdings.live_queues()
+        live, lengths = holdings.live_queues_and_lengths([key for name in names for key in keys[name]])
     except redis.RedisError:
-        live = None
+        logger.warning("cannot read the queues' lengths; claiming as if they were empty", exc_info=True)
+        live, lengths = None, [0] * sum(len(k) for k in keys.values())
+    queued, at = {}, 0
+    for name in names:
+        queued[name], at = sum(lengths[at : at + len(keys[name])]), at + len(keys[name])
     rooms, full = {}, set()
     for queue, name in routes.items():
         if live is not None and live and not live.get(name):
             rooms[queue] = 0
         else:
-            rooms[queue] = max(0, bound - broker.queued_messages(name))
+            rooms[queue] = max(0, bound - queued[name])
             if rooms[queue] <= 0:
                 full.add(queue)
     return rooms, full

@@ -140,3 +140,62 @@ def test_the_default_queues_batches_go_to_the_routed_queue_and_its_room_counts_t
     assert core_broker.queued_messages() == 0
     assert claim.queue_rooms(["default"])["default"] == bound - 1
     assert holdings.claim_ids_in_flight("scheduling.run_batch") == {ScheduledJob.objects.get(kind="demo.noop").id}
+
+
+def _round_trips(monkeypatch) -> list[str]:
+    """Record each Redis round trip of the broker client from now on (a pipeline's execute counts once)."""
+    import redis
+
+    trips: list[str] = []
+    execute_command, execute = redis.Redis.execute_command, redis.client.Pipeline.execute
+
+    def command(self, *args, **options):
+        if not isinstance(self, redis.client.Pipeline):
+            trips.append(str(args[0]))
+        return execute_command(self, *args, **options)
+
+    def pipeline(self, *args, **kwargs):
+        trips.append("pipeline:" + ",".join(str(c[0][0]) for c in self.command_stack))
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", command)
+    monkeypatch.setattr(redis.client.Pipeline, "execute", pipeline)
+    return trips
+
+
+def test_the_rooms_are_read_in_one_round_trip_while_the_workers_stay_the_same(exports_queue, broker, monkeypatch):
+    """Who serves what and every queue's length: one pipeline a claim; a second only when a worker came or went."""
+    _present("w1:1:abc", [core_broker.default_queue(), "exports"])
+    claim.queue_rooms(["exports", "default"])  # learns the holders
+    trips = _round_trips(monkeypatch)
+    rooms = claim.queue_rooms(["exports", "default"])
+    assert rooms["exports"] > 0
+    assert rooms["default"] > 0
+    assert len(trips) == 1
+    assert trips[0].startswith("pipeline:SMEMBERS,MGET,LLEN")
+    _present("w2:2:def", ["exports"])
+    trips.clear()
+    claim.queue_rooms(["exports", "default"])
+    assert [t.split(",")[0] for t in trips] == ["pipeline:SMEMBERS", "MGET"]
+    trips.clear()
+    claim.queue_rooms(["exports", "default"])
+    assert len(trips) == 1
+
+
+def test_a_presence_that_expired_closes_its_queue_at_the_next_claim(exports_queue, broker):
+    """The holders' set unchanged, exports' only worker's presence gone: exports has no room at once."""
+    _present("w1:1:abc", [core_broker.default_queue()])
+    _present("w2:2:def", ["exports"])
+    assert claim.queue_rooms(["exports"])["exports"] > 0
+    core_broker.client().delete(holdings._key(holdings.PRESENCE_KEY.format(id="w2:2:def")))
+    assert claim.queue_rooms(["exports"])["exports"] == 0
+
+
+def test_the_rooms_count_the_messages_waiting_in_each_queue(exports_queue, broker):
+    """Lengths read with the presences: two batches waiting in exports leave the bound minus two."""
+    _present("w1:1:abc", [core_broker.default_queue(), "exports"])
+    bound = claim.queue_rooms(["exports"])["exports"]
+    core_broker.client().rpush(core_broker.queue_keys(["exports"])[0], "a", "b")
+    rooms = claim.queue_rooms(["exports", "default"])
+    assert rooms["exports"] == bound - 2
+    assert rooms["default"] == bound
