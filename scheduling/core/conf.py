@@ -44,7 +44,7 @@ class Settings:
     prune_batch_size: int = 200  # rows per prune statement (~10-20 ms each: bench sweep)
     stuck_after_seconds: float = 300.0  # claimed longer than this counts as stuck in status
     status_exact_limit: int = 10_000  # rows: pending counts above this are planner estimates
-    async_commit: bool = True  # claim-path commits skip the WAL flush wait (due_at.store._async_commit_values)
+    async_commit: bool = True  # claim-path commits skip the WAL flush wait (due_at.store._async_prefix)
     # --- kinds' defaults ------------------------------------------------------------------------------
     default_max_attempts: int = 5
     default_timeout_seconds: float = 300.0

@@ -34,19 +34,19 @@ def _claims(claims: Sequence[tuple[int, str]]) -> dict[str, Any]:
     return {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
 
 
-def _async_commit_values(name: str, params: dict[str, Any]) -> list[Any]:
-    """Run a claim-path statement in its own transaction that commits without waiting for the WAL flush.
+def _async_prefix() -> str:
+    """What a claim-path statement starts with so that it commits without waiting for the WAL flush.
 
     The claim, start and heartbeat statements are most of what the claim loop waits for (a flush
     takes milliseconds on a busy disk). A PostgreSQL crash can undo their last fraction of a second:
     those jobs are claimed and run again (at-least-once, as after a worker crash). Outcomes,
     schedule() and cancel() commit synchronously, so nothing a caller was told is committed is lost.
-    Inside a caller's transaction the statement joins it. ``SCHEDULING_ASYNC_COMMIT = False``: off.
+    In autocommit the ``SET LOCAL`` and the statement go as one query string, which PostgreSQL runs
+    as one implicit transaction: the setting holds for that transaction, in one round trip (an
+    explicit one costs a ``BEGIN`` and a ``COMMIT`` more). Inside a caller's transaction the
+    statement joins it, unprefixed. ``SCHEDULING_ASYNC_COMMIT = False``: no prefix.
     """
-    if not conf.get().async_commit or not connection.get_autocommit():
-        return SQL.fetch_values(name, params)
-    with transaction.atomic():
-        return SQL.fetch_values(name, params, prefix=ASYNC_COMMIT)
+    return ASYNC_COMMIT if conf.get().async_commit and connection.get_autocommit() else ""
 
 
 # --- Scheduling ------------------------------------------------------------------------------------
@@ -375,9 +375,7 @@ def claim_due_jobs(
     if not connection.get_autocommit():
         return _claim(params, prefix="")  # the caller's transaction holds the lock until it ends
     with transaction.atomic():
-        return _claim(
-            params, prefix=db.NO_JIT + (ASYNC_COMMIT if conf.get().async_commit else "")
-        )  # see _async_commit_values
+        return _claim(params, prefix=db.NO_JIT + (ASYNC_COMMIT if conf.get().async_commit else ""))  # see _async_prefix
 
 
 def _claim(params: dict[str, Any], prefix: str) -> list[Claim]:
@@ -401,11 +399,7 @@ def next_due_times(horizon_seconds: float, limit: int) -> list[DueInstant]:
 
 def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJob]:
     params = {**_claims(claims), "worker": worker}
-    if not conf.get().async_commit or not connection.get_autocommit():
-        rows = SQL.fetch_all(_StartedRow, "start_jobs", params)
-    else:
-        with transaction.atomic():
-            rows = SQL.fetch_all(_StartedRow, "start_jobs", params, prefix=ASYNC_COMMIT)  # see _async_commit_values
+    rows = SQL.fetch_all(_StartedRow, "start_jobs", params, prefix=_async_prefix())
     return [row.started() for row in rows]
 
 
@@ -420,11 +414,7 @@ class Renewal:
 
 def heartbeat_jobs(claims: Sequence[tuple[int, str]]) -> list[Renewal]:
     """Refresh the claims; returns those still held (others were taken back), each with its abort if asked."""
-    params = _claims(claims)
-    if not conf.get().async_commit or not connection.get_autocommit():  # as _async_commit_values
-        return SQL.fetch_all(Renewal, "heartbeat_jobs", params)
-    with transaction.atomic():
-        return SQL.fetch_all(Renewal, "heartbeat_jobs", params, prefix=ASYNC_COMMIT)
+    return SQL.fetch_all(Renewal, "heartbeat_jobs", _claims(claims), prefix=_async_prefix())
 
 
 # --- Aborts (abort.sql) ------------------------------------------------------------------------------
@@ -584,14 +574,13 @@ def set_job_states(changes: Sequence[Change], *, asynchronous: bool = False) -> 
 
     Each row's decision comes from its event's plan (``lifecycle.plan``), looked up by the facts the
     row reads when it is written; rows taken back meanwhile (stale tokens) are left alone and not
-    returned. ``asynchronous``: a give-back of the claim path (see ``_async_commit_values``).
+    returned. ``asynchronous``: a give-back of the claim path (see ``_async_prefix``).
     """
     if not changes:
         return []
     params = transition_params(changes)
-    if asynchronous and conf.get().async_commit and connection.get_autocommit():
-        with transaction.atomic():
-            return SQL.fetch_all(MovedJob, "set_job_states", params, prefix=ASYNC_COMMIT)
+    if asynchronous:
+        return SQL.fetch_all(MovedJob, "set_job_states", params, prefix=_async_prefix())
     # Outcomes commit synchronously: a completion the worker was told about survives a crash (and
     # its flush makes every earlier asynchronous claim and start durable too).
     return SQL.fetch_all(MovedJob, "set_job_states", params)
