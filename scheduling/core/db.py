@@ -232,9 +232,12 @@ class Statements:
         return json.loads(plan) if isinstance(plan, str) else plan
 
 
-def thread_connections() -> list[Any]:
-    """Django's connection wrappers set up in this thread (each one's driver connection read later)."""
-    return list(connections.all(initialized_only=True))
+def thread_connections(*, every_alias: bool = False) -> list[Any]:
+    """Django's connection wrappers set up in this thread (each one's driver connection read later).
+
+    ``every_alias``: one for each configured database, set up now if not yet (a wrapper connects lazily).
+    """
+    return list(connections.all(initialized_only=not every_alias))
 
 
 def cancel_statements(wrappers: Sequence[Any]) -> None:

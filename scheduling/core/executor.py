@@ -93,7 +93,9 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
 
 
 _armed = [0]  # deadlines whose timer is armed now (main thread only)
-_held = threading.local()  # .depth: how many ``alarms()`` blocks keep the handler installed (main thread only)
+# .depth: how many ``alarms()`` blocks keep the handler installed; .wrappers: Django's connection wrappers
+# of the thread, every alias, read once by the outermost block for its deadlines (main thread only)
+_held = threading.local()
 
 
 def alarms() -> _Alarms:
@@ -117,6 +119,10 @@ class _Alarms:
             return
         self.depth = getattr(_held, "depth", 0)
         self.previous = signal.signal(signal.SIGALRM, _on_alarm) if self.depth == 0 else None
+        if self.depth == 0:
+            # every alias, not only those connected yet: a job that opens one is covered (a wrapper
+            # connects lazily, so this opens nothing); read per job it cost more than arming the timer
+            _held.wrappers = db.thread_connections(every_alias=True)
         _held.depth = self.depth + 1
 
     def __exit__(self, *exc_info: object) -> None:
@@ -134,10 +140,11 @@ class _Watchdog:
     Arming and disarming take a lock and nothing else (no thread, no round trip per job); the thread
     sleeps until the armed time. It is woken only by a deadline earlier than the time it will look
     again: the next job's deadline (as long as the last one's, or longer) is seen at that look, so
-    a batch does not switch threads once a job. The connections are captured when the deadline is
-    armed (Django's wrappers of the main thread: their ``connection`` is read when the watchdog
-    fires, so one opened during the job is seen too). Disarmed under the same lock before the
-    deadline's block ends, it never cancels a statement sent after the block.
+    a batch does not switch threads once a job. The connections are given when the deadline is
+    armed (Django's wrappers of the main thread, every alias's inside ``alarms()``: their
+    ``connection`` is read when the watchdog fires, so one opened during the job is seen too).
+    Disarmed under the same lock before the deadline's block ends, it never cancels a statement sent
+    after the block.
     """
 
     def __init__(self) -> None:
@@ -147,11 +154,11 @@ class _Watchdog:
         self._thread: threading.Thread | None = None
         self._looks_at = math.inf  # when the thread looks at the armed deadline again (monotonic)
 
-    def arm(self, seconds: float) -> int:
+    def arm(self, seconds: float, wrappers: list[Any]) -> int:
         with self._lock:
             self._generation += 1
             at = time.monotonic() + seconds + CANCEL_GRACE_SECONDS
-            self._armed = (at, self._generation, db.thread_connections())
+            self._armed = (at, self._generation, wrappers)
             if self._thread is None or not self._thread.is_alive():
                 self._looks_at = math.inf
                 self._thread = threading.Thread(target=self._run, name="timekeeper-statement-watchdog", daemon=True)
@@ -200,7 +207,7 @@ def deadline(seconds: float | None) -> Iterator[bool]:
         return
     held = getattr(_held, "depth", 0) > 0
     previous = None if held else signal.signal(signal.SIGALRM, _on_alarm)
-    generation = _watchdog.arm(seconds)
+    generation = _watchdog.arm(seconds, _held.wrappers if held else db.thread_connections())
     signal.setitimer(signal.ITIMER_REAL, seconds)
     _armed[0] += 1
     try:

@@ -30,3 +30,16 @@ def test_a_statement_past_the_timeout_is_cancelled_and_the_call_timed_out():
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         assert cursor.fetchone() == (1,)
+
+
+def test_in_a_batch_a_statement_on_a_connection_opened_by_the_job_is_cancelled():
+    """Inside ``alarms()`` (a batch) the wrappers are read once at its start, the connection closed then:
+    the job opens it, and its pg_sleep past the timeout is still cancelled."""
+    job = registry.Job(kind=KIND.name, payload={"sleep": 20}, attempt=1, max_attempts=1, due_at=None, id=1)
+    connection.close()
+    began = time.monotonic()
+    with executor.alarms():
+        first = executor.invoke(KIND, job, 0.3)
+        second = executor.invoke(KIND, job, 0.3)
+    assert (first.outcome, second.outcome) == (executor.TIMED_OUT, executor.TIMED_OUT)
+    assert time.monotonic() - began < 15, "both cancelled, not waited for"
