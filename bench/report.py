@@ -310,6 +310,20 @@ def _rows() -> list[Row]:
         ],
     )
     add(
+        "ab",
+        lambda d: [
+            (
+                "ab",
+                f"realistic ({_fmt(d['jobs'])} jobs), this tree against {d['base']} (issue 36's features absent), "
+                f"{d['rounds']} rounds each, interleaved",
+                f"loses {d['loss_pct']}% (median {_fmt(d['this_median'])} against {_fmt(d['base_median'])} jobs/s); "
+                f"exactly once: {'yes' if d['exactly_once'] else 'no'}",
+                f"loses <= {d['target_loss_pct']:g}% with the features present and unused",
+                verdict(bool(d["target_met"])),
+            )
+        ],
+    )
+    add(
         "soak",
         lambda d: [
             (
@@ -348,6 +362,7 @@ def markdown() -> str:
             "chaos",
             "recurring",
             "flow",
+            "ab",
             "soak",
         )
     }

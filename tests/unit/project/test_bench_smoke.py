@@ -248,3 +248,34 @@ def test_a_host_loss_answers_for_its_ticks_until_the_bound_after_the_heal_or_the
     earlier = {"fault": "kill_pool", "at": 50.0}
     assert chaos.host_loss_window_end(loss, [earlier, loss, failover], until=1000.0) == 160.0
     assert chaos.host_loss_window_end(loss, [loss], until=150.0) == 150.0
+
+
+def test_report_renders_the_ab_row_against_issue_36s_target(tmp_path, monkeypatch):
+    """The ab row shows the base, the loss and the medians, and judges the loss against 3%."""
+    from bench import report
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    figures = {
+        "base": "abc1234",
+        "jobs": 20000,
+        "rounds": 10,
+        "base_median": 2500.0,
+        "this_median": 2400.0,
+        "loss_pct": 4.0,
+        "target_loss_pct": 3.0,
+        "exactly_once": True,
+        "target_met": False,
+    }
+    (tmp_path / "ab.json").write_text(json.dumps(figures))
+    row = next(line for line in report.markdown().splitlines() if line.startswith("| ab |"))
+    assert "against abc1234" in row
+    assert "loses 4.0% (median 2,400 against 2,500 jobs/s)" in row
+    assert row.endswith("| **missed** |")
+
+
+def test_flow_split_runs_flows_scenarios():
+    """bench.flow_split splits the other kind's lag for flow's scenarios (none, rate, partitioned)."""
+    from bench import flow_split
+
+    assert flow_split.MODES == ("none", "rate", "partitioned")
+    assert "claimed_at - a.due_at" in flow_split.SPLIT
