@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
 
 import psycopg2
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, connections
 
 R = TypeVar("R")
@@ -235,9 +236,19 @@ class Statements:
 def thread_connections(*, every_alias: bool = False) -> list[Any]:
     """Django's connection wrappers set up in this thread (each one's driver connection read later).
 
-    ``every_alias``: one for each configured database, set up now if not yet (a wrapper connects lazily).
+    ``every_alias``: one for each configured database, set up now if not yet (a wrapper connects
+    lazily), except an alias this process cannot set up (its backend or driver missing: no handler
+    here can use it either).
     """
-    return list(connections.all(initialized_only=not every_alias))
+    if not every_alias:
+        return list(connections.all(initialized_only=True))
+    wrappers = []
+    for alias in connections:
+        try:
+            wrappers.append(connections[alias])
+        except ImproperlyConfigured:
+            continue
+    return wrappers
 
 
 def cancel_statements(wrappers: Sequence[Any]) -> None:

@@ -118,11 +118,11 @@ class _Alarms:
         if not self.main:
             return
         self.depth = getattr(_held, "depth", 0)
-        self.previous = signal.signal(signal.SIGALRM, _on_alarm) if self.depth == 0 else None
         if self.depth == 0:
             # every alias, not only those connected yet: a job that opens one is covered (a wrapper
             # connects lazily, so this opens nothing); read per job it cost more than arming the timer
             _held.wrappers = db.thread_connections(every_alias=True)
+        self.previous = signal.signal(signal.SIGALRM, _on_alarm) if self.depth == 0 else None
         _held.depth = self.depth + 1
 
     def __exit__(self, *exc_info: object) -> None:

@@ -43,3 +43,19 @@ def test_in_a_batch_a_statement_on_a_connection_opened_by_the_job_is_cancelled()
         second = executor.invoke(KIND, job, 0.3)
     assert (first.outcome, second.outcome) == (executor.TIMED_OUT, executor.TIMED_OUT)
     assert time.monotonic() - began < 15, "both cancelled, not waited for"
+
+
+def test_an_alias_this_process_cannot_set_up_leaves_a_batchs_deadlines_working(monkeypatch):
+    """A configured database whose backend is missing here: the batch's wrappers leave it out, and the
+    deadline still cancels a statement on the default connection."""
+    from django.db import connections
+
+    from scheduling.core import db
+
+    monkeypatch.setitem(connections.settings, "unloadable", {**connections.settings["default"], "ENGINE": "no.such"})
+    wrappers = db.thread_connections(every_alias=True)
+    assert [w.alias for w in wrappers] == ["default"]
+    job = registry.Job(kind=KIND.name, payload={"sleep": 20}, attempt=1, max_attempts=1, due_at=None, id=1)
+    with executor.alarms():
+        result = executor.invoke(KIND, job, 0.3)
+    assert result.outcome == executor.TIMED_OUT

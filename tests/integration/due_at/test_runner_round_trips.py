@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from scheduling import api, registry
@@ -142,6 +142,12 @@ def test_a_batch_start_and_a_heartbeat_are_one_round_trip_each_and_commit_withou
     sent = [q["sql"] for q in captured.captured_queries]
     assert len(sent) == 2, [_first_line(sql) for sql in sent]
     assert all(sql.startswith(store.ASYNC_COMMIT) for sql in sent)
+    # inside a caller's transaction the statement joins it, unprefixed: its commit is the caller's
+    with CaptureQueriesContext(connection) as inside, transaction.atomic():
+        assert len(store.heartbeat_jobs(claims)) == 3
+    statements = [q["sql"] for q in inside.captured_queries if "heartbeat" in q["sql"]]
+    assert len(statements) == 1
+    assert not statements[0].startswith(store.ASYNC_COMMIT)
     # what the prefix relies on: PostgreSQL keeps a SET LOCAL for the rest of its query string's implicit
     # transaction (and warns and ignores it outside a transaction, which would commit with the flush)
     with connection.cursor() as cursor:
