@@ -132,11 +132,6 @@ def refill_room() -> int:
     return max(1, math.ceil(conf.get().max_queued_batches * REFILL_SHARE))
 
 
-def room() -> int:
-    """How many more batch messages the default named queue's Celery queue (the routed one) may hold now."""
-    return max(0, conf.get().max_queued_batches - broker.queued_messages(celery_queue(registry.DEFAULT_QUEUE)))
-
-
 def kind_queues() -> dict[str, str]:
     """Every registered kind's named queue ("default" unless it names one)."""
     return {name: kind.queue for name, kind in registry.all_kinds().items()}
