@@ -30,9 +30,9 @@ SPLIT = (
 
 
 def run(mode: str, seconds: float) -> dict[str, Any]:
+    common.setup()  # before the first import of Django models: it configures Django for the bench database
     from scheduling import api, registry
 
-    common.setup()
     rng = random.Random(1)
     common.reset_state()
     common.sql("DELETE FROM scheduling_kindrate")
