@@ -95,8 +95,17 @@ ORDER BY kind;
 -- partition for a partitioned rate) among the rate-limited kinds (not paused) with a due job
 -- waiting; NULL when none waits. The control loop claims again after that long (at least
 -- RATE_STEP_SECONDS), as the kind's window frees room, instead of sleeping to its next due time.
+-- Per kind, one probe per priority of the (kind, priority, due_at) index, stopped at the first due
+-- row: a LATERAL with a LIMIT is run per control row (an EXISTS may be turned into a join that reads
+-- every due row, and was, by a planner whose statistics said few rows were pending: 5 ms a turn in
+-- bench flow with 8,000 due). Called on most turns of the control loop while a kind waits.
 SELECT min(c.rate_period_seconds / c.rate_limit) AS refill_seconds
 FROM scheduling_kindcontrol AS c
-WHERE c.rate_limit IS NOT NULL AND NOT c.paused
-  AND EXISTS (SELECT 1 FROM scheduling_scheduledjob AS j
-              WHERE j.state = 'pending' AND j.kind = c.kind AND j.due_at <= now());
+CROSS JOIN LATERAL (
+    -- repeat p in 9..0 joined by UNION ALL
+    (SELECT 1 FROM scheduling_scheduledjob AS j
+     WHERE j.state = 'pending' AND j.kind = c.kind AND j.priority = {p} AND j.due_at <= now() LIMIT 1)
+    -- end repeat
+    LIMIT 1
+) AS due
+WHERE c.rate_limit IS NOT NULL AND NOT c.paused;
