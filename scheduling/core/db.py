@@ -14,7 +14,8 @@ column without one is an error naming it), a field without a column takes its de
 typed as an enum (``JobState``, ``RunState``: the models' ``TextChoices``) gets the enum; a field
 typed ``Json`` is decoded when the driver hands jsonb back as text (Django's psycopg2 connections
 do). Statements run on Django's connection for the current thread, so they join the caller's
-transaction when there is one. Only this module and the stores (``*/store.py``) open a cursor.
+transaction when there is one; ``run_prepared`` runs one on a dedicated session instead, prepared
+once there. Only this module and the stores (``*/store.py``) open a cursor.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import re
 import types
 import typing
+import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
@@ -45,6 +47,10 @@ Params = Mapping[str, Any] | Sequence[Any] | None
 # claim compiled for 150 ms to run in 3. The claim and the planner's pick run with this prefix, in
 # Timekeeper's own transactions (SET LOCAL ends with them).
 NO_JIT = "SET LOCAL jit = off;\n"
+# A prepared statement (``run_prepared``) planned once for every set of parameters: the claim's plan
+# does not depend on them (its walks are written per priority), and planning it was most of its cost.
+GENERIC_PLAN = "SET LOCAL plan_cache_mode = force_generic_plan;\n"
+_PARAM = re.compile(r"%\((?P<name>\w+)\)s")
 _JSON = "jsonb"
 Json = Annotated[Any, _JSON]  # a field holding a decoded jsonb value
 _NAME = re.compile(r"^--\s*name:\s*(?P<name>\w+)\s*$")
@@ -263,6 +269,51 @@ def cancel_statements(wrappers: Sequence[Any]) -> None:
             continue
         with contextlib.suppress(psycopg2.Error):  # a closed or broken connection: nothing to cancel
             raw.cancel()
+
+
+@functools.cache
+def positional(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with its ``%(name)s`` parameters as ``$1, $2 ...`` (each name one number), and the names in order."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match["name"] not in names:
+            names.append(match["name"])
+        return f"${names.index(match['name']) + 1}"
+
+    return _PARAM.sub(number, sql).replace("%%", "%"), tuple(names)
+
+
+# The statements prepared on each dedicated session (a psycopg2 connection): a prepared statement
+# lives as long as its session, whatever its transactions do; a new session prepares again.
+_prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def run_prepared(
+    cursor: Any, name: str, sql: str, params: Mapping[str, Any], types: Mapping[str, str]
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run ``sql`` as the server-side prepared statement ``name`` of ``cursor``'s session; its columns and rows.
+
+    Prepared on the first run in that session (``types``: each parameter's SQL type), then only
+    executed. For a dedicated session only (``locks.dedicated_connection``), never Django's: behind a
+    pooler in transaction mode, the next transaction may run on a server session that never saw the
+    ``PREPARE`` ("Behind PgBouncer", docs/operations.md).
+    """
+    text, names = positional(sql)
+    done = _prepared.setdefault(cursor.connection, set())
+    if name not in done:
+        cursor.execute(f"PREPARE {name} ({', '.join(types[n] for n in names)}) AS {text}")
+        done.add(name)
+    cursor.execute(f"EXECUTE {name} ({', '.join(['%s'] * len(names))})", [params[n] for n in names])
+    if cursor.description is None:
+        return [], []
+    return [column[0] for column in cursor.description], cursor.fetchall()
+
+
+def rows_as(cls: type[R], columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[R]:
+    """``rows`` of ``columns`` as ``cls`` instances, built by column name (as ``fetch_all_sql``)."""
+    make: Callable[[Sequence[Any]], R] = _builder(cast(Hashable, cls), tuple(columns))
+    return [make(row) for row in rows]
 
 
 def run(sql: str, params: Params) -> tuple[list[str], list[tuple[Any, ...]]]:

@@ -36,11 +36,20 @@ class Leadership:
     ``SELECT 1``, which also resets the session's idle clock). With ``silence_seconds`` PostgreSQL
     ends the session of a leader that stops without dying (SIGSTOP, a frozen VM) once it has been
     idle that long, which frees the lock for a standby (PostgreSQL 14+; older servers: no bound).
-    The connection is exposed so that a leader can LISTEN on it.
+    The connection is exposed so that a leader can LISTEN on it, and run its own transactions there
+    (the control loop claims in it: ``lock_timeout_ms`` bounds their lock waits).
     """
 
-    def __init__(self, role: str, *, silence_seconds: float | None = None, check_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        role: str,
+        *,
+        silence_seconds: float | None = None,
+        check_seconds: float = 1.0,
+        lock_timeout_ms: int = 0,
+    ) -> None:
         self.role = role
+        self.lock_timeout_ms = lock_timeout_ms  # a statement of the session waits this long for a lock (0: no limit)
         self.key = locks.lock_key(role, "leader")
         self.silence_seconds = silence_seconds
         self.check_seconds = check_seconds
@@ -69,7 +78,7 @@ class Leadership:
                 return False
         try:
             if self.connection is None or self.connection.closed:
-                self.connection = locks.dedicated_connection(f"timekeeper-leader:{self.role}")
+                self.connection = locks.dedicated_connection(f"timekeeper-leader:{self.role}", self.lock_timeout_ms)
             with self.connection.cursor() as cur:
                 cur.execute("SELECT pg_try_advisory_lock(%s)", [self.key])
                 if not cur.fetchone()[0]:

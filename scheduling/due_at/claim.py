@@ -191,23 +191,29 @@ def claim_here(limit: int) -> list[store.Claim]:
     return store.claim_due_jobs(limit)
 
 
-def claim_and_dispatch(limit: int | None = None, *, min_room: int = 1, rates: bool = True) -> ClaimReport:
+def claim_and_dispatch(
+    limit: int | None = None, *, min_room: int = 1, rates: bool = True, session: Any = None
+) -> ClaimReport:
     """Claim due rows, at most what the queue has room for, and send them to workers as batches.
 
     ``min_room``: a queue with room for fewer batches than this (but some) is left out of this
     claim as if it were full (``queue_full``); the control loop passes ``refill_room()``.
     ``rates`` false: the rate-limited kinds take nothing in this claim (the control loop claims them
     on their own cadence, and other kinds' due times in between cost a claim without them).
+    ``session``: the dedicated session to claim in (the control loop's leadership session, where
+    the claim is prepared once: ``store.claim_due_jobs``); None: Django's connection.
     """
     with tracing.span("timekeeper.claim", mechanism=registry.Mechanism.DUE_AT) as span:
-        report = _claim_and_dispatch(limit, min_room, rates, span)
+        report = _claim_and_dispatch(limit, min_room, rates, session, span)
         span.set("claimed", report.claimed)
         span.set("batches", report.batches)
         span.set("given_back", report.given_back)
         return report
 
 
-def _claim_and_dispatch(limit: int | None, min_room: int, rates: bool, span: tracing.Handle) -> ClaimReport:
+def _claim_and_dispatch(
+    limit: int | None, min_room: int, rates: bool, session: Any, span: tracing.Handle
+) -> ClaimReport:
     settings = conf.get()
     queues = kind_queues()
     routes = _routes(list(queues.values()))
@@ -225,7 +231,13 @@ def _claim_and_dispatch(limit: int | None, min_room: int, rates: bool, span: tra
     size = min(limit or settings.claim_batch_size, free * settings.default_batch_size)
     sync_rates()
     claims = store.claim_due_jobs(
-        size, messages=free, batch_sizes=batch_sizes(), kind_queues=queues, queue_rooms=rooms, rates=rates
+        size,
+        messages=free,
+        batch_sizes=batch_sizes(),
+        kind_queues=queues,
+        queue_rooms=rooms,
+        rates=rates,
+        session=session,
     )
     span.set("job_ids", [c.id for c in claims])
     span.set("kinds", sorted({c.kind for c in claims}))

@@ -92,7 +92,9 @@ class ControlLoop:
 
     def __init__(self) -> None:
         self.stopping = threading.Event()
-        self.leadership = leadership.Leadership(ROLE, silence_seconds=LEAD_SILENCE_SECONDS)
+        self.leadership = leadership.Leadership(
+            ROLE, silence_seconds=LEAD_SILENCE_SECONDS, lock_timeout_ms=LOCK_WAIT_SECONDS * 1000
+        )
         self.counters = Counters()
         self.thread: threading.Thread | None = None
         self._listening = False
@@ -181,7 +183,8 @@ class ControlLoop:
         # kind's due time wakes the loop: reading their backlog and windows is most of a claim's cost (a
         # partitioned rate reads up to 1,000 rows), and within 20 ms a window frees little room.
         rates = now >= self._last_rate_claim + RATE_STEP_SECONDS
-        report = claim.claim_and_dispatch(min_room=claim.refill_room(), rates=rates)
+        # claimed in the lead's own session (direct, never pooled): there the claim is prepared once
+        report = claim.claim_and_dispatch(min_room=claim.refill_room(), rates=rates, session=self.leadership.connection)
         if rates:
             self.counters.rate_claims += 1
             self._last_rate_claim = now

@@ -10,6 +10,7 @@ holds a cursor, and only ``scheduling.due_at`` imports it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
@@ -18,6 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg2
 from django.db import connection, transaction
 
 from scheduling.core import conf, db, registry
@@ -342,6 +344,21 @@ def claim_statement() -> str:
     return SQL["lock_capped_kinds"] + ";\n" + SQL["claim_due_jobs"]
 
 
+# claim_params' values as the claim's PREPARE declares them (claim_due_jobs on a session)
+CLAIM_PARAM_TYPES = {
+    "partition_scan": "int",
+    "rates": "boolean",
+    "limit": "int",
+    "messages": "int",
+    "kinds": "text[]",
+    "batch_sizes": "int[]",
+    "kind_queues": "text[]",
+    "queues": "text[]",
+    "queue_rooms": "int[]",
+    "closed_kinds": "text[]",
+}
+
+
 def claim_due_jobs(
     limit: int,
     *,
@@ -350,6 +367,7 @@ def claim_due_jobs(
     kind_queues: Mapping[str, str] | None = None,
     queue_rooms: Mapping[str, int] | None = None,
     rates: bool = True,
+    session: Any = None,
 ) -> list[Claim]:
     """Claim due rows: whole batches, at most ``messages`` of them, sorted most urgent first.
 
@@ -363,6 +381,11 @@ def claim_due_jobs(
     same statement without their branches (claim.sql, ``-- only held``), which plans in 1.0 ms
     instead of 2.7 (measured on 20,000 due rows). Two round trips instead of one; the choice needs
     the lock's answer.
+
+    ``session``: a dedicated psycopg2 session (the control loop's leadership session, direct, never
+    pooled) to claim in, in a transaction of its own, instead of Django's connection. There the
+    claim is a prepared statement with one generic plan (``db.run_prepared``): planning it each
+    time was a third of its cost (bench flow, partitioned: 9.5 of 25 ms a claim).
     """
     params = claim_params(
         limit,
@@ -372,6 +395,8 @@ def claim_due_jobs(
         queue_rooms=queue_rooms,
         rates=rates,
     )
+    if session is not None:
+        return _claim_in_session(session, params)
     if not connection.get_autocommit():
         return _claim(params, prefix="")  # the caller's transaction holds the lock until it ends
     with transaction.atomic():
@@ -382,6 +407,22 @@ def _claim(params: dict[str, Any], prefix: str) -> list[Claim]:
     held = SQL.fetch_values("lock_capped_kinds", params, prefix=prefix)[0]
     name = "claim_due_jobs" if held else "claim_due_jobs_without_held"
     return SQL.fetch_all(Claim, name, params)
+
+
+def _claim_in_session(session: Any, params: dict[str, Any]) -> list[Claim]:
+    """``claim_due_jobs`` in a transaction of ``session``'s own: the lock, then the prepared claim, then commit."""
+    prefix = db.NO_JIT + db.GENERIC_PLAN + (ASYNC_COMMIT if conf.get().async_commit else "")
+    with session.cursor() as cursor:
+        cursor.execute("BEGIN;\n" + prefix + SQL["lock_capped_kinds"], params)
+        try:
+            name = "claim_due_jobs" if cursor.fetchone()[0] else "claim_due_jobs_without_held"
+            columns, rows = db.run_prepared(cursor, name, SQL[name], params, CLAIM_PARAM_TYPES)
+            cursor.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(psycopg2.Error):  # the session may be gone: its transaction went with it
+                cursor.execute("ROLLBACK")
+            raise
+    return db.rows_as(Claim, columns, rows)
 
 
 @dataclasses.dataclass(frozen=True)

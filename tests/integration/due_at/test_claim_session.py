@@ -1,0 +1,117 @@
+"""The control loop's claim in its own dedicated session: prepared once there, planned once (real PostgreSQL).
+
+The leader claims on its leadership session (direct, never pooled), where the claim is a prepared
+statement with a generic plan instead of being planned on every claim (``store.claim_due_jobs``,
+``db.run_prepared``). These tests check that it is prepared once per session and planned generic,
+that it claims what the Django-connection claim claims (caps and rate windows included), and that
+a claim that fails leaves the session usable, outside any transaction, with its statement prepared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+import pytest
+from django.db import connection
+
+from scheduling import api, registry
+from scheduling.core import db, locks
+from scheduling.due_at import claim, control, store
+from scheduling.models import ScheduledJob
+from tests import support
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def session() -> Iterator[Any]:
+    conn = locks.dedicated_connection("timekeeper-test-claim-session")
+    yield conn
+    conn.close()
+
+
+def _plans(session: Any) -> dict[str, tuple[int, int]]:
+    """The session's prepared statements: {name: (generic plans, custom plans)}."""
+    with session.cursor() as cur:
+        cur.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements")
+        return {name: (generic, custom) for name, generic, custom in cur.fetchall()}
+
+
+def _claim(session: Any, limit: int = 10) -> list[store.Claim]:
+    return store.claim_due_jobs(limit, batch_sizes=claim.batch_sizes(), kind_queues=claim.kind_queues(), session=session)
+
+
+def test_a_claim_in_a_session_is_prepared_once_and_planned_once_for_every_claim(session):
+    api.schedule_many("demo.noop", [{}] * 3, delay=0)
+    first = _claim(session)
+    api.schedule_many("demo.noop", [{}] * 2, delay=0)
+    second = _claim(session)
+    assert (len(first), len(second)) == (3, 2)
+    # committed by the session's own transaction: Django's connection sees the claims
+    assert ScheduledJob.objects.filter(state="claimed").count() == 5
+    assert _plans(session) == {"claim_due_jobs_without_held": (2, 0)}, "prepared once, a generic plan each time"
+    assert session.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+
+
+def test_a_claim_in_a_session_holds_a_cap_and_counts_a_rate_window_as_the_django_claim_does(session, run_sql):
+    api.set_max_running("demo.noop", 2)
+    api.set_rate("demo.record", registry.Rate(3, per_seconds=3600))
+    api.schedule_many("demo.noop", [{}] * 5, delay=0)
+    api.schedule_many("demo.record", [{}] * 5, delay=0)
+    claim.sync_rates(force=True)
+    claims = _claim(session, limit=50)
+    assert sorted(c.kind for c in claims) == ["demo.noop"] * 2 + ["demo.record"] * 3
+    assert _plans(session) == {"claim_due_jobs": (1, 0)}, "the statement with the capped kinds' branches"
+    assert _claim(session, limit=50) == [], "the cap is full and the window spent"
+    [(window,)] = run_sql("SELECT coalesce(sum(n), 0) FROM scheduling_kindrate, unnest(starts) AS n")
+    assert window == 3
+
+
+def test_a_failed_claim_in_a_session_rolls_back_and_leaves_it_usable_and_prepared(session):
+    api.schedule_many("demo.noop", [{}] * 3, delay=0)
+    params = store.claim_params(10, batch_sizes=claim.batch_sizes(), kind_queues=claim.kind_queues())
+    assert len(store._claim_in_session(session, params)) == 3
+    api.schedule_many("demo.noop", [{}] * 2, delay=0)
+    with pytest.raises(psycopg2.errors.InvalidRowCountInLimitClause):
+        store._claim_in_session(session, {**params, "limit": -1})
+    assert session.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    assert ScheduledJob.objects.filter(state="pending").count() == 2, "nothing of the failed claim stayed"
+    assert len(store._claim_in_session(session, params)) == 2
+    assert _plans(session)["claim_due_jobs_without_held"][0] == 3
+
+
+def test_a_new_session_prepares_the_claim_again(session):
+    api.schedule_many("demo.noop", [{}] * 2, delay=0)
+    assert len(_claim(session, limit=1)) == 1
+    other = locks.dedicated_connection("timekeeper-test-claim-session-2")
+    try:
+        assert _plans(other) == {}
+        assert len(_claim(other, limit=1)) == 1
+        assert _plans(other) == {"claim_due_jobs_without_held": (1, 0)}
+    finally:
+        other.close()
+
+
+def test_the_leader_claims_in_its_leadership_session(monkeypatch):
+    support.make_due(state="pending")
+    api.schedule_many("demo.noop", [{}] * 3, delay=0)
+    loop = control.ControlLoop()
+    assert loop.leadership.lead()
+    try:
+        loop.turn()
+        assert ScheduledJob.objects.filter(state="claimed").count() == 3
+        assert set(_plans(loop.leadership.connection)) == {"claim_due_jobs_without_held"}
+        with loop.leadership.connection.cursor() as cur:
+            cur.execute("SHOW lock_timeout")
+            assert cur.fetchone()[0] == f"{control.LOCK_WAIT_SECONDS}s", "the lead's session bounds its lock waits"
+    finally:
+        loop.leadership.resign()
+        connection.close()
+
+
+def test_positional_numbers_each_parameter_once_in_order_of_first_use():
+    sql, names = db.positional("SELECT %(b)s, %(a)s, %(b)s::int, '100%%'")
+    assert (sql, names) == ("SELECT $1, $2, $1::int, '100%'", ("b", "a"))
