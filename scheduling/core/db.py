@@ -295,16 +295,20 @@ def run_prepared(
     """Run ``sql`` as the server-side prepared statement ``name`` of ``cursor``'s session; its columns and rows.
 
     Prepared on the first run in that session (``types``: each parameter's SQL type), then only
-    executed. For a dedicated session only (``locks.dedicated_connection``), never Django's: behind a
-    pooler in transaction mode, the next transaction may run on a server session that never saw the
-    ``PREPARE`` ("Behind PgBouncer", docs/operations.md).
+    executed, with a generic plan (``GENERIC_PLAN``: planned once). For a dedicated session only
+    (``locks.dedicated_connection``), never Django's: behind a pooler in transaction mode, the next
+    transaction may run on a server session that never saw the ``PREPARE`` ("Behind PgBouncer",
+    docs/operations.md).
     """
     text, names = positional(sql)
     done = _prepared.setdefault(cursor.connection, set())
     if name not in done:
-        cursor.execute(f"PREPARE {name} ({', '.join(types[n] for n in names)}) AS {text}")
+        declared = f" ({', '.join(types[n] for n in names)})" if names else ""
+        cursor.execute(f"PREPARE {name}{declared} AS {text}")
         done.add(name)
-    cursor.execute(f"EXECUTE {name} ({', '.join(['%s'] * len(names))})", [params[n] for n in names])
+    arguments = f" ({', '.join(['%s'] * len(names))})" if names else ""
+    # one query string: in autocommit, one implicit transaction, which the SET LOCAL lasts for
+    cursor.execute(f"{GENERIC_PLAN}EXECUTE {name}{arguments}", [params[n] for n in names])
     if cursor.description is None:
         return [], []
     return [column[0] for column in cursor.description], cursor.fetchall()

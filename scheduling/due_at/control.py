@@ -197,7 +197,7 @@ class ControlLoop:
             self._wait(BACKPRESSURE_PAUSE_SECONDS)
         elif report.more_due and report.claimed:
             return  # a backlog: claim the next rows at once
-        elif (refill := store.rate_limited_due()) is not None:
+        elif (refill := store.rate_limited_due(session=self.leadership.connection)) is not None:
             # a rate-limited kind waits for its window: claim as it frees room (smooth, not in bursts),
             # once per start's worth of its window (50/s: every 20 ms; 5/s per partition: every 200 ms)
             # (counted from the last claim of the rate-limited kinds, not from the end of this turn: the
@@ -238,7 +238,7 @@ class ControlLoop:
         """Seconds to the next due row within ``interval`` (re-read at least that often), capped by a step."""
         now = time.monotonic()
         horizon = min(interval, WAIT_STEP_SECONDS, max(0.0, self._next_sweep - now), max(0.0, self._next_prune - now))
-        upcoming = store.next_due_times(horizon, 1)
+        upcoming = store.next_due_times(horizon, 1, session=self.leadership.connection)
         return horizon if not upcoming else min(horizon, max(0.0, upcoming[0].in_seconds))
 
     def _listen(self) -> None:

@@ -41,7 +41,9 @@ def _plans(session: Any) -> dict[str, tuple[int, int]]:
 
 
 def _claim(session: Any, limit: int = 10) -> list[store.Claim]:
-    return store.claim_due_jobs(limit, batch_sizes=claim.batch_sizes(), kind_queues=claim.kind_queues(), session=session)
+    return store.claim_due_jobs(
+        limit, batch_sizes=claim.batch_sizes(), kind_queues=claim.kind_queues(), session=session
+    )
 
 
 def test_a_claim_in_a_session_is_prepared_once_and_planned_once_for_every_claim(session):
@@ -103,13 +105,30 @@ def test_the_leader_claims_in_its_leadership_session(monkeypatch):
     try:
         loop.turn()
         assert ScheduledJob.objects.filter(state="claimed").count() == 3
-        assert set(_plans(loop.leadership.connection)) == {"claim_due_jobs_without_held"}
+        # the claim, and the reads that say how long the loop sleeps, are prepared in the lead's session
+        assert set(_plans(loop.leadership.connection)) == {
+            "claim_due_jobs_without_held",
+            "rate_limited_due",
+            "next_due_times",
+        }
         with loop.leadership.connection.cursor() as cur:
             cur.execute("SHOW lock_timeout")
             assert cur.fetchone()[0] == f"{control.LOCK_WAIT_SECONDS}s", "the lead's session bounds its lock waits"
     finally:
         loop.leadership.resign()
         connection.close()
+
+
+def test_the_loops_reads_in_a_session_answer_as_on_djangos_connection_and_are_prepared_once(session):
+    api.schedule_many("demo.record", [{}] * 2, delay=0)
+    api.schedule("demo.noop", {}, delay=0.3)
+    assert store.rate_limited_due(session=session) is None
+    api.set_rate("demo.record", registry.Rate(5, per_seconds=1))
+    assert store.rate_limited_due(session=session) == store.rate_limited_due() == pytest.approx(0.2)
+    [upcoming] = store.next_due_times(1.0, 5, session=session)
+    assert upcoming.at == store.next_due_times(1.0, 5)[0].at
+    assert 0 < upcoming.in_seconds <= 0.3
+    assert _plans(session) == {"rate_limited_due": (2, 0), "next_due_times": (1, 0)}
 
 
 def test_positional_numbers_each_parameter_once_in_order_of_first_use():
