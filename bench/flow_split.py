@@ -20,10 +20,12 @@ from typing import Any
 from bench import common, flow, lag, procs
 
 MODES = ("none", "rate", "partitioned")
+WINDOW_S = 10  # total_p99_ms_by_window: the other kind's lag p99 per this many seconds of due times
 SPLIT = (
     "SELECT extract(epoch FROM j.claimed_at - a.due_at)::float8 * 1000,"
     " extract(epoch FROM a.started_at - j.claimed_at)::float8 * 1000,"
-    " extract(epoch FROM a.started_at - a.due_at)::float8 * 1000"
+    " extract(epoch FROM a.started_at - a.due_at)::float8 * 1000,"
+    " extract(epoch FROM a.due_at)::float8"
     " FROM scheduling_jobattempt AS a JOIN scheduling_scheduledjob AS j ON j.id = a.job_id"
     " WHERE j.kind = %s AND a.number = 1"
 )
@@ -60,11 +62,17 @@ def run(mode: str, seconds: float) -> dict[str, Any]:
     rows = common.sql(SPLIT, [flow.OTHER_KIND])
     common.reset_state()
     names = ("claim_wait", "claim_to_start", "total")
+    first = min((float(r[3]) for r in rows), default=0.0)
+    windows: dict[int, list[float]] = {}
+    for r in rows:
+        windows.setdefault(int((float(r[3]) - first) // WINDOW_S), []).append(float(r[2]))
     return {
         "mode": mode,
         "seconds": seconds,
         "sent": sent,
         **{name: common.summary_ms([float(r[i]) for r in rows]) for i, name in enumerate(names)},
+        # the total's p99 in each WINDOW_S of due times: whether the lag grows as the run goes on
+        "total_p99_ms_by_window": [common.summary_ms(windows[w])["p99_ms"] for w in sorted(windows)],
     }
 
 
