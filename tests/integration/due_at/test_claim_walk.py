@@ -1,0 +1,126 @@
+"""The claim's two walks of the other kinds' due rows (real PostgreSQL).
+
+By due time (the due_at index) unless most of the first due rows are of kinds the walk leaves out
+(paused, capped, rate-limited, of a closed queue): then kind by kind (the (kind, priority, due_at)
+index), which never reads those rows. Which walk ran is read off EXPLAIN ANALYZE; both must claim
+the same rows in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from scheduling import api
+from scheduling.due_at import claim, store
+from tests import support
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BACKLOG = 300  # due rows of a paused kind, older than every other due row
+
+
+def _params(limit: int, **overrides: Any) -> dict[str, Any]:
+    params = store.claim_params(limit, batch_sizes=claim.batch_sizes(), kind_queues=claim.kind_queues())
+    return {**params, **overrides}
+
+
+def _claim(params: dict[str, Any], *, explain: bool = False) -> Any:
+    """The claim's ids in order (or its EXPLAIN ANALYZE plan), in a transaction rolled back."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(store.INDEX_COSTS + store.SQL["lock_capped_kinds"], params)
+        name = "claim_due_jobs" if cursor.fetchone()[0] else "claim_due_jobs_without_held"
+        cursor.execute(("EXPLAIN (ANALYZE, FORMAT JSON) " if explain else "") + store.SQL[name], params)
+        result = cursor.fetchone()[0] if explain else [row[0] for row in cursor.fetchall()]
+        transaction.set_rollback(True)
+    return result
+
+
+def _nodes(node: Any) -> list[dict[str, Any]]:
+    """Every node of a JSON plan."""
+    if isinstance(node, list):
+        return [n for item in node for n in _nodes(item)]
+    if not isinstance(node, dict):
+        return []
+    found = [node] if "Node Type" in node else []
+    return found + [n for value in node.values() for n in _nodes(value)]
+
+
+def _cte(plan: Any, name: str) -> dict[str, Any]:
+    [node] = [n for n in _nodes(plan) if n.get("Subplan Name") == f"CTE {name}"]
+    return node
+
+
+def _walk_rows(plan: Any) -> dict[str, int]:
+    """Rows each walk returned: the two branches of the walk CTE's Append, by due time first (claim.sql)."""
+    by_due, by_kind = _cte(plan, "walk")["Plans"]
+    return {"by_due": by_due["Actual Rows"], "by_kind": by_kind["Actual Rows"]}
+
+
+def _passed_over(plan: Any) -> int:
+    """Rows of the jobs table the walks read and dropped by a filter."""
+    return sum(
+        n.get("Rows Removed by Filter", 0) * max(1, n.get("Actual Loops", 1))
+        for n in _nodes(_cte(plan, "walk"))
+        if n.get("Relation Name") == "scheduling_scheduledjob"
+    )
+
+
+def _mixed_due(run_sql) -> list[int]:
+    """A paused kind's backlog at the head of the due_at index, then five rows of other kinds: a
+    priority-5 one, two of a kind this process never registered, two of a registered one."""
+    api.schedule_many("demo.record", [{}] * BACKLOG, delay=60)
+    support.make_due(ago="1 hour")
+    api.pause("demo.record")
+    others = api.schedule_many("demo.noop", [{}] * 5, delay=60)
+    run_sql("UPDATE scheduling_scheduledjob SET kind = 'test.gone' WHERE id = ANY(%s)", [others[1:3]])
+    run_sql("UPDATE scheduling_scheduledjob SET priority = 5 WHERE id = %s", [others[4]])
+    for n, job_id in enumerate(others):
+        support.make_due(job_id, ago=f"{10 - n} minutes")
+    return others
+
+
+def test_when_left_out_kinds_fill_the_head_the_walk_goes_kind_by_kind_and_reads_none_of_them(run_sql):
+    others = _mixed_due(run_sql)
+    plan = _claim(_params(50), explain=True)
+    assert _walk_rows(plan) == {"by_due": 0, "by_kind": 5}
+    assert _passed_over(plan) < BACKLOG, "the paused kind's rows are not read past"
+    assert _claim(_params(50)) == [others[4], *others[:4]], "priority first, then due time; the unknown kind too"
+
+
+def test_both_walks_claim_the_same_rows_in_the_same_order(run_sql):
+    _mixed_due(run_sql)
+    api.schedule_many("demo.noop", [{}] * 4, delay=60, priority=2)
+    support.make_due(state="pending", ago="30 seconds")  # the backlog too: due later than the rest now
+    for limit in (3, 6, 50):
+        by_kind, by_due = _params(limit), _params(limit, walk_head=0)  # no head read: by due time
+        assert _walk_rows(_claim(by_due, explain=True))["by_kind"] == 0
+        assert _walk_rows(_claim(by_kind, explain=True))["by_due"] == 0
+        assert _claim(by_kind) == _claim(by_due)
+
+
+def test_a_few_left_out_rows_at_the_head_keep_the_walk_by_due_time(run_sql):
+    api.schedule_many("demo.record", [{}] * 10, delay=60)
+    support.make_due(ago="1 hour")
+    api.pause("demo.record")
+    api.schedule_many("demo.noop", [{}] * 100, delay=60)
+    support.make_due(state="pending", ago="1 minute")
+    support.make_due(
+        [j for (j,) in run_sql("SELECT id FROM scheduling_scheduledjob WHERE kind = 'demo.record'")], ago="1 hour"
+    )
+    plan = _claim(_params(20), explain=True)
+    assert _walk_rows(plan) == {"by_due": 20, "by_kind": 0}
+
+
+def test_with_no_kind_left_out_the_head_is_not_read(run_sql):
+    api.schedule_many("demo.noop", [{}] * 5, delay=0)
+    plan = _claim(_params(50), explain=True)
+    assert _walk_rows(plan) == {"by_due": 5, "by_kind": 0}
+    head_scans = [n for n in _nodes(_cte(plan, "head")) if n.get("Relation Name") == "scheduling_scheduledjob"]
+    assert head_scans
+    assert all(n["Actual Loops"] == 0 for n in head_scans), "the head's rows are never read"
+    api.pause("demo.record")
+    head_scans = _nodes(_cte(_claim(_params(50), explain=True), "head"))
+    assert any(n.get("Relation Name") == "scheduling_scheduledjob" and n["Actual Loops"] == 1 for n in head_scans)
