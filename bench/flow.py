@@ -42,6 +42,7 @@ PARTITIONS, PARTITION_LIMIT_PER_S = 20, 5
 TARGET_RATE_ERROR_PCT = 2.0
 TARGET_LAG_P99_MS = 50.0
 WARMUP_S = 2.0  # the window measured starts this long after the first limited start (the claim loop settles)
+WINDOW_S = 10.0  # the detail's time series: the other kind's lag p99 and the limited kind's starts per this long
 
 
 def max_in_window(times: Sequence[float], window: float = 1.0) -> int:
@@ -62,13 +63,34 @@ def _starts(kind: str) -> list[tuple[float, str]]:
     return [(float(at), str(label)) for at, label in rows]
 
 
-def _other_lags_ms() -> list[float]:
+def _other_lags_ms() -> list[tuple[float, float]]:
+    """The other kind's (due time in epoch seconds, start lag in ms), one per job."""
     rows = common.sql(
-        "SELECT extract(epoch FROM a.started_at - a.due_at)::float8 * 1000 FROM scheduling_jobattempt AS a"
+        "SELECT extract(epoch FROM a.due_at)::float8, extract(epoch FROM a.started_at - a.due_at)::float8 * 1000"
+        " FROM scheduling_jobattempt AS a"
         " JOIN scheduling_scheduledjob AS j ON j.id = a.job_id WHERE j.kind = %s AND a.number = 1",
         [OTHER_KIND],
     )
-    return [float(r[0]) for r in rows]
+    return [(float(due), float(lag_ms)) for due, lag_ms in rows]
+
+
+def by_window(lags: Sequence[tuple[float, float]], seconds: float = WINDOW_S) -> list[float]:
+    """The lag p99 (ms) in each ``seconds`` of due times: whether a run's lag is steady or comes in spells."""
+    if not lags:
+        return []
+    first = min(due for due, _ in lags)
+    windows: dict[int, list[float]] = {}
+    for due, lag_ms in lags:
+        windows.setdefault(int((due - first) // seconds), []).append(lag_ms)
+    return [common.summary_ms(windows[w])["p99_ms"] for w in sorted(windows)]
+
+
+def _counts_by_window(times: Sequence[float], seconds: float = WINDOW_S) -> list[int]:
+    """How many of ``times`` (seconds) fall in each ``seconds`` from the first."""
+    counts: dict[int, int] = {}
+    for t in times:
+        counts[int((t - times[0]) // seconds)] = counts.get(int((t - times[0]) // seconds), 0) + 1
+    return [counts.get(w, 0) for w in range(max(counts) + 1)] if counts else []
 
 
 def _rate_figures(times: list[float], limit: float, seconds: float) -> dict[str, Any]:
@@ -162,7 +184,7 @@ def scenario_rate(seconds: float, backlog: int, rng: random.Random) -> dict[str,
     times = [t for t, _ in starts]
     figures = _rate_figures(times, LIMIT_PER_S, seconds)
     claimed = _rate_figures(log.times(), LIMIT_PER_S, seconds)
-    other = common.summary_ms(lags)
+    other = common.summary_ms([lag_ms for _, lag_ms in lags])
     return {
         **figures,
         "claimed_rate_error_pct": claimed["rate_error_pct"],
@@ -170,6 +192,8 @@ def scenario_rate(seconds: float, backlog: int, rng: random.Random) -> dict[str,
         "other_sent": sent,
         "other_kind_lag": other,
         "other_kind_lag_p99_ms": other["p99_ms"],
+        "other_kind_lag_p99_ms_by_10s": by_window(lags),
+        "starts_by_10s": _counts_by_window(times),
     }
 
 
@@ -190,7 +214,7 @@ def scenario_partitioned(seconds: float, per_partition: int, rng: random.Random)
         for label in labels
     }
     claimed = {label: _rate_figures(log.times(label), PARTITION_LIMIT_PER_S, seconds) for label in labels}
-    other = common.summary_ms(lags)
+    other = common.summary_ms([lag_ms for _, lag_ms in lags])
     return {
         "partition_claimed_rate_error_pct_max": max(p["rate_error_pct"] for p in claimed.values()),
         "partition_max_claimed_in_1s": max(p["max_starts_in_1s"] for p in claimed.values()),
@@ -201,6 +225,8 @@ def scenario_partitioned(seconds: float, per_partition: int, rng: random.Random)
         "other_sent": sent,
         "other_kind_lag": other,
         "other_kind_lag_p99_ms": other["p99_ms"],
+        "other_kind_lag_p99_ms_by_10s": by_window(lags),
+        "starts_by_10s": _counts_by_window(sorted(t for t, _ in starts)),
         "per_partition": per,
     }
 

@@ -62,17 +62,13 @@ def run(mode: str, seconds: float) -> dict[str, Any]:
     rows = common.sql(SPLIT, [flow.OTHER_KIND])
     common.reset_state()
     names = ("claim_wait", "claim_to_start", "total")
-    first = min((float(r[3]) for r in rows), default=0.0)
-    windows: dict[int, list[float]] = {}
-    for r in rows:
-        windows.setdefault(int((float(r[3]) - first) // WINDOW_S), []).append(float(r[2]))
     return {
         "mode": mode,
         "seconds": seconds,
         "sent": sent,
         **{name: common.summary_ms([float(r[i]) for r in rows]) for i, name in enumerate(names)},
         # the total's p99 in each WINDOW_S of due times: whether the lag grows as the run goes on
-        "total_p99_ms_by_window": [common.summary_ms(windows[w])["p99_ms"] for w in sorted(windows)],
+        "total_p99_ms_by_window": flow.by_window([(float(r[3]), float(r[2])) for r in rows], WINDOW_S),
     }
 
 

@@ -186,6 +186,17 @@ def test_flow_counts_the_most_starts_in_any_half_open_second():
     assert flow.max_in_window([]) == 0
 
 
+def test_flow_time_series_are_per_ten_seconds_of_the_run():
+    """The detail's series: the other kind's lag p99 per 10 s of due times, the limited kind's starts per 10 s."""
+    from bench import flow
+
+    lags = [(100.0 + i, 10.0) for i in range(10)] + [(110.0, 500.0), (125.0, 20.0)]
+    assert flow.by_window(lags) == [10.0, 500.0, 20.0]
+    assert flow.by_window([]) == []
+    assert flow._counts_by_window([5.0, 6.0, 14.9, 15.0, 36.0]) == [3, 1, 0, 1]
+    assert flow._counts_by_window([]) == []
+
+
 def test_ab_needs_a_base_and_carries_issue_36s_target():
     """bench ab compares with a base revision (required) and judges a loss of at most 3% (issue 36)."""
     from bench import ab
