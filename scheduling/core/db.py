@@ -295,20 +295,35 @@ def run_prepared(
     """Run ``sql`` as the server-side prepared statement ``name`` of ``cursor``'s session; its columns and rows.
 
     Prepared on the first run in that session (``types``: each parameter's SQL type), then only
-    executed, with a generic plan (``GENERIC_PLAN``: planned once). For a dedicated session only
-    (``locks.dedicated_connection``), never Django's: behind a pooler in transaction mode, the next
-    transaction may run on a server session that never saw the ``PREPARE`` ("Behind PgBouncer",
-    docs/operations.md).
+    executed, with a generic plan (``GENERIC_PLAN``: planned once). After a failure the session's
+    statements are deallocated and prepared again on their next run, so a session that lost one, or
+    holds one a migration made stale, recovers at the next call instead of failing at every one.
+    For a dedicated session only (``locks.dedicated_connection``), never Django's: behind a pooler
+    in transaction mode, the next transaction may run on a server session that never saw the
+    ``PREPARE`` ("Behind PgBouncer", docs/operations.md).
     """
     text, names = positional(sql)
-    done = _prepared.setdefault(cursor.connection, set())
-    if name not in done:
-        declared = f" ({', '.join(types[n] for n in names)})" if names else ""
-        cursor.execute(f"PREPARE {name}{declared} AS {text}")
-        done.add(name)
-    arguments = f" ({', '.join(['%s'] * len(names))})" if names else ""
-    # one query string: in autocommit, one implicit transaction, which the SET LOCAL lasts for
-    cursor.execute(f"{GENERIC_PLAN}EXECUTE {name}{arguments}", [params[n] for n in names])
+    done = _prepared.get(cursor.connection)
+    if done is None:
+        # a session new to us, or one whose statements failed: it may hold statements we do not know
+        # of (or not hold one we prepared): start again from none
+        cursor.execute("DEALLOCATE ALL")
+        done = _prepared[cursor.connection] = set()
+    try:
+        if name not in done:
+            declared = f" ({', '.join(types[n] for n in names)})" if names else ""
+            cursor.execute(f"PREPARE {name}{declared} AS {text}")
+            done.add(name)
+        arguments = f" ({', '.join(['%s'] * len(names))})" if names else ""
+        # one query string: in autocommit, one implicit transaction, which the SET LOCAL lasts for
+        cursor.execute(f"{GENERIC_PLAN}EXECUTE {name}{arguments}", [params[n] for n in names])
+    except psycopg2.Error:
+        # The session and our list may disagree (a statement deallocated or prepared on another
+        # server session behind a pooler; a plan whose result type a migration changed: "cached
+        # plan must not change result type"), and a failure of any other kind costs little to
+        # prepare again after: the next run deallocates everything and prepares what it runs.
+        _prepared.pop(cursor.connection, None)
+        raise
     if cursor.description is None:
         return [], []
     return [column[0] for column in cursor.description], cursor.fetchall()

@@ -349,11 +349,11 @@ def claim_statement() -> str:
 
 
 # The claim reads its rows by index from pages that are cached (pending rows are few and hot): a
-# random page costs about what a sequential one does (1.1, the usual setting for SSDs), so the planner
+# random page costs what a sequential one does (1.0; 1.1 is the usual setting for SSDs), so the planner
 # weighs an index by the rows it reads, not by how well its first column follows the heap's order.
 # With the default (4), a kind's branch read its rows through the due_at index, passing over every
 # other kind's due rows (bench flow: 7,900 a claim), not through the (kind, priority, due_at) index.
-INDEX_COSTS = "SET LOCAL random_page_cost = 1.1;\n"
+INDEX_COSTS = "SET LOCAL random_page_cost = 1.0;\n"
 
 # claim_params' values as the claim's PREPARE declares them (claim_due_jobs on a session)
 CLAIM_PARAM_TYPES = {
@@ -422,6 +422,10 @@ def _claim(params: dict[str, Any], prefix: str) -> list[Claim]:
     return SQL.fetch_all(Claim, name, params)
 
 
+# A claim in a dedicated session runs under the bound a claim on Django's connection has (its
+# DATABASE_STATEMENT_TIMEOUT_MS, 30 s by default): the dedicated session has no statement timeout.
+SESSION_CLAIM_TIMEOUT = "SET LOCAL statement_timeout = '30s';\n"
+
 # The parameters of the control loop's reads in its session, typed for their PREPARE
 _READ_PARAM_TYPES = {"horizon": "float8", "limit": "int"}
 
@@ -434,10 +438,12 @@ def _prepared_in_session(session: Any, name: str, params: Mapping[str, Any]) -> 
 
 def _claim_in_session(session: Any, params: dict[str, Any]) -> list[Claim]:
     """``claim_due_jobs`` in a transaction of ``session``'s own: the lock, then the prepared claim, then commit."""
-    prefix = db.NO_JIT + INDEX_COSTS + (ASYNC_COMMIT if conf.get().async_commit else "")
+    prefix = db.NO_JIT + INDEX_COSTS + SESSION_CLAIM_TIMEOUT + (ASYNC_COMMIT if conf.get().async_commit else "")
     with session.cursor() as cursor:
-        cursor.execute("BEGIN;\n" + prefix + SQL["lock_capped_kinds"], params)
         try:
+            # inside the try: a lock wait past the session's lock_timeout must roll back, not leave the
+            # lead's session in a failed transaction (its next check of the lead would fail on it)
+            cursor.execute("BEGIN;\n" + prefix + SQL["lock_capped_kinds"], params)
             name = "claim_due_jobs" if cursor.fetchone()[0] else "claim_due_jobs_without_held"
             columns, rows = db.run_prepared(cursor, name, SQL[name], params, CLAIM_PARAM_TYPES)
             cursor.execute("COMMIT")

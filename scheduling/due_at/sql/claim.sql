@@ -195,6 +195,19 @@ head AS MATERIALIZED (
             ORDER BY j.kind LIMIT 1)
     FROM pending_kinds AS k
     WHERE k.kind IS NOT NULL
+), kind_candidates AS MATERIALIZED (  -- read only when the walk goes kind by kind (below)
+    SELECT r.id FROM pending_kinds AS k
+    CROSS JOIN LATERAL (
+        -- repeat p in 9..0 joined by UNION ALL
+        SELECT * FROM (SELECT id, priority, due_at FROM scheduling_scheduledjob
+                       WHERE state = 'pending' AND kind = k.kind AND priority = {p} AND due_at <= now()
+                       ORDER BY due_at LIMIT %(limit)s) AS w{p}
+        -- end repeat
+        LIMIT %(limit)s
+    ) AS r
+    WHERE k.kind IS NOT NULL AND k.kind NOT IN (SELECT kind FROM controls) AND k.kind <> ALL(%(closed_kinds)s::text[])
+    ORDER BY r.priority DESC, r.due_at, r.id
+    LIMIT %(limit)s
 ), walk AS (
     SELECT * FROM (
         SELECT * FROM (
@@ -209,24 +222,19 @@ head AS MATERIALIZED (
         LIMIT %(limit)s
     ) AS by_due
     UNION ALL
-    -- kind by kind: each kind's most urgent rows, in the order of its range of the (kind, priority,
-    -- due_at) index, then the most urgent %(limit)s of all, as the walk above takes them. One scan
-    -- per kind, ordered by priority then due time: only that index gives the order without reading
-    -- and sorting every due row, so the planner takes it whatever its statistics say (a branch per
-    -- priority, ordered by due time, was read through the due_at index, past every other kind's
-    -- rows, when the statistics were stale). Its due_at <= now() is checked in the index: a row not
-    -- yet due of a higher priority costs an index entry, not a row read.
+    -- kind by kind: each kind's most urgent due rows, read in its range of the (kind, priority,
+    -- due_at) index one priority at a time (as a capped kind's: a row not yet due is never read),
+    -- then the most urgent %(limit)s of all, as the walk above takes them; only those are locked
+    -- (read unlocked, locked after: every kind's reads are %(limit)s rows at most, not every kind's
+    -- locks). A row another claim took meanwhile fails the lock's re-check (state = 'pending').
     SELECT * FROM (
-        SELECT r.* FROM pending_kinds AS k
-        CROSS JOIN LATERAL (
-            SELECT id, kind, priority, due_at, run_alone, '' AS part FROM scheduling_scheduledjob
-            WHERE state = 'pending' AND kind = k.kind AND due_at <= now()
-            ORDER BY priority DESC, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
-        ) AS r
-        WHERE (SELECT by_kind FROM head)
-          AND k.kind IS NOT NULL AND k.kind NOT IN (SELECT kind FROM controls) AND k.kind <> ALL(%(closed_kinds)s::text[])
-        ORDER BY r.priority DESC, r.due_at, r.id
-        LIMIT %(limit)s
+        SELECT j.id, j.kind, j.priority, j.due_at, j.run_alone, '' AS part FROM scheduling_scheduledjob AS j
+        WHERE (SELECT by_kind FROM head) AND j.id = ANY(ARRAY(SELECT id FROM kind_candidates))
+          -- re-checked on the row as it is when locked; a CASE, so that no index serves it and the rows
+          -- are read by primary key (as a condition, due_at <= now() led the planner to read every due
+          -- row of the (kind, priority, due_at) index)
+          AND CASE WHEN j.state = 'pending' THEN j.due_at <= now() ELSE false END
+        FOR UPDATE OF j SKIP LOCKED
     ) AS by_kind
 ), due AS (
     -- only held

@@ -21,7 +21,6 @@ from scheduling import api, registry
 from scheduling.core import db, locks
 from scheduling.due_at import claim, control, store
 from scheduling.models import ScheduledJob
-from tests import support
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,7 +57,7 @@ def test_a_claim_in_a_session_is_prepared_once_and_planned_once_for_every_claim(
     assert session.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
 
 
-def test_a_claim_in_a_session_holds_a_cap_and_counts_a_rate_window_as_the_django_claim_does(session, run_sql):
+def test_a_claim_in_a_session_holds_a_cap_and_counts_a_rate_window(session, run_sql):
     api.set_max_running("demo.noop", 2)
     api.set_rate("demo.record", registry.Rate(3, per_seconds=3600))
     api.schedule_many("demo.noop", [{}] * 5, delay=0)
@@ -72,7 +71,7 @@ def test_a_claim_in_a_session_holds_a_cap_and_counts_a_rate_window_as_the_django
     assert window == 3
 
 
-def test_a_failed_claim_in_a_session_rolls_back_and_leaves_it_usable_and_prepared(session):
+def test_a_failed_claim_in_a_session_rolls_back_and_leaves_it_usable(session):
     api.schedule_many("demo.noop", [{}] * 3, delay=0)
     params = store.claim_params(10, batch_sizes=claim.batch_sizes(), kind_queues=claim.kind_queues())
     assert len(store._claim_in_session(session, params)) == 3
@@ -82,7 +81,45 @@ def test_a_failed_claim_in_a_session_rolls_back_and_leaves_it_usable_and_prepare
     assert session.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
     assert ScheduledJob.objects.filter(state="pending").count() == 2, "nothing of the failed claim stayed"
     assert len(store._claim_in_session(session, params)) == 2
-    assert _plans(session)["claim_due_jobs_without_held"][0] == 3
+    assert _plans(session) == {"claim_due_jobs_without_held": (1, 0)}, "after a failure: prepared again"
+
+
+def test_a_lock_wait_past_the_sessions_limit_rolls_back_and_leaves_the_session_usable(run_sql):
+    """A claim whose first statement fails (here: the control rows' lock, held by a migration-like
+    ACCESS EXCLUSIVE lock, past the session's lock_timeout) rolls back: the session stays usable,
+    as the lead's check of its session needs it to."""
+    api.schedule_many("demo.noop", [{}] * 2, delay=0)
+    bounded = locks.dedicated_connection("timekeeper-test-claim-session-bounded", lock_timeout_ms=200)
+    holder = locks.dedicated_connection("timekeeper-test-lock-holder")
+    try:
+        with holder.cursor() as cur:
+            cur.execute("BEGIN; LOCK TABLE scheduling_kindcontrol IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(psycopg2.errors.LockNotAvailable):
+            _claim(bounded)
+        assert bounded.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+        with bounded.cursor() as cur:
+            cur.execute("SELECT 1")
+        with holder.cursor() as cur:
+            cur.execute("ROLLBACK")
+        assert len(_claim(bounded)) == 2
+    finally:
+        holder.close()
+        bounded.close()
+
+
+def test_a_statement_the_session_no_longer_holds_fails_one_claim_then_is_prepared_again(session):
+    """The session and the list of what it holds may disagree (a statement deallocated, a pooler's other
+    server session, a plan a migration made stale): one claim fails, the next prepares again and claims."""
+    api.schedule_many("demo.noop", [{}] * 3, delay=0)
+    assert len(_claim(session, limit=1)) == 1
+    with session.cursor() as cur:
+        cur.execute("DEALLOCATE ALL")  # behind the claim's back
+    with pytest.raises(psycopg2.errors.InvalidSqlStatementName):
+        _claim(session, limit=1)
+    assert session.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    assert len(_claim(session, limit=1)) == 1
+    assert len(_claim(session, limit=1)) == 1
+    assert _plans(session) == {"claim_due_jobs_without_held": (2, 0)}, "prepared again once, then reused"
 
 
 def test_a_new_session_prepares_the_claim_again(session):
@@ -97,8 +134,7 @@ def test_a_new_session_prepares_the_claim_again(session):
         other.close()
 
 
-def test_the_leader_claims_in_its_leadership_session(monkeypatch):
-    support.make_due(state="pending")
+def test_the_leader_claims_in_its_leadership_session():
     api.schedule_many("demo.noop", [{}] * 3, delay=0)
     loop = control.ControlLoop()
     assert loop.leadership.lead()
@@ -121,13 +157,13 @@ def test_the_leader_claims_in_its_leadership_session(monkeypatch):
 
 def test_the_loops_reads_in_a_session_answer_as_on_djangos_connection_and_are_prepared_once(session):
     api.schedule_many("demo.record", [{}] * 2, delay=0)
-    api.schedule("demo.noop", {}, delay=0.3)
+    api.schedule("demo.noop", {}, delay=30)
     assert store.rate_limited_due(session=session) is None
     api.set_rate("demo.record", registry.Rate(5, per_seconds=1))
     assert store.rate_limited_due(session=session) == store.rate_limited_due() == pytest.approx(0.2)
-    [upcoming] = store.next_due_times(1.0, 5, session=session)
-    assert upcoming.at == store.next_due_times(1.0, 5)[0].at
-    assert 0 < upcoming.in_seconds <= 0.3
+    [upcoming] = store.next_due_times(60.0, 5, session=session)
+    assert upcoming.at == store.next_due_times(60.0, 5)[0].at
+    assert 0 < upcoming.in_seconds <= 30
     assert _plans(session) == {"rate_limited_due": (2, 0), "next_due_times": (1, 0)}
 
 

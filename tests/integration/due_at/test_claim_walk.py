@@ -60,11 +60,12 @@ def _walk_rows(plan: Any) -> dict[str, int]:
 
 
 def _passed_over(plan: Any) -> int:
-    """Rows of the jobs table the walks read and dropped by a filter."""
+    """Rows of the jobs table the walks read through an index and dropped by a filter."""
     return sum(
         n.get("Rows Removed by Filter", 0) * max(1, n.get("Actual Loops", 1))
-        for n in _nodes(_cte(plan, "walk"))
-        if n.get("Relation Name") == "scheduling_scheduledjob"
+        for name in ("walk", "kind_candidates")
+        for n in _nodes(_cte(plan, name))
+        if n.get("Relation Name") == "scheduling_scheduledjob" and n["Node Type"] == "Index Scan"
     )
 
 
@@ -92,8 +93,9 @@ def test_when_left_out_kinds_fill_the_head_the_walk_goes_kind_by_kind_and_reads_
 
 def test_both_walks_claim_the_same_rows_in_the_same_order(run_sql):
     _mixed_due(run_sql)
-    api.schedule_many("demo.noop", [{}] * 4, delay=60, priority=2)
-    support.make_due(state="pending", ago="30 seconds")  # the backlog too: due later than the rest now
+    more = api.schedule_many("demo.noop", [{}] * 4, delay=60, priority=2)
+    for n, job_id in enumerate(more):  # distinct due times: a tie may be cut either way by either walk
+        support.make_due(job_id, ago=f"{30 - n} seconds")
     for limit in (3, 6, 50):
         by_kind, by_due = _params(limit), _params(limit, walk_head=0)  # no head read: by due time
         assert _walk_rows(_claim(by_due, explain=True))["by_kind"] == 0
@@ -124,3 +126,23 @@ def test_with_no_kind_left_out_the_head_is_not_read(run_sql):
     api.pause("demo.record")
     head_scans = _nodes(_cte(_claim(_params(50), explain=True), "head"))
     assert any(n.get("Relation Name") == "scheduling_scheduledjob" and n["Actual Loops"] == 1 for n in head_scans)
+
+
+def test_the_walk_kind_by_kind_reads_no_row_not_yet_due_and_locks_only_what_it_claims(run_sql):
+    """Each kind is read one priority at a time, bounded by now() in its (kind, priority, due_at) range: a
+    kind's rows not yet due (here 4,000, at two priorities) are never visited; the rows read are locked
+    after the cut, by primary key, so no more are locked than the claim takes."""
+    others = _mixed_due(run_sql)
+    api.schedule_many("demo.noop", [{}] * 2000, delay=3600, priority=5)
+    api.schedule_many("demo.noop", [{}] * 2000, delay=3600)
+    plan = _claim(_params(3), explain=True)
+    assert _walk_rows(plan) == {"by_due": 0, "by_kind": 3}
+    reads = [n for n in _nodes(_cte(plan, "kind_candidates")) if n.get("Relation Name") == "scheduling_scheduledjob"]
+    assert reads
+    for scan in reads:
+        assert scan.get("Index Name") == "scheduledjob_pending_kind_idx", scan.get("Index Name")
+        assert "priority =" in scan["Index Cond"]
+        assert "due_at <= now()" in scan["Index Cond"]
+    [lock] = [n for n in _nodes(_cte(plan, "walk")) if n["Node Type"] == "LockRows" and n["Actual Loops"] == 1]
+    assert lock["Actual Rows"] == 3
+    assert _claim(_params(3)) == [others[4], others[0], others[1]]

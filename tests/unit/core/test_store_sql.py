@@ -91,7 +91,7 @@ def test_the_claim_without_held_kinds_has_no_capped_rate_or_window_branch():
     and has none of the capped kinds' walk, the rate windows' reads or their write."""
     full, lean = jobs_store.SQL["claim_due_jobs"], jobs_store.SQL["claim_due_jobs_without_held"]
     code = [re.sub(r"^\s*--.*$", "", sql, flags=re.MULTILINE) for sql in (full, lean)]
-    for part in ("capped AS (", "kept AS (", "allowances AS (", "counted AS (", "scheduling_kindrate"):
+    for part in ("capped AS (", "kept AS (", "allowances AS MATERIALIZED (", "counted AS (", "scheduling_kindrate"):
         assert part in code[0], part
         assert part not in code[1], part
     for part in ("walk AS (", "sized AS (", "ranked AS (", "allowed AS (", "claimed AS ("):
