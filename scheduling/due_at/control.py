@@ -14,10 +14,13 @@ due and what the queue has room for (``claim.claim_and_dispatch``), then sleep u
 time, a NOTIFY that a near row was committed, or ``WAIT_STEP_SECONDS`` (so a stop is noticed
 within it). A burst therefore cannot delay a sweep: the sweep runs on its clock in the same loop.
 
+The leader claims, and reads its next due time, in its lock session (where the claim is prepared
+once: ``store.claim_due_jobs``); its sweeps and give-backs run on its own Django session.
+
 Across hosts (docs/fault-tolerance.md, "A host that vanishes"): the loop's own Django session is
 bounded like its lock session (``locks.bound_django_session``), so a leader that vanishes in the
-middle of a claim leaves no row lock for longer than ``locks.VANISHED_CLIENT_BOUND_SECONDS``; a
-statement of the loop waits at most ``LOCK_WAIT_SECONDS`` for a lock, then the turn is tried again
+middle of a claim or a sweep leaves no row lock for longer than ``locks.VANISHED_CLIENT_BOUND_SECONDS``;
+a statement of the loop, in either session, waits at most ``LOCK_WAIT_SECONDS`` for a lock, then the turn is tried again
 after a check of the lead, so waiting on a vanished session's locks never costs a new leader its
 lead (its lock session would otherwise sit idle past ``LEAD_SILENCE_SECONDS``). A leader whose
 sends fail ``BROKER_FAILURES_TO_STEP_DOWN`` turns in a row (Redis unreachable from this host while
