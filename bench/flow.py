@@ -74,23 +74,25 @@ def _other_lags_ms() -> list[tuple[float, float]]:
     return [(float(due), float(lag_ms)) for due, lag_ms in rows]
 
 
+def _windows(points: Sequence[tuple[float, float]], seconds: float) -> list[list[float]]:
+    """The values of ``(time, value)`` points in each ``seconds`` from the earliest time, empty spans included."""
+    if not points:
+        return []
+    first = min(t for t, _ in points)
+    spans: dict[int, list[float]] = {}
+    for t, value in points:
+        spans.setdefault(int((t - first) // seconds), []).append(value)
+    return [spans.get(w, []) for w in range(max(spans) + 1)]
+
+
 def by_window(lags: Sequence[tuple[float, float]], seconds: float = WINDOW_S) -> list[float]:
     """The lag p99 (ms) in each ``seconds`` of due times: whether a run's lag is steady or comes in spells."""
-    if not lags:
-        return []
-    first = min(due for due, _ in lags)
-    windows: dict[int, list[float]] = {}
-    for due, lag_ms in lags:
-        windows.setdefault(int((due - first) // seconds), []).append(lag_ms)
-    return [common.summary_ms(windows[w])["p99_ms"] for w in sorted(windows)]
+    return [common.summary_ms(span)["p99_ms"] for span in _windows(lags, seconds) if span]
 
 
 def _counts_by_window(times: Sequence[float], seconds: float = WINDOW_S) -> list[int]:
     """How many of ``times`` (seconds) fall in each ``seconds`` from the first."""
-    counts: dict[int, int] = {}
-    for t in times:
-        counts[int((t - times[0]) // seconds)] = counts.get(int((t - times[0]) // seconds), 0) + 1
-    return [counts.get(w, 0) for w in range(max(counts) + 1)] if counts else []
+    return [len(span) for span in _windows([(t, t) for t in times], seconds)]
 
 
 def _rate_figures(times: list[float], limit: float, seconds: float) -> dict[str, Any]:
