@@ -201,7 +201,7 @@ def claim_and_dispatch(
     ``rates`` false: the rate-limited kinds take nothing in this claim (the control loop claims them
     on their own cadence, and other kinds' due times in between cost a claim without them).
     ``session``: the dedicated session to claim in (the control loop's leadership session, where
-    the claim is prepared once: ``store.claim_due_jobs``); None: Django's connection.
+    the claim is prepared, not planned per claim: ``store.claim_due_jobs``); None: Django's connection.
     """
     with tracing.span("timekeeper.claim", mechanism=registry.Mechanism.DUE_AT) as span:
         report = _claim_and_dispatch(limit, min_room, rates, session, span)

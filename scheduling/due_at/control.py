@@ -186,7 +186,7 @@ class ControlLoop:
         # kind's due time wakes the loop: reading their backlog and windows is most of a claim's cost (a
         # partitioned rate reads up to 1,000 rows), and within 20 ms a window frees little room.
         rates = now >= self._last_rate_claim + RATE_STEP_SECONDS
-        # claimed in the lead's own session (direct, never pooled): there the claim is prepared once
+        # claimed in the lead's own session (direct, never pooled): there the claim is prepared, not planned per claim
         report = claim.claim_and_dispatch(min_room=claim.refill_room(), rates=rates, session=self.leadership.connection)
         if rates:
             self.counters.rate_claims += 1

@@ -465,8 +465,8 @@ class DueInstant:
 def next_due_times(horizon_seconds: float, limit: int, *, session: Any = None) -> list[DueInstant]:
     """Upcoming distinct due times, with their distance by the database clock.
 
-    ``session``: a dedicated session to read them in, prepared there once (as the claim: the
-    control loop reads them on every turn).
+    ``session``: a dedicated session to read them in, prepared there (as the claim, and again every
+    ``db.REPLAN_SECONDS``: the control loop reads them on every turn).
     """
     params = {"horizon": horizon_seconds, "limit": limit}
     if session is None:
@@ -957,8 +957,9 @@ def sync_code_rates(rates: Mapping[str, tuple[int, float, str]], registered: Seq
 def rate_limited_due(*, session: Any = None) -> float | None:
     """Seconds per start of the fastest rate-limited kind (not paused) with a due job; None: none waits.
 
-    ``session``: a dedicated session to read it in, prepared there once (its ten probes per kind
-    took 1.5 ms to plan, on most of the control loop's turns while a kind waited: bench flow).
+    ``session``: a dedicated session to read it in, prepared there (again every ``db.REPLAN_SECONDS``;
+    its ten probes per kind took 1.5 ms to plan, on most of the control loop's turns while a kind
+    waited: bench flow).
     """
     if session is None:
         value = SQL.fetch_values("rate_limited_due")[0]
