@@ -104,6 +104,7 @@ class ControlLoop:
         self._next_sweep = 0.0
         self._next_prune = 0.0
         self._last_rate_claim = -math.inf  # the last claim that took rate-limited kinds (monotonic)
+        self._rate_waiting = False  # a rate-limited kind had due jobs waiting for its window at the last look
         self._pruning = 0  # rows pruned by the slices of the current run (logged when it ends)
         self._broker_failures = 0  # turns in a row whose sends failed
         self._hold_until = 0.0  # after a step-down: no try for the lead before this (monotonic)
@@ -186,8 +187,12 @@ class ControlLoop:
         # kind's due time wakes the loop: reading their backlog and windows is most of a claim's cost (a
         # partitioned rate reads up to 1,000 rows), and within 20 ms a window frees little room.
         rates = now >= self._last_rate_claim + RATE_STEP_SECONDS
+        # While a rate-limited kind waits for its window, its turns take any room the queue has, not
+        # only a refill's worth: a start its window frees and the claim leaves for later is rate lost
+        # for good (the next second's starts come that much later). Those turns are paced by the step.
+        min_room = 1 if rates and self._rate_waiting else claim.refill_room()
         # claimed in the lead's own session (direct, never pooled): there the claim is prepared, not planned per claim
-        report = claim.claim_and_dispatch(min_room=claim.refill_room(), rates=rates, session=self.leadership.connection)
+        report = claim.claim_and_dispatch(min_room=min_room, rates=rates, session=self.leadership.connection)
         if rates:
             self.counters.rate_claims += 1
             self._last_rate_claim = now
@@ -201,6 +206,7 @@ class ControlLoop:
         elif report.more_due and report.claimed:
             return  # a backlog: claim the next rows at once
         elif (refill := store.rate_limited_due(session=self.leadership.connection)) is not None:
+            self._rate_waiting = True
             # a rate-limited kind waits for its window: claim as it frees room (smooth, not in bursts),
             # once per start's worth of its window (50/s: every 20 ms; 5/s per partition: every 200 ms)
             # (counted from the last claim of the rate-limited kinds, not from the end of this turn: the
@@ -209,6 +215,7 @@ class ControlLoop:
             until_step = max(0.0, self._last_rate_claim + step - time.monotonic())
             self._wait(min(until_step, self._until_next_due(settings.claim_interval_seconds)))
         else:
+            self._rate_waiting = False
             self._last_rate_claim = -math.inf  # no rate-limited kind waits: one that comes due is claimed at once
             self._wait(self._until_next_due(settings.claim_interval_seconds))
 

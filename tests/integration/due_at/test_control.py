@@ -265,3 +265,36 @@ def test_the_leader_claims_rate_limited_kinds_once_per_step_and_other_kinds_on_e
     finally:
         loop.leadership.resign()
         connection.close()  # the turn bounded this session (lock_timeout...) for the loop: not for later tests
+
+
+def test_while_a_rate_limited_kind_waits_its_turns_take_any_room_the_queue_has(queue, monkeypatch, run_sql):
+    """Other turns claim once the queue has room for a refill (half its bound); a turn that claims a
+    rate-limited kind waiting for its window takes a single free message, so a freed start is not lost."""
+    api.set_rate("demo.record", registry.Rate(2, per_seconds=3600))
+    api.schedule_many("demo.record", [{}] * 3, delay=0)
+    loop = control.ControlLoop()
+    assert loop.leadership.lead()
+    try:
+        loop.turn()  # takes the window's two; the third waits for its window
+        assert ScheduledJob.objects.filter(kind="demo.record", state="claimed").count() == 2
+        assert loop._rate_waiting, "the loop saw the kind waiting"
+        bound = conf.get().max_queued_batches
+        assert claim.refill_room() == 2 <= bound - 1
+        client = broker.client()
+        client.rpush(queue, *[b"placeholder"] * (bound - 1 - client.llen(queue)))  # room for one batch
+        run_sql("DELETE FROM scheduling_kindrate")  # the window's period has passed: it has room again
+        monkeypatch.setattr(control, "BACKPRESSURE_PAUSE_SECONDS", 0.0)
+
+        loop._last_rate_claim = time.monotonic()  # within the step: a turn of the other kinds
+        loop.turn()
+        assert loop.counters.rate_claims == 1, "no claim of the rate-limited kinds"
+        assert ScheduledJob.objects.filter(kind="demo.record", state="claimed").count() == 2
+
+        loop._last_rate_claim = -float("inf")  # the step has passed: the rate-limited kind's turn
+        loop.turn()
+        assert loop.counters.rate_claims == 2
+        assert ScheduledJob.objects.filter(kind="demo.record", state="claimed").count() == 3
+        assert client.llen(queue) == bound, "one message, in the one free place: the bound holds"
+    finally:
+        loop.leadership.resign()
+        connection.close()
