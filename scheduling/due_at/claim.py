@@ -20,7 +20,8 @@ starts (``store.start_jobs``); until then the sweeper leaves it alone while its 
 in the queue (``broker.queued_claim_ids``). The control loop refills a queue once it has room
 for half its bound (``refill_room``), not after each batch a worker takes: a claim of two batches
 costs about what one of one does (the statement's planning, the rooms read from Redis, the turn),
-and the batches still queued keep the workers busy meanwhile.
+and the batches still queued keep the workers busy meanwhile. Its claims of rate-limited kinds
+(on their own cadence) take any room while such a kind has due jobs waiting (``control``).
 
 Who claims: the control loop (``due_at.control``), one per cluster. ``wake_on_commit`` lets it know,
 by a NOTIFY sent when the caller's transaction commits, that a row is due soon.
@@ -197,7 +198,8 @@ def claim_and_dispatch(
     """Claim due rows, at most what the queue has room for, and send them to workers as batches.
 
     ``min_room``: a queue with room for fewer batches than this (but some) is left out of this
-    claim as if it were full (``queue_full``); the control loop passes ``refill_room()``.
+    claim as if it were full (``queue_full``); the control loop passes ``refill_room()``, or 1 on
+    its turns of the rate-limited kinds while one has due jobs waiting.
     ``rates`` false: the rate-limited kinds take nothing in this claim (the control loop claims them
     on their own cadence, and other kinds' due times in between cost a claim without them).
     ``session``: the dedicated session to claim in (the control loop's leadership session, where

@@ -285,6 +285,7 @@ def test_while_a_rate_limited_kind_waits_its_turns_take_any_room_the_queue_has(q
         run_sql("DELETE FROM scheduling_kindrate")  # the window's period has passed: it has room again
         monkeypatch.setattr(control, "BACKPRESSURE_PAUSE_SECONDS", 0.0)
 
+        monkeypatch.setattr(control, "RATE_STEP_SECONDS", 60.0)  # a slow turn must not reach the next step
         loop._last_rate_claim = time.monotonic()  # within the step: a turn of the other kinds
         loop.turn()
         assert loop.counters.rate_claims == 1, "no claim of the rate-limited kinds"
