@@ -14,8 +14,9 @@ due and what the queue has room for (``claim.claim_and_dispatch``), then sleep u
 time, a NOTIFY that a near row was committed, or ``WAIT_STEP_SECONDS`` (so a stop is noticed
 within it). A burst therefore cannot delay a sweep: the sweep runs on its clock in the same loop.
 
-The leader claims, and reads its next due time, in its lock session (where the claim is prepared
-once: ``store.claim_due_jobs``); its sweeps and give-backs run on its own Django session.
+The leader claims, and reads its next due time, in its lock session (where the claim is prepared,
+and prepared again every ``db.REPLAN_SECONDS``: ``store.claim_due_jobs``); its sweeps and
+give-backs run on its own Django session.
 
 Across hosts (docs/fault-tolerance.md, "A host that vanishes"): the loop's own Django session is
 bounded like its lock session (``locks.bound_django_session``), so a leader that vanishes in the
