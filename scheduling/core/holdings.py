@@ -39,7 +39,8 @@ the other). A claim whose message is there is not taken for lost, however long a
 (``--prefetch-multiplier`` above 1, a long batch ahead of it); a dead worker's messages count too
 until they are put back in their queue. Not seen: a message a worker without this step holds (an
 older release during a rolling deploy), and the instant between kombu's ``BRPOP`` and its
-``unacked`` write (kombu's own two steps).
+``unacked`` write (kombu's own two steps): the sweeper takes a claim back only when its message is
+missing at two sweeps in a row (``due_at.sweep``).
 
 What it costs: one more Redis command in each delivery's and acknowledgement's transaction, a
 ``SET`` every lease/3 and a few reads every sweep interval per worker. What it does not change:

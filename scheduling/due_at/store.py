@@ -794,17 +794,32 @@ class ExpiredClaim:
 
 
 def lock_expired_claims(
-    *, heartbeats: bool, sweep_after_seconds: float, limit: int, queued_ids: Collection[int] | None
+    *,
+    heartbeats: bool,
+    sweep_after_seconds: float,
+    limit: int,
+    queued_ids: Collection[int] | None,
+    confirmed: Collection[str] = (),
 ) -> list[ExpiredClaim]:
-    """Lock (for the caller's transaction) up to ``limit`` expired claims; see ``sweep.sql``."""
+    """Lock (for the caller's transaction) up to ``limit`` expired claims; see ``sweep.sql``.
+
+    A claim never started is among them only when its token is in ``confirmed`` (its message was
+    missing at the previous sweep too: ``unseen_unstarted_claims``) and its id is not in ``queued_ids``.
+    """
     params = {
         "heartbeats": heartbeats,
         "sweep_after": sweep_after_seconds,
         "limit": limit,
         "check_unstarted": queued_ids is not None,
         "covered": list(queued_ids or []),
+        "confirmed": list(confirmed),
     }
     return SQL.fetch_all(ExpiredClaim, "lock_expired_claims", params)
+
+
+def unseen_unstarted_claims(queued_ids: Collection[int], limit: int) -> set[str]:
+    """Tokens of claims never started within a lease whose id is not in ``queued_ids`` (oldest ``limit``)."""
+    return set(SQL.fetch_values("unseen_unstarted_claims", {"covered": list(queued_ids), "limit": limit}))
 
 
 def sweep_expired_claims(
@@ -813,13 +828,16 @@ def sweep_expired_claims(
     sweep_after_seconds: float,
     limit: int,
     queued_ids: Collection[int] | None,
+    confirmed: Collection[str] = (),
     backoffs: Mapping[str, tuple[float, float]] | None = None,
     default_backoff: tuple[float, float] = (10.0, 3600.0),
     shared_batches: Collection[str] = (),
 ) -> list[MovedJob]:
     """Take back expired claims; ``queued_ids`` are claims whose message is still queued (None: unknown).
 
-    With ``queued_ids`` None (the broker did not answer) claims never started are left alone.
+    A claim never started is taken back only when its message is not queued and its token is in
+    ``confirmed`` (missing at the previous sweep too); with ``queued_ids`` None (the broker did not
+    answer) claims never started are left alone.
     ``backoffs`` maps a kind to its backoff (base, cap seconds): a started claim taken back is due
     again after it (``default_backoff`` for a kind not in it; the job's own first). Jobs whose batch
     died together are not charged the attempt and are flagged to run alone (``refunded``);
@@ -831,7 +849,11 @@ def sweep_expired_claims(
     shared = set(shared_batches)
     with transaction.atomic():
         expired = lock_expired_claims(
-            heartbeats=heartbeats, sweep_after_seconds=sweep_after_seconds, limit=limit, queued_ids=queued_ids
+            heartbeats=heartbeats,
+            sweep_after_seconds=sweep_after_seconds,
+            limit=limit,
+            queued_ids=queued_ids,
+            confirmed=confirmed,
         )
         changes = []
         for c in expired:

@@ -4,7 +4,9 @@ Run by the control loop (``due_at.control``) every ``SCHEDULING_SWEEP_INTERVAL_S
 claim and never behind jobs in a queue. A started claim is dead when its heartbeat is older than
 its lease; a claim never started is dead when it is older than its lease and its message is
 neither waiting in a queue it may be routed to nor held by a worker (lost with the broker:
-``core.holdings.claim_ids_in_flight``). Each turn locks a bounded batch (``SKIP LOCKED``,
+``core.holdings.claim_ids_in_flight``) at two sweeps in a row. One look is not enough: a worker
+takes a message in two steps (kombu's ``BRPOP`` off the queue, then a second command that records
+it in ``unacked``), and a look between them finds it nowhere. Each turn locks a bounded batch (``SKIP LOCKED``,
 ``LIMIT``), lets ``due_at.lifecycle`` decide each job's fate and writes it with the one transition
 statement, and commits on its own, so no lock is held for long however much there is to do; the
 loop stops when a batch comes back short.
@@ -29,6 +31,12 @@ from scheduling.models import JobState
 logger = logging.getLogger(__name__)
 
 RECLAIM_BATCH_SIZE = 200  # claims taken back per statement: ~20-40 ms each, under 100 ms (bench sweep)
+UNSEEN_LIMIT = 10_000  # claims never started whose message was missing, remembered for the next sweep
+
+# The tokens of the claims never started whose message the last sweep did not find: the next sweep
+# takes back those still missing. One caller per process, the control loop (only its leader
+# sweeps); a new leader starts with none, so its first sweep takes back no claim never started.
+_unseen: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +47,14 @@ class SweepReport:
 
 
 def reclaim_expired() -> tuple[int, int]:
-    """Return stranded claims to pending (or dead); (reclaimed, killed)."""
+    """Return stranded claims to pending (or dead); (reclaimed, killed).
+
+    A claim never started is taken back when its message was missing at the previous call too.
+    """
     reclaimed = killed = 0
     # waiting in a queue (every named queue's Celery queue and the routed one: broker.task_queues), or held by a worker
     queued = holdings.claim_ids_in_flight(tasknames.RUN_BATCH)
+    confirmed = frozenset(_unseen) if queued is not None else frozenset()
     default = registry.Backoff()
     backoffs = {
         name: (kind.backoff.base_seconds, kind.backoff.cap_seconds) for name, kind in registry.all_kinds().items()
@@ -54,6 +66,7 @@ def reclaim_expired() -> tuple[int, int]:
             sweep_after_seconds=conf.get().sweep_after_seconds,
             limit=RECLAIM_BATCH_SIZE,
             queued_ids=queued,
+            confirmed=confirmed,
             backoffs=backoffs,
             default_backoff=(default.base_seconds, default.cap_seconds),
             shared_batches=shared,
@@ -70,7 +83,11 @@ def reclaim_expired() -> tuple[int, int]:
         reclaimed += sum(1 for job in moved if job.state == JobState.PENDING)
         killed += sum(1 for job in moved if job.state == JobState.DEAD)
         if len(moved) < RECLAIM_BATCH_SIZE:
-            return reclaimed, killed
+            break
+    _unseen.clear()
+    if queued is not None:  # the broker answered: remember what it did not hold, for the next sweep to confirm
+        _unseen.update(store.unseen_unstarted_claims(queued, UNSEEN_LIMIT))
+    return reclaimed, killed
 
 
 def prune(max_batches: int = 1000) -> int:

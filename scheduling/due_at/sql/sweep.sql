@@ -6,8 +6,9 @@
 -- The sweeper's first statement (the second is set_job_states, in the same transaction, with the
 -- decisions of due_at.lifecycle): running jobs whose holder stopped heartbeating for longer than
 -- the job's lease (or, with heartbeats off, claims older than sweep_after), and claims never
--- started within a lease whose message is no longer in the queue (lost with the broker), locked
--- for this transaction. SKIP LOCKED and a LIMIT keep each statement short; a running atomic chunk
+-- started within a lease whose message is no longer in the queue (lost with the broker) and was
+-- not found at the previous sweep either (`confirmed`: their tokens, from unseen_unstarted_claims),
+-- locked for this transaction. SKIP LOCKED and a LIMIT keep each statement short; a running atomic chunk
 -- locks its rows, so its jobs are never taken here.
 --
 -- Crash isolation needs one more fact per running row: how many rows of its batch (same holder,
@@ -23,9 +24,10 @@ WITH stale AS (
                THEN CASE WHEN %(heartbeats)s
                          THEN coalesce(heartbeat_at, claimed_at) < now() - make_interval(secs => lease_seconds)
                          ELSE claimed_at < now() - make_interval(secs => %(sweep_after)s) END
-               -- not started: its message waits in the queue (covered), or was lost with the broker
+               -- not started: its message waits in the queue (covered), or was lost with the broker:
+               -- missing now and at the previous sweep (confirmed), not caught between two steps of a delivery
                ELSE %(check_unstarted)s AND claimed_at < now() - make_interval(secs => lease_seconds)
-                    AND NOT id = ANY(%(covered)s::bigint[]) END
+                    AND NOT id = ANY(%(covered)s::bigint[]) AND token = ANY(%(confirmed)s::uuid[]) END
     ORDER BY claimed_at, claimed_by, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -41,6 +43,19 @@ SELECT stale.id, stale.token::text AS token, stale.kind, stale.state, stale.atte
        stale.claimed_by || ' ' || stale.claimed_at::text AS batch, coalesce(batches.size, 1) AS batch_rows
 FROM stale LEFT JOIN batches USING (claimed_by, claimed_at)
 ORDER BY stale.claimed_at, stale.claimed_by, stale.id;
+
+-- name: unseen_unstarted_claims
+-- Claims never started within a lease whose message the sweeper did not find (not covered): their
+-- tokens, which the next sweep confirms. Oldest first and capped, so two sweeps see the same ones
+-- however many there are; a claim's token is new at every claim, so a job claimed again since is
+-- not confirmed by its old claim's absence. Read without locks: the lock statement checks again.
+SELECT token::text
+FROM scheduling_scheduledjob
+WHERE state = 'claimed' AND claimed_at IS NOT NULL
+  AND claimed_at < now() - make_interval(secs => lease_seconds)
+  AND NOT id = ANY(%(covered)s::bigint[])
+ORDER BY claimed_at, id
+LIMIT %(limit)s;
 
 -- name: prune_finished_jobs
 -- History retention in small batches: each statement locks at most `limit` rows, briefly.

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 
+import kombu
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
 from django.test import override_settings
 
 from scheduling import api, registry
-from scheduling.core import broker, conf
+from scheduling.core import broker, conf, holdings
 from scheduling.due_at import claim, control, runner, store, sweep
 from scheduling.models import AttemptOutcome, JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
@@ -100,9 +102,40 @@ def test_an_unstarted_claim_is_swept_only_once_its_message_is_gone(queue, run_sq
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
     assert sweep.reclaim_expired() == (0, 0), "its message is still queued: it is waiting, not lost"
     broker.client().delete(queue)  # the broker lost it
-    assert sweep.reclaim_expired() == (1, 0)
+    assert sweep.reclaim_expired() == (0, 0), "missing at one sweep: it may be between a worker's two steps"
+    assert sweep.reclaim_expired() == (1, 0), "missing at two in a row: lost"
     assert ScheduledJob.objects.get(pk=job.id).state == JobState.PENDING
     assert JobAttempt.objects.get(job_id=job.id).outcome == AttemptOutcome.RECLAIMED
+
+
+def test_a_claim_whose_message_a_worker_is_taking_is_not_taken_for_lost(queue, run_sql):
+    """A worker takes a message in two steps, off the queue and then into ``unacked``: a sweep between
+    them finds it nowhere, and does not take its claim back (the rolling-deploy test lost a job so)."""
+    job = api.schedule("test.atomic_write", {}, delay=60, max_attempts=1)
+    support.make_due(state="pending")
+    assert claim.claim_and_dispatch().batches == 1
+    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    worker_id = f"taking-{uuid.uuid4().hex[:6]}"
+    client = broker.client()
+    client.sadd(holdings._key(holdings.HOLDERS_KEY), worker_id)
+    client.set(holdings._key(holdings.PRESENCE_KEY.format(id=worker_id)), "{}", px=60_000)
+    worker = kombu.Connection(settings.CELERY_BROKER_URL, transport_options=broker.transport_options())
+    try:
+        channel = worker.channel()
+        holdings.track(channel.qos, worker_id)
+        raw = channel._get(broker.default_queue())  # kombu's first step (a worker's BRPOP): off the queue
+        assert client.llen(queue) == 0
+        assert sweep.reclaim_expired() == (0, 0), "its message is between two steps of a delivery, not lost"
+        message = channel.Message(raw, channel=channel)
+        channel.qos.append(message, message.delivery_tag)  # kombu's second step: recorded as held
+        assert sweep.reclaim_expired() == (0, 0), "held by a live worker"
+        assert ScheduledJob.objects.get(pk=job.id).state == JobState.CLAIMED
+        channel.basic_ack(message.delivery_tag)
+    finally:
+        worker.release()
+        client.srem(holdings._key(holdings.HOLDERS_KEY), worker_id)
+        client.delete(holdings._key(holdings.PRESENCE_KEY.format(id=worker_id)))
+    assert not JobAttempt.objects.filter(job_id=job.id).exists(), "nothing was charged"
 
 
 def test_the_lease_of_a_claim_starts_when_its_batch_starts(queue, run_sql):

@@ -44,6 +44,7 @@ def test_each_outcome_is_counted_once_by_kind_in_the_recording_statement(run_sql
     claim_due(run_sql, [stranded, killed])
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '2 minutes' WHERE id = ANY(%s)",
             [[stranded, killed]])  # fmt: skip
+    assert sweep.reclaim_expired() == (0, 0), "never started: their messages must be missing at two sweeps"
     assert sweep.reclaim_expired() == (1, 1)
 
     assert counters() == {

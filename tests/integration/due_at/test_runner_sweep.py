@@ -118,6 +118,7 @@ def test_sweeper_kills_after_max_attempts(run_sql):
     support.make_due(job.id)
     jobs_store.claim_due_jobs(1)
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '2 minutes' WHERE id = %s", [job.id])
+    assert sweep.reclaim_expired() == (0, 0), "never started: its message must be missing at two sweeps"
     assert sweep.reclaim_expired() == (0, 1)
     assert ScheduledJob.objects.get(pk=job.id).state == JobState.DEAD
 
@@ -129,6 +130,7 @@ def test_without_heartbeats_the_claimed_at_rule_applies(run_sql):
     run_sql("UPDATE scheduling_scheduledjob SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", [claim.id])
     assert sweep.reclaim_expired() == (0, 0)
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '16 minutes' WHERE id = %s", [claim.id])
+    assert sweep.reclaim_expired() == (0, 0), "never started: its message must be missing at two sweeps"
     assert sweep.reclaim_expired() == (1, 0)
 
 
@@ -260,6 +262,7 @@ def test_a_claim_whose_message_was_lost_keeps_its_due_time_and_is_not_flagged(ru
     assert len(jobs_store.claim_due_jobs(1)) == 1
     due_at = ScheduledJob.objects.get(pk=job.id).due_at
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '2 minutes' WHERE id = %s", [job.id])
+    assert sweep.reclaim_expired() == (0, 0), "never started: its message must be missing at two sweeps"
     assert sweep.reclaim_expired() == (1, 0)
     stored = ScheduledJob.objects.get(pk=job.id)
     assert (stored.state, stored.attempts, stored.max_attempts, stored.run_alone) == (JobState.PENDING, 1, 3, False)

@@ -348,7 +348,11 @@ class JobLifeMachine(RuleBasedStateMachine):
     @rule()
     def sweep(self) -> None:
         expired = {i for i, j in self.model.items() if j.state == JobState.CLAIMED and j.expired}
-        moved = store.sweep_expired_claims(heartbeats=True, sweep_after_seconds=900, limit=500, queued_ids=[])
+        # no message is queued here: every claim never started is missing (as at a sweep before)
+        confirmed = store.unseen_unstarted_claims([], limit=10_000)
+        moved = store.sweep_expired_claims(
+            heartbeats=True, sweep_after_seconds=900, limit=500, queued_ids=[], confirmed=confirmed
+        )
         assert {m.id for m in moved} == expired, "the sweeper takes back exactly the claims past their lease"
         for moved_job in moved:
             job = self.model[moved_job.id]
