@@ -4,8 +4,10 @@ Found by Celery's standard ``app.autodiscover_tasks()`` (this is the app's ``tas
 
 - ``scheduling.run_batch``: run a batch of claimed jobs.
 - ``scheduling.claim`` / ``scheduling.sweep``: one claim pass / one sweep, for a person or a script
-  (``celery call scheduling.sweep``); routinely both run in the control loop (``due_at.control``),
-  which every worker starts in its main process when it is ready and stops when it shuts down.
+  (``celery call scheduling.sweep``; a claim never started is taken back only by a sweep that saw its
+  message missing at the previous sweep of its process: the control loop's); routinely both run in
+  the control loop (``due_at.control``), which every worker starts in its main process when it is
+  ready and stops when it shuts down.
 - ``scheduling.run_deferred``: run a short broker deferral (``deferrals.countdowns``), retried with countdowns.
 - ``scheduling.run_fixed``: one tick of a fixed-time schedule, through the gate (``fixed.gate``).
 

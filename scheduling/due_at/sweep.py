@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 
 from scheduling.core import conf, holdings, registry, tasknames
@@ -31,12 +32,25 @@ from scheduling.models import JobState
 logger = logging.getLogger(__name__)
 
 RECLAIM_BATCH_SIZE = 200  # claims taken back per statement: ~20-40 ms each, under 100 ms (bench sweep)
-UNSEEN_LIMIT = 10_000  # claims never started whose message was missing, remembered for the next sweep
+# Claims never started whose message was missing, remembered for the next sweep: each is passed back
+# in every lock statement of that sweep (a 38-byte literal, ~2 ms of parsing a thousand).
+UNSEEN_LIMIT = 5_000
+UNSEEN_MAX_AGE = 3  # sweep intervals: an older look confirms nothing (this process did not lead meanwhile)
 
-# The tokens of the claims never started whose message the last sweep did not find: the next sweep
-# takes back those still missing. One caller per process, the control loop (only its leader
-# sweeps); a new leader starts with none, so its first sweep takes back no claim never started.
-_unseen: set[str] = set()
+
+@dataclasses.dataclass
+class _Look:
+    """The tokens of the claims never started whose message the last sweep did not find, and when it looked."""
+
+    tokens: frozenset[str] = frozenset()
+    at: float = -math.inf  # time.monotonic()
+
+
+# The next sweep takes back those still missing. One caller per process: the control loop, whose
+# leader sweeps (a `celery call scheduling.sweep` in a pool process looks once and takes back no
+# claim never started). A look older than UNSEEN_MAX_AGE intervals is forgotten: a process that
+# leads again, or a new leader, takes back no claim never started at its first sweep.
+_last_look = _Look()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +68,9 @@ def reclaim_expired() -> tuple[int, int]:
     reclaimed = killed = 0
     # waiting in a queue (every named queue's Celery queue and the routed one: broker.task_queues), or held by a worker
     queued = holdings.claim_ids_in_flight(tasknames.RUN_BATCH)
-    confirmed = frozenset(_unseen) if queued is not None else frozenset()
+    global _last_look
+    fresh = time.monotonic() - _last_look.at <= UNSEEN_MAX_AGE * conf.get().sweep_interval_seconds
+    confirmed = _last_look.tokens if queued is not None and fresh else frozenset()
     default = registry.Backoff()
     backoffs = {
         name: (kind.backoff.base_seconds, kind.backoff.cap_seconds) for name, kind in registry.all_kinds().items()
@@ -84,9 +100,10 @@ def reclaim_expired() -> tuple[int, int]:
         killed += sum(1 for job in moved if job.state == JobState.DEAD)
         if len(moved) < RECLAIM_BATCH_SIZE:
             break
-    _unseen.clear()
-    if queued is not None:  # the broker answered: remember what it did not hold, for the next sweep to confirm
-        _unseen.update(store.unseen_unstarted_claims(queued, UNSEEN_LIMIT))
+    if queued is None:  # the broker did not answer: nothing seen missing
+        _last_look = _Look()
+    else:  # remember what it did not hold, for the next sweep to confirm
+        _last_look = _Look(frozenset(store.unseen_unstarted_claims(queued, UNSEEN_LIMIT)), time.monotonic())
     return reclaimed, killed
 
 

@@ -106,9 +106,10 @@ def test_the_sweeper_and_the_counts_read_the_claimed_set_index(stale_statistics,
     """The statements that want every claim say claimed_at IS NOT NULL and get the claimed set's index."""
     with CaptureQueriesContext(connection) as captured:
         store.sweep_expired_claims(heartbeats=True, sweep_after_seconds=60, limit=100, queued_ids=[])
+        store.unseen_unstarted_claims([], limit=100)
         store.backlog_status(stuck_after_seconds=600)
     statements = [_statement(q["sql"]) for q in captured.captured_queries if "claimed_at IS NOT NULL" in q["sql"]]
-    assert len(statements) == 2
+    assert len(statements) == 3
     for sql in statements:
         assert "scheduledjob_claimed_set_idx" in set(_scans(_plan(sql))), sql.splitlines()[0]
 

@@ -3,6 +3,7 @@ with the work, atomic batches, and the control loop's leadership (real PostgreSQ
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -108,6 +109,20 @@ def test_an_unstarted_claim_is_swept_only_once_its_message_is_gone(queue, run_sq
     assert JobAttempt.objects.get(job_id=job.id).outcome == AttemptOutcome.RECLAIMED
 
 
+def test_a_look_older_than_a_few_sweep_intervals_confirms_nothing(queue, run_sql):
+    """A process that stopped leading and leads again does not confirm a loss with its last term's look."""
+    job = api.schedule("test.atomic_write", {}, delay=60)
+    support.make_due(state="pending")
+    assert claim.claim_and_dispatch().batches == 1
+    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    broker.client().delete(queue)
+    assert sweep.reclaim_expired() == (0, 0)
+    too_old = sweep.UNSEEN_MAX_AGE * conf.get().sweep_interval_seconds + 1
+    sweep._last_look = dataclasses.replace(sweep._last_look, at=sweep._last_look.at - too_old)
+    assert sweep.reclaim_expired() == (0, 0), "the old look is forgotten: this one is the first"
+    assert sweep.reclaim_expired() == (1, 0)
+
+
 def test_a_claim_whose_message_a_worker_is_taking_is_not_taken_for_lost(queue, run_sql):
     """A worker takes a message in two steps, off the queue and then into ``unacked``: a sweep between
     them finds it nowhere, and does not take its claim back (the rolling-deploy test lost a job so)."""
@@ -125,7 +140,10 @@ def test_a_claim_whose_message_a_worker_is_taking_is_not_taken_for_lost(queue, r
         holdings.track(channel.qos, worker_id)
         raw = channel._get(broker.default_queue())  # kombu's first step (a worker's BRPOP): off the queue
         assert client.llen(queue) == 0
+        assert job.id not in (holdings.claim_ids_in_flight() or ()), "the message is nowhere the sweeper looks"
         assert sweep.reclaim_expired() == (0, 0), "its message is between two steps of a delivery, not lost"
+        (token,) = ScheduledJob.objects.filter(pk=job.id).values_list("token", flat=True)
+        assert str(token) in sweep._last_look.tokens, "seen missing once: the next sweep would confirm it"
         message = channel.Message(raw, channel=channel)
         channel.qos.append(message, message.delivery_tag)  # kombu's second step: recorded as held
         assert sweep.reclaim_expired() == (0, 0), "held by a live worker"
