@@ -44,10 +44,27 @@ def claim() -> dict[str, Any]:
     return {"claimed": report.claimed, "batches": report.batches}
 
 
-@shared_task(name="scheduling.run_batch", bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
+@shared_task(
+    name="scheduling.run_batch",
+    bind=True,
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    send_events=False,  # its success rides in its jobs' events message, sent by the pool process (task_events)
+    Request="scheduling.due_at.task_events:BatchRequest",
+)
 def run_batch(self: Task, claims: list[list[Any]]) -> dict[str, Any]:
     """Run a batch of claimed jobs, each given as [id, token]; each job's attempt reaches Flower as a task."""
-    with task_events.collecting(batch_id=self.request.id, hostname=self.request.hostname):
+    request = self.request
+    batch = task_events.Batch(
+        id=request.id or "",
+        name=request.shadow or self.name,
+        args=getattr(request, "argsrepr", None) or repr([claims]),
+        retries=request.retries or 0,
+        root_id=request.root_id,
+        parent_id=request.parent_id,
+    )
+    with task_events.collecting(batch=batch, hostname=request.hostname):
         report = runner.run_batch([(int(c[0]), str(c[1])) for c in claims])
     return {"started": report.started, "succeeded": report.succeeded, "failed": report.failed}
 

@@ -20,8 +20,15 @@ per job attempt, under a synthetic task id:
 All of a batch's events are buffered and published as one ``task.multi`` message when the batch's
 outcomes are written (Celery's event receiver and Flower accept a list of events per message), so
 the broker sees one extra message per batch, not four per job. Events are best effort: a broker
-error drops them (logged), never the batch. ``SCHEDULING_JOB_TASK_EVENTS = False`` turns them off.
-Which state Flower shows, and the A/B cost: docs/operations.md, "Flower".
+error drops them (logged), never the batch. ``SCHEDULING_JOB_TASK_EVENTS = False`` turns the jobs'
+events off. Which state Flower shows, and the A/B cost: docs/operations.md, "Flower".
+
+The batch itself (``batch:<kind>``) rides in the same message: one ``task-succeeded`` carrying what
+Celery's ``task-received`` and ``task-started`` would. Celery's own three events of a batch are not
+sent (``run_batch`` has ``send_events = False``): the worker's main process published them from
+its event loop, the thread that takes messages and hands them to the pool, a Redis round trip each
+(``bench/README.md``, "flow"). ``BatchRequest`` still sends Celery's events of a batch that did
+not succeed (failed, its process lost, revoked, rejected, retried), from the main process as before.
 """
 
 from __future__ import annotations
@@ -32,11 +39,13 @@ import dataclasses
 import datetime as dt
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery.events.event import get_exchange
 from celery.utils.time import utcoffset
+from celery.worker.request import Request
 from kombu import Exchange, Producer
 from kombu.exceptions import KombuError
 
@@ -67,40 +76,74 @@ class JobEvent:
     error: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """The ``scheduling.run_batch`` task itself, as Celery's ``task-received`` would have shown it."""
+
+    id: str
+    name: str  # the shadow name: batch:<kind>
+    args: str  # Celery's argsrepr: the [id, token] pairs
+    retries: int = 0
+    root_id: str | None = None
+    parent_id: str | None = None
+
+
 class Collector:
     """A batch's finished attempts, gathered from the runner's hooks (``started`` and ``recorded``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, jobs: bool = True) -> None:
         self.jobs: dict[int, store.StartedJob] = {}
         self.events: list[JobEvent] = []
+        self.collects_jobs = jobs  # False: SCHEDULING_JOB_TASK_EVENTS is off, only the batch's own event goes
+
+
+class BatchRequest(Request):  # type: ignore[misc]
+    """The worker's request of a ``run_batch`` task: Celery's events of a batch that did not succeed only.
+
+    ``run_batch`` has ``send_events = False``, so the main process sends no ``task-received``,
+    ``task-started`` or ``task-succeeded`` for it (the batch's success is in ``collecting``'s message).
+    A batch that fails, whose process is lost, or that is revoked, rejected or retried is announced
+    here as Celery would, since the pool process could not say so itself.
+    """
+
+    QUIET = frozenset({"task-started", "task-succeeded"})
+
+    def send_event(self, type: str, **fields: Any) -> None:
+        if type not in self.QUIET and self._eventer and self._eventer.enabled:
+            self._eventer.send(type, uuid=self.id, **fields)
 
 
 _collector: contextvars.ContextVar[Collector | None] = contextvars.ContextVar("timekeeper_job_events", default=None)
 
 
 @contextlib.contextmanager
-def collecting(*, batch_id: str | None, hostname: str | None) -> Iterator[Collector]:
+def collecting(*, batch: Batch | None, hostname: str | None) -> Iterator[Collector]:
     """Around a batch (``scheduling.tasks.run_batch``): gather its jobs' outcomes, then send them as one message.
 
-    Nothing is gathered outside a worker (no task id or hostname: the task called directly) or when
-    the worker sends no task events.
+    The message also carries the batch's own success, when it succeeded (a failure is Celery's to
+    announce: ``BatchRequest``). Nothing is gathered or sent outside a worker (no task id or
+    hostname: the task called directly) or when the worker sends no task events.
     """
-    if not (batch_id and hostname and enabled()):
+    if not (batch and batch.id and hostname and worker_sends_events()):
         yield Collector()
         return
-    collector = Collector()
+    collector = Collector(jobs=enabled())
     token = _collector.set(collector)
+    started = time.time()
+    succeeded = False
     try:
         yield collector
+        succeeded = True
     finally:
         _collector.reset(token)
-        send(collector.events, batch_id=batch_id, hostname=hostname)
+        ran = (batch, started, time.time()) if succeeded else None
+        send(collector.events, batch_id=batch.id, hostname=hostname, batch_ran=ran)
 
 
 def started(jobs: Iterable[store.StartedJob]) -> None:
     """Runner hook: the batch's started jobs (kind, attempt, due time by id). Nothing outside ``collecting``."""
     collector = _collector.get()
-    if collector is not None:
+    if collector is not None and collector.collects_jobs:
         collector.jobs.update((job.id, job) for job in jobs)
 
 
@@ -128,9 +171,14 @@ def recorded(successes: Iterable[store.Outcome], failures: Iterable[store.Outcom
         )
 
 
+def worker_sends_events() -> bool:
+    """Whether this worker sends task events (Celery's ``worker_send_task_events``, or ``-E``)."""
+    return bool(broker.app().conf.worker_send_task_events)
+
+
 def enabled() -> bool:
-    """Whether this worker sends task events (Celery's ``worker_send_task_events``) and ours are not turned off."""
-    return bool(conf.get().job_task_events and broker.app().conf.worker_send_task_events)
+    """Whether this worker sends task events and the jobs' are not turned off (``SCHEDULING_JOB_TASK_EVENTS``)."""
+    return bool(conf.get().job_task_events and worker_sends_events())
 
 
 @dataclasses.dataclass
@@ -192,14 +240,38 @@ def fields(event: JobEvent, batch_id: str) -> tuple[str, dict[str, Any]]:
     return "task-retried", values
 
 
-def send(events: Sequence[JobEvent], *, batch_id: str, hostname: str) -> int:
-    """Publish ``events`` as one ``task.multi`` message of Celery task events; how many events were sent.
+def batch_fields(batch: Batch, started: float, finished: float) -> dict[str, Any]:
+    """The batch's own ``task-succeeded``, carrying what Celery's ``task-received`` and ``task-started`` would."""
+    return {
+        "uuid": batch.id,
+        "name": batch.name,
+        "args": batch.args,
+        "kwargs": "{}",
+        "retries": batch.retries,
+        "root_id": batch.root_id,
+        "parent_id": batch.parent_id,
+        "received": started,  # the pool process cannot know when the main process received it
+        "started": started,
+        "runtime": max(finished - started, 0.0),
+        "timestamp": finished,
+    }
+
+
+def send(
+    events: Sequence[JobEvent],
+    *,
+    batch_id: str,
+    hostname: str,
+    batch_ran: tuple[Batch, float, float] | None = None,
+) -> int:
+    """Publish ``events`` (and ``batch_ran``'s success: the batch, its start and end) as one ``task.multi``
+    message of Celery task events; how many events were sent.
 
     The events are the dicts Celery's ``EventDispatcher`` would build (type, hostname, utcoffset,
     pid, Lamport clock, timestamp and the fields), built here directly: one publish per batch,
     no lock or buffer per event.
     """
-    if not events or not enabled():
+    if not worker_sends_events() or not (events or batch_ran):
         return 0
     app = broker.app()
     base = {"hostname": hostname, "utcoffset": utcoffset(), "pid": os.getpid()}
@@ -207,6 +279,9 @@ def send(events: Sequence[JobEvent], *, batch_id: str, hostname: str) -> int:
     for event in events:
         event_type, values = fields(event, batch_id)
         body.append({"type": event_type, **base, "clock": app.clock.forward(), **values})
+    if batch_ran is not None:
+        values = batch_fields(*batch_ran)
+        body.append({"type": "task-succeeded", **base, "clock": app.clock.forward(), **values})
     try:
         publisher = _get()
         publisher.producer.publish(

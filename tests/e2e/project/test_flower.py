@@ -112,6 +112,14 @@ def test_flower_refuses_anonymous_requests_and_names_jobs_by_kind(cluster):
     # batch:<kind> from the worker's events; Celery's own task-sent event names the real task, and when it
     # reaches Flower last Celery's state keeps that name. Never the kind's: that name is its jobs'.
     assert batches[0]["name"] in {"batch:demo.record", "scheduling.run_batch"}
+    # its success rides in the pool process's message with its jobs' events (Celery's own are not sent)
+    batch = harness.wait_for(
+        lambda: [t for t in flower_tasks(base).values() if t["uuid"] == batches[0]["uuid"] and t.get("succeeded")],
+        timeout=30,
+        message="Flower never showed the batch succeeded",
+    )[0]
+    assert (batch["state"], batch["received"], batch["started"]) == ("SUCCESS", batch["started"], batch["started"])
+    assert batch["runtime"] is not None
 
 
 def test_flower_metrics_need_the_basic_auth_credentials(cluster):

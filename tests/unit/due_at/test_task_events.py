@@ -66,3 +66,45 @@ def test_a_success_carries_no_result():
 def test_error_type_keeps_the_type_only(error, shown):
     """The exception's dotted type name is kept; anything else becomes "Error"."""
     assert task_events.error_type(error) == shown
+
+
+def test_a_batch_is_one_success_carrying_what_celery_received_would():
+    """The batch's own event: its id, shadow name and args (its claims), received and started as it started."""
+    batch = task_events.Batch(id="b-1", name="batch:billing.invoice", args="[[[42, 'token']]]", retries=1)
+    start = T0.timestamp()
+    values = task_events.batch_fields(batch, start, start + 0.5)
+    assert (values["uuid"], values["name"], values["args"], values["retries"]) == (
+        "b-1",
+        "batch:billing.invoice",
+        "[[[42, 'token']]]",
+        1,
+    )
+    assert (values["received"], values["started"], values["runtime"], values["timestamp"]) == (
+        start,
+        start,
+        0.5,
+        start + 0.5,
+    )
+
+
+class _Recorder:
+    """Stands in for the worker's event dispatcher: records what would be published."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, type: str, **fields: object) -> None:
+        self.sent.append(type)
+
+
+def test_the_batch_request_announces_only_what_did_not_succeed():
+    """Started and succeeded ride in the pool's message; a failure, a loss or a revoke is Celery's, sent as before."""
+    request = object.__new__(task_events.BatchRequest)
+    recorder = _Recorder()
+    request._eventer = recorder
+    request.id = "b-1"
+    for type_ in ("task-started", "task-succeeded", "task-failed", "task-revoked", "task-retried", "task-rejected"):
+        request.send_event(type_)
+    assert recorder.sent == ["task-failed", "task-revoked", "task-retried", "task-rejected"]
