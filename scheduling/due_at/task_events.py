@@ -43,6 +43,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import redis
 from celery.events.event import get_exchange
 from celery.utils.time import utcoffset
 from celery.worker.request import Request
@@ -101,16 +102,27 @@ class BatchRequest(Request):  # type: ignore[misc]
     """The worker's request of a ``run_batch`` task: Celery's events of a batch that did not succeed only.
 
     ``run_batch`` has ``send_events = False``, so the main process sends no ``task-received``,
-    ``task-started`` or ``task-succeeded`` for it (the batch's success is in ``collecting``'s message).
-    A batch that fails, whose process is lost, or that is revoked, rejected or retried is announced
-    here as Celery would, since the pool process could not say so itself.
+    ``task-started`` or ``task-succeeded`` for it (``collecting``'s message carries the batch's
+    received and succeeded). A batch that raised (``task-failed``), whose process was lost (its
+    message rejected and put back: ``task-rejected``, then it runs again), or that was revoked or
+    retried is announced here as Celery would, since the pool process could not say so itself; each
+    such event carries what ``task-received`` would have (the name ``batch:<kind>``, the args), which
+    no earlier event gave Flower.
     """
 
     QUIET = frozenset({"task-started", "task-succeeded"})
 
     def send_event(self, type: str, **fields: Any) -> None:
         if type not in self.QUIET and self._eventer and self._eventer.enabled:
-            self._eventer.send(type, uuid=self.id, **fields)
+            task = {
+                "name": self.name,  # the shadow: batch:<kind>
+                "args": self.argsrepr,
+                "kwargs": self.kwargsrepr,
+                "retries": self.request_dict.get("retries", 0),
+                "root_id": self.root_id,
+                "parent_id": self.parent_id,
+            }
+            self._eventer.send(type, uuid=self.id, **{**task, **fields})
 
 
 _collector: contextvars.ContextVar[Collector | None] = contextvars.ContextVar("timekeeper_job_events", default=None)
@@ -120,9 +132,10 @@ _collector: contextvars.ContextVar[Collector | None] = contextvars.ContextVar("t
 def collecting(*, batch: Batch | None, hostname: str | None) -> Iterator[Collector]:
     """Around a batch (``scheduling.tasks.run_batch``): gather its jobs' outcomes, then send them as one message.
 
-    The message also carries the batch's own success, when it succeeded (a failure is Celery's to
-    announce: ``BatchRequest``). Nothing is gathered or sent outside a worker (no task id or
-    hostname: the task called directly) or when the worker sends no task events.
+    The message also carries the batch's own ``task-received`` and ``task-succeeded``, when it
+    succeeded (a failure is Celery's to announce: ``BatchRequest``); Flower's worker table counts
+    the first as processed, the second as succeeded. Nothing is gathered or sent outside a worker
+    (no task id or hostname: the task called directly) or when the worker sends no task events.
     """
     if not (batch and batch.id and hostname and worker_sends_events()):
         yield Collector()
@@ -240,6 +253,9 @@ def fields(event: JobEvent, batch_id: str) -> tuple[str, dict[str, Any]]:
     return "task-retried", values
 
 
+RECEIVED_FIELDS = ("uuid", "name", "args", "kwargs", "retries", "root_id", "parent_id")  # Celery's task-received
+
+
 def batch_fields(batch: Batch, started: float, finished: float) -> dict[str, Any]:
     """The batch's own ``task-succeeded``, carrying what Celery's ``task-received`` and ``task-started`` would."""
     return {
@@ -281,6 +297,8 @@ def send(
         body.append({"type": event_type, **base, "clock": app.clock.forward(), **values})
     if batch_ran is not None:
         values = batch_fields(*batch_ran)
+        received = {key: values[key] for key in RECEIVED_FIELDS} | {"timestamp": values["received"]}
+        body.append({"type": "task-received", **base, "clock": app.clock.forward(), **received})
         body.append({"type": "task-succeeded", **base, "clock": app.clock.forward(), **values})
     try:
         publisher = _get()
@@ -293,7 +311,7 @@ def send(
             delivery_mode=1,  # transient, as Celery's events
             retry=False,
         )
-    except (OSError, KombuError) as exc:
+    except (OSError, KombuError, redis.RedisError) as exc:
         _publisher.clear()  # a fresh connection next time
         logger.warning(
             "job task events not sent (Flower will miss them): %s",

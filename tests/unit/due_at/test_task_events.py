@@ -93,10 +93,10 @@ class _Recorder:
     enabled = True
 
     def __init__(self) -> None:
-        self.sent: list[str] = []
+        self.sent: list[tuple[str, dict[str, object]]] = []
 
     def send(self, type: str, **fields: object) -> None:
-        self.sent.append(type)
+        self.sent.append((type, fields))
 
 
 def test_the_batch_request_announces_only_what_did_not_succeed():
@@ -104,7 +104,30 @@ def test_the_batch_request_announces_only_what_did_not_succeed():
     request = object.__new__(task_events.BatchRequest)
     recorder = _Recorder()
     request._eventer = recorder
-    request.id = "b-1"
+    request.id, request.name = "b-1", "batch:billing.invoice"  # as Request.__init__ sets them from the message
+    request._argsrepr, request._kwargsrepr = "[[[42, 'token']]]", "{}"
+    request._request_dict, request._root_id, request._parent_id = {"retries": 1}, "r-1", None
     for type_ in ("task-started", "task-succeeded", "task-failed", "task-revoked", "task-retried", "task-rejected"):
-        request.send_event(type_)
-    assert recorder.sent == ["task-failed", "task-revoked", "task-retried", "task-rejected"]
+        request.send_event(type_, requeue=True)
+    assert [sent[0] for sent in recorder.sent] == ["task-failed", "task-revoked", "task-retried", "task-rejected"]
+    # no task-received went before them: each carries the batch's name and args itself
+    assert recorder.sent[-1][1] == {
+        "uuid": "b-1",
+        "name": "batch:billing.invoice",
+        "args": "[[[42, 'token']]]",
+        "kwargs": "{}",
+        "retries": 1,
+        "root_id": "r-1",
+        "parent_id": None,
+        "requeue": True,
+    }
+
+
+def test_run_batch_sends_no_celery_events_of_its_own_and_its_requests_are_batch_requests():
+    """The task as the worker sees it: send_events off, and the request class the strategy builds from is ours."""
+    from kombu.utils.imports import symbol_by_name
+
+    from scheduling import tasks
+
+    assert tasks.run_batch.send_events is False
+    assert symbol_by_name(tasks.run_batch.Request) is task_events.BatchRequest
