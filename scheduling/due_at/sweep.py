@@ -36,6 +36,7 @@ RECLAIM_BATCH_SIZE = 200  # claims taken back per statement: ~20-40 ms each, und
 # in every lock statement of that sweep (a 38-byte literal, ~2 ms of parsing a thousand).
 UNSEEN_LIMIT = 5_000
 UNSEEN_MAX_AGE = 3  # sweep intervals: an older look confirms nothing (this process did not lead meanwhile)
+UNSEEN_MAX_AGE_FLOOR_SECONDS = 10.0  # ... and never less than this: a sweep every turn still confirms
 
 
 @dataclasses.dataclass
@@ -48,8 +49,9 @@ class _Look:
 
 # The next sweep takes back those still missing. One caller per process: the control loop, whose
 # leader sweeps (a `celery call scheduling.sweep` in a pool process looks once and takes back no
-# claim never started). A look older than UNSEEN_MAX_AGE intervals is forgotten: a process that
-# leads again, or a new leader, takes back no claim never started at its first sweep.
+# claim never started). A look older than UNSEEN_MAX_AGE intervals (at least
+# UNSEEN_MAX_AGE_FLOOR_SECONDS) is forgotten: a process that leads again, or a new leader, takes back
+# no claim never started at its first sweep.
 _last_look = _Look()
 
 
@@ -69,7 +71,8 @@ def reclaim_expired() -> tuple[int, int]:
     # waiting in a queue (every named queue's Celery queue and the routed one: broker.task_queues), or held by a worker
     queued = holdings.claim_ids_in_flight(tasknames.RUN_BATCH)
     global _last_look
-    fresh = time.monotonic() - _last_look.at <= UNSEEN_MAX_AGE * conf.get().sweep_interval_seconds
+    max_age = max(UNSEEN_MAX_AGE * conf.get().sweep_interval_seconds, UNSEEN_MAX_AGE_FLOOR_SECONDS)
+    fresh = time.monotonic() - _last_look.at <= max_age
     confirmed = _last_look.tokens if queued is not None and fresh else frozenset()
     default = registry.Backoff()
     backoffs = {

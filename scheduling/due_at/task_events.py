@@ -23,8 +23,8 @@ the broker sees one extra message per batch, not four per job. Events are best e
 error drops them (logged), never the batch. ``SCHEDULING_JOB_TASK_EVENTS = False`` turns the jobs'
 events off. Which state Flower shows, and the A/B cost: docs/operations.md, "Flower".
 
-The batch itself (``batch:<kind>``) rides in the same message: one ``task-succeeded`` carrying what
-Celery's ``task-received`` and ``task-started`` would. Celery's own three events of a batch are not
+The batch itself (``batch:<kind>``) rides in the same message, when it ends: its ``task-received``,
+``task-started`` and ``task-succeeded``. Celery's own three events of a batch are not
 sent (``run_batch`` has ``send_events = False``): the worker's main process published them from
 its event loop, the thread that takes messages and hands them to the pool, a Redis round trip each
 (``bench/README.md``, "flow"). ``BatchRequest`` still sends Celery's events of a batch that did
@@ -103,7 +103,7 @@ class BatchRequest(Request):  # type: ignore[misc]
 
     ``run_batch`` has ``send_events = False``, so the main process sends no ``task-received``,
     ``task-started`` or ``task-succeeded`` for it (``collecting``'s message carries the batch's
-    received and succeeded). A batch that raised (``task-failed``), whose process was lost (its
+    received, started and succeeded). A batch that raised (``task-failed``), whose process was lost (its
     message rejected and put back: ``task-rejected``, then it runs again), or that was revoked or
     retried is announced here as Celery would, since the pool process could not say so itself; each
     such event carries what ``task-received`` would have (the name ``batch:<kind>``, the args), which
@@ -132,9 +132,10 @@ _collector: contextvars.ContextVar[Collector | None] = contextvars.ContextVar("t
 def collecting(*, batch: Batch | None, hostname: str | None) -> Iterator[Collector]:
     """Around a batch (``scheduling.tasks.run_batch``): gather its jobs' outcomes, then send them as one message.
 
-    The message also carries the batch's own ``task-received`` and ``task-succeeded``, when it
-    succeeded (a failure is Celery's to announce: ``BatchRequest``); Flower's worker table counts
-    the first as processed, the second as succeeded. Nothing is gathered or sent outside a worker
+    The message also carries the batch's own ``task-received``, ``task-started`` and
+    ``task-succeeded``, when it succeeded (a failure is Celery's to announce: ``BatchRequest``);
+    Flower's worker table counts the first as processed and the last as succeeded, and its
+    prefetched-tasks gauge takes the batch off at the second. Nothing is gathered or sent outside a worker
     (no task id or hostname: the task called directly) or when the worker sends no task events.
     """
     if not (batch and batch.id and hostname and worker_sends_events()):
@@ -298,8 +299,14 @@ def send(
     if batch_ran is not None:
         values = batch_fields(*batch_ran)
         received = {key: values[key] for key in RECEIVED_FIELDS} | {"timestamp": values["received"]}
-        body.append({"type": "task-received", **base, "clock": app.clock.forward(), **received})
-        body.append({"type": "task-succeeded", **base, "clock": app.clock.forward(), **values})
+        # received, started and succeeded: Flower's prefetched-tasks gauge counts a received task up
+        # and takes it off only at its task-started
+        for event_type, fields_ in (
+            ("task-received", received),
+            ("task-started", {"uuid": values["uuid"], "timestamp": values["started"]}),
+            ("task-succeeded", values),
+        ):
+            body.append({"type": event_type, **base, "clock": app.clock.forward(), **fields_})
     try:
         publisher = _get()
         publisher.producer.publish(

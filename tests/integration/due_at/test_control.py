@@ -117,9 +117,22 @@ def test_a_look_older_than_a_few_sweep_intervals_confirms_nothing(queue, run_sql
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
     broker.client().delete(queue)
     assert sweep.reclaim_expired() == (0, 0)
-    too_old = sweep.UNSEEN_MAX_AGE * conf.get().sweep_interval_seconds + 1
+    too_old = max(sweep.UNSEEN_MAX_AGE * conf.get().sweep_interval_seconds, sweep.UNSEEN_MAX_AGE_FLOOR_SECONDS) + 1
     sweep._last_look = dataclasses.replace(sweep._last_look, at=sweep._last_look.at - too_old)
     assert sweep.reclaim_expired() == (0, 0), "the old look is forgotten: this one is the first"
+    assert sweep.reclaim_expired() == (1, 0)
+
+
+@override_settings(SCHEDULING_SWEEP_INTERVAL_SECONDS=0)
+def test_with_a_sweep_on_every_turn_a_lost_claim_is_still_taken_back(queue, run_sql):
+    """A look is fresh for at least UNSEEN_MAX_AGE_FLOOR_SECONDS, however short the sweep interval."""
+    job = api.schedule("test.atomic_write", {}, delay=60)
+    support.make_due(state="pending")
+    assert claim.claim_and_dispatch().batches == 1
+    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    broker.client().delete(queue)
+    assert conf.get().sweep_interval_seconds == 0
+    assert sweep.reclaim_expired() == (0, 0)
     assert sweep.reclaim_expired() == (1, 0)
 
 

@@ -71,7 +71,7 @@ def _run_one(label: str) -> int:
 
 
 def test_a_batch_that_succeeded_publishes_its_jobs_and_itself_in_one_message(published):
-    """The job's outcome, then the batch's received and succeeded, named batch:<kind>."""
+    """The job's outcome, then the batch's received, started (Flower's prefetch gauge takes it off) and succeeded."""
     batch = _batch()
     with task_events.collecting(batch=batch, hostname="w1@test"):
         job_id = _run_one("events")
@@ -79,12 +79,13 @@ def test_a_batch_that_succeeded_publishes_its_jobs_and_itself_in_one_message(pub
     assert [(e["type"], e["uuid"]) for e in events] == [
         ("task-succeeded", f"job-{job_id}-1-{batch.id[:8]}"),
         ("task-received", batch.id),
+        ("task-started", batch.id),
         ("task-succeeded", batch.id),
     ]
-    received, succeeded = events[1], events[2]
+    received, started, succeeded = events[1], events[2], events[3]
     assert (received["name"], received["args"], received["hostname"]) == ("batch:demo.record", batch.args, "w1@test")
     assert succeeded["runtime"] >= 0
-    assert succeeded["received"] == succeeded["started"] == received["timestamp"]
+    assert succeeded["received"] == succeeded["started"] == received["timestamp"] == started["timestamp"]
 
 
 def test_a_batch_that_raised_publishes_its_jobs_but_not_a_success(published):
@@ -112,5 +113,6 @@ def test_with_job_events_off_the_batch_still_reports_itself(published):
         _run_one("jobs-off")
     assert [(e["type"], e["uuid"]) for e in events_of(published, batch.id)] == [
         ("task-received", batch.id),
+        ("task-started", batch.id),
         ("task-succeeded", batch.id),
     ]
