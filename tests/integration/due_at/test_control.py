@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import kombu
 import pytest
@@ -95,12 +96,18 @@ def test_a_claim_is_sized_to_the_room_in_rows(queue, run_sql):
     assert ScheduledJob.objects.filter(state=JobState.CLAIMED).count() == 10
 
 
-def test_an_unstarted_claim_is_swept_only_once_its_message_is_gone(queue, run_sql):
-    """A claim waiting in the queue past its lease stays; once its message is lost it goes back to pending."""
-    job = api.schedule("test.atomic_write", {}, delay=60)
+def _sent_long_ago(run_sql, **options: Any) -> ScheduledJob:
+    """A job claimed and sent (its run message in the queue), its claim 10 minutes old: past any lease."""
+    job = api.schedule("test.atomic_write", {}, delay=60, **options)
     support.make_due(state="pending")
     assert claim.claim_and_dispatch().batches == 1
     run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    return job
+
+
+def test_an_unstarted_claim_is_swept_only_once_its_message_is_gone(queue, run_sql):
+    """A claim waiting in the queue past its lease stays; once its message is lost it goes back to pending."""
+    job = _sent_long_ago(run_sql)
     assert sweep.reclaim_expired() == (0, 0), "its message is still queued: it is waiting, not lost"
     broker.client().delete(queue)  # the broker lost it
     assert sweep.reclaim_expired() == (0, 0), "missing at one sweep: it may be between a worker's two steps"
@@ -111,38 +118,31 @@ def test_an_unstarted_claim_is_swept_only_once_its_message_is_gone(queue, run_sq
 
 def test_a_look_older_than_a_few_sweep_intervals_confirms_nothing(queue, run_sql):
     """A process that stopped leading and leads again does not confirm a loss with its last term's look."""
-    job = api.schedule("test.atomic_write", {}, delay=60)
-    support.make_due(state="pending")
-    assert claim.claim_and_dispatch().batches == 1
-    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    job = _sent_long_ago(run_sql)
     broker.client().delete(queue)
     assert sweep.reclaim_expired() == (0, 0)
     too_old = max(sweep.UNSEEN_MAX_AGE * conf.get().sweep_interval_seconds, sweep.UNSEEN_MAX_AGE_FLOOR_SECONDS) + 1
     sweep._last_look = dataclasses.replace(sweep._last_look, at=sweep._last_look.at - too_old)
     assert sweep.reclaim_expired() == (0, 0), "the old look is forgotten: this one is the first"
     assert sweep.reclaim_expired() == (1, 0)
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.PENDING
 
 
 @override_settings(SCHEDULING_SWEEP_INTERVAL_SECONDS=0)
 def test_with_a_sweep_on_every_turn_a_lost_claim_is_still_taken_back(queue, run_sql):
     """A look is fresh for at least UNSEEN_MAX_AGE_FLOOR_SECONDS, however short the sweep interval."""
-    job = api.schedule("test.atomic_write", {}, delay=60)
-    support.make_due(state="pending")
-    assert claim.claim_and_dispatch().batches == 1
-    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    job = _sent_long_ago(run_sql)
     broker.client().delete(queue)
     assert conf.get().sweep_interval_seconds == 0
     assert sweep.reclaim_expired() == (0, 0)
     assert sweep.reclaim_expired() == (1, 0)
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.PENDING
 
 
 def test_a_claim_whose_message_a_worker_is_taking_is_not_taken_for_lost(queue, run_sql):
     """A worker takes a message in two steps, off the queue and then into ``unacked``: a sweep between
     them finds it nowhere, and does not take its claim back (the rolling-deploy test lost a job so)."""
-    job = api.schedule("test.atomic_write", {}, delay=60, max_attempts=1)
-    support.make_due(state="pending")
-    assert claim.claim_and_dispatch().batches == 1
-    run_sql("UPDATE scheduling_scheduledjob SET claimed_at = now() - interval '10 minutes' WHERE id = %s", [job.id])
+    job = _sent_long_ago(run_sql, max_attempts=1)
     worker_id = f"taking-{uuid.uuid4().hex[:6]}"
     client = broker.client()
     client.sadd(holdings._key(holdings.HOLDERS_KEY), worker_id)
