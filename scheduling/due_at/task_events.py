@@ -150,8 +150,7 @@ def collecting(*, batch: Batch | None, hostname: str | None) -> Iterator[Collect
         succeeded = True
     finally:
         _collector.reset(token)
-        ran = (batch, started, time.time()) if succeeded else None
-        send(collector.events, batch_id=batch.id, hostname=hostname, batch_ran=ran)
+        send(collector.events, batch=batch, hostname=hostname, ran=(started, time.time()) if succeeded else None)
 
 
 def started(jobs: Iterable[store.StartedJob]) -> None:
@@ -274,30 +273,24 @@ def batch_fields(batch: Batch, started: float, finished: float) -> dict[str, Any
     }
 
 
-def send(
-    events: Sequence[JobEvent],
-    *,
-    batch_id: str,
-    hostname: str,
-    batch_ran: tuple[Batch, float, float] | None = None,
-) -> int:
-    """Publish ``events`` (and ``batch_ran``'s success: the batch, its start and end) as one ``task.multi``
-    message of Celery task events; how many events were sent.
+def send(events: Sequence[JobEvent], *, batch: Batch, hostname: str, ran: tuple[float, float] | None = None) -> int:
+    """Publish ``events`` of ``batch``'s jobs (and, when ``ran`` gives its start and end, the batch's own
+    success) as one ``task.multi`` message of Celery task events; how many events were sent.
 
     The events are the dicts Celery's ``EventDispatcher`` would build (type, hostname, utcoffset,
     pid, Lamport clock, timestamp and the fields), built here directly: one publish per batch,
     no lock or buffer per event.
     """
-    if not worker_sends_events() or not (events or batch_ran):
+    if not worker_sends_events() or not (events or ran):
         return 0
     app = broker.app()
     base = {"hostname": hostname, "utcoffset": utcoffset(), "pid": os.getpid()}
     body = []
     for event in events:
-        event_type, values = fields(event, batch_id)
+        event_type, values = fields(event, batch.id)
         body.append({"type": event_type, **base, "clock": app.clock.forward(), **values})
-    if batch_ran is not None:
-        values = batch_fields(*batch_ran)
+    if ran is not None:
+        values = batch_fields(batch, *ran)
         received = {key: values[key] for key in RECEIVED_FIELDS} | {"timestamp": values["received"]}
         # received, started and succeeded: Flower's prefetched-tasks gauge counts a received task up
         # and takes it off only at its task-started
