@@ -106,6 +106,7 @@ class ControlLoop:
         self._next_prune = 0.0
         self._last_rate_claim = -math.inf  # the last claim that took rate-limited kinds (monotonic)
         self._rate_waiting = False  # a rate-limited kind had due jobs waiting for its window at the last look
+        self._refill: float | None = None  # what the last look at the rate-limited kinds read (_rate_refill)
         self._pruning = 0  # rows pruned by the slices of the current run (logged when it ends)
         self._broker_failures = 0  # turns in a row whose sends failed
         self._hold_until = 0.0  # after a step-down: no try for the lead before this (monotonic)
@@ -206,7 +207,7 @@ class ControlLoop:
             self._wait(BACKPRESSURE_PAUSE_SECONDS)
         elif report.more_due and report.claimed:
             return  # a backlog: claim the next rows at once
-        elif (refill := store.rate_limited_due(session=self.leadership.connection)) is not None:
+        elif (refill := self._rate_refill(rates)) is not None:
             self._rate_waiting = True
             # a rate-limited kind waits for its window: claim as it frees room (smooth, not in bursts),
             # once per start's worth of its window (50/s: every 20 ms; 5/s per partition: every 200 ms)
@@ -219,6 +220,19 @@ class ControlLoop:
             self._rate_waiting = False
             self._last_rate_claim = -math.inf  # no rate-limited kind waits: one that comes due is claimed at once
             self._wait(self._until_next_due(settings.claim_interval_seconds))
+
+    def _rate_refill(self, rates: bool) -> float | None:
+        """Seconds per start of the fastest rate-limited kind with due jobs waiting (None: none waits).
+
+        Read on the turns that claim the rate-limited kinds (``store.rate_limited_due``). The turns in
+        between, other kinds' due times within a step, claimed no rate-limited job and keep the last
+        reading while it says one waits: the step it sets ends at the next turn that claims them, which
+        reads again (bench flow: a read of ten probes per kind, on most turns, for a value that only
+        those turns change). A reading that none waits is not kept: it is read again on the next turn.
+        """
+        if rates or self._refill is None:
+            self._refill = store.rate_limited_due(session=self.leadership.connection)
+        return self._refill
 
     def _broker_unreachable(self, send_failed: bool) -> bool:
         """Count failed sends; after ``BROKER_FAILURES_TO_STEP_DOWN`` in a row, step down (True)."""

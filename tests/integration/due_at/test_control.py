@@ -331,6 +331,43 @@ def test_the_leader_claims_rate_limited_kinds_once_per_step_and_other_kinds_on_e
         connection.close()  # the turn bounded this session (lock_timeout...) for the loop: not for later tests
 
 
+def test_turns_between_the_rate_limited_kinds_claims_keep_the_last_reading_of_their_backlog(queue, monkeypatch):
+    """Only a turn that claims the rate-limited kinds reads whether one waits (rate_limited_due); another
+    kind's turn within the step keeps that reading, so it still waits for the step, not its next due time."""
+    api.set_rate("demo.record", registry.Rate(2, per_seconds=3600))
+    api.schedule_many("demo.record", [{}] * 3, delay=0)
+    reads: list[float | None] = []
+    read = store.rate_limited_due
+
+    def counted(**kwargs: Any) -> float | None:
+        reads.append(read(**kwargs))
+        return reads[-1]
+
+    monkeypatch.setattr(store, "rate_limited_due", counted)
+    loop = control.ControlLoop()
+    assert loop.leadership.lead()
+    try:
+        loop.turn()  # takes the window's two; the third waits for its window
+        assert reads == [pytest.approx(1800.0)], "the turn that claimed the rate-limited kind read its backlog"
+        assert loop._rate_waiting
+
+        monkeypatch.setattr(control, "RATE_STEP_SECONDS", 60.0)
+        loop._last_rate_claim = time.monotonic()  # within the step: a turn of the other kinds
+        api.schedule("demo.noop", {}, delay=0)
+        loop.turn()
+        assert ScheduledJob.objects.filter(kind="demo.noop", state="claimed").count() == 1
+        assert len(reads) == 1, "another kind's turn kept the reading"
+        assert loop._rate_waiting, "and still knows the rate-limited kind waits"
+
+        loop._last_rate_claim = -float("inf")  # the step has passed: the rate-limited kind's turn
+        loop.turn()
+        assert loop.counters.rate_claims == 2
+        assert reads == [pytest.approx(1800.0)] * 2, "the turn that claims it reads again"
+    finally:
+        loop.leadership.resign()
+        connection.close()
+
+
 def test_while_a_rate_limited_kind_waits_its_turns_take_any_room_the_queue_has(queue, monkeypatch, run_sql):
     """Other turns claim once the queue has room for a refill (half its bound); a turn that claims a
     rate-limited kind waiting for its window takes a single free message, so a freed start is not lost."""
