@@ -15,7 +15,9 @@ typed as an enum (``JobState``, ``RunState``: the models' ``TextChoices``) gets 
 typed ``Json`` is decoded when the driver hands jsonb back as text (Django's psycopg2 connections
 do). Statements run on Django's connection for the current thread, so they join the caller's
 transaction when there is one; ``run_prepared`` runs one on a dedicated session instead, prepared
-once there. Only this module and the stores (``*/store.py``) open a cursor.
+once there. The few statements every batch runs (a store passes their parameters' ``types``) are
+prepared on Django's connection too, unless it goes through a transaction pooler (``orm_prepares``).
+Only this module and the stores (``*/store.py``) open a cursor.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import dataclasses
 import enum
 import functools
 import json
+import logging
 import re
 import time
 import types
@@ -36,7 +39,9 @@ from typing import Annotated, Any, TypeVar, cast
 
 import psycopg2
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
+
+logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
 Params = Mapping[str, Any] | Sequence[Any] | None
@@ -200,18 +205,32 @@ class Statements:
     def __getitem__(self, name: str) -> str:
         return self.queries[name]
 
-    def fetch_all(self, cls: type[R], name: str, params: Params = None, *, prefix: str = "") -> list[R]:
-        """The rows of statement ``name`` as ``cls`` instances, built by column name."""
-        return fetch_all_sql(cls, prefix + self[name], params)
+    def fetch_all(
+        self, cls: type[R], name: str, params: Params = None, *, prefix: str = "", types: Types | None = None
+    ) -> list[R]:
+        """The rows of statement ``name`` as ``cls`` instances, built by column name.
+
+        ``types`` (each parameter's SQL type): prepared on Django's connection when it may be
+        (``run_prepared_here``), else sent as text like the others.
+        """
+        if types is None:
+            return fetch_all_sql(cls, prefix + self[name], params)
+        columns, rows = run_prepared_here(name, self[name], params, types, prefix=prefix)
+        return rows_as(cls, columns, rows)
 
     def fetch_one(self, cls: type[R], name: str, params: Params = None) -> R | None:
         """The first row of statement ``name`` as a ``cls`` (None: no row)."""
         rows = self.fetch_all(cls, name, params)
         return rows[0] if rows else None
 
-    def fetch_values(self, name: str, params: Params = None, *, prefix: str = "") -> list[Any]:
-        """The single column of every row of statement ``name``."""
-        columns, rows = run(prefix + self[name], params)
+    def fetch_values(
+        self, name: str, params: Params = None, *, prefix: str = "", types: Types | None = None
+    ) -> list[Any]:
+        """The single column of every row of statement ``name`` (``types``: as ``fetch_all``)."""
+        if types is None:
+            columns, rows = run(prefix + self[name], params)
+        else:
+            columns, rows = run_prepared_here(name, self[name], params, types, prefix=prefix)
         if len(columns) != 1:
             raise ValueError(f"{name} returns {len(columns)} columns, not one")
         return [row[0] for row in rows]
@@ -302,7 +321,14 @@ REPLAN_SECONDS = 10.0
 
 
 def run_prepared(
-    cursor: Any, name: str, sql: str, params: Mapping[str, Any], types: Mapping[str, str]
+    cursor: Any,
+    name: str,
+    sql: str,
+    params: Mapping[str, Any],
+    types: Types,
+    *,
+    prefix: str = "",
+    generic: bool = True,
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run ``sql`` as the server-side prepared statement ``name`` of ``cursor``'s session; its columns and rows.
 
@@ -311,9 +337,13 @@ def run_prepared(
     plan follows the table. After a failure the session's statements are deallocated and prepared
     again on their next run, so a session that lost one, or holds one a migration made stale,
     recovers at the next call instead of failing at every one.
-    For a dedicated session only (``locks.dedicated_connection``), never Django's: behind a pooler
-    in transaction mode, the next transaction may run on a server session that never saw the
-    ``PREPARE`` ("Behind PgBouncer", docs/operations.md).
+    For a dedicated session (``locks.dedicated_connection``), or Django's own through
+    ``run_prepared_here`` (never behind a pooler in transaction mode: the next transaction may run
+    on a server session that never saw the ``PREPARE``; "Behind PgBouncer", docs/operations.md).
+    ``prefix``: statements sent before the ``EXECUTE`` in the same query string (no parameters).
+    ``generic`` false: no ``GENERIC_PLAN`` (its ``SET LOCAL`` would last for the rest of a caller's
+    transaction); PostgreSQL then plans the first five runs for their parameters, and keeps its
+    generic plan after them when it costs no more.
     """
     text, names = positional(sql)
     done = _prepared.get(cursor.connection)
@@ -331,8 +361,9 @@ def run_prepared(
             done[name] = now
         arguments = f" ({', '.join(['%s'] * len(names))})" if names else ""
         # one query string: in autocommit, one implicit transaction, which the SET LOCAL lasts for
-        cursor.execute(f"{GENERIC_PLAN}EXECUTE {name}{arguments}", [params[n] for n in names])
-    except psycopg2.Error:
+        head = prefix.replace("%", "%%") + (GENERIC_PLAN if generic else "")
+        cursor.execute(f"{head}EXECUTE {name}{arguments}", [params[n] for n in names])
+    except (psycopg2.Error, DatabaseError):
         # The session and our list may disagree (a statement deallocated or prepared on another
         # server session behind a pooler; a plan whose result type a migration changed: "cached
         # plan must not change result type"), and a failure of any other kind costs little to
@@ -342,6 +373,59 @@ def run_prepared(
     if cursor.description is None:
         return [], []
     return [column[0] for column in cursor.description], cursor.fetchall()
+
+
+# The SQL type of each parameter of a prepared statement, by name. Arrays whose elements may all be
+# NULL are declared text[] (psycopg2 sends ARRAY[NULL] as text[]) and cast in the statement.
+Types = Mapping[str, str]
+_ORM_PREFIX = "tk_"  # the names of the statements prepared on Django's connection (run_prepared_here)
+_orm_refused = False  # a server session did not know a statement this process prepared: a pooler (orm_prepares)
+INVALID_STATEMENT_NAME = "26000"  # SQLSTATE: "prepared statement ... does not exist"
+
+
+def orm_prepares() -> bool:
+    """Whether statements are prepared on Django's own connection (``run_prepared_here``).
+
+    Not behind a transaction pooler, where the next transaction may run on a server session that
+    never saw the ``PREPARE``. Django's setting for such a pooler, ``DISABLE_SERVER_SIDE_CURSORS``
+    (docs/operations.md, "Behind PgBouncer"; scheduling.W008 warns when a pooler is seen without
+    it), turns it off; so does, for the rest of the process, a server session that did not know a
+    statement this process had prepared (a pooler without that setting).
+    """
+    return not _orm_refused and not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+
+
+def run_prepared_here(
+    name: str, sql: str, params: Params, types: Types, *, prefix: str = ""
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Statement ``name`` on Django's connection, in the caller's transaction if any: prepared when it may be.
+
+    For the statements every batch runs: planning them was about half of what PostgreSQL spent on
+    a batch of one job (bench flow). ``prefix`` (statements run first, in the same query string) may
+    hold the statement's named parameters. Not prepared (``orm_prepares``): sent as text like any
+    other. A session that does not know a statement this process prepared marks the process, logs
+    why, and the statement fails; later ones are sent as text.
+    """
+    global _orm_refused
+    assert isinstance(params, Mapping)
+    if not orm_prepares():
+        return run(prefix + sql, params)
+    with connection.cursor() as cursor:
+        head = cursor.mogrify(prefix, params).decode() if "%(" in prefix else prefix
+        try:
+            return run_prepared(
+                cursor, _ORM_PREFIX + name, sql, params, types, prefix=head, generic=connection.get_autocommit()
+            )
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "pgcode", None) == INVALID_STATEMENT_NAME:
+                _orm_refused = True
+                logger.warning(
+                    "a prepared statement was not found on the server session: Django's connection goes"
+                    " through a transaction pooler; set DISABLE_SERVER_SIDE_CURSORS on it (docs/operations.md,"
+                    " 'Behind PgBouncer'). Statements are no longer prepared in this process.",
+                    extra={"statement": name, "action": "prepare_refused"},
+                )
+            raise
 
 
 def rows_as(cls: type[R], columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[R]:

@@ -36,6 +36,18 @@ def _claims(claims: Sequence[tuple[int, str]]) -> dict[str, Any]:
     return {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]}
 
 
+# The statements every batch runs, prepared on the worker's connection (``db.run_prepared_here``):
+# their parameters' types. Planning them was about half of what PostgreSQL spent on a batch of one
+# job (bench flow: start_jobs 0.16 ms, lock_claims 0.10, set_job_states 0.31).
+CLAIMS_TYPES = {"ids": "bigint[]", "tokens": "text[]"}
+START_TYPES = {**CLAIMS_TYPES, "worker": "text"}
+TRANSITION_TYPES = {
+    **CLAIMS_TYPES,
+    **{name: "text[]" for name in ("from_states", "events", "delays", "errors", "started", "finished", "tracebacks")},
+    "plans": "text",
+}
+
+
 def _async_prefix() -> str:
     """What a claim-path statement starts with so that it commits without waiting for the WAL flush.
 
@@ -476,7 +488,7 @@ def next_due_times(horizon_seconds: float, limit: int, *, session: Any = None) -
 
 def start_jobs(claims: Sequence[tuple[int, str]], worker: str) -> list[StartedJob]:
     params = {**_claims(claims), "worker": worker}
-    rows = SQL.fetch_all(_StartedRow, "start_jobs", params, prefix=_async_prefix())
+    rows = SQL.fetch_all(_StartedRow, "start_jobs", params, prefix=_async_prefix(), types=START_TYPES)
     return [row.started() for row in rows]
 
 
@@ -531,9 +543,9 @@ def lock_claims(claims: Sequence[tuple[int, str]], *, bound_seconds: float | Non
     if not claims:
         return []
     if bound_seconds is None:
-        return SQL.fetch_values("lock_claims", _claims(claims))
+        return SQL.fetch_values("lock_claims", _claims(claims), types=CLAIMS_TYPES)
     params = {**_claims(claims), **_bound(bound_seconds)}
-    return SQL.fetch_values("lock_claims", params, prefix=SQL["bound_transaction"] + ";\n")
+    return SQL.fetch_values("lock_claims", params, prefix=SQL["bound_transaction"] + ";\n", types=CLAIMS_TYPES)
 
 
 def bound_transaction(seconds: float) -> None:
@@ -656,11 +668,10 @@ def set_job_states(changes: Sequence[Change], *, asynchronous: bool = False) -> 
     if not changes:
         return []
     params = transition_params(changes)
-    if asynchronous:
-        return SQL.fetch_all(MovedJob, "set_job_states", params, prefix=_async_prefix())
+    prefix = _async_prefix() if asynchronous else ""
     # Outcomes commit synchronously: a completion the worker was told about survives a crash (and
     # its flush makes every earlier asynchronous claim and start durable too).
-    return SQL.fetch_all(MovedJob, "set_job_states", params)
+    return SQL.fetch_all(MovedJob, "set_job_states", params, prefix=prefix, types=TRANSITION_TYPES)
 
 
 def transition_params(changes: Sequence[Change]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 JOBS = "scheduling_scheduledjob"
 PKEY = "scheduling_scheduledjob_pkey"
+PREPARED = "EXECUTE tk_"  # a batch's statements, prepared on the connection (store.START_TYPES and the like)
 
 
 def _scans(node: Any) -> Iterator[str]:
@@ -54,15 +55,27 @@ def _scans(node: Any) -> Iterator[str]:
 
 
 def _plan(sql: str) -> Any:
+    """The statement's plan; a prepared one's (``EXECUTE``) generic plan, the one a worker runs after five runs."""
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (FORMAT JSON) " + sql)
+        cursor.execute((db.GENERIC_PLAN if sql.startswith("EXECUTE ") else "") + "EXPLAIN (FORMAT JSON) " + sql)
         plan = cursor.fetchone()[0]
     return json.loads(plan) if isinstance(plan, str) else plan
 
 
 def _statement(captured: str) -> str:
-    """The statement of a captured query, without the ``SET LOCAL`` a claim-path statement starts with."""
+    """The statement of a captured query, without the ``SET LOCAL`` a claim-path statement starts with;
+    of a batch's prepared statement (``db.run_prepared_here``), its ``EXECUTE``."""
+    if PREPARED in captured:
+        return captured[captured.index(PREPARED) :]
     return captured.removeprefix(store.ASYNC_COMMIT)
+
+
+def _on_jobs(captured: str) -> bool:
+    """Whether a captured query reads the jobs table: its text says so, or it runs a batch's prepared statement
+    (whose preparing, the first time on a connection, reads nothing)."""
+    if captured.startswith(("PREPARE ", "DEALLOCATE ")):
+        return False
+    return JOBS in captured or PREPARED in captured
 
 
 @pytest.fixture
@@ -95,8 +108,9 @@ def test_statements_addressing_claims_by_id_read_them_by_primary_key(stale_stati
         store.release_lost_chunk([(i, t, 1.0) for i, t in pairs], "chunk lost")
         store.unclaim_jobs(pairs)
         transaction.set_rollback(True)
-    statements = [_statement(q["sql"]) for q in captured.captured_queries if JOBS in q["sql"]]
+    statements = [_statement(q["sql"]) for q in captured.captured_queries if _on_jobs(q["sql"])]
     assert len(statements) == 8
+    assert sum(sql.startswith(PREPARED) for sql in statements) == 7, "all but the heartbeat are prepared"
     for sql in statements:
         scans = set(_scans(_plan(sql)))
         assert scans == {PKEY}, (scans, sql.splitlines()[0])
