@@ -28,6 +28,7 @@ import enum
 import functools
 import json
 import logging
+import math
 import re
 import time
 import types
@@ -318,6 +319,13 @@ _prepared: weakref.WeakKeyDictionary[Any, dict[str, float]] = weakref.WeakKeyDic
 # seventh); the table's size, read afresh each time, is enough for the planner to pick the partial
 # indexes even before an analyze.
 REPLAN_SECONDS = 10.0
+# A run slower than this makes its statement be prepared again at its next run, at most once every
+# REPLAN_AFTER_SLOW_SECONDS: a plan made on a table that has since grown is kept no longer than that
+# when it costs (bench flow: rate_limited_due's plan made on the emptied table took 15-38 ms a run,
+# about ten runs a second, until REPLAN_SECONDS passed; planned again, 0.1 ms). A run slow for
+# another reason (a big claim, a lock wait, a loaded machine) costs one planning more at most that often.
+SLOW_RUN_SECONDS = 0.005
+REPLAN_AFTER_SLOW_SECONDS = 1.0
 
 
 def run_prepared(
@@ -334,9 +342,10 @@ def run_prepared(
 
     Prepared on the first run in that session (``types``: each parameter's SQL type), then only
     executed, with a generic plan (``GENERIC_PLAN``); prepared again every ``REPLAN_SECONDS``, so the
-    plan follows the table. After a failure the session's statements are deallocated and prepared
-    again on their next run, so a session that lost one, or holds one a migration made stale,
-    recovers at the next call instead of failing at every one.
+    plan follows the table, and sooner after a slow run (``SLOW_RUN_SECONDS``). After a failure the
+    session's statements are deallocated and prepared again on their next run, so a session that
+    lost one, or holds one a migration made stale, recovers at the next call instead of failing at
+    every one.
     For a dedicated session (``locks.dedicated_connection``), or Django's own through
     ``run_prepared_here`` (never behind a pooler in transaction mode: the next transaction may run
     on a server session that never saw the ``PREPARE``; "Behind PgBouncer", docs/operations.md).
@@ -362,7 +371,10 @@ def run_prepared(
         arguments = f" ({', '.join(['%s'] * len(names))})" if names else ""
         # one query string: in autocommit, one implicit transaction, which the SET LOCAL lasts for
         head = prefix.replace("%", "%%") + (GENERIC_PLAN if generic else "")
+        started = time.monotonic()
         cursor.execute(f"{head}EXECUTE {name}{arguments}", [params[n] for n in names])
+        if time.monotonic() - started > SLOW_RUN_SECONDS and started >= done[name] + REPLAN_AFTER_SLOW_SECONDS:
+            done[name] = -math.inf  # prepared again at its next run
     except (psycopg2.Error, DatabaseError):
         # The session and our list may disagree (a statement deallocated or prepared on another
         # server session behind a pooler; a plan whose result type a migration changed: "cached

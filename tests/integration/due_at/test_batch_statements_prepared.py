@@ -29,6 +29,7 @@ registry.handler("prepared.noop", schema={"type": "object"}, timeout=10, batch_s
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(db, "REPLAN_SECONDS", 3600.0)
+    monkeypatch.setattr(db, "REPLAN_AFTER_SLOW_SECONDS", 3600.0)
     monkeypatch.setattr(db, "_orm_refused", False)
     yield
     lease.stop()  # its thread's connection is closed before the test database is dropped

@@ -27,9 +27,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def _no_replan_within_a_test(monkeypatch):
-    # the tests count plans: a statement prepared again after db.REPLAN_SECONDS (a stall of a loaded
-    # machine) would start its count again
+    # the tests count plans: a statement prepared again after db.REPLAN_SECONDS or a slow run (a stall
+    # of a loaded machine) would start its count again
     monkeypatch.setattr(db, "REPLAN_SECONDS", 3600.0)
+    monkeypatch.setattr(db, "REPLAN_AFTER_SLOW_SECONDS", 3600.0)
 
 
 @pytest.fixture
@@ -215,6 +216,37 @@ def test_a_plan_made_on_an_empty_table_is_made_again_after_replan_seconds(sessio
     # kind's 4,000 rows (priority 0, which all of them have, may be found by whichever scan stops first)
     assert fresh.count("scheduledjob_pending_kind_idx") >= 9
     assert _prepared_at(session) > prepared, "prepared again"
+
+
+def test_a_slow_run_has_its_statement_prepared_again_at_its_next_run(session, monkeypatch, run_sql, request):
+    """A stale plan is kept no longer than a slow run: the next run prepares the statement again (at most
+    once every REPLAN_AFTER_SLOW_SECONDS), not only once REPLAN_SECONDS have passed."""
+    run_sql("TRUNCATE scheduling_jobattempt, scheduling_scheduledjob CASCADE")
+    run_sql("DELETE FROM pg_statistic WHERE starelid = 'scheduling_scheduledjob'::regclass")
+    request.addfinalizer(lambda: run_sql("ANALYZE scheduling_scheduledjob"))
+    api.set_rate("demo.record", registry.Rate(5, per_seconds=1))
+    monkeypatch.setattr(db, "REPLAN_SECONDS", 3600.0)
+    monkeypatch.setattr(db, "REPLAN_AFTER_SLOW_SECONDS", 0.0)
+    monkeypatch.setattr(db, "SLOW_RUN_SECONDS", 3600.0)  # no run is slow
+    assert store.rate_limited_due(session=session) is None  # prepared and planned on the empty table
+    stale, prepared = _cached_plan(session, "rate_limited_due"), _prepared_at(session)
+    api.schedule_many("demo.record", [{}] * 4000, delay=0)
+    assert store.rate_limited_due(session=session) == pytest.approx(0.2)
+    assert (_cached_plan(session, "rate_limited_due"), _prepared_at(session)) == (stale, prepared), "kept"
+
+    monkeypatch.setattr(db, "SLOW_RUN_SECONDS", 0.0)  # every run is slow
+    assert store.rate_limited_due(session=session) == pytest.approx(0.2)  # slow: marked
+    assert _prepared_at(session) == prepared, "a slow run is answered, not run again"
+    monkeypatch.setattr(db, "REPLAN_AFTER_SLOW_SECONDS", 3600.0)  # from now on a plan this young is kept, slow or not
+    assert store.rate_limited_due(session=session) == pytest.approx(0.2)  # the next run prepares again
+    again = _prepared_at(session)
+    assert again > prepared
+    fresh = _cached_plan(session, "rate_limited_due")
+    assert "scheduledjob_kind_state_idx" not in fresh
+    assert fresh.count("scheduledjob_pending_kind_idx") >= 9
+    for _ in range(3):
+        assert store.rate_limited_due(session=session) == pytest.approx(0.2)
+    assert _prepared_at(session) == again, "slow runs of a young plan keep it"
 
 
 def _prepared_at(session: Any) -> Any:
