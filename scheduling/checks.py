@@ -365,7 +365,8 @@ def check_orm_behind_transaction_pooler(
         checks.Warning(
             "The default database appears to go through a transaction pooler (its backend pid changes between "
             "transactions) while server-side cursors are on: QuerySet.iterator() would fail with 'cursor does "
-            "not exist'.",
+            "not exist', and Timekeeper prepares its batches' statements on it (the first to reach a server "
+            "session that never saw them fails; the process sends text after it).",
             hint="Set DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'] = True "
             "(DATABASE_DISABLE_SERVER_SIDE_CURSORS=1 in this project).",
             id="scheduling.W008",

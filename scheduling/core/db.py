@@ -337,12 +337,15 @@ def run_prepared(
     *,
     prefix: str = "",
     generic: bool = True,
+    replan_when_slow: bool = False,
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run ``sql`` as the server-side prepared statement ``name`` of ``cursor``'s session; its columns and rows.
 
     Prepared on the first run in that session (``types``: each parameter's SQL type), then only
     executed, with a generic plan (``GENERIC_PLAN``); prepared again every ``REPLAN_SECONDS``, so the
-    plan follows the table, and sooner after a slow run (``SLOW_RUN_SECONDS``). After a failure the
+    plan follows the table, and with ``replan_when_slow`` sooner after a slow run (``SLOW_RUN_SECONDS``:
+    for reads whose normal run is well under it; a claim or an outcome statement may be slow because
+    it has many rows, not a stale plan). After a failure (or an interruption) the
     session's statements are deallocated and prepared again on their next run, so a session that
     lost one, or holds one a migration made stale, recovers at the next call instead of failing at
     every one.
@@ -373,9 +376,10 @@ def run_prepared(
         head = prefix.replace("%", "%%") + (GENERIC_PLAN if generic else "")
         started = time.monotonic()
         cursor.execute(f"{head}EXECUTE {name}{arguments}", [params[n] for n in names])
-        if time.monotonic() - started > SLOW_RUN_SECONDS and started >= done[name] + REPLAN_AFTER_SLOW_SECONDS:
+        slow = time.monotonic() - started > SLOW_RUN_SECONDS
+        if replan_when_slow and slow and started >= done[name] + REPLAN_AFTER_SLOW_SECONDS:
             done[name] = -math.inf  # prepared again at its next run
-    except (psycopg2.Error, DatabaseError):
+    except BaseException:  # a database error, or a stop (SystemExit) between a PREPARE and its record
         # The session and our list may disagree (a statement deallocated or prepared on another
         # server session behind a pooler; a plan whose result type a migration changed: "cached
         # plan must not change result type"), and a failure of any other kind costs little to
@@ -393,6 +397,8 @@ Types = Mapping[str, str]
 _ORM_PREFIX = "tk_"  # the names of the statements prepared on Django's connection (run_prepared_here)
 _orm_refused = False  # a server session did not know a statement this process prepared: a pooler (orm_prepares)
 INVALID_STATEMENT_NAME = "26000"  # SQLSTATE: "prepared statement ... does not exist"
+DUPLICATE_STATEMENT = "42P05"  # SQLSTATE: "prepared statement ... already exists" (a session we did not prepare)
+CHANGED_RESULT_TYPE = "0A000"  # SQLSTATE of "cached plan must not change result type" (a migration since the PREPARE)
 
 
 def orm_prepares() -> bool:
@@ -402,9 +408,14 @@ def orm_prepares() -> bool:
     never saw the ``PREPARE``. Django's setting for such a pooler, ``DISABLE_SERVER_SIDE_CURSORS``
     (docs/operations.md, "Behind PgBouncer"; scheduling.W008 warns when a pooler is seen without
     it), turns it off; so does, for the rest of the process, a server session that did not know a
-    statement this process had prepared (a pooler without that setting).
+    statement this process had prepared, or knew one it had not (a pooler without that setting).
+    Only with psycopg2, this project's driver.
     """
-    return not _orm_refused and not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+    return (
+        not _orm_refused
+        and not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+        and connection.Database is psycopg2  # psycopg 3 binds on the server itself, and mogrify differs
+    )
 
 
 def run_prepared_here(
@@ -415,29 +426,35 @@ def run_prepared_here(
     For the statements every batch runs: planning them was about half of what PostgreSQL spent on
     a batch of one job (bench flow). ``prefix`` (statements run first, in the same query string) may
     hold the statement's named parameters. Not prepared (``orm_prepares``): sent as text like any
-    other. A session that does not know a statement this process prepared marks the process, logs
-    why, and the statement fails; later ones are sent as text.
+    other. A session that does not know a statement this process prepared (or knows one it did not)
+    marks the process and logs why; later statements are sent as text.
+    A prepared run that fails in autocommit because of its preparing (a statement lost to a pooler,
+    a plan whose result type a migration changed) ran nothing: it is sent again at once as text. Inside a caller's
+    transaction the failure is the caller's, as any statement's (the transaction is aborted), and the
+    statement is prepared again at its next run.
     """
     global _orm_refused
     assert isinstance(params, Mapping)
     if not orm_prepares():
         return run(prefix + sql, params)
+    autocommit = connection.get_autocommit()
     with connection.cursor() as cursor:
         head = cursor.mogrify(prefix, params).decode() if "%(" in prefix else prefix
         try:
-            return run_prepared(
-                cursor, _ORM_PREFIX + name, sql, params, types, prefix=head, generic=connection.get_autocommit()
-            )
+            return run_prepared(cursor, _ORM_PREFIX + name, sql, params, types, prefix=head, generic=autocommit)
         except DatabaseError as exc:
-            if getattr(exc.__cause__, "pgcode", None) == INVALID_STATEMENT_NAME:
+            code = getattr(exc.__cause__, "pgcode", None)
+            if code in (INVALID_STATEMENT_NAME, DUPLICATE_STATEMENT):
                 _orm_refused = True
                 logger.warning(
-                    "a prepared statement was not found on the server session: Django's connection goes"
-                    " through a transaction pooler; set DISABLE_SERVER_SIDE_CURSORS on it (docs/operations.md,"
-                    " 'Behind PgBouncer'). Statements are no longer prepared in this process.",
+                    "a prepared statement was missing from the server session, or there before it was prepared:"
+                    " Django's connection goes through a transaction pooler; set DISABLE_SERVER_SIDE_CURSORS on it"
+                    " (docs/operations.md, 'Behind PgBouncer'). Statements are no longer prepared in this process.",
                     extra={"statement": name, "action": "prepare_refused"},
                 )
-            raise
+            if not autocommit or code not in (INVALID_STATEMENT_NAME, DUPLICATE_STATEMENT, CHANGED_RESULT_TYPE):
+                raise
+    return run(prefix + sql, params)
 
 
 def rows_as(cls: type[R], columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[R]:

@@ -146,6 +146,7 @@ class ControlLoop:
                     continue
                 if not was_leading:
                     claim.sync_rates(force=True)
+                    self._refill = None  # read afresh: the rates may have changed while another led
                     logger.info("control loop leads here: claiming and sweeping", extra={"action": "control_leads"})
                 try:
                     self.turn()
@@ -198,6 +199,7 @@ class ControlLoop:
         if rates:
             self.counters.rate_claims += 1
             self._last_rate_claim = now
+            self._refill = None  # this claim changed what waits: read again before it is kept (_rate_refill)
         self.counters.claimed += report.claimed
         self.counters.batches += report.batches
         self.counters.given_back += report.given_back
@@ -228,7 +230,8 @@ class ControlLoop:
         between, other kinds' due times within a step, claimed no rate-limited job and keep the last
         reading while it says one waits: the step it sets ends at the next turn that claims them, which
         reads again (bench flow: a read of ten probes per kind, on most turns, for a value that only
-        those turns change). A reading that none waits is not kept: it is read again on the next turn.
+        those turns change). A reading that none waits is not kept: it is read again on the next turn;
+        nor is one older than the last such claim (a turn that returned before reading) or the lead.
         """
         if rates or self._refill is None:
             self._refill = store.rate_limited_due(session=self.leadership.connection)

@@ -44,7 +44,7 @@ START_TYPES = {**CLAIMS_TYPES, "worker": "text"}
 TRANSITION_TYPES = {
     **CLAIMS_TYPES,
     **{name: "text[]" for name in ("from_states", "events", "delays", "errors", "started", "finished", "tracebacks")},
-    "plans": "text",
+    "plans": "jsonb",  # as text, a generic plan would parse it again for every row
 }
 
 
@@ -445,7 +445,7 @@ _READ_PARAM_TYPES = {"horizon": "float8", "limit": "int"}
 def _prepared_in_session(session: Any, name: str, params: Mapping[str, Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Read-only statement ``name`` run prepared in ``session`` (autocommit: a transaction of its own)."""
     with session.cursor() as cursor:
-        return db.run_prepared(cursor, name, SQL[name], params, _READ_PARAM_TYPES)
+        return db.run_prepared(cursor, name, SQL[name], params, _READ_PARAM_TYPES, replan_when_slow=True)
 
 
 def _claim_in_session(session: Any, params: dict[str, Any]) -> list[Claim]:

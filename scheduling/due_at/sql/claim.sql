@@ -334,7 +334,9 @@ WITH started AS (
     RETURNING j.id, j.token::text AS token, j.kind, j.payload, j.attempts, j.max_attempts, j.due_at, t.n,
               j.timeout_seconds, j.backoff_base_seconds, j.backoff_cap_seconds, j.atomic
 )
-SELECT s.id, s.token, s.kind, s.payload, s.attempts, s.max_attempts, s.due_at, clock_timestamp() AS db_now,
+-- (kind as text: the statement is prepared on the worker's connection, and a prepared statement whose
+-- result type a migration changed, even a varchar's length, fails where a text result does not)
+SELECT s.id, s.token, s.kind::text AS kind, s.payload, s.attempts, s.max_attempts, s.due_at, clock_timestamp() AS db_now,
        s.timeout_seconds, s.backoff_base_seconds, s.backoff_cap_seconds, s.atomic,
        -- a rate-limited kind's job takes a start permit before its handler runs (starts.sql): the
        -- window it counts in, as the claim computes it; NULL for a kind without a rate
@@ -454,7 +456,7 @@ WITH input AS (
     FROM judged JOIN moved USING (id)
     WHERE judged.d ->> 'record' IS NOT NULL
 )
-SELECT id, state, due_at, refunded FROM moved;
+SELECT id, state::text AS state, due_at, refunded FROM moved;  -- text: as start_jobs's kind
 
 -- name: committed_jobs
 -- After an ambiguous COMMIT (the connection dropped while committing): the jobs of the chunk that

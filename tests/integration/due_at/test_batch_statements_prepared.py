@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from scheduling import api, registry
@@ -80,19 +80,42 @@ def test_behind_a_transaction_pooler_nothing_is_prepared(monkeypatch):
 
 def test_a_session_without_a_statement_this_process_prepared_stops_the_preparing(caplog):
     """As a pooler without that setting would do: the next transaction on a server session that never saw
-    the PREPARE. That statement fails (its jobs stay claimed, nothing is lost), and the process sends text after."""
+    the PREPARE. In autocommit the statement, which ran nothing, is sent again as text at once; the
+    process sends text from then on."""
     connection.close()
     _run_batch()
     claims = _claims()
     with connection.cursor() as cursor:
         cursor.execute("DEALLOCATE tk_start_jobs")  # the session as another server's would be
-    with pytest.raises(DatabaseError):
-        store.start_jobs(claims, "worker-1")
+    with CaptureQueriesContext(connection) as captured:
+        started = store.start_jobs(claims, "worker-1")
+    assert [j.id for j in started] == [i for i, _ in claims], "started once, by the text"
+    assert sum("WITH started AS" in q["sql"] for q in captured.captured_queries) == 1
     assert db._orm_refused
     assert not db.orm_prepares()
     assert any(r.__dict__.get("action") == "prepare_refused" for r in caplog.records)
-    assert ScheduledJob.objects.filter(id__in=[i for i, _ in claims], state=JobState.CLAIMED).count() == 2
-    started = store.start_jobs(claims, "worker-1")
-    assert [j.id for j in started] == [i for i, _ in claims]
     sent = _run_batch()
     assert not any("EXECUTE" in sql for sql in sent), sent
+
+
+def test_inside_a_transaction_a_lost_statement_fails_the_transaction_and_stops_the_preparing():
+    """A statement cannot be sent again inside the caller's transaction (it is aborted): the failure is the
+    caller's, as any statement's; the rows are untouched and the next statements go as text."""
+    connection.close()
+    _run_batch()
+    claims = _claims()
+    store.start_jobs(claims, "worker-1")
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE tk_lock_claims")
+    with pytest.raises(DatabaseError), transaction.atomic():
+        store.lock_claims(claims)
+    assert not db.orm_prepares()
+    with transaction.atomic():
+        assert sorted(store.lock_claims(claims)) == sorted(i for i, _ in claims)
+    assert ScheduledJob.objects.filter(id__in=[i for i, _ in claims], state=JobState.RUNNING).count() == 2
+
+
+def test_only_with_psycopg2(monkeypatch):
+    """psycopg 3 binds on the server itself (and its mogrify returns text): nothing is prepared there."""
+    monkeypatch.setattr(connection, "Database", object())
+    assert not db.orm_prepares()

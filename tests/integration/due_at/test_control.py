@@ -368,6 +368,25 @@ def test_turns_between_the_rate_limited_kinds_claims_keep_the_last_reading_of_th
         connection.close()
 
 
+def test_a_reading_of_the_rate_limited_backlog_is_not_kept_past_a_turn_that_claimed_them(queue):
+    """A turn that claims the rate-limited kinds and returns before reading (a full queue) drops the last
+    reading: another kind's turn then reads afresh instead of sleeping on an old refill interval."""
+    api.set_rate("demo.record", registry.Rate(2, per_seconds=3600))
+    api.schedule_many("demo.record", [{}] * 3, delay=0)
+    loop = control.ControlLoop()
+    assert loop.leadership.lead()
+    try:
+        loop._refill = 0.5  # a reading from an earlier turn (another rate since, say)
+        client = broker.client()
+        client.rpush(queue, *[b"placeholder"] * (conf.get().max_queued_batches - client.llen(queue)))
+        loop.turn()  # claims the rate-limited kinds, finds the queue full, returns before reading
+        assert loop.counters.rate_claims == 1
+        assert loop._refill is None, "dropped: the next turn reads it again"
+    finally:
+        loop.leadership.resign()
+        connection.close()
+
+
 def test_while_a_rate_limited_kind_waits_its_turns_take_any_room_the_queue_has(queue, monkeypatch, run_sql):
     """Other turns claim once the queue has room for a refill (half its bound); a turn that claims a
     rate-limited kind waiting for its window takes a single free message, so a freed start is not lost."""
