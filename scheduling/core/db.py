@@ -414,7 +414,7 @@ def orm_prepares() -> bool:
     return (
         not _orm_refused
         and not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
-        and connection.Database is psycopg2  # psycopg 3 binds on the server itself, and mogrify differs
+        and getattr(connection, "Database", None) is psycopg2  # psycopg 3 binds on the server, mogrify differs
     )
 
 
