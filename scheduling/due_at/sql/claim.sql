@@ -61,7 +61,14 @@ FROM (SELECT kind FROM scheduling_kindcontrol
 -- row) spreads the starts of a busy kind: a kind that took nothing for two periods may take its
 -- whole limit at once; after that at most max(2, limit / 20) at once, refilled at the limit per
 -- period, so a backlog is not taken as one burst per period (which would repeat, a period apart:
--- the window's entries of one burst all expire together).
+-- the window's entries of one burst all expire together). And the claim keeps in step with the
+-- handlers' starts (the start permits' window, handler_starts, same row: starts.sql): it takes at
+-- most the limit minus the starts that will still be inside the window one start's worth of it
+-- (period / limit, the control loop's step) from now. A batch whose handlers started late (an idle
+-- kind's whole-limit burst, run one job after another) would otherwise have the next period's
+-- claims reach their workers while the window of starts is still full: each would wait for its
+-- permit in a pool process, holding it from every other kind, and start late in turn, a period
+-- after period, for as long as the backlog lasts. Held back here, they start when there is room.
 --
 -- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s in all,
 -- and per named queue its own room, %(queue_rooms)s: a kind's batches go to its queue, %(kind_queues)s,
@@ -95,6 +102,10 @@ clock AS (
                          ELSE (SELECT greatest(0, least(
                                    -- the window: the limit minus the starts inside the period (exact)
                                    c.rate_limit - s.used,
+                                   -- the starts (in step with them): the limit minus the handlers' starts
+                                   -- still inside the window one start's worth of it from now
+                                   c.rate_limit - (SELECT count(*) FROM unnest(w.handler_starts) AS h(at)
+                                                   WHERE h.at > clock.t - make_interval(secs => c.rate_period_seconds * (1 - 1.0 / c.rate_limit))),
                                    -- the bucket (smooth): a kind idle for two periods may take its whole limit
                                    CASE WHEN w.tokens_at IS NULL
                                           OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
@@ -136,6 +147,9 @@ clock AS (
     -- inlined, the planner moved the read into parted's filter, twice per row)
     SELECT p.kind, p.part, (SELECT greatest(0, least(
                                 c.rate_limit - s.used,
+                                -- the starts, as above: those still inside the window a step from now
+                                c.rate_limit - (SELECT count(*) FROM unnest(w.handler_starts) AS h(at)
+                                                WHERE h.at > clock.t - make_interval(secs => c.rate_period_seconds * (1 - 1.0 / c.rate_limit))),
                                 CASE WHEN w.tokens_at IS NULL
                                        OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
                                      THEN c.rate_limit

@@ -242,6 +242,46 @@ def test_a_window_full_from_one_burst_does_not_burst_again_when_it_expires(run_s
     assert len(store.claim_due_jobs(100)) == 12, "the bucket's burst, not the whole limit"
 
 
+def test_the_claim_keeps_in_step_with_the_handlers_starts_not_only_its_own_claims(run_sql):
+    """10 an hour: an idle burst's claims have left the window, but its handlers started late (their batch
+    waited): the claim takes nothing while those starts stay in the window for more than a start's worth
+    of it (6 minutes), and its bucket once they leave within that."""
+    api.schedule_many("demo.record", [{}] * 30, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(10, per_seconds=HOUR))
+    assert len(store.claim_due_jobs(100)) == 10
+    run_sql(
+        "UPDATE scheduling_kindrate SET starts_at = ARRAY(SELECT t - interval '61 minutes' FROM unnest(starts_at) t),"
+        " tokens_at = tokens_at - interval '61 minutes',"
+        " handler_starts = array_fill(statement_timestamp() - interval '50 minutes', ARRAY[10])"
+    )
+    assert store.claim_due_jobs(100) == [], "the handlers' starts fill the window for 10 more minutes"
+    run_sql(
+        "UPDATE scheduling_kindrate"
+        " SET handler_starts = array_fill(statement_timestamp() - interval '55 minutes', ARRAY[10])"
+    )
+    assert len(store.claim_due_jobs(100)) == 2, "they leave within a step: the bucket's burst"
+    (window,) = KindRate.objects.filter(kind="demo.record")
+    assert len(window.handler_starts) == 10, "the claim reads the starts' window; the permits write it"
+
+
+def test_a_partitions_claim_keeps_in_step_with_its_own_handlers_starts(run_sql):
+    """2 an hour per partner, both claims an hour old: b's handlers started on time and b takes its bucket;
+    a's started 10 minutes ago, and a takes nothing until they leave."""
+    api.schedule_many("demo.record", [{"partner": "a"}] * 5 + [{"partner": "b"}] * 5, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(2, per_seconds=HOUR, partition_by="partner"))
+    assert len(store.claim_due_jobs(100)) == 4
+    run_sql(
+        "UPDATE scheduling_kindrate SET starts_at = ARRAY(SELECT t - interval '61 minutes' FROM unnest(starts_at) t),"
+        " tokens_at = tokens_at - interval '61 minutes',"
+        " handler_starts = array_fill(statement_timestamp()"
+        " - CASE partition WHEN 'a' THEN interval '10 minutes' ELSE interval '61 minutes' END, ARRAY[2])"
+    )
+    claims = store.claim_due_jobs(100)
+    assert Counter(ScheduledJob.objects.get(id=c.id).payload["partner"] for c in claims) == {"b": 2}
+
+
 def test_the_control_loop_claims_again_once_per_start_of_the_fastest_waiting_rate():
     """The loop's step: a start's worth of window (period / limit) of the fastest rate-limited kind with due jobs."""
     assert store.rate_limited_due() is None, "no rate-limited kind has due jobs"
