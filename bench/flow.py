@@ -53,14 +53,28 @@ def max_in_window(times: Sequence[float], window: float = 1.0) -> int:
     return best
 
 
-def _starts(kind: str) -> list[tuple[float, str]]:
+def _starts(kind: str, before: Any) -> list[tuple[float, str]]:
+    """The kind's handler starts (epoch seconds, label) before ``before``, when its rate was lifted.
+
+    The run ends by lifting the rate, so that the rest of the backlog goes and the worker stops
+    cleanly; the starts after that are not limited and not counted (``starts_after_lift``).
+    """
     rows = common.sql(
         "SELECT extract(epoch FROM a.started_at)::float8, coalesce(j.payload ->> 'label', '')"
         " FROM scheduling_jobattempt AS a JOIN scheduling_scheduledjob AS j ON j.id = a.job_id"
-        " WHERE j.kind = %s AND a.number = 1 ORDER BY a.started_at",
-        [kind],
+        " WHERE j.kind = %s AND a.number = 1 AND a.started_at < %s ORDER BY a.started_at",
+        [kind, before],
     )
     return [(float(at), str(label)) for at, label in rows]
+
+
+def _starts_after(kind: str, lifted: Any) -> int:
+    rows = common.sql(
+        "SELECT count(*) FROM scheduling_jobattempt AS a JOIN scheduling_scheduledjob AS j ON j.id = a.job_id"
+        " WHERE j.kind = %s AND a.started_at >= %s",
+        [kind, lifted],
+    )
+    return int(rows[0][0])
 
 
 def _other_lags_ms() -> list[tuple[float, float]]:
@@ -142,9 +156,13 @@ class ClaimLog:
 
 
 def _run(
-    seconds: float, set_rate: Callable[[], None], payloads: list[dict[str, Any]], rng: random.Random
-) -> tuple[list[tuple[float, str]], list[float], int, ClaimLog]:
-    """One scenario: the limited backlog due now, the other kind paced beside it; the starts and lags."""
+    seconds: float, set_rate: Callable[[], object], payloads: list[dict[str, Any]], rng: random.Random
+) -> tuple[list[tuple[float, str]], list[tuple[float, float]], int, ClaimLog, int]:
+    """One scenario: the limited backlog due now, the other kind paced beside it.
+
+    Returns the limited kind's starts while it was limited, the other kind's lags, how many of the
+    other kind were sent, the claims' log, and how many limited starts came after the rate was lifted.
+    """
     from scheduling import api
 
     common.reset_state()
@@ -167,17 +185,19 @@ def _run(
         time.sleep(lag.DELAY_RANGE_S[1] + 1)  # the last paced jobs come due and run
         log.stop.set()
         log.thread.join(5)
+        ((lifted,),) = common.sql("SELECT clock_timestamp()")  # the database clock, as the starts'
         api.set_rate(LIMITED_KIND, None)  # let the rest of the backlog go, so the group stops cleanly
-    starts, lags = _starts(LIMITED_KIND), _other_lags_ms()
+    starts, lags = _starts(LIMITED_KIND, lifted), _other_lags_ms()
+    after_lift = _starts_after(LIMITED_KIND, lifted)
     common.reset_state()
-    return starts, lags, sent, log
+    return starts, lags, sent, log, after_lift
 
 
 def scenario_rate(seconds: float, backlog: int, rng: random.Random) -> dict[str, Any]:
     from scheduling import api
 
     common.say(f"flow rate: {LIMITED_KIND} at {LIMIT_PER_S}/s with {backlog} due, {OTHER_KIND} at {OTHER_RATE_PER_S}/s")
-    starts, lags, sent, log = _run(
+    starts, lags, sent, log, after_lift = _run(
         seconds,
         lambda: api.set_rate(LIMITED_KIND, f"{LIMIT_PER_S}/s"),
         [{"label": "one"}] * backlog,
@@ -192,6 +212,7 @@ def scenario_rate(seconds: float, backlog: int, rng: random.Random) -> dict[str,
         "claimed_rate_error_pct": claimed["rate_error_pct"],
         "max_claimed_in_1s": claimed["max_starts_in_1s"],
         "other_sent": sent,
+        "starts_after_lift": after_lift,
         "other_kind_lag": other,
         "other_kind_lag_p99_ms": other["p99_ms"],
         "other_kind_lag_p99_ms_by_10s": by_window(lags),
@@ -205,7 +226,7 @@ def scenario_partitioned(seconds: float, per_partition: int, rng: random.Random)
     common.say(f"flow partitioned: {PARTITIONS} labels at {PARTITION_LIMIT_PER_S}/s each, {per_partition} due each")
     labels = [f"p{i:02d}" for i in range(PARTITIONS)]
     payloads = [{"label": labels[i % PARTITIONS]} for i in range(PARTITIONS * per_partition)]
-    starts, lags, sent, log = _run(
+    starts, lags, sent, log, after_lift = _run(
         seconds,
         lambda: api.set_rate(LIMITED_KIND, registry.Rate(PARTITION_LIMIT_PER_S, 1.0, partition_by="label")),
         payloads,
@@ -225,6 +246,7 @@ def scenario_partitioned(seconds: float, per_partition: int, rng: random.Random)
         "partition_limit_per_s": PARTITION_LIMIT_PER_S,
         "partitions": PARTITIONS,
         "other_sent": sent,
+        "starts_after_lift": after_lift,
         "other_kind_lag": other,
         "other_kind_lag_p99_ms": other["p99_ms"],
         "other_kind_lag_p99_ms_by_10s": by_window(lags),
