@@ -318,6 +318,11 @@ PARTITION_SCAN_ROWS = 1000
 # The claim walks the due rows kind by kind when more than half of the first WALK_HEAD_ROWS due rows
 # are of kinds it leaves out (paused, capped, rate-limited, of a closed queue): claim.sql, "head".
 WALK_HEAD_ROWS = 64
+# A rate-limited kind's claim keeps in step with its handlers' starts, looking as far ahead as the
+# control loop's step for the kind: its period / limit, within these bounds (control.RATE_STEP_SECONDS
+# and control.WAIT_STEP_SECONDS, equal by test; claim.sql, "in step with the handlers' starts").
+START_LEAD_MIN_SECONDS = 0.02
+START_LEAD_MAX_SECONDS = 0.5
 
 
 def claim_params(
@@ -343,6 +348,8 @@ def claim_params(
     return {
         "partition_scan": PARTITION_SCAN_ROWS,
         "walk_head": WALK_HEAD_ROWS,
+        "start_lead_min": START_LEAD_MIN_SECONDS,
+        "start_lead_max": START_LEAD_MAX_SECONDS,
         "rates": rates,
         "limit": limit,
         "messages": limit if messages is None else messages,
@@ -371,6 +378,8 @@ INDEX_COSTS = "SET LOCAL random_page_cost = 1.0;\n"
 CLAIM_PARAM_TYPES = {
     "partition_scan": "int",
     "walk_head": "int",
+    "start_lead_min": "float8",
+    "start_lead_max": "float8",
     "rates": "boolean",
     "limit": "int",
     "messages": "int",

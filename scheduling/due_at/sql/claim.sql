@@ -63,12 +63,15 @@ FROM (SELECT kind FROM scheduling_kindcontrol
 -- period, so a backlog is not taken as one burst per period (which would repeat, a period apart:
 -- the window's entries of one burst all expire together). And the claim keeps in step with the
 -- handlers' starts (the start permits' window, handler_starts, same row: starts.sql): it takes at
--- most the limit minus the starts that will still be inside the window one start's worth of it
--- (period / limit, the control loop's step) from now. A batch whose handlers started late (an idle
--- kind's whole-limit burst, run one job after another) would otherwise have the next period's
--- claims reach their workers while the window of starts is still full: each would wait for its
--- permit in a pool process, holding it from every other kind, and start late in turn, a period
--- after period, for as long as the backlog lasts. Held back here, they start when there is room.
+-- most the limit minus the starts that will still be inside the window the control loop's step for
+-- the kind from now (period / limit, at least %(start_lead_min)s and at most %(start_lead_max)s
+-- seconds: control.RATE_STEP_SECONDS and WAIT_STEP_SECONDS). A batch whose handlers started late
+-- (an idle kind's whole-limit burst, run one job after another) would otherwise have the next
+-- period's claims reach their workers while the window of starts is still full: each would wait
+-- for its permit in a pool process, holding it from every other kind, and start late in turn,
+-- period after period, for as long as the backlog lasts. Held back here, a job waits for its
+-- permit at most about a step. A start that came less than a step after its claim holds back
+-- nothing: in a steady backlog the claims keep their own pace, and the rate with them.
 --
 -- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s in all,
 -- and per named queue its own room, %(queue_rooms)s: a kind's batches go to its queue, %(kind_queues)s,
@@ -103,9 +106,10 @@ clock AS (
                                    -- the window: the limit minus the starts inside the period (exact)
                                    c.rate_limit - s.used,
                                    -- the starts (in step with them): the limit minus the handlers' starts
-                                   -- still inside the window one start's worth of it from now
+                                   -- still inside the window a step from now
                                    c.rate_limit - (SELECT count(*) FROM unnest(w.handler_starts) AS h(at)
-                                                   WHERE h.at > clock.t - make_interval(secs => c.rate_period_seconds * (1 - 1.0 / c.rate_limit))),
+                                                   WHERE h.at > clock.t - make_interval(secs => c.rate_period_seconds
+                                                       - least(greatest(%(start_lead_min)s, c.rate_period_seconds / c.rate_limit), %(start_lead_max)s))),
                                    -- the bucket (smooth): a kind idle for two periods may take its whole limit
                                    CASE WHEN w.tokens_at IS NULL
                                           OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
@@ -149,7 +153,8 @@ clock AS (
                                 c.rate_limit - s.used,
                                 -- the starts, as above: those still inside the window a step from now
                                 c.rate_limit - (SELECT count(*) FROM unnest(w.handler_starts) AS h(at)
-                                                WHERE h.at > clock.t - make_interval(secs => c.rate_period_seconds * (1 - 1.0 / c.rate_limit))),
+                                                WHERE h.at > clock.t - make_interval(secs => c.rate_period_seconds
+                                                       - least(greatest(%(start_lead_min)s, c.rate_period_seconds / c.rate_limit), %(start_lead_max)s))),
                                 CASE WHEN w.tokens_at IS NULL
                                        OR w.tokens_at <= clock.t - make_interval(secs => 2 * c.rate_period_seconds)
                                      THEN c.rate_limit

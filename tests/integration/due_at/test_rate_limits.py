@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from scheduling import api, exceptions, registry
 from scheduling.core import registry as core_registry
-from scheduling.due_at import claim, store
+from scheduling.due_at import claim, control, store
 from scheduling.models import KindControl, KindRate, ScheduledJob
 from tests import support
 
@@ -244,8 +244,8 @@ def test_a_window_full_from_one_burst_does_not_burst_again_when_it_expires(run_s
 
 def test_the_claim_keeps_in_step_with_the_handlers_starts_not_only_its_own_claims(run_sql):
     """10 an hour: an idle burst's claims have left the window, but its handlers started late (their batch
-    waited): the claim takes nothing while those starts stay in the window for more than a start's worth
-    of it (6 minutes), and its bucket once they leave within that."""
+    waited): the claim takes nothing while those starts stay in the window for more than the loop's step
+    for the kind (6 minutes, bounded to 0.5 s), and its bucket once they leave within it."""
     api.schedule_many("demo.record", [{}] * 30, delay=60)
     support.make_due(state="pending")
     api.set_rate("demo.record", registry.Rate(10, per_seconds=HOUR))
@@ -258,9 +258,14 @@ def test_the_claim_keeps_in_step_with_the_handlers_starts_not_only_its_own_claim
     assert store.claim_due_jobs(100) == [], "the handlers' starts fill the window for 10 more minutes"
     run_sql(
         "UPDATE scheduling_kindrate"
-        " SET handler_starts = array_fill(statement_timestamp() - interval '55 minutes', ARRAY[10])"
+        " SET handler_starts = array_fill(statement_timestamp() - interval '59 minutes', ARRAY[10])"
     )
-    assert len(store.claim_due_jobs(100)) == 2, "they leave within a step: the bucket's burst"
+    assert store.claim_due_jobs(100) == [], "they leave in a minute: more than the step's 0.5 s"
+    run_sql(
+        "UPDATE scheduling_kindrate"
+        " SET handler_starts = array_fill(statement_timestamp() - interval '3599.8 seconds', ARRAY[10])"
+    )
+    assert len(store.claim_due_jobs(100)) == 2, "they leave within the step: the bucket's burst"
     (window,) = KindRate.objects.filter(kind="demo.record")
     assert len(window.handler_starts) == 10, "the claim reads the starts' window; the permits write it"
 
@@ -280,6 +285,31 @@ def test_a_partitions_claim_keeps_in_step_with_its_own_handlers_starts(run_sql):
     )
     claims = store.claim_due_jobs(100)
     assert Counter(ScheduledJob.objects.get(id=c.id).payload["partner"] for c in claims) == {"b": 2}
+
+
+def test_a_limit_of_one_keeps_in_step_with_its_handlers_start_too(run_sql):
+    """1 an hour, the claim an hour old: its handler started 30 minutes ago, so nothing is claimed until
+    that start is within the loop's longest step (0.5 s) of leaving the window."""
+    api.schedule_many("demo.record", [{}] * 3, delay=60)
+    support.make_due(state="pending")
+    api.set_rate("demo.record", registry.Rate(1, per_seconds=HOUR))
+    assert len(store.claim_due_jobs(100)) == 1
+    run_sql(
+        "UPDATE scheduling_kindrate SET starts_at = ARRAY(SELECT t - interval '61 minutes' FROM unnest(starts_at) t),"
+        " tokens_at = tokens_at - interval '61 minutes',"
+        " handler_starts = ARRAY[statement_timestamp() - interval '30 minutes']"
+    )
+    assert store.claim_due_jobs(100) == []
+    run_sql("UPDATE scheduling_kindrate SET handler_starts = ARRAY[statement_timestamp() - interval '3599.8 seconds']")
+    assert len(store.claim_due_jobs(100)) == 1, "the start leaves within a step: the job waits for its permit"
+
+
+def test_the_claims_look_ahead_at_the_starts_is_the_control_loops_step():
+    """The claim looks as far ahead at the handlers' starts as the loop's step for the kind, within its bounds."""
+    assert (store.START_LEAD_MIN_SECONDS, store.START_LEAD_MAX_SECONDS) == (
+        control.RATE_STEP_SECONDS,
+        control.WAIT_STEP_SECONDS,
+    )
 
 
 def test_the_control_loop_claims_again_once_per_start_of_the_fastest_waiting_rate():
