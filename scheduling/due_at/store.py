@@ -319,8 +319,9 @@ PARTITION_SCAN_ROWS = 1000
 # are of kinds it leaves out (paused, capped, rate-limited, of a closed queue): claim.sql, "head".
 WALK_HEAD_ROWS = 64
 # A rate-limited kind's claim keeps in step with its handlers' starts, looking as far ahead as the
-# control loop's step for the kind: its period / limit, within these bounds (control.RATE_STEP_SECONDS
-# and control.WAIT_STEP_SECONDS, equal by test; claim.sql, "in step with the handlers' starts").
+# control loop's step for its rate: period / limit, within these bounds (control.RATE_STEP_SECONDS
+# and control.WAIT_STEP_SECONDS, equal by test; the loop may step faster while a faster kind waits).
+# claim.sql, "in step with the handlers' starts".
 START_LEAD_MIN_SECONDS = 0.02
 START_LEAD_MAX_SECONDS = 0.5
 

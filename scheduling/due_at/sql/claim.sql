@@ -64,8 +64,9 @@ FROM (SELECT kind FROM scheduling_kindcontrol
 -- the window's entries of one burst all expire together). And the claim keeps in step with the
 -- handlers' starts (the start permits' window, handler_starts, same row: starts.sql): it takes at
 -- most the limit minus the starts that will still be inside the window the control loop's step for
--- the kind from now (period / limit, at least %(start_lead_min)s and at most %(start_lead_max)s
--- seconds: control.RATE_STEP_SECONDS and WAIT_STEP_SECONDS). A batch whose handlers started late
+-- the rate from now (period / limit, at least %(start_lead_min)s and at most %(start_lead_max)s
+-- seconds: control.RATE_STEP_SECONDS and WAIT_STEP_SECONDS; with a limit of 1 and a period of 0.5 s
+-- or less that is the whole period, and the claim's own window alone paces it). A batch whose handlers started late
 -- (an idle kind's whole-limit burst, run one job after another) would otherwise have the next
 -- period's claims reach their workers while the window of starts is still full: each would wait
 -- for its permit in a pool process, holding it from every other kind, and start late in turn,
