@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections import Counter
 from typing import Any
@@ -242,6 +243,26 @@ def test_a_window_full_from_one_burst_does_not_burst_again_when_it_expires(run_s
     assert len(store.claim_due_jobs(100)) == 12, "the bucket's burst, not the whole limit"
 
 
+def _claims_an_hour_old(run_sql, starts: int, started_ago: dict[str, float]) -> None:
+    """The claims' window and the bucket 61 minutes older; each partition's window of handler starts
+    set to ``starts`` starts ``started_ago[partition]`` seconds before the statement."""
+    run_sql(
+        "UPDATE scheduling_kindrate SET starts_at = ARRAY(SELECT t - interval '61 minutes' FROM unnest(starts_at) t),"
+        " tokens_at = tokens_at - interval '61 minutes',"
+        " handler_starts = array_fill(statement_timestamp() - make_interval(secs => (%s::jsonb ->> partition)::float8),"
+        " ARRAY[%s])",
+        [json.dumps(started_ago), starts],
+    )
+
+
+def _handler_starts_ago(run_sql, starts: int, seconds: float) -> None:
+    run_sql(
+        "UPDATE scheduling_kindrate SET handler_starts = array_fill(statement_timestamp() - make_interval(secs => %s),"
+        " ARRAY[%s])",
+        [seconds, starts],
+    )
+
+
 def test_the_claim_keeps_in_step_with_the_handlers_starts_not_only_its_own_claims(run_sql):
     """10 an hour: an idle burst's claims have left the window, but its handlers started late (their batch
     waited): the claim takes nothing while those starts stay in the window for more than the loop's step
@@ -250,21 +271,11 @@ def test_the_claim_keeps_in_step_with_the_handlers_starts_not_only_its_own_claim
     support.make_due(state="pending")
     api.set_rate("demo.record", registry.Rate(10, per_seconds=HOUR))
     assert len(store.claim_due_jobs(100)) == 10
-    run_sql(
-        "UPDATE scheduling_kindrate SET starts_at = ARRAY(SELECT t - interval '61 minutes' FROM unnest(starts_at) t),"
-        " tokens_at = tokens_at - interval '61 minutes',"
-        " handler_starts = array_fill(statement_timestamp() - interval '50 minutes', ARRAY[10])"
-    )
+    _claims_an_hour_old(run_sql, 10, {"": 50 * 60})
     assert store.claim_due_jobs(100) == [], "the handlers' starts fill the window for 10 more minutes"
-    run_sql(
-        "UPDATE scheduling_kindrate"
-        " SET handler_starts = array_fill(statement_timestamp() - interval '59 minutes', ARRAY[10])"
-    )
+    _handler_starts_ago(run_sql, 10, 59 * 60)
     assert store.claim_due_jobs(100) == [], "they leave in a minute: more than the step's 0.5 s"
-    run_sql(
-        "UPDATE scheduling_kindrate"
-        " SET handler_starts = array_fill(statement_timestamp() - interval '3599.8 seconds', ARRAY[10])"
-    )
+    _handler_starts_ago(run_sql, 10, 3599.8)
     assert len(store.claim_due_jobs(100)) == 2, "they leave within the step: the bucket's burst"
     (window,) = KindRate.objects.filter(kind="demo.record")
     assert len(window.handler_starts) == 10, "the claim reads the starts' window; the permits write it"
@@ -277,12 +288,7 @@ def test_a_partitions_claim_keeps_in_step_with_its_own_handlers_starts(run_sql):
     support.make_due(state="pending")
     api.set_rate("demo.record", registry.Rate(2, per_seconds=HOUR, partition_by="partner"))
     assert len(store.claim_due_jobs(100)) == 4
-    run_sql(
-        "UPDATE scheduling_kindrate SET starts_at = ARRAY(SELECT t - interval '61 minutes' FROM unnest(starts_at) t),"
-        " tokens_at = tokens_at - interval '61 minutes',"
-        " handler_starts = array_fill(statement_timestamp()"
-        " - CASE partition WHEN 'a' THEN interval '10 minutes' ELSE interval '61 minutes' END, ARRAY[2])"
-    )
+    _claims_an_hour_old(run_sql, 2, {"a": 10 * 60, "b": 61 * 60})
     claims = store.claim_due_jobs(100)
     assert Counter(ScheduledJob.objects.get(id=c.id).payload["partner"] for c in claims) == {"b": 2}
 
@@ -294,13 +300,9 @@ def test_a_limit_of_one_keeps_in_step_with_its_handlers_start_too(run_sql):
     support.make_due(state="pending")
     api.set_rate("demo.record", registry.Rate(1, per_seconds=HOUR))
     assert len(store.claim_due_jobs(100)) == 1
-    run_sql(
-        "UPDATE scheduling_kindrate SET starts_at = ARRAY(SELECT t - interval '61 minutes' FROM unnest(starts_at) t),"
-        " tokens_at = tokens_at - interval '61 minutes',"
-        " handler_starts = ARRAY[statement_timestamp() - interval '30 minutes']"
-    )
+    _claims_an_hour_old(run_sql, 1, {"": 30 * 60})
     assert store.claim_due_jobs(100) == []
-    run_sql("UPDATE scheduling_kindrate SET handler_starts = ARRAY[statement_timestamp() - interval '3599.8 seconds']")
+    _handler_starts_ago(run_sql, 1, 3599.8)
     assert len(store.claim_due_jobs(100)) == 1, "the start leaves within a step: the job waits for its permit"
 
 
