@@ -65,14 +65,14 @@ FROM (SELECT kind FROM scheduling_kindcontrol
 -- handlers' starts (the start permits' window, handler_starts, same row: starts.sql): it takes at
 -- most the limit minus the starts that will still be inside the window the control loop's step for
 -- the rate from now (period / limit, at least %(start_lead_min)s and at most %(start_lead_max)s
--- seconds: control.RATE_STEP_SECONDS and WAIT_STEP_SECONDS; with a limit of 1 and a period of 0.5 s
--- or less that is the whole period, and the claim's own window alone paces it). A batch whose handlers started late
--- (an idle kind's whole-limit burst, run one job after another) would otherwise have the next
--- period's claims reach their workers while the window of starts is still full: each would wait
--- for its permit in a pool process, holding it from every other kind, and start late in turn,
--- period after period, for as long as the backlog lasts. Held back here, a job waits for its
--- permit at most about a step. A start that came less than a step after its claim holds back
--- nothing: in a steady backlog the claims keep their own pace, and the rate with them.
+-- seconds: control.RATE_STEP_SECONDS and WAIT_STEP_SECONDS; with a limit of 1 and a period of
+-- 0.5 s or less that is the whole period, and the claim's own window alone paces it). A batch
+-- whose handlers started late (an idle kind's whole-limit burst, run one job after another) would
+-- otherwise have the next period's claims reach their workers while the window of starts is still
+-- full: each would wait for its permit in a pool process, holding it from every other kind, and
+-- start late in turn, period after period, for as long as the backlog lasts. Held back here, a job
+-- waits for its permit at most about a step. A start that came less than a step after its claim
+-- holds back nothing: in a steady backlog the claims keep their own pace, and the rate with them.
 --
 -- Batches: the claim takes whole batches, as many as the queue has room for (%(messages)s in all,
 -- and per named queue its own room, %(queue_rooms)s: a kind's batches go to its queue, %(kind_queues)s,
