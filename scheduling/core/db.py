@@ -376,8 +376,11 @@ def run_prepared(
         head = prefix.replace("%", "%%") + (GENERIC_PLAN if generic else "")
         started = time.monotonic()
         cursor.execute(f"{head}EXECUTE {name}{arguments}", [params[n] for n in names])
-        slow = time.monotonic() - started > SLOW_RUN_SECONDS
-        if replan_when_slow and slow and started >= done[name] + REPLAN_AFTER_SLOW_SECONDS:
+        if (
+            replan_when_slow
+            and time.monotonic() - started > SLOW_RUN_SECONDS
+            and started >= done[name] + REPLAN_AFTER_SLOW_SECONDS
+        ):
             done[name] = -math.inf  # prepared again at its next run
     except BaseException:  # a database error, or a stop (SystemExit) between a PREPARE and its record
         # The session and our list may disagree (a statement deallocated or prepared on another
