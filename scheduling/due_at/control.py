@@ -209,7 +209,7 @@ class ControlLoop:
             self._wait(BACKPRESSURE_PAUSE_SECONDS)
         elif report.more_due and report.claimed:
             return  # a backlog: claim the next rows at once
-        elif (refill := self._rate_refill(rates)) is not None:
+        elif (refill := self._rate_refill()) is not None:
             self._rate_waiting = True
             # a rate-limited kind waits for its window: claim as it frees room (smooth, not in bursts),
             # once per start's worth of its window (50/s: every 20 ms; 5/s per partition: every 200 ms)
@@ -223,7 +223,7 @@ class ControlLoop:
             self._last_rate_claim = -math.inf  # no rate-limited kind waits: one that comes due is claimed at once
             self._wait(self._until_next_due(settings.claim_interval_seconds))
 
-    def _rate_refill(self, rates: bool) -> float | None:
+    def _rate_refill(self) -> float | None:
         """Seconds per start of the fastest rate-limited kind with due jobs waiting (None: none waits).
 
         Read on the turns that claim the rate-limited kinds (``store.rate_limited_due``). The turns in
@@ -233,7 +233,7 @@ class ControlLoop:
         those turns change). A reading that none waits is not kept: it is read again on the next turn;
         nor is one older than the last such claim (a turn that returned before reading) or the lead.
         """
-        if rates or self._refill is None:
+        if self._refill is None:  # a turn that claims them drops the last reading first (turn)
             self._refill = store.rate_limited_due(session=self.leadership.connection)
         return self._refill
 
