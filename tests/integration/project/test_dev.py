@@ -284,11 +284,12 @@ def test_dev_manage_reaches_the_servers_of_the_running_run(
             status = dev.command_manage(["timekeeper", "status"])
         finally:
             signal.signal(signal.SIGTERM, handler)
+        stand_in = run.poll()  # None: still running (a negative code names the signal that ended it)
     finally:
         run.kill()
         run.wait()
     out, err = capfd.readouterr()
-    assert status == 0, err
+    assert status == 0, f"{err}\n(the stand-in dev.py, pid {run.pid}: exit status {stand_in}, None if running)"
     assert f"using the servers of `python3 dev.py run` (pid {run.pid}" in err
     assert out.splitlines()[0].startswith(f"database {entry['NAME']!r} on ")
     pending = next(line for line in out.splitlines() if "pending (all)" in line)
