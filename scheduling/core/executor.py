@@ -84,6 +84,9 @@ SUCCESS = Result(SUCCEEDED)
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    if _deferring[0]:
+        _deferring[1] = True  # raised when the block that defers it ends (``alarms_deferred``)
+        return
     reason = aborts.current()
     if reason is not None:
         raise JobAborted(reason)
@@ -93,6 +96,8 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
 
 
 _armed = [0]  # deadlines whose timer is armed now (main thread only)
+# [blocks deferring an alarm's raise, whether an alarm came meanwhile] (main thread only)
+_deferring: list[Any] = [0, False]
 # .depth: how many ``alarms()`` blocks keep the handler installed; .wrappers: Django's connection wrappers
 # of the thread, every alias, read once by the outermost block for its deadlines (main thread only)
 _held = threading.local()
@@ -132,6 +137,34 @@ class _Alarms:
         if self.depth == 0:
             with aborts.poke_lock:  # no abort's poke can arrive once the handler is gone
                 signal.signal(signal.SIGALRM, self.previous)
+
+
+class alarms_deferred:  # a lower-case name: used as a function, ``with executor.alarms_deferred():``
+    """Hold a timeout's or an abort's raise until the block ends: no such raise lands between its steps.
+
+    For the runner's own bookkeeping inside a handler's statement (``runner._Statements``): a
+    ``JobTimeout`` raised between two of its steps would leave a sibling's savepoint half handled.
+    A statement holds a signal until it returns anyway (libpq retries its wait), and the watchdog
+    still cancels one that runs past its deadline; the raise only moves to the block's end.
+    """
+
+    __slots__ = ("main",)
+
+    def __enter__(self) -> None:
+        self.main = threading.current_thread() is threading.main_thread()  # elsewhere no alarm is raised
+        if not self.main:
+            return
+        if _deferring[0] == 0:
+            _deferring[1] = False
+        _deferring[0] += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self.main:
+            return
+        _deferring[0] -= 1  # first: an alarm from here on raises at once
+        if _deferring[0] == 0 and _deferring[1]:
+            _deferring[1] = False
+            _on_alarm(signal.SIGALRM, None)
 
 
 class _Watchdog:

@@ -15,8 +15,8 @@ is used in place of its kind's: a job scheduled ``atomic=False`` of an atomic ki
 committing path below, one scheduled ``atomic=True`` of a committing kind in the atomic path.
 
 Atomic kinds (the default, ``@registry.handler(atomic=True)``) run inside one transaction per
-chunk, each job behind a savepoint (``_run_isolated``: none sent for a job that runs no SQL, one
-round trip beyond its statements for one that does). The chunk first locks its claims (so no
+chunk, each job behind a savepoint (``_run_isolated``: no round trip beyond a job's own statements;
+a chunk's last writing job pays one). The chunk first locks its claims (so no
 sweeper can take them) and writes the outcomes in the same transaction: a job's effect and its
 ``done`` commit together, with one WAL flush per chunk. A job that fails, times out or leaves its
 transaction broken (a database error caught and ignored) is rolled back to its savepoint: its
@@ -92,6 +92,11 @@ RATE_LIMITED_REASON = (
 BROKEN_TRANSACTION_ERROR = (
     "TransactionManagementError: the handler caught a database error and went on, leaving its transaction "
     "broken; its writes were rolled back (wrap the statement that may fail in transaction.atomic())"
+)
+
+GIVEN_BACK_NOTE = (
+    "refunded: its writes were rolled back before its deferred constraints were checked, because {why}; "
+    "it runs again, alone"
 )
 
 SNOOZED_TOO_OFTEN = (
@@ -438,8 +443,6 @@ def _run_chunk(
                 settled.add(job.id)
                 report.stale += 1
         pending = [j for j in pending if j.id in held]
-        successes: list[store.Outcome] = []
-        failures: list[store.Outcome] = []
         opened = time.monotonic()
         if pending:
             store.open_job_savepoint()
@@ -450,9 +453,13 @@ def _run_chunk(
                     break
                 job = pending[0]
                 chunk.append(job)
-                outcome = _run_isolated(job, kinds[job.kind], clock, statements)
-                (successes if outcome.outcome == AttemptOutcome.SUCCEEDED else failures).append(outcome)
+                statements.outcomes.append(_run_isolated(job, kinds[job.kind], clock, statements))
+                if statements.lost:
+                    raise DatabaseError("a job's deferred-constraint check left the chunk's savepoints in doubt")
                 pending = pending[1:]
+        statements.settle()  # the last writing job's check, if no later statement carried it
+        successes = [o for o in statements.outcomes if o.outcome == AttemptOutcome.SUCCEEDED]
+        failures = [o for o in statements.outcomes if o.outcome != AttemptOutcome.SUCCEEDED]
         if pending:
             # The heartbeat cannot renew rows this transaction locks: renew the batch's jobs still to
             # run here, visible at the commit, so a batch of long chunks keeps their leases.
@@ -479,21 +486,187 @@ def _stall_limit_seconds(jobs: Sequence[store.StartedJob], kinds: Kinds) -> floa
     return max(timeouts) + STALL_MARGIN_SECONDS
 
 
-class _Statements:
-    """Counts the statements sent through Django's connection (``connection.execute_wrapper``).
+@dataclasses.dataclass(frozen=True)
+class _Owed:
+    """A job of the chunk that sent statements and succeeded: its deferred constraints are still to check."""
 
-    A chunk installs one for its jobs; each job starts at zero. It sees every statement of the ORM
-    and of ``connection.cursor()``'s ``execute`` and ``executemany`` (a handler's ``atomic()``
-    blocks included), not what bypasses Django's cursor (``callproc``, ``copy_expert``, a driver
-    cursor): such work goes inside ``transaction.atomic()``, whose savepoint is seen.
+    job: store.StartedJob
+    kind: registry.Kind | None
+    at: int  # its outcome's place in the chunk's outcomes
+    hooks: range  # its on_commit callbacks' places in Django's queue
+
+
+class _Statements:
+    """The chunk's execute wrapper (``connection.execute_wrapper``): counts statements and carries the checks.
+
+    It sees every statement of the ORM and of ``connection.cursor()``'s ``execute`` and
+    ``executemany`` (a handler's ``atomic()`` blocks included), not what bypasses Django's cursor
+    (``callproc``, ``copy_expert``, a driver cursor): such work goes inside ``transaction.atomic()``,
+    whose savepoint is seen. Each job starts its ``count`` at zero.
+
+    A job that sent statements and succeeded owes a check of its deferred constraints, and the next
+    job needs a savepoint of its own (``savepoint``: ``tk_job``, then ``tk_job_<n>``; ``sql/isolation.sql``).
+    Both go in front of the next statement sent, in its execute: no round trip of their own. Should
+    that execute fail, the runner asks which savepoint is open (one or two more statements):
+
+    - ``tk_check``: the check failed. With an ``IntegrityError`` the owing job failed; with another
+      error (a lock wait, a cancel) it could not be checked and is refunded (``GIVEN_BACK_NOTE``).
+      Either way it is rolled back to its savepoint, open and clean again, and the statement is sent
+      again behind it: the next job never sees the error;
+    - the new savepoint: the check passed and the error is the statement's own. Rolled back to that
+      savepoint to ask, the transaction is failed again on purpose (``store.refuse_statements``), as
+      PostgreSQL had left it;
+    - neither: nothing after the check's start ran (PostgreSQL parses a query string whole, so a
+      statement it cannot parse fails it all) and the error took the owing job's savepoint, its
+      writes with it. That job is refunded, and the statement's error stands. The same when a
+      statement this wrapper does not see broke the transaction first.
+
+    A refunded job runs again alone, after its backoff, uncharged (``lifecycle.Event.CRASHED``, as a
+    chunk that died together). A timeout or an abort raised meanwhile waits for the end of that
+    bookkeeping (``executor.alarms_deferred``); if a question itself fails, the chunk is given up
+    (``lost``). Where a check cannot go in front (``executemany`` repeats its statement, a named
+    cursor wraps it in ``DECLARE``, a composed statement is not text), and when the chunk ends
+    before another statement, it is sent alone (``settle``).
     """
 
     def __init__(self) -> None:
         self.count = 0
+        self.owed: _Owed | None = None
+        self.outcomes: list[store.Outcome] = []  # the chunk's, in its jobs' order
+        self.savepoint = "tk_job"  # the one the current job runs behind (store.open_job_savepoint's)
+        self.opened = 0  # savepoints opened by checks: the next is tk_job_<opened + 1>
+        self.lost = False  # the savepoints are in doubt: the chunk must not commit
 
-    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+    def owe(self, job: store.StartedJob, kind: registry.Kind | None, hooks: range) -> None:
+        """The job whose outcome is appended next succeeded after sending statements: its check is owed.
+
+        Unless an earlier job's still is: then none of this job's statements reached the server (each
+        would have carried that check), and it has nothing to check.
+        """
+        if self.owed is None:
+            self.owed = _Owed(job, kind, len(self.outcomes), hooks)
+
+    def __call__(self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
         self.count += 1
-        return execute(sql, params, many, context)
+        if self.owed is None:
+            return execute(sql, params, many, context)
+        if store.transaction_failed():
+            self._give_back_owed("a statement sent past Django's cursor failed inside its savepoint")
+            return execute(sql, params, many, context)  # refused, as it would have been
+        cursor = context["cursor"].cursor
+        if many or not isinstance(sql, str) or getattr(cursor, "name", None):
+            self.settle()
+            return execute(sql, params, many, context)
+        savepoint = f"tk_job_{self.opened + 1}"
+        sent_before = getattr(cursor, "query", None)
+        with executor.alarms_deferred():
+            try:
+                result = execute(store.check_job_sql(savepoint) + sql, params, many, context)
+            except Exception as exc:
+                sent = getattr(cursor, "query", None)
+                if not self._after_failure(exc, savepoint, sent is not None and sent is not sent_before):
+                    raise
+            else:
+                self._opened(savepoint)
+                return result
+        return execute(sql, params, many, context)  # behind the owing job's savepoint, clean again
+
+    def _opened(self, savepoint: str) -> None:
+        self.owed = None
+        self.opened += 1
+        self.savepoint = savepoint
+
+    def _after_failure(self, exc: Exception, savepoint: str, sent: bool) -> bool:
+        """After the execute carrying the owed check failed: settle the owing job; True to send the statement again."""
+        if not store.transaction_failed():
+            if sent:
+                self._opened(savepoint)  # it all ran; what failed came after (a handler's own execute wrapper)
+            return False  # else nothing reached the server (the driver refused the parameters): still owed
+        try:
+            if store.roll_back_to("tk_check"):
+                if not store.roll_back_to(self.savepoint):  # past tk_check: the owing job's writes go
+                    raise DatabaseError(f"savepoint {self.savepoint} is not open")
+                if isinstance(exc, IntegrityError):
+                    self._fail_owed(exc)
+                else:
+                    self._give_back_owed(f"its deferred constraints could not be checked ({executor.error_text(exc)})")
+                return True
+            if store.roll_back_to(savepoint):
+                self._opened(savepoint)  # the check passed: the error is the statement's own
+                store.refuse_statements()
+                return False
+        except Exception:
+            self.lost = True  # which savepoint holds what is no longer known
+            raise
+        self._give_back_owed("the next statement failed before the check ran (PostgreSQL could not parse it)")
+        return False
+
+    def roll_back(self) -> None:
+        """Roll a failed job back to the savepoint it ran behind (its writes go; the savepoint stays, clean)."""
+        if self.owed is not None:
+            if store.transaction_usable():
+                return  # none of its statements reached the server (each would have carried the check)
+            if store.transaction_failed():
+                self._give_back_owed("a statement sent past Django's cursor failed inside its savepoint")
+        store.roll_back_job(self.savepoint)  # a session that is gone raises here: the chunk is lost
+
+    def settle(self) -> None:
+        """Send the owed check alone, in one round trip (and the next savepoint); a failure fails its job."""
+        if self.owed is None:
+            return
+        savepoint = f"tk_job_{self.opened + 1}"
+        with executor.alarms_deferred():
+            owed = self.owed
+            self.owed = None  # the statements below pass through this wrapper when it is installed
+            try:
+                store.check_job(savepoint)
+            except Exception as exc:
+                self.owed = owed
+                if not isinstance(exc, DatabaseError) or not store.transaction_failed():
+                    raise  # nothing ran (a handler's own execute wrapper refused it), or the session is gone
+                try:
+                    if not store.roll_back_to(self.savepoint):  # past tk_check to the owing job's savepoint
+                        raise DatabaseError(f"savepoint {self.savepoint} is not open")
+                except Exception:
+                    self.lost = True
+                    raise
+                if isinstance(exc, IntegrityError):
+                    self._fail_owed(exc)
+                else:
+                    self._give_back_owed(f"its deferred constraints could not be checked ({executor.error_text(exc)})")
+            else:
+                self.owed = owed
+                self._opened(savepoint)
+
+    def _fail_owed(self, exc: DatabaseError) -> None:
+        """The owing job's deferred constraint failed: it failed (its writes are rolled back already)."""
+        owed = self._settled()
+        self.outcomes[owed.at] = _failed(self.outcomes[owed.at], owed.job, owed.kind, executor.error_text(exc))
+
+    def _give_back_owed(self, why: str) -> None:
+        """The owing job's writes are lost with its savepoint, through no fault of its own: refunded, run alone."""
+        owed = self._settled()
+        logger.warning("job refunded: its writes were lost", extra={"job_id": owed.job.id, "action": "given_back"})
+        self.outcomes[owed.at] = dataclasses.replace(
+            self.outcomes[owed.at],
+            outcome=lifecycle.Event.CRASHED.value,
+            error=GIVEN_BACK_NOTE.format(why=why),
+            retry_delay_seconds=_retry(owed.job, owed.kind),
+            traceback="",
+        )
+
+    def _settled(self) -> _Owed:
+        """The owing job, no longer owing; its on_commit callbacks go (the later jobs' keep their places)."""
+        owed, self.owed = self.owed, None
+        assert owed is not None
+        hooks = _commit_hooks()
+        for i in owed.hooks:
+            hooks[i] = (hooks[i][0], _dropped, hooks[i][2])
+        return owed
+
+
+def _dropped() -> None:
+    """In place of a failed job's on_commit callback, once its check failed after a later job queued its own."""
 
 
 def _run_isolated(
@@ -503,9 +676,10 @@ def _run_isolated(
 
     The chunk keeps one savepoint open (``tk_job``, ``sql/isolation.sql``) and a job starts behind it,
     clean. A job that sends no statement leaves it clean for the next: it costs no round trip. One
-    that sends statements and succeeds costs one: its deferred constraints are checked (a bad
-    reference fails this job, not the chunk's COMMIT) and the next savepoint is opened, in one
-    ``execute``. One that fails rolls back to the savepoint, which stays open and clean. Savepoints
+    that sends statements and succeeds costs none either: its deferred constraints are checked (a bad
+    reference fails this job, not the chunk's COMMIT) and the next savepoint is opened in front of
+    the next statement sent, in its ``execute`` (``_Statements``; alone, one round trip, when the
+    chunk ends first). One that fails rolls back to the savepoint, which stays open and clean. Savepoints
     are never released (the commit releases them all); a chunk holds at most ``ATOMIC_CHUNK_JOBS``.
 
     A handler that returns after ``transaction.set_rollback(True)`` (Django's flag: this block's
@@ -528,20 +702,15 @@ def _run_isolated(
         elif connection.needs_rollback:
             logger.info("job rolled back its own writes", extra={"job_id": job.id, "action": "rolled_back"})
             outcome = dataclasses.replace(outcome, error=ROLLED_BACK_NOTE)
-        elif not sent:
-            return _keep_callbacks(outcome, job, callbacks_before)
         else:
-            try:
-                store.check_job_open_next()
-            except IntegrityError as exc:
-                # A deferred constraint (a foreign key to a row a sibling deleted) fails here, as this
-                # job's failure, not at the chunk's COMMIT, where it would take every sibling with it.
-                outcome = _failed(outcome, job, kind, executor.error_text(exc))
-            else:
-                return _keep_callbacks(outcome, job, callbacks_before)
+            if sent:
+                # Its deferred constraints (a foreign key to a row a sibling deleted) are checked with
+                # the next statement: a failure fails this job, not the chunk's COMMIT with every sibling.
+                statements.owe(job, kind, range(callbacks_before, len(_commit_hooks())))
+            return _keep_callbacks(outcome, job, callbacks_before)
     transaction.set_rollback(False)  # Django refuses statements while it marks the block broken
     if sent or store.transaction_failed():
-        store.roll_back_job()
+        statements.roll_back()
     del _commit_hooks()[callbacks_before:]
     return _bounded(outcome, job, kind)
 

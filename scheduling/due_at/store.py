@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
@@ -28,6 +29,7 @@ from scheduling.due_at import lifecycle
 from scheduling.models import AttemptOutcome, JobAttempt, JobState
 
 SQL = db.Statements(Path(__file__).with_name("sql"))
+TRANSACTION_STATUS_INTRANS = 2  # libpq's PQTRANS_INTRANS: in a transaction that takes statements
 TRANSACTION_STATUS_INERROR = 3  # libpq's PQTRANS_INERROR: the (sub)transaction failed, statements are refused
 ASYNC_COMMIT = "SET LOCAL synchronous_commit = off;\n"
 
@@ -582,6 +584,12 @@ def transaction_failed() -> bool:
     return info is not None and info.transaction_status == TRANSACTION_STATUS_INERROR
 
 
+def transaction_usable() -> bool:
+    """Whether the session is in a transaction that takes statements (not failed, not gone); no round trip."""
+    info = getattr(connection.connection, "info", None)
+    return info is not None and info.transaction_status == TRANSACTION_STATUS_INTRANS
+
+
 def record_callback_failure(job_id: int, token: str, error: str) -> bool:
     """Note on a job's attempt (under ``token``) that one of its on_commit callbacks failed; False if none matched."""
     return bool(SQL.fetch_values("record_callback_failure", {"id": job_id, "token": token, "error": error}))
@@ -710,6 +718,7 @@ def _outcome_change(o: Outcome) -> Change:
         o.id,
         o.token,
         event,
+        together=event == lifecycle.Event.CRASHED,  # the runner's: its writes lost with a sibling's (refunded)
         delay_seconds=o.retry_delay_seconds,
         error=o.error,
         started_at=o.started_at,
@@ -777,21 +786,65 @@ def committed_jobs(claims: Sequence[tuple[int, str]]) -> dict[int, bool]:
 
 
 def open_job_savepoint() -> None:
-    """Open the savepoint the next atomic job runs behind (``isolation.sql``)."""
+    """Open the savepoint the next atomic job runs behind (``isolation.sql``): ``tk_job``."""
     SQL.execute("open_job_savepoint")
 
 
-def check_job_open_next() -> None:
-    """Check the job's deferred constraints (IntegrityError if one fails), then open the next job's savepoint.
+def check_job_sql(savepoint: str) -> str:
+    """The commands that check a job's deferred constraints, then open the next job's ``savepoint``.
 
-    One round trip; every constraint keeps the mode it had (``isolation.sql`` says how).
+    On one line without comments, ending with a semicolon and a new line: sent in front of the next
+    statement, in its execute, what follows is a statement of its own whatever it starts with.
     """
-    SQL.execute("check_job_open_next")
+    return _check_commands() + f" SAVEPOINT {savepoint};\n"
 
 
-def roll_back_job() -> None:
-    """Roll the current job back to its savepoint, which stays open for the next job."""
-    SQL.execute("roll_back_job")
+@functools.cache
+def _check_commands() -> str:
+    commands = " ".join(line for line in SQL["check_job"].splitlines() if line.strip() and not line.startswith("--"))
+    return commands.rstrip(";") + ";"  # the loader drops a statement's last semicolon
+
+
+def check_job(savepoint: str) -> None:
+    """Check the job's deferred constraints (IntegrityError if one fails), then open ``savepoint``; one round trip.
+
+    Every constraint keeps the mode it had (``isolation.sql`` says how). The runner sends it alone
+    only when no later statement can carry it (``check_job_sql``): at the chunk's end, and before an
+    ``executemany``, a server-side cursor's or a composed statement.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(check_job_sql(savepoint))
+
+
+def roll_back_job(savepoint: str) -> None:
+    """Roll the current job back to its ``savepoint``, which stays open for the next job."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+
+
+def roll_back_to(savepoint: str) -> bool:
+    """``ROLLBACK TO SAVEPOINT``, on the driver's cursor (past Django's execute wrappers); False if it is not open.
+
+    In a failed transaction too: PostgreSQL looks the name up before it changes anything, so a
+    savepoint that is not open leaves the transaction as it was.
+    """
+    with connection.wrap_database_errors, connection.connection.cursor() as cursor:  # Django's errors, as elsewhere
+        try:
+            cursor.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
+        except psycopg2.errors.InvalidSavepointSpecification:
+            return False
+    return True
+
+
+def refuse_statements() -> None:
+    """Fail the current (sub)transaction on purpose, on the driver's cursor: it refuses statements again.
+
+    After the runner rolled a failed statement back to find out what failed, the job goes on as
+    PostgreSQL had left it: its next statement is refused, as without the runner's question.
+    """
+    refused = contextlib.suppress(psycopg2.errors.InvalidTextRepresentation)  # the failure asked for
+    with connection.wrap_database_errors, connection.connection.cursor() as cursor, refused:
+        cursor.execute(SQL["refuse_statements"])
 
 
 # --- Sweeping and status ---------------------------------------------------------------------------

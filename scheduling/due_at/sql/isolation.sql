@@ -1,7 +1,9 @@
 -- An atomic chunk runs its jobs one after another in one transaction, each behind the savepoint
--- tk_job (runner._Isolation). A job that sends no statement needs none of these: the savepoint it
--- finds open is still clean when it ends, and the next job uses it. Savepoints are never released
--- (the chunk's COMMIT releases them all); a name defined again nests, and ROLLBACK TO takes the
+-- tk_job (runner._run_isolated, runner._Statements). A job that sends no statement needs none of
+-- these: the savepoint it finds open is still clean when it ends, and the next job uses it. One
+-- that wrote and succeeded leaves its savepoint holding its writes; the next savepoint is opened in
+-- front of the next statement sent, whichever job sends it. Savepoints are never released (the
+-- chunk's COMMIT releases them all); a name defined again nests, and ROLLBACK TO takes the
 -- innermost.
 
 -- name: open_job_savepoint
@@ -9,22 +11,34 @@
 -- a job back never releases them).
 SAVEPOINT tk_job;
 
--- name: check_job_open_next
--- After a job that sent statements and succeeded, in one round trip: its deferred constraints
--- (Django creates foreign keys DEFERRABLE INITIALLY DEFERRED) are checked now, so a bad reference
--- fails this job and not the chunk's COMMIT; then the next job's savepoint is opened. The check
--- runs in a savepoint of its own that is rolled back: PostgreSQL restores every constraint's mode
--- as it was (SET CONSTRAINTS ALL DEFERRED would also defer the DEFERRABLE INITIALLY IMMEDIATE
--- ones for every later job of the chunk) and marks the checked events pending again, so the
--- COMMIT checks them once more (in the server, no round trip). If a constraint fails, nothing
--- after it runs: the runner rolls back to the job's savepoint.
+-- name: check_job
+-- After a job that sent statements and succeeded: its deferred constraints (Django creates foreign
+-- keys DEFERRABLE INITIALLY DEFERRED) are checked, so a bad reference fails this job and not the
+-- chunk's COMMIT. The runner follows it with the next job's savepoint (SAVEPOINT tk_job_<n>, a
+-- name of its own: runner._Statements) and sends both in front of the next statement, in the
+-- same execute (store.check_job_sql), or alone when the chunk ends first (store.check_job). The
+-- check runs in a savepoint of its own that is rolled back: PostgreSQL restores every
+-- constraint's mode as it was (SET CONSTRAINTS ALL DEFERRED would also defer the DEFERRABLE
+-- INITIALLY IMMEDIATE ones for every later job of the chunk) and marks the checked events pending
+-- again, so the COMMIT checks them once more (in the server, no round trip). If a constraint
+-- fails, nothing after it runs (neither the savepoint nor the next statement): tk_check is still
+-- open, which is how the runner tells that the check failed. If the next statement fails, the
+-- new savepoint exists: the statement's own error. If neither exists, nothing after the check's
+-- start ran (PostgreSQL parses a query string whole before running any of it): the error took
+-- the checked job's savepoint.
 SAVEPOINT tk_check;
 SET CONSTRAINTS ALL IMMEDIATE;
 ROLLBACK TO SAVEPOINT tk_check;
 RELEASE SAVEPOINT tk_check;
-SAVEPOINT tk_job;
 
 -- name: roll_back_job
 -- A job that sent statements failed (or asked for its rollback): its writes go, the savepoint
--- stays open and clean for the next job.
+-- stays open and clean for the next job. The runner names the job's savepoint (tk_job, or the
+-- tk_job_<n> its check opened).
 ROLLBACK TO SAVEPOINT tk_job;
+
+-- name: refuse_statements
+-- The runner rolled a job's failed statement back to its savepoint to learn what had failed; this
+-- fails the savepoint again, so the job's next statement is refused as PostgreSQL would have. The
+-- error is the cast's: invalid input syntax for type integer, quoting the text below in the log.
+SELECT 'timekeeper: an earlier statement of this job failed, its transaction stays failed'::int;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from scheduling.core import store as core_store
 from scheduling.deferrals import store as deferrals_store
@@ -16,7 +16,8 @@ from scheduling.web import store as web_store
 
 pytestmark = pytest.mark.django_db
 
-UTILITY = {"open_job_savepoint", "check_job_open_next", "roll_back_job"}  # savepoints: run, not planned
+# savepoints: run, not planned
+UTILITY = {"open_job_savepoint", "check_job", "roll_back_job", "refuse_statements"}
 
 
 STORES = [core_store, store, fixed_store, deferrals_store, recurring_store, web_store]
@@ -31,7 +32,11 @@ def test_statement_plans(owner, name):
     with transaction.atomic(), connection.cursor() as cursor:
         if name in UTILITY:  # a utility statement has no plan: PostgreSQL must accept it as it is
             cursor.execute(store.SQL["open_job_savepoint"])  # what roll_back_job goes back to
-            cursor.execute(sql)
+            if name == "refuse_statements":
+                with pytest.raises(DatabaseError, match="an earlier statement of this job failed"):
+                    cursor.execute(sql)
+            else:
+                cursor.execute(sql)
             transaction.set_rollback(True)
             return
         cursor.execute("EXPLAIN " + sql, params)

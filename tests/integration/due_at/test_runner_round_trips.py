@@ -126,6 +126,14 @@ def test_a_one_insert_job_costs_at_most_one_round_trip_beyond_its_insert():
     assert Execution.objects.count() == 1 + BATCH
 
 
+def test_a_one_insert_job_costs_its_insert_alone_its_check_rides_with_the_next_statement():
+    """Fifty one-INSERT jobs in one chunk cost one round trip each: the check goes in front of the next INSERT."""
+    per_job, _, many = _per_job("trips.insert")
+    assert per_job == 1, f"{per_job:.2f} round trips per one-INSERT job: {many[:8]}"
+    checks = [sql for sql in many if sql.startswith("SAVEPOINT tk_check; SET CONSTRAINTS ALL IMMEDIATE")]
+    assert len(checks) == BATCH, "every job checked once: 49 in front of the next INSERT, the last alone"
+
+
 def test_a_read_only_job_costs_at_most_one_round_trip_beyond_its_select():
     """Fifty one-SELECT jobs in one chunk: each costs its SELECT and at most one more round trip."""
     per_job, _, many = _per_job("trips.read")

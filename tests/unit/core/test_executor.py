@@ -109,3 +109,33 @@ def test_an_abort_of_another_claim_interrupts_nothing():
         thread.join()
         aborts.forget([(7, "other")])
     assert result.ok
+
+
+def _deferred_block(steps: list[str], seconds: float) -> None:
+    with executor.alarms_deferred():
+        steps.append("first")
+        time.sleep(seconds)  # the alarm comes here
+        steps.append("second")
+    steps.append("after the block")
+
+
+def _deferring(seconds: float) -> list[str]:
+    """A handler's block under ``alarms_deferred`` that outlives its deadline: what ran before the raise."""
+    steps: list[str] = []
+    with executor.alarms(), executor.deadline(0.05), pytest.raises(executor.JobTimeout):
+        _deferred_block(steps, seconds)
+    return steps
+
+
+def test_an_alarm_inside_alarms_deferred_raises_when_the_block_ends():
+    """A timeout that falls inside the block lets the block finish, then raises at its end, not after."""
+    assert _deferring(0.3) == ["first", "second"]
+
+
+def test_alarms_deferred_holds_nothing_once_it_ended():
+    """After the block, a later alarm raises at once; the held one raised at the block's end."""
+    with executor.alarms(), executor.deadline(2.0), executor.alarms_deferred():
+        pass  # no alarm within
+    assert executor._deferring == [0, False]
+    with pytest.raises(executor.JobTimeout), executor.alarms(), executor.deadline(0.05):
+        time.sleep(5)  # a held alarm would let it end without a raise
