@@ -94,6 +94,7 @@ BROKEN_TRANSACTION_ERROR = (
     "broken; its writes were rolled back (wrap the statement that may fail in transaction.atomic())"
 )
 
+BYPASS_FAILED = "a statement sent past Django's cursor failed inside its savepoint"
 GIVEN_BACK_NOTE = (
     "refunded: its writes were rolled back before its deferred constraints were checked, because {why}; "
     "it runs again, alone"
@@ -551,13 +552,13 @@ class _Statements:
         if self.owed is None:
             return execute(sql, params, many, context)
         if store.transaction_failed():
-            self._give_back_owed("a statement sent past Django's cursor failed inside its savepoint")
+            self._give_back_owed(BYPASS_FAILED)
             return execute(sql, params, many, context)  # refused, as it would have been
         cursor = context["cursor"].cursor
         if many or not isinstance(sql, str) or getattr(cursor, "name", None):
             self.settle()
             return execute(sql, params, many, context)
-        savepoint = f"tk_job_{self.opened + 1}"
+        savepoint = self._next_savepoint()
         sent_before = getattr(cursor, "query", None)
         with executor.alarms_deferred():
             try:
@@ -570,6 +571,9 @@ class _Statements:
                 self._opened(savepoint)
                 return result
         return execute(sql, params, many, context)  # behind the owing job's savepoint, clean again
+
+    def _next_savepoint(self) -> str:
+        return f"tk_job_{self.opened + 1}"
 
     def _opened(self, savepoint: str) -> None:
         self.owed = None
@@ -584,12 +588,7 @@ class _Statements:
             return False  # else nothing reached the server (the driver refused the parameters): still owed
         try:
             if store.roll_back_to("tk_check"):
-                if not store.roll_back_to(self.savepoint):  # past tk_check: the owing job's writes go
-                    raise DatabaseError(f"savepoint {self.savepoint} is not open")
-                if isinstance(exc, IntegrityError):
-                    self._fail_owed(exc)
-                else:
-                    self._give_back_owed(f"its deferred constraints could not be checked ({executor.error_text(exc)})")
+                self._check_failed(exc)
                 return True
             if store.roll_back_to(savepoint):
                 self._opened(savepoint)  # the check passed: the error is the statement's own
@@ -607,14 +606,14 @@ class _Statements:
             if store.transaction_usable():
                 return  # none of its statements reached the server (each would have carried the check)
             if store.transaction_failed():
-                self._give_back_owed("a statement sent past Django's cursor failed inside its savepoint")
+                self._give_back_owed(BYPASS_FAILED)
         store.roll_back_job(self.savepoint)  # a session that is gone raises here: the chunk is lost
 
     def settle(self) -> None:
         """Send the owed check alone, in one round trip (and the next savepoint); a failure fails its job."""
         if self.owed is None:
             return
-        savepoint = f"tk_job_{self.opened + 1}"
+        savepoint = self._next_savepoint()
         with executor.alarms_deferred():
             owed = self.owed
             self.owed = None  # the statements below pass through this wrapper when it is installed
@@ -625,21 +624,25 @@ class _Statements:
                 if not isinstance(exc, DatabaseError) or not store.transaction_failed():
                     raise  # nothing ran (a handler's own execute wrapper refused it), or the session is gone
                 try:
-                    if not store.roll_back_to(self.savepoint):  # past tk_check to the owing job's savepoint
-                        raise DatabaseError(f"savepoint {self.savepoint} is not open")
+                    self._check_failed(exc)
                 except Exception:
                     self.lost = True
                     raise
-                if isinstance(exc, IntegrityError):
-                    self._fail_owed(exc)
-                else:
-                    self._give_back_owed(f"its deferred constraints could not be checked ({executor.error_text(exc)})")
             else:
                 self.owed = owed
                 self._opened(savepoint)
 
-    def _fail_owed(self, exc: DatabaseError) -> None:
-        """The owing job's deferred constraint failed: it failed (its writes are rolled back already)."""
+    def _check_failed(self, exc: Exception) -> None:
+        """The owed check failed: the owing job is rolled back to its savepoint (past ``tk_check``), open and clean.
+
+        A failed constraint (``IntegrityError``) fails it; another error (a lock wait, a cancel) left it
+        unchecked: refunded.
+        """
+        if not store.roll_back_to(self.savepoint):
+            raise DatabaseError(f"savepoint {self.savepoint} is not open")
+        if not isinstance(exc, IntegrityError):
+            self._give_back_owed(f"its deferred constraints could not be checked ({executor.error_text(exc)})")
+            return
         owed = self._settled()
         self.outcomes[owed.at] = _failed(self.outcomes[owed.at], owed.job, owed.kind, executor.error_text(exc))
 

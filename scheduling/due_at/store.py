@@ -817,7 +817,7 @@ def check_job(savepoint: str) -> None:
 
 
 def roll_back_job(savepoint: str) -> None:
-    """Roll the current job back to its ``savepoint``, which stays open for the next job."""
+    """Roll the current job back to its ``savepoint`` (``tk_job`` or a check's ``tk_job_<n>``), which stays open."""
     with connection.cursor() as cursor:
         cursor.execute(f"ROLLBACK TO SAVEPOINT {savepoint}")
 

@@ -3,8 +3,9 @@
 -- these: the savepoint it finds open is still clean when it ends, and the next job uses it. One
 -- that wrote and succeeded leaves its savepoint holding its writes; the next savepoint is opened in
 -- front of the next statement sent, whichever job sends it. Savepoints are never released (the
--- chunk's COMMIT releases them all); a name defined again nests, and ROLLBACK TO takes the
--- innermost.
+-- chunk's COMMIT releases them all). A job that failed (or asked for its rollback) is rolled back to
+-- the savepoint it ran behind, by name (store.roll_back_job): its writes go, the savepoint stays
+-- open and clean for the next job.
 
 -- name: open_job_savepoint
 -- The chunk's first job's savepoint, opened right after the claims are locked (so that rolling
@@ -30,12 +31,6 @@ SAVEPOINT tk_check;
 SET CONSTRAINTS ALL IMMEDIATE;
 ROLLBACK TO SAVEPOINT tk_check;
 RELEASE SAVEPOINT tk_check;
-
--- name: roll_back_job
--- A job that sent statements failed (or asked for its rollback): its writes go, the savepoint
--- stays open and clean for the next job. The runner names the job's savepoint (tk_job, or the
--- tk_job_<n> its check opened).
-ROLLBACK TO SAVEPOINT tk_job;
 
 -- name: refuse_statements
 -- The runner rolled a job's failed statement back to its savepoint to learn what had failed; this

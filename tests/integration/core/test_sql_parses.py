@@ -17,7 +17,7 @@ from scheduling.web import store as web_store
 pytestmark = pytest.mark.django_db
 
 # savepoints: run, not planned
-UTILITY = {"open_job_savepoint", "check_job", "roll_back_job", "refuse_statements"}
+UTILITY = {"open_job_savepoint", "check_job", "refuse_statements"}
 
 
 STORES = [core_store, store, fixed_store, deferrals_store, recurring_store, web_store]
@@ -31,7 +31,7 @@ def test_statement_plans(owner, name):
     params = {p: None for p in re.findall(r"%\((\w+)\)s", sql)}
     with transaction.atomic(), connection.cursor() as cursor:
         if name in UTILITY:  # a utility statement has no plan: PostgreSQL must accept it as it is
-            cursor.execute(store.SQL["open_job_savepoint"])  # what roll_back_job goes back to
+            cursor.execute(store.SQL["open_job_savepoint"])
             if name == "refuse_statements":
                 with pytest.raises(DatabaseError, match="an earlier statement of this job failed"):
                     cursor.execute(sql)
