@@ -127,7 +127,7 @@ class BatchReport:
     failed: int = 0
     stale: int = 0  # outcomes refused (or jobs not run) because the claim had been taken back
     skipped: int = 0  # claims no longer ours (or already started) when the batch began
-    given_back: int = 0  # jobs of kinds this worker does not know, or without a start permit: given back uncharged
+    given_back: int = 0  # uncharged: an unknown kind, no start permit, or refunded (writes lost with a sibling)
     chunks: int = 0  # transactions that committed atomic jobs together with their outcomes
 
 
@@ -358,12 +358,14 @@ def _record(report: BatchReport, successes: list[store.Outcome], failures: list[
             extra={"job_id": job_id, "action": "stale_completion"},
         )
     limited = {o.id for o in failures if o.outcome == RATE_LIMITED}  # given back before they started
+    # given back uncharged: before they started (rate limit), or refunded (their writes lost through a sibling)
+    uncharged = {m.id for m in moved if m.id in limited or m.refunded}
     for job in moved:
-        if job.id not in limited:
+        if job.id not in uncharged:
             action = "dead" if job.state == JobState.DEAD else "retry"
             logger.info("job failed", extra={"job_id": job.id, "action": action})
     task_events.recorded(successes, failures, {**dict.fromkeys(done, JobState.DONE), **{m.id: m.state for m in moved}})
-    given_back = sum(1 for m in moved if m.id in limited)
+    given_back = len(uncharged)
     report.succeeded += len(done)
     report.failed += len(moved) - given_back
     report.given_back += given_back
