@@ -2,8 +2,7 @@
 
 ``beat``: django-celery-beat's ``DatabaseScheduler`` (one periodic task per entity, as teams do
 today) loads its entries and ticks ``TICKS`` times; ``timekeeper``: the recurrence planner's pass
-and one claim, the work Timekeeper's leader does per plan interval (the pass on its own thread),
-one after the other, ``TICKS`` times. Prints one JSON line:
+and one claim, the work Timekeeper's leader does per turn, ``TICKS`` times. Prints one JSON line:
 resident memory (VmRSS, and its growth over the process's start) and each tick's time.
 """
 

@@ -229,7 +229,6 @@ def start_control_loop(sender: Any = None, **kwargs: Any) -> None:
         control.EXTRA_DUTIES.append(planner.duty)  # the leader plans recurrences' next occurrences
     if orphans.duty not in control.EXTRA_DUTIES:
         control.EXTRA_DUTIES.append(orphans.duty)  # and closes fixed-time runs whose worker died
-    planner.duty.start()
     control.start()
 
 
@@ -237,7 +236,6 @@ def start_control_loop(sender: Any = None, **kwargs: Any) -> None:
 def stop_control_loop(sender: Any = None, **kwargs: Any) -> None:
     """A stopping worker ends its control loop within two seconds (another worker's loop takes over)."""
     control.stop()
-    planner.duty.stop()  # a pass in flight ends first (two seconds at most); else the server rolls it back
 
 
 @signals.celeryd_after_setup.connect

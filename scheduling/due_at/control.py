@@ -70,8 +70,7 @@ BROKER_FAILURES_TO_STEP_DOWN = 2  # turns in a row whose sends the broker refuse
 STEP_DOWN_HOLD_SECONDS = 3.0
 
 # Duties a higher layer adds to the leader's turn (scheduling.tasks adds the recurrence planner):
-# each is called once per turn, before the claim, and paces itself; a slow one works on a thread of
-# its own and the call only wakes it (the planner: recurring/planner.py, Duty).
+# each is called once per turn, before the claim, and paces itself.
 EXTRA_DUTIES: list[Callable[[], object]] = []
 
 

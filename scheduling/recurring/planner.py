@@ -1,9 +1,8 @@
 """The planner duty: create each recurrence's next occurrence once its latest has left pending.
 
-It runs on the cluster's one leader: the control loop calls ``duty()`` every turn, which wakes the
-planner's own thread (``Duty``: the claim never waits for a pass); it plans at most every
-``SCHEDULING_RECURRENCE_PLAN_INTERVAL_SECONDS`` unless the last pass was full. One pass, in one
-transaction:
+It runs on the cluster's one leader (the control loop calls ``duty()`` every turn; it plans at
+most every ``SCHEDULING_RECURRENCE_PLAN_INTERVAL_SECONDS`` unless the last pass was full). One
+pass, in one transaction:
 
 1. one statement picks up to ``SCHEDULING_RECURRENCE_PLAN_BATCH_SIZE`` active recurrences with
    no live occurrence (the latest has finished: a claimed one may still come back as a retry, and
@@ -25,7 +24,6 @@ transaction:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import logging
@@ -33,21 +31,15 @@ import threading
 import time
 from typing import Any
 
-import psycopg2
 from django.contrib.auth import get_user_model
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 
-from scheduling.core import conf, exceptions, locks, registry, tracing
+from scheduling.core import conf, exceptions, registry, tracing
 from scheduling.core import store as core_store
 from scheduling.due_at import claim
 from scheduling.recurring import rules, store
 
 logger = logging.getLogger(__name__)
-
-LOCK_WAIT_SECONDS = 4  # a pass's statement waits this long for a lock (as control.LOCK_WAIT_SECONDS)
-ERROR_PAUSE_SECONDS = 1.0  # after a failed pass, the next waits at least this long
-IDLE_SECONDS = 10.0  # the planner's thread closes its connection when no pass was asked for this long
-STUCK_PASS_SECONDS = 120.0  # a pass running this long is left to end on its own; a new thread plans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,157 +184,36 @@ class Counters:
     passes: int = 0
     created: int = 0
     ended: int = 0
-    failed: int = 0  # passes that raised (logged; the next is tried after ERROR_PAUSE_SECONDS)
-    abandoned: int = 0  # passes still running after STUCK_PASS_SECONDS (a new thread took over)
 
 
 class Duty:
-    """The planner as a control-loop duty, beside the claim: a turn wakes the planner's thread and goes on.
-
-    The leader's turn calls it (``control.EXTRA_DUTIES``) and does not wait for the pass. A pass may
-    take a few hundred milliseconds (bench recurring's spike of 100,000 occurrences: a pass a second
-    of about 2,300 recurrences, 250-290 ms: the pick's walk over the recurrences whose occurrence
-    still runs, then an insert per occurrence); on the turn's thread it held the claim that long
-    while the workers emptied the queue's few batches in less. So a pass runs on the duty's own
-    thread and Django connection, bounded as the loop's session is (``locks.bound_django_session``:
-    a lock wait ends after ``LOCK_WAIT_SECONDS``). A pass begins only when a turn asks (this process
-    leads); one still running when the lead moves on ends normally (two planners at once create each
-    occurrence once: ``plan_once``). After a full pick the next turn starts the next pass; otherwise
-    passes are ``SCHEDULING_RECURRENCE_PLAN_INTERVAL_SECONDS`` apart. A failed pass (PostgreSQL
-    unreachable, a bug) is logged and counted, its connection closed, and the next waits at least
-    ``ERROR_PAUSE_SECONDS``. A pass still running after ``STUCK_PASS_SECONDS`` (a connection that
-    hangs without an error) is left to end on its own: the next turn starts a new thread, which
-    plans beside it.
-    """
+    """The planner as a control-loop duty: ``__call__`` plans when its interval has passed (or more waits)."""
 
     def __init__(self) -> None:
         self.counters = Counters()
-        self._lock = threading.Lock()  # guards the fields below and the counters, shared by the threads
-        self._next_at = 0.0  # monotonic: no pass begins before this
-        self._began: float | None = None  # when the running pass began (monotonic); None: none runs
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stopped = False  # stop() was called: turns wake nothing until start()
+        self._next_at = 0.0
+        self._lock = threading.Lock()
 
     def __call__(self) -> None:
-        """The leader's turn: wake the planner's thread if a pass is due and none runs (never waits for it)."""
         now = time.monotonic()
-        with self._lock:
-            if self._stopped:
-                return
-            if self._began is not None:
-                if now - self._began < STUCK_PASS_SECONDS:
-                    return
-                logger.error(
-                    "recurrence planner pass stuck; a new planner thread takes over",
-                    extra={"seconds": round(now - self._began), "action": "plan_stuck"},
-                )
-                self.counters.abandoned += 1
-                self._drop_thread()
-            if now < self._next_at:
-                return
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, args=(self._wake,), name="timekeeper-planner", daemon=True
-                )
-                self._thread.start()
-            self._wake.set()
-
-    def running(self) -> bool:
-        """Whether a pass is running now."""
-        return self._began is not None
-
-    def start(self) -> None:
-        """Let the turns wake the planner again (after ``stop``; a new duty starts so)."""
-        with self._lock:
-            self._stopped = False
-
-    def stop(self, timeout: float = 2.0) -> None:
-        """End the planner's thread (a pass in flight first ends, waited for ``timeout`` seconds at most).
-
-        Turns called after this wake nothing until ``start()``: a control loop still finishing its
-        turn while its worker stops starts no new thread.
-        """
-        with self._lock:
-            self._stopped = True
-            thread = self._thread
-            self._drop_thread()
-        if thread is not None:
-            thread.join(timeout)
-
-    def _drop_thread(self) -> None:
-        """Under the lock: the current thread ends after its pass; a new one starts on the next call."""
-        self._wake.set()
-        self._thread = None
-        self._wake = threading.Event()
-        self._began = None
-
-    def _run(self, wake: threading.Event) -> None:
-        me = threading.current_thread()
-        try:
-            while self._thread is me:
-                if not wake.wait(IDLE_SECONDS):
-                    _close()  # no pass asked for (this process no longer leads): not kept open
-                    continue
-                wake.clear()
-                with self._lock:
-                    if self._thread is not me:
-                        return
-                    if time.monotonic() < self._next_at:
-                        continue  # woken twice for one pass
-                    began = self._began = time.monotonic()
-                report = self._pass()
-                with self._lock:
-                    self._count(report)
-                    if self._thread is me:  # an abandoned pass's end does not pace the thread that took over
-                        self._began = None
-                        self._next_at = self._after(report, began)
-        except Exception:
-            logger.exception("recurrence planner thread failed", extra={"action": "plan_failed"})
-        finally:
-            _close()
-
-    def _pass(self) -> PlanReport | None:
-        """One pass on this thread's connection; None if it failed (logged, the connection closed)."""
-        try:
-            if connection.connection is not None and not connection.is_usable():
-                connection.close()  # the server ended it while idle (a restart): a fresh one
-            locks.bound_django_session(round(LOCK_WAIT_SECONDS * 1000))
-            return plan_once()
-        except Exception as exc:
-            # A planner bug must not stop the claiming and sweeping of the loop that wakes it.
-            if isinstance(exc, (DatabaseError, psycopg2.Error)):
-                logger.warning(
-                    "recurrence planner pass failed; trying again", exc_info=True, extra={"action": "plan_failed"}
-                )
-            else:
-                logger.exception("recurrence planner pass failed", extra={"action": "plan_failed"})
-            _close()  # this thread's: the next pass opens a fresh one
-            return None
-
-    @staticmethod
-    def _after(report: PlanReport | None, began: float) -> float:
-        """When the next pass may begin: at once after a full pick, an interval on, or a pause after a failure."""
-        if report is None:
-            return time.monotonic() + ERROR_PAUSE_SECONDS
-        if report.full:
-            return began
-        return began + conf.get().recurrence_plan_interval_seconds
-
-    def _count(self, report: PlanReport | None) -> None:
-        """Under the lock: a pass's figures."""
-        if report is None:
-            self.counters.failed += 1
+        if now < self._next_at or not self._lock.acquire(blocking=False):
             return
+        try:
+            report = plan_once()
+        except DatabaseError:
+            raise  # the control loop resets its connection and tries again
+        except Exception:
+            # A planner bug must not stop the claiming and sweeping that run in the same loop.
+            logger.exception("recurrence planner pass failed", extra={"action": "plan_failed"})
+            self._next_at = now + conf.get().recurrence_plan_interval_seconds
+            return
+        finally:
+            self._lock.release()
+        self.counters.passes += 1
         self.counters.created += report.created
         self.counters.ended += report.ended
-        self.counters.passes += 1
-
-
-def _close() -> None:
-    """Close this thread's Django connection; a failure to close is no reason to stop planning."""
-    with contextlib.suppress(Exception):
-        connection.close()
+        interval = conf.get().recurrence_plan_interval_seconds
+        self._next_at = now if report.full else now + interval
 
 
 duty = Duty()
