@@ -6,9 +6,10 @@ SchedulingError
  ├── InvalidPayload                 the payload fails the kind's schema or is not JSON
  │    └── PayloadTooLarge           the encoded payload is over the size limit
  ├── InvalidSchedule                bad due_at / delay (naive, both, neither, negative, out of range)
- │    └── OverCallerLimit           an outside caller asks for more than the kind allows them
- │         ├── DueAtInPast          an outside caller's due_at is in the past (beyond the skew tolerance)
- │         └── RecurrenceTooFrequent an outside caller's recurrence runs closer than the minimum interval
+ │    ├── OverCallerLimit           an outside caller asks for more than the kind allows them
+ │    │    ├── DueAtInPast          an outside caller's due_at is in the past (beyond the skew tolerance)
+ │    │    └── RecurrenceTooFrequent an outside caller's recurrence runs closer than the minimum interval
+ │    └── InvalidRecurrence         a recurrence rule that cannot work (no rule, both rules, ends before starts)
  ├── ReturnValueTooLarge            a Django task returned more than SCHEDULING_MAX_RETURN_VALUE_BYTES of JSON
  ├── OverCreationLimit              an owner creates too fast, or holds too many pending jobs or recurrences (429)
  ├── DelayTooLong                   a broker countdown would outlive the visibility timeout guard
@@ -28,7 +29,6 @@ SchedulingError
  ├── InvalidPolicy                  a fixed-time policy that cannot work (timeout >= interval ...)
  ├── RunNotRunning                  abort_schedule_run() of a fixed-time run that is not running (or no such run)
  ├── ScheduleNotFound               no fixed-time schedule (periodic task with a policy) has that name
- ├── InvalidRecurrence              a recurrence rule that cannot work (no rule, both rules, ends before starts)
  ├── RecurrenceNotFound             no recurrence with that id or key (or not the caller's)
  ├── RecurrenceKeyConflict          recur(..., on_conflict="error") and the owner already has the key
  └── RecurrenceStateConflict        the recurrence's state forbids the change (resume a cancelled one)
@@ -275,11 +275,14 @@ __all__ = [
     "KeyConflict",
     "KindNotAllowed",
     "LockNotAcquired",
+    "OverCallerLimit",
+    "OverCreationLimit",
     "OwnerDeleted",
     "PayloadTooLarge",
     "RecurrenceKeyConflict",
     "RecurrenceNotFound",
     "RecurrenceStateConflict",
+    "RecurrenceTooFrequent",
     "ReturnValueTooLarge",
     "RunNotRunning",
     "ScheduleNotFound",
