@@ -363,7 +363,7 @@ def broker_counts(now: float | None = None) -> dict[str, int | bool] | None:
     - ``delayed``: not yet due (ETA in the future), wherever they are: held unacknowledged by a
       worker (``delayed_held``: how Redis workers keep countdowns) or still in a queue list
       (``delayed_queued``: no worker had room under its ETA limit). The counterpart of SQS's
-      ApproximateNumberOfMessagesDelayed; it includes the claim engine's own wake-ups (<= 2 s).
+      ApproximateNumberOfMessagesDelayed.
     - ``in_flight``: taken by a worker and due: running, or about to.
     - ``unacked``: everything taken and not acknowledged (``delayed_held`` + ``in_flight``).
     - ``visible_batches``: the visible messages that are ``run_batch`` messages of claimed due_at

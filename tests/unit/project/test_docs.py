@@ -130,3 +130,15 @@ def test_relative_links_in_the_documents_resolve():
             if not (document.parent / target).exists():
                 broken.append(f"{document.relative_to(ROOT)} -> {target}")
     assert not broken, f"broken links: {broken}"
+
+
+CHECK_ID = re.compile(r"""id=["'](scheduling\.[EW]\d{3})["']""")
+
+
+def test_the_checks_table_has_a_row_for_every_system_check():
+    """Every id a system check can report (``id="scheduling.E001"`` in the code) has its row in installing.md."""
+    raised = {m for path in (ROOT / "scheduling").rglob("*.py") for m in CHECK_ID.findall(path.read_text())}
+    table = _section((DOCS / "installing.md").read_text(), "The checks that catch a missing piece")
+    rows = set(re.findall(r"^\| `(scheduling\.[EW]\d{3})` \|", table, flags=re.MULTILINE))
+    assert raised, "no check id found in the code"
+    assert raised <= rows, sorted(raised - rows)
