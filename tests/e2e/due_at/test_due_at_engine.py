@@ -63,7 +63,7 @@ def test_timeout_stops_a_handler(cluster):
     outcomes = list(JobAttempt.objects.filter(job_id=job.id).values_list("outcome", flat=True))
     assert outcomes == ["timed_out", "timed_out"]
     for attempt in JobAttempt.objects.filter(job_id=job.id):
-        assert (attempt.finished_at - attempt.started_at).total_seconds() < 10
+        assert (attempt.finished_at - attempt.started_at).total_seconds() < 30, "stopped, not slept out"
 
 
 def test_one_worker_and_no_beat_claim_run_and_sweep_with_every_process_running_handlers(cluster):

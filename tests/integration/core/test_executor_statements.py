@@ -26,7 +26,7 @@ def test_a_statement_past_the_timeout_is_cancelled_and_the_call_timed_out():
     began = time.monotonic()
     result = executor.invoke(KIND, job, 0.3)
     assert result.outcome == executor.TIMED_OUT
-    assert time.monotonic() - began < 10, "cancelled, not waited for"
+    assert time.monotonic() - began < 20, "cancelled: pg_sleep(20) did not run out"
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
         assert cursor.fetchone() == (1,)
@@ -42,7 +42,7 @@ def test_in_a_batch_a_statement_on_a_connection_opened_by_the_job_is_cancelled()
         first = executor.invoke(KIND, job, 0.3)
         second = executor.invoke(KIND, job, 0.3)
     assert (first.outcome, second.outcome) == (executor.TIMED_OUT, executor.TIMED_OUT)
-    assert time.monotonic() - began < 15, "both cancelled, not waited for"
+    assert time.monotonic() - began < 20, "both cancelled: neither pg_sleep(20) ran out"
 
 
 def test_an_alias_this_process_cannot_set_up_leaves_a_batchs_deadlines_working(monkeypatch):

@@ -167,8 +167,9 @@ def test_permits_asked_at_once_on_two_connections_never_exceed_the_limit(raw_con
         thread.start()
     for thread in threads:
         thread.join(30)
-    assert len(granted) == 5, "24 asked within well under a second: the limit's 5 granted"
-    assert len(refused) == 19
+    assert len(granted) + len(refused) == 24
+    assert _most_in_any_span(granted, 1.0) <= 5, "never more than the limit in any second"
+    assert len(granted) >= 5, "the first second's 5 are granted (more only if the asking took over a second)"
     assert all(0 < w <= 1 for w in refused)
     (window,) = KindRate.objects.filter(kind="demo.record").values_list("handler_starts", flat=True)
     assert sorted(window) == sorted(granted)

@@ -316,7 +316,7 @@ def test_the_active_deadline_stops_a_run(make_schedule):
     tick = db_now()
     started = time.monotonic()
     assert gate.run("gate", tick).outcome == RunState.TIMED_OUT
-    assert time.monotonic() - started < 4
+    assert time.monotonic() - started < 5, "stopped: it did not sleep its 5 s out"
     row = run_of(policy, tick)
     assert row.state == RunState.TIMED_OUT
     assert row.error == "stopped after 1s (active deadline)"
