@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import signal
 import sys
 import time
 import traceback
@@ -53,7 +54,14 @@ def run(name: str, quick: bool, extra: list[str] | None = None) -> dict[str, Any
     return common.emit(name, figures if isinstance(figures, dict) else {}, quick=quick)
 
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (``timeout``, a CI job's cancel, ``kill``) unwinds like Ctrl-C: a scenario's ``with``
+    blocks stop its worker and beat processes and give the server its autovacuum setting back."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("scenario", choices=[*SCENARIOS, *ALONE, "all"], help="what to measure")
     parser.add_argument("--quick", action="store_true", help="smaller inputs: the whole run in under 5 minutes")

@@ -31,3 +31,13 @@ def test_soak_is_its_own_scenario_and_takes_minutes_but_others_refuse_unknown_op
     assert "soak" in bench_main.ALONE
     with pytest.raises(SystemExit):
         bench_main.main(["lag", "--minutes", "2"])
+
+
+def test_main_installs_the_sigterm_handler(monkeypatch):
+    installed = {}
+    monkeypatch.setattr("signal.signal", lambda signum, handler: installed.setdefault(signum, handler))
+    with pytest.raises(SystemExit):
+        bench_main.main(["no-such-scenario"])
+    import signal
+
+    assert installed[signal.SIGTERM] is bench_main._stop_on_sigterm
