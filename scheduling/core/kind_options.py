@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 from typing import Any
 
 from scheduling.core import exceptions
@@ -59,10 +60,10 @@ class KindOption:
         if (
             isinstance(value, bool)
             or not isinstance(value, kinds)
+            or not self.minimum <= value <= self.maximum  # before isfinite(), which a huge int overflows
             or not math.isfinite(value)
-            or not self.minimum <= value <= self.maximum
         ):
-            raise exceptions.InvalidSchedule(f"{self.name} must be {self.what}, got {value!r}.")
+            raise exceptions.InvalidSchedule(f"{self.name} must be {self.what}, got {reprlib.repr(value)}.")
         return value
 
     def parse(self, text: str) -> Any:

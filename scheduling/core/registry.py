@@ -303,7 +303,8 @@ class Rate:
         """``"10/s"`` -> Rate(10, 1.0); ``"5/2s"`` -> Rate(5, 2.0); ``"1/m"``, ``"100/h"``, ``"1000/d"``."""
         count, sep, unit = str(text).strip().partition("/")
         amount = unit.rstrip("smhd")
-        if not sep or not count.isdigit() or unit[len(amount) :] not in RATE_UNITS:
+        ascii_digits = count.isascii() and count.isdecimal()  # int() refuses "\u00b2"; no other script's digits
+        if not sep or not ascii_digits or not amount.isascii() or unit[len(amount) :] not in RATE_UNITS:
             raise exceptions.SchedulingError(f"A rate reads like '10/s', '1/m', '100/h' or '5/2s', not {text!r}.")
         try:
             scale = float(amount) if amount else 1.0

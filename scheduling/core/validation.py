@@ -24,6 +24,7 @@ from scheduling.core import conf, exceptions, registry
 
 MAX_DELAY_SECONDS = 10 * 366 * 86_400  # ten years: anything further is a unit mistake
 MAX_KEY_LENGTH = 200
+MAX_ROW_ID = 2**63 - 1  # bigint: no row has a larger id (asking for one is a database error, not a miss)
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_TIMEOUT_SECONDS = 86_400.0  # a job's own timeout: one day at most (longer work belongs in smaller jobs)
 MAX_BACKOFF_SECONDS = 7 * 86_400.0  # a job's own backoff: its steps (base, cap) are a week at most
@@ -122,6 +123,9 @@ def delay_seconds(delay: float | int | dt.timedelta) -> float:
         seconds = delay.total_seconds()
     elif isinstance(delay, bool) or not isinstance(delay, int | float):
         raise exceptions.InvalidSchedule(f"delay must be seconds or a timedelta, got {type(delay).__name__}.")
+    elif isinstance(delay, int) and abs(delay) > MAX_DELAY_SECONDS:  # before float(), which a huge int overflows
+        sign = "negative" if delay < 0 else "more than ten years"
+        raise exceptions.InvalidSchedule(f"delay must be a finite number of seconds >= 0 (this one is {sign}).")
     else:
         seconds = float(delay)
     if not math.isfinite(seconds) or seconds < 0:
@@ -167,6 +171,29 @@ def resolve_time(
         return check_due_at(due_at), None
     assert delay is not None
     return None, delay_seconds(delay)
+
+
+def row_id(value: Any, what: str) -> int | None:
+    """An id given to the Python API as a whole number; None when no row can have it (below 1, past bigint).
+
+    ``InvalidSchedule`` for anything else: ``True`` is an int to Python and ``2.9`` would be cut to 2,
+    and either would act on a row nobody named.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise exceptions.InvalidSchedule(f"{what} must be a whole number, got {type(value).__name__}.")
+    return value if 1 <= value <= MAX_ROW_ID else None
+
+
+def row_id_text(text: str) -> int | None:
+    """The id a person typed (a URL, a search box, a form's selection): None unless ASCII digits from 1 to bigint.
+
+    ``str.isdigit()`` is not enough: it takes "\u00b2", which ``int()`` refuses, and 19 digits can
+    still be past bigint.
+    """
+    if not (text.isascii() and text.isdecimal()) or len(text) > len(str(MAX_ROW_ID)):
+        return None
+    value = int(text)
+    return value if 1 <= value <= MAX_ROW_ID else None
 
 
 def check_key(key: str | None) -> None:

@@ -280,7 +280,10 @@ def _find(job_id: int | None, key: str | None, owner: Any = None) -> int:
     if (job_id is None) == (key is None):
         raise exceptions.InvalidSchedule("Give exactly one of job_id and key.")
     if job_id is not None:
-        return job_id
+        found = validation.row_id(job_id, "job_id")
+        if found is None:
+            raise exceptions.JobNotFound(f"No job {job_id}.")
+        return found
     assert key is not None
     validation.check_key(key)
     live = store.live_job_by_key(key, getattr(owner, "pk", owner))
@@ -361,6 +364,8 @@ def abort(job_id: int | None = None, *, key: str | None = None, owner: Any = Non
         if found is None:
             raise exceptions.JobNotFound(f"No job has key {key!r}.")
         job_id = found.id
+    elif validation.row_id(job_id, "job_id") is None:
+        raise exceptions.JobNotFound(f"No job {job_id}.")
     asker = aborts.asker(by)
     requested, cancelled = _abort([job_id], asker)
     if requested or cancelled:

@@ -15,14 +15,21 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
 from scheduling import api
+from scheduling.core import validation
 from scheduling.models import Recurrence, RecurrenceState
 
 DEFAULT_LIMIT = 50
 
 
 def _id(text: str) -> int:
-    if not (text.isascii() and text.isdecimal()) or len(text) > 19:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a recurrence id (a whole number).")
+    if not (text.isascii() and text.isdecimal()) or not 0 < int(text) <= validation.MAX_ROW_ID:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a recurrence id (a whole number from 1).")
+    return int(text)
+
+
+def _limit(text: str) -> int:
+    if not (text.isascii() and text.isdecimal()) or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"--limit must be a positive whole number, not {text!r}.")
     return int(text)
 
 
@@ -46,7 +53,7 @@ def add_parser(commands: Any) -> None:
     listing.add_argument("--owner", help="Only the recurrences of this username.")
     listing.add_argument("--timezone", help="Only recurrences on this zone (e.g. Europe/Lisbon).")
     listing.add_argument(
-        "--limit", type=_id, default=DEFAULT_LIMIT, help=f"At most this many (default {DEFAULT_LIMIT})."
+        "--limit", type=_limit, default=DEFAULT_LIMIT, help=f"At most this many (default {DEFAULT_LIMIT})."
     )
     listing.add_argument("--json", action="store_true", help="Print one JSON list instead of a table.")
 

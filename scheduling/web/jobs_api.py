@@ -51,7 +51,6 @@ logger = logging.getLogger(__name__)
 ENVELOPE_ALLOWANCE_BYTES = 16 * 1024  # a request body may exceed the payload limit by this much (the other fields)
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
-MAX_JOB_ID = 2**63 - 1  # bigint: a larger id cannot exist (and would be a database error, not a 404)
 MAX_DATETIME_TEXT = 64  # characters: no ISO-8601 date-time is longer
 CREATE_FIELDS = frozenset(
     {
@@ -312,7 +311,7 @@ def visible_row(model: Any, noun: str, user: Any, pk: int, *, change: bool = Fal
     queryset decides what a user sees; changing another owner's row needs the model's change
     permission. Ids past bigint are a 404, not a database error.
     """
-    if pk > MAX_JOB_ID:
+    if pk > validation.MAX_ROW_ID:
         raise ApiError(404, "not_found", f"No such {noun}.")
     row = model.objects.for_owner(user).filter(pk=pk).first()
     if row is None:

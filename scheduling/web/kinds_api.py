@@ -118,7 +118,9 @@ def rate(request: HttpRequest, user: Any, kind: str) -> JsonResponse:
     jobs_api._check_fields(data, RATE_FIELDS)
     if "rate" not in data or not (data["rate"] is None or isinstance(data["rate"], str)):
         raise jobs_api.ApiError(400, "invalid_request", 'Send {"rate": "10/s"} (optionally "partition_by") or null.')
-    partition_by = data.get("partition_by") or ""
+    partition_by = data.get("partition_by", "")
+    if partition_by is None:
+        partition_by = ""
     if not isinstance(partition_by, str):
         raise jobs_api.ApiError(400, "invalid_rate", "partition_by must be a payload field name.")
     try:  # api.set_rate knows which kinds can be limited or lifted

@@ -27,7 +27,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from scheduling import api, exceptions
-from scheduling.core import audit, liveness
+from scheduling.core import audit, liveness, validation
 from scheduling.management import kinds_cli, recurrences_cli, schedules_cli, status_cli
 from scheduling.models import JobState, ScheduledJob
 
@@ -67,6 +67,8 @@ def job_id(text: str) -> int:
         ) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} is not a job id: ids are positive.")
+    if value > validation.MAX_ROW_ID:
+        raise argparse.ArgumentTypeError(f"{value} is not a job id: ids are at most {validation.MAX_ROW_ID}.")
     return value
 
 
@@ -90,13 +92,15 @@ def parse_when(text: str) -> dt.datetime:
             f"{text!r} is not an ISO 8601 time: write e.g. 2030-01-31T09:00:00+00:00 (or ...Z)."
         ) from None
     if timezone.is_naive(value):
-        try:
-            value = timezone.make_aware(value)
-        except ValueError as exc:  # a wall-clock time that does not exist or is ambiguous in TIME_ZONE
+        zone = timezone.get_current_timezone()
+        # A wall time the clocks skip (spring) or repeat (autumn) has two offsets, one per fold; make_aware
+        # would pick one without a word.
+        if zone.utcoffset(value.replace(fold=0)) != zone.utcoffset(value.replace(fold=1)):
             raise argparse.ArgumentTypeError(
-                f"{text!r} is not a single moment in {timezone.get_current_timezone_name()}: "
-                f"{exc}. Give an offset (+01:00)."
-            ) from None
+                f"{text!r} is not a single moment in {timezone.get_current_timezone_name()}: the clocks skip or "
+                "repeat that wall time there. Give an offset (+01:00)."
+            )
+        value = timezone.make_aware(value)
     return value
 
 

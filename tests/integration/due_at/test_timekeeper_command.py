@@ -10,6 +10,7 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
@@ -110,11 +111,26 @@ def test_reschedule_with_at_and_in(jobs):
     assert before + dt.timedelta(seconds=590) < due_at < before + dt.timedelta(seconds=3600)
 
 
+@override_settings(TIME_ZONE="Europe/Lisbon")
+@pytest.mark.parametrize("wall", ["2030-03-31T01:30:00", "2030-10-27T01:30:00"], ids=["skipped", "repeated"])
+def test_reschedule_refuses_a_wall_time_the_clocks_skip_or_repeat(jobs, wall):
+    """Without an offset --at is read in TIME_ZONE: 01:30 of Lisbon's spring and autumn changes is no single moment."""
+    before = stored()
+    with pytest.raises(CommandError, match="is not a single moment in Europe/Lisbon"):
+        run("reschedule", str(jobs["future"]), "--at", wall)
+    assert stored() == before
+    run("reschedule", str(jobs["future"]), "--at", "2030-07-01T01:30:00")  # summer time: one moment
+    assert ScheduledJob.objects.get(pk=jobs["future"]).due_at == dt.datetime(2030, 7, 1, 0, 30, tzinfo=dt.UTC)
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
         (["cancel", "abc"], "is not a job id"),
         (["cancel", "0"], "ids are positive"),
+        (["cancel", "9999999999999999999"], "ids are at most 9223372036854775807"),  # 19 digits, past bigint
+        (["recurrences", "pause", "9999999999999999999"], "is not a recurrence id"),
+        (["recurrences", "list", "--limit", "0"], "--limit must be a positive whole number"),
         (["reschedule", "1", "--at", "tomorrow"], "is not an ISO 8601 time"),
         (["reschedule", "1", "--in", "-5"], "zero or more seconds"),
         (["reschedule", "1"], "one of the arguments --at --in is required"),

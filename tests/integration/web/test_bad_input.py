@@ -96,6 +96,8 @@ SCHEDULE_CASES: list[tuple[str, Callable[[], Any], type[Exception]]] = [
         lambda: api.schedule("demo.record", {}, delay=100 * 366 * 86_400),
         exceptions.InvalidSchedule,
     ),
+    ("delay too large for a float", lambda: api.schedule("demo.record", {}, delay=10**400), exceptions.InvalidSchedule),
+    ("negative delay past a float", lambda: api.defer("demo.record", {}, -(10**400)), exceptions.InvalidSchedule),
     ("blank key", lambda: api.schedule("demo.record", {}, delay=1, key="  "), exceptions.InvalidSchedule),
     ("key too long", lambda: api.schedule("demo.record", {}, delay=1, key="k" * 201), exceptions.InvalidSchedule),
     (
@@ -165,6 +167,15 @@ def test_reschedule_and_cancel_refuse_bad_input() -> None:
         api.reschedule(10**15, delay=3)
     with pytest.raises(exceptions.JobNotFound):
         api.cancel(10**15)
+    with pytest.raises(exceptions.JobNotFound):
+        api.cancel(2**70)  # past bigint: no such job, not a database error
+    for not_an_id in (True, 1.0, "1"):  # True is an int to Python: it would have named job 1
+        with pytest.raises(exceptions.InvalidSchedule, match="job_id must be a whole number"):
+            api.cancel(not_an_id)
+        with pytest.raises(exceptions.InvalidSchedule, match="job_id must be a whole number"):
+            api.abort(not_an_id)
+    with pytest.raises(exceptions.InvalidSchedule, match="job_id must be a whole number"):
+        api.reschedule(True, delay=3)
     with pytest.raises(exceptions.JobNotReschedulable):
         api.reschedule(done.id, delay=3)
     with pytest.raises(exceptions.JobNotCancellable):

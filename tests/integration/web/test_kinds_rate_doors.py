@@ -60,6 +60,12 @@ def test_api_sets_and_lifts_a_kinds_rate(operator):
         ({"rate": 10}, "invalid_request"),
         ({}, "invalid_request"),
         ({"rate": "1/s", "x": 1}, "unknown_field"),
+        ({"rate": "²/s"}, "invalid_rate"),  # a digit to str.isdigit(), not to int()
+        ({"rate": "\u0661\u0660/s"}, "invalid_rate"),  # Arabic-Indic digits: not what an operator typed
+        ({"rate": "10/\u0661s"}, "invalid_rate"),
+        ({"rate": "10/s", "partition_by": 0}, "invalid_rate"),  # was read as no partition
+        ({"rate": "10/s", "partition_by": False}, "invalid_rate"),
+        ({"rate": "10/s", "partition_by": []}, "invalid_rate"),
     ],
 )
 def test_api_refuses_a_bad_rate_with_400(operator, body, code):
