@@ -28,6 +28,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from scheduling.core import audit, conf, exceptions, locks, registry, tracing, validation
@@ -160,6 +161,26 @@ def _check_quotas(caller: Any, first_job_id: int | None) -> None:
         validation.check_quota(caller, first_job_id)
 
 
+def _check_within_window(occurrence: rules.Occurrence) -> None:
+    """A first (or moved) occurrence a rule puts more than ten years ahead is refused, as a job's due_at is."""
+    try:
+        validation.check_due_at(occurrence.due_at)
+    except exceptions.InvalidSchedule:
+        raise exceptions.InvalidRecurrence(
+            f"The rule's first occurrence, {occurrence.due_at.isoformat()}, is more than ten years ahead "
+            "(the limit of a job's due time): start it later, or check the rule."
+        ) from None
+
+
+def _quota_owner(row: store.RecurrenceRow, caller: Any) -> Any:
+    """Whose pending-jobs quota a new occurrence of ``row`` counts in: its owner's (None: a system recurrence)."""
+    if row.owner_id is None:
+        return None
+    if row.owner_id == getattr(caller, "pk", None):
+        return caller
+    return get_user_model()._default_manager.filter(pk=row.owner_id).first()
+
+
 def _schedule(row: store.RecurrenceRow) -> rules.Schedule:
     return rules.schedule_for(row.expression, row.every_seconds, row.timezone, row.dst_gap, row.anchor_at)
 
@@ -263,6 +284,8 @@ def recur_with_options(
             assert row is not None
             occurrence = rules.first(schedule, now=now, starts_at=starts_at, ends_at=ends_at)
             first = None
+            if occurrence is not None:
+                _check_within_window(occurrence)
             if occurrence is None:
                 store.set_recurrences_state([recurrence_id], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
             else:
@@ -306,7 +329,9 @@ def recur_many(
     firsts: dict[str, rules.Occurrence | None] = {}
     for zone in {entry.timezone for entry in entries}:
         schedule = rules.schedule_for(expression, every_seconds, zone, dst_gap, anchor)
-        firsts[zone] = rules.first(schedule, now=now, starts_at=starts_at, ends_at=ends_at)
+        first = firsts[zone] = rules.first(schedule, now=now, starts_at=starts_at, ends_at=ends_at)
+        if first is not None:
+            _check_within_window(first)  # before anything is stored
     if not entries:
         return []
     new = store.NewRecurrence(
@@ -358,7 +383,10 @@ def _find(recurrence_id: int | None, key: str | None, owner: Any) -> int:
     if (recurrence_id is None) == (key is None):
         raise exceptions.InvalidSchedule("Give exactly one of recurrence_id and key.")
     if recurrence_id is not None:
-        return int(recurrence_id)
+        found = validation.row_id(recurrence_id, "recurrence_id")
+        if found is None:
+            raise exceptions.RecurrenceNotFound(f"No recurrence {recurrence_id}.")
+        return found
     assert key is not None
     validation.check_key(key)
     found = store.recurrence_id_by_key(key, _owner_id(owner))
@@ -491,6 +519,9 @@ def change_with_options(
             last_run = store.last_run_occurrence_at(row.id)
             base = now if last_run is None else max(now, last_run)
             occurrence = rules.first(schedule, now=base, starts_at=new_starts, ends_at=new_ends)
+            rule_given = any(value is not UNSET for value in (cron, every, timezone, starts_at))
+            if occurrence is not None and rule_given:  # a payload-only change leaves the instant as it was
+                _check_within_window(occurrence)
             if occurrence is None:
                 store.cancel_pending_occurrences([row.id])
                 store.set_recurrences_state([row.id], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
@@ -512,9 +543,16 @@ def pause_recurrence(recurrence_id: int | None = None, *, key: str | None = None
     return _one(pause_recurrences, _find(recurrence_id, key, owner), "be paused", RecurrenceState.PAUSED)
 
 
-def resume_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
-    """Resume a paused recurrence: the next occurrence is planned now, with its missed policy."""
-    return _one(resume_recurrences, _find(recurrence_id, key, owner), "resume", RecurrenceState.ACTIVE)
+def resume_recurrence(
+    recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None, caller: Any = None
+) -> int:
+    """Resume a paused recurrence: the next occurrence is planned now, with its missed policy.
+
+    With an outside ``caller`` (the JSON API), the occurrence is a new job of theirs: it counts
+    against their pending-jobs quota as a create does (``OverCreationLimit``; it stays paused).
+    """
+    target = _find(recurrence_id, key, owner)
+    return _one(lambda ids: resume_recurrences(ids, caller=caller), target, "resume", RecurrenceState.ACTIVE)
 
 
 def cancel_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
@@ -600,11 +638,13 @@ def cancel_recurrences(ids: Iterable[int]) -> BulkResult:
     return result
 
 
-def resume_recurrences(ids: Iterable[int]) -> BulkResult:
+def resume_recurrences(ids: Iterable[int], *, caller: Any = None) -> BulkResult:
     """Resume the paused recurrences among ``ids``, planning each one's next occurrence (missed policy).
 
     One the planner would refuse (its kind gone, its owner deactivated or without the kind's
-    access) stays paused with that reason and is reported untouched.
+    access) stays paused with that reason and is reported untouched. With an outside ``caller``
+    (the JSON API), each planned occurrence is a new job of the recurrence's owner and counts
+    against their pending-jobs quota, as a create does (``OverCreationLimit`` rolls the call back).
     """
     selected = _selection(ids)
     settings = conf.get()
@@ -637,8 +677,12 @@ def resume_recurrences(ids: Iterable[int]) -> BulkResult:
             store.set_recurrence_current(rid, last_run)
             if occurrence is None:
                 store.set_recurrences_state([rid], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
-            else:
-                _plan(row, occurrence, last_run)
+                continue
+            owner = None if _exempt(caller) else _quota_owner(row, caller)
+            _lock_owner_creations(owner)
+            planned = _plan(row, occurrence, last_run)
+            if planned is not None and owner is not None:
+                validation.check_quota(owner, planned.job_id)
         result = dataclasses.replace(_bulk_result(selected, changed), refused=refused)
         _audit("recurrence_resume", selected, result)
     logger.info("recurrences resumed", extra={"count": len(changed), "action": "resumed"})

@@ -232,16 +232,16 @@ def _answers(ok: dict[str, Any], *codes: str) -> dict[str, Any]:
     return openapi_parts.responses(ok, *codes, errors=_ERRORS)
 
 
-def _verb(operation: str, summary: str) -> dict[str, Any]:
+def _verb(operation: str, summary: str, *, creates: bool = False) -> dict[str, Any]:
+    """A state change by id; ``creates``: it plans a job, so the create rate and the pending quota answer 429."""
+    errors = ("400", "401", "403", "404", "409", "413", "415", *(("429",) if creates else ()))
     return {
         "parameters": [_ID],
         "post": {
             "operationId": operation,
             "summary": f"{summary} The body may be empty or {{}}.",
             "requestBody": {"required": False, "content": {JSON: {"schema": ref("Empty")}}},
-            "responses": _answers(
-                _one("The recurrence after the change."), "400", "401", "403", "404", "409", "413", "415"
-            ),
+            "responses": _answers(_one("The recurrence after the change."), *errors),
         },
     }
 
@@ -334,7 +334,11 @@ def paths(example_kind: str | None) -> dict[str, Any]:
         "/api/recurrences/{recurrence_id}/pause": _verb(
             "pauseRecurrence", "Pause: the pending occurrence is cancelled."
         ),
-        "/api/recurrences/{recurrence_id}/resume": _verb("resumeRecurrence", "Resume: plan again from the latest run."),
+        "/api/recurrences/{recurrence_id}/resume": _verb(
+            "resumeRecurrence",
+            "Resume: plan again from the latest run (a new job: the create rate applies).",
+            creates=True,
+        ),
         "/api/recurrences/{recurrence_id}/cancel": _verb("cancelRecurrence", "Cancel: no further occurrence."),
         "/api/recurrences/{recurrence_id}/next": {
             "parameters": [_ID],

@@ -246,14 +246,19 @@ def detail(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
     return jobs_api.ok(recurrence_json(changed, upcoming=DETAIL_NEXT))
 
 
-def _verb(call: Any) -> Any:
+def _verb(call: Any, *, creates: bool = False) -> Any:
+    """A state change by id; ``creates``: it plans an occurrence (a new job of the caller's), so it
+    spends the create rate and counts against the pending-jobs quota as a create does."""
+
     def view(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
         data = jobs_api.read_json(request, optional=True)
         jobs_api._check_fields(data, frozenset())
         _visible(user, recurrence_id, change=True)
+        if creates:
+            jobs_api._take_create_allowance(user)
         try:
             with transaction.atomic():
-                call(recurrence_id)
+                call(recurrence_id, caller=user) if creates else call(recurrence_id)
         except exceptions.SchedulingError as exc:
             raise _error(exc) from None
         return jobs_api.ok(recurrence_json(_visible(user, recurrence_id), upcoming=DETAIL_NEXT))
@@ -263,7 +268,7 @@ def _verb(call: Any) -> Any:
 
 
 pause = _verb(api.pause_recurrence)
-resume = _verb(api.resume_recurrence)
+resume = _verb(api.resume_recurrence, creates=True)
 cancel = _verb(api.cancel_recurrence)
 
 

@@ -214,6 +214,26 @@ def test_pause_and_resume(run_sql):
     assert len(pending(rec.id)) == 1
 
 
+def test_an_id_that_is_not_a_whole_number_is_refused_and_changes_nothing():
+    """True and 2.9 would have named recurrences 1 and 2 (int() takes both); past bigint there is no such one."""
+    first = api.recur("demo.noop", {}, key="a", cron="0 9 * * *")
+    second = api.recur("demo.noop", {}, key="b", cron="0 9 * * *")
+    assert (first.id, second.id) != (0, 0)
+    for call in (
+        lambda rid: api.pause_recurrence(rid),
+        lambda rid: api.cancel_recurrence(rid),
+        lambda rid: api.change_recurrence(rid, payload={"x": 1}),
+    ):
+        for not_an_id in (True, float(first.id), float(second.id) + 0.9, str(first.id)):
+            with pytest.raises(exceptions.InvalidSchedule, match="recurrence_id must be a whole number"):
+                call(not_an_id)
+        with pytest.raises(exceptions.RecurrenceNotFound):
+            call(2**70)
+    rows = Recurrence.objects.filter(pk__in=[first.id, second.id])
+    assert set(rows.values_list("state", flat=True)) == {RecurrenceState.ACTIVE}
+    assert [r.payload for r in rows] == [{}, {}]
+
+
 @pytest.mark.parametrize(("missed", "runs_now"), [("skip", False), ("run_once", True)])
 def test_resume_after_missed_occurrences_follows_the_missed_policy(run_sql, missed, runs_now):
     """After days paused: skip plans the next after now, run_once plans the latest missed one due now."""

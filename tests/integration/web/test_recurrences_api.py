@@ -244,6 +244,57 @@ def test_the_first_occurrence_counts_in_the_pending_quota(alice):
     assert ScheduledJob.objects.filter(owner=alice).count() == 2
 
 
+@override_settings(SCHEDULING_API_CREATE_RATE_PER_SECOND=0, SCHEDULING_API_MAX_PENDING_JOBS=2)
+def test_a_resume_plans_a_job_and_counts_in_the_pending_quota(alice):
+    """Paused recurrences do not hold their places: at the quota, a resume is 429 quota_exceeded and stays paused."""
+    client = token_client(alice)
+    urls = [create(client, key=f"r{i}").json()["recurrence"]["url"] for i in range(2)]
+    for url in urls:
+        assert send(client, "post", f"{url}/pause").status_code == 200
+    for i in range(2):
+        job = send(client, "post", "/api/jobs/", {"kind": "demo.noop", "delay": 600, "key": f"j{i}"})
+        assert job.status_code == 201
+    over = send(client, "post", f"{urls[0]}/resume")
+    assert (over.status_code, error_of(over)["code"]) == (429, "quota_exceeded"), over.content
+    assert set(Recurrence.objects.values_list("state", flat=True)) == {"paused"}
+    assert ScheduledJob.objects.filter(owner=alice, state=JobState.PENDING).count() == 2
+    send(client, "post", f"/api/jobs/{ScheduledJob.objects.filter(key='j0').get().id}/cancel")
+    assert send(client, "post", f"{urls[0]}/resume").status_code == 200, "a place freed: it resumes"
+    assert ScheduledJob.objects.filter(owner=alice, state=JobState.PENDING).count() == 2
+
+
+@override_settings(SCHEDULING_API_CREATE_BURST=3, SCHEDULING_API_CREATE_RATE_PER_SECOND=0.001)
+def test_a_resume_takes_the_create_allowance(alice):
+    """Each resume inserts a job: pause and resume rounds are held to the create rate (429 rate_limited)."""
+    client = token_client(alice)
+    url = create(client).json()["recurrence"]["url"]
+    statuses = []
+    for _ in range(3):
+        send(client, "post", f"{url}/pause")
+        statuses.append(send(client, "post", f"{url}/resume").status_code)
+    assert statuses == [200, 200, 429]
+    assert Recurrence.objects.get().state == "paused"
+    assert ScheduledJob.objects.count() == 3, "the first occurrence and two resumes' occurrences"
+
+
+def test_a_first_occurrence_past_ten_years_is_refused_and_nothing_is_stored(alice):
+    """A yearly rule starting near the window's end first runs about a year past it: 400, nothing stored."""
+    client = token_client(alice)
+    starts = timezone.now() + dt.timedelta(days=3650)
+    day_before = starts - dt.timedelta(days=1 if (starts.month, starts.day) != (3, 1) else 2)  # never 29 February
+    yearly = f"0 0 {day_before.day} {day_before.month} *"  # next due about a year after starts_at
+    response = create(client, cron=yearly, starts_at=starts.isoformat())
+    assert (response.status_code, error_of(response)["code"]) == (400, "invalid_schedule"), response.content
+    assert "more than ten years ahead" in error_of(response)["message"]
+    assert (Recurrence.objects.count(), ScheduledJob.objects.count()) == (0, 0)
+    url = create(client, cron="0 9 * * *").json()["recurrence"]["url"]
+    job = ScheduledJob.objects.get()
+    moved = send(client, "patch", url, {"cron": yearly, "starts_at": starts.isoformat()})
+    assert (moved.status_code, error_of(moved)["code"]) == (400, "invalid_schedule"), moved.content
+    assert Recurrence.objects.get().expression == "0 9 * * *"
+    assert ScheduledJob.objects.get().due_at == job.due_at
+
+
 @override_settings(SCHEDULING_API_MIN_RECURRENCE_INTERVAL_SECONDS=300)
 def test_a_recurrence_closer_than_the_minimum_interval_is_refused(alice, django_user_model):
     """every= or a cron firing more often than the minimum: 400 too_frequent naming the field; superusers are exempt."""
@@ -418,3 +469,16 @@ def test_resuming_a_deactivated_owners_recurrence_creates_no_occurrence(alice, d
     assert "its owner is deactivated" in error_of(refused)["message"]
     assert staff.get(rec["url"]).json()["state"] == "paused"
     assert not ScheduledJob.objects.filter(recurrence_id=rec["id"], state=JobState.PENDING).exists()
+
+
+@override_settings(SCHEDULING_API_CREATE_RATE_PER_SECOND=0, SCHEDULING_API_MAX_PENDING_JOBS=1)
+def test_a_staff_resume_counts_in_the_owners_pending_quota(alice, dave):
+    """dave resumes alice's recurrence: the occurrence is alice's, so alice's quota decides (dave holds none)."""
+    owner = token_client(alice)
+    url = create(owner).json()["recurrence"]["url"]
+    assert send(owner, "post", f"{url}/pause").status_code == 200
+    assert send(owner, "post", "/api/jobs/", {"kind": "demo.noop", "delay": 600}).status_code == 201
+    over = send(token_client(dave), "post", f"{url}/resume")
+    assert (over.status_code, error_of(over)["code"]) == (429, "quota_exceeded"), over.content
+    assert Recurrence.objects.get().state == "paused"
+    assert ScheduledJob.objects.filter(owner=alice, state=JobState.PENDING).count() == 1
