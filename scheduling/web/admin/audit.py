@@ -15,6 +15,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from scheduling.core import validation
 from scheduling.models import AuditRecord
 from scheduling.web.admin import common
 
@@ -41,13 +42,11 @@ class JobFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         value = self.value()
-        return [(value, f"#{value}")] if value and value.isdecimal() else []
+        return [(value, f"#{value}")] if value and validation.row_id_text(value) is not None else []
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[AuditRecord]) -> QuerySet[AuditRecord]:
-        value = self.value()
-        if value and value.isdecimal() and len(value) <= 19:
-            return queryset.filter(job_ids__contains=[int(value)])
-        return queryset
+        found = validation.row_id_text(self.value() or "")
+        return queryset if found is None else queryset.filter(job_ids__contains=[found])
 
 
 @admin.register(AuditRecord)

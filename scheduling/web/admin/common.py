@@ -60,7 +60,7 @@ class CheckedSelectionMixin:
         self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
     ) -> HttpResponse | None:
         selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
-        if any(not (value.isascii() and value.isdecimal() and len(value) <= 19) for value in selected):
+        if any(validation.row_id_text(value) is None for value in selected):
             return HttpResponseBadRequest("The selection holds something that is not a row id.")
         return super().response_action(request, queryset, *args, **kwargs)  # type: ignore[misc]
 
@@ -87,17 +87,26 @@ class PayloadField(forms.JSONField):
                     self.error_messages["too_large"], code="too_large", params={"size": size, "limit": self._limit()}
                 )
         try:
-            return super().to_python(value)
+            parsed = super().to_python(value)
         except RecursionError:
             raise ValidationError(self.error_messages["too_deep"], code="too_deep") from None
         except ValueError:  # NaN and friends are refused by the encoder later; non-JSON text here
             raise ValidationError(self.error_messages["invalid"], code="invalid") from None
+        problem = validation.payload_text_problem(parsed)
+        if problem:  # "\ud800" or "\u0000" typed as escapes: PostgreSQL cannot store them
+            raise ValidationError(
+                "The payload cannot be stored: %(problem)s.", code="unstorable", params={"problem": problem}
+            )
+        return parsed
 
     def bound_data(self, data: Any, initial: Any) -> Any:
         try:
-            return super().bound_data(data, initial)
+            bound = super().bound_data(data, initial)
         except (RecursionError, ValueError):
             return InvalidJSONInput(data)
+        if isinstance(data, str) and validation.payload_text_problem(bound):
+            return InvalidJSONInput(data)  # shown again as typed: re-encoded, a lone surrogate cannot be written out
+        return bound
 
 
 def kind_choices(user: Any = None) -> list[tuple[str, str]]:

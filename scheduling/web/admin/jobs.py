@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, cast
@@ -136,14 +137,40 @@ def error_class_of(text: str) -> str:
     return text.split(":", 1)[0][:80]
 
 
+MAX_SEARCH_DEPTH = 32  # levels of a payload-field search, the path's and the value's together
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e999: JSON has no infinity (PostgreSQL refuses it), so it is searched as text
+        raise ValueError(text)
+    return number
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(text)  # NaN, Infinity: not JSON either
+
+
 def payload_containing(path: str, value: str) -> dict[str, Any]:
-    """``a.b`` and ``5`` as ``{"a": {"b": 5}}``: the value as JSON when it parses (5, true, "x"), else as text."""
+    """``a.b`` and ``5`` as ``{"a": {"b": 5}}``: the value as JSON when it parses (5, true, "x"), else as text.
+
+    ``ValueError`` naming the reason when PostgreSQL could not take it: text it cannot store (a NUL,
+    an unpaired surrogate), or more than ``MAX_SEARCH_DEPTH`` levels.
+    """
+    parts = path.split(".")
     try:
-        parsed: Any = json.loads(value)
+        parsed: Any = json.loads(value, parse_float=_finite, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("the value nests too deeply") from None
     except ValueError:
         parsed = value
-    for part in reversed(path.split(".")):
+    if len(parts) + validation.payload_depth(parsed) > MAX_SEARCH_DEPTH:
+        raise ValueError(f"the field path and the value nest more than {MAX_SEARCH_DEPTH} levels")
+    for part in reversed(parts):
         parsed = {part: parsed}
+    problem = validation.payload_text_problem(parsed)
+    if problem:
+        raise ValueError(problem)
     return cast(dict[str, Any], parsed)
 
 
@@ -179,11 +206,11 @@ class RecurrenceFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         value = str(self.value() or "")
-        return [(value, f"recurrence #{value}")] if value.isdigit() else []
+        return [(value, f"recurrence #{value}")] if validation.row_id_text(value) is not None else []
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[ScheduledJob]) -> QuerySet[ScheduledJob]:
-        value = str(self.value() or "")
-        return queryset.filter(recurrence_id=int(value)) if value.isdigit() else queryset
+        found = validation.row_id_text(str(self.value() or ""))
+        return queryset if found is None else queryset.filter(recurrence_id=found)
 
 
 class OverdueFilter(admin.SimpleListFilter):
@@ -494,8 +521,9 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
     def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
         """Django's History (the admin's own log entries) with the audit trail's records naming this job."""
         records: list[AuditRecord] = []
-        if object_id.isdecimal() and len(object_id) <= 19:
-            records = list(AuditRecord.objects.for_job(int(object_id)).select_related("user")[:HISTORY_SHOWN])
+        found = validation.row_id_text(object_id)
+        if found is not None:
+            records = list(AuditRecord.objects.for_job(found).select_related("user")[:HISTORY_SHOWN])
         context = {
             "audit_records": records,
             "audit_url": reverse("admin:scheduling_auditrecord_changelist") + f"?job={object_id}",
@@ -503,9 +531,17 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         }
         return super().history_view(request, object_id, context)
 
+    @staticmethod
+    def _due_at_editable(request: HttpRequest, obj: ScheduledJob | None) -> bool:
+        """A pending job's due time is a field; so is one posted for a job that has left pending since its page
+        was shown: the form then says why it was not moved (``JobNotReschedulable``), not "changed successfully"."""
+        if obj is None:
+            return False
+        return obj.state == JobState.PENDING or (request.method == "POST" and "due_at_0" in request.POST)
+
     def get_fieldsets(self, request: HttpRequest, obj: ScheduledJob | None = None) -> Any:
         """A job that cannot be moved shows its due time once, to the second ("due"), not the editable field too."""
-        if obj is not None and obj.state == JobState.PENDING:
+        if self._due_at_editable(request, obj):
             return self.fieldsets
         return [
             (name, {**options, "fields": tuple(f for f in options["fields"] if f != "due_at")})
@@ -514,7 +550,7 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: ScheduledJob | None = None) -> list[str]:
         shown = [str(f) for _name, options in self.fieldsets for f in options["fields"]]
-        if obj is not None and obj.state == JobState.PENDING:
+        if self._due_at_editable(request, obj):
             return [f for f in shown if f != "due_at"]
         return shown
 
@@ -529,8 +565,9 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if term.isdigit() and len(term) <= 19:
-            return queryset.filter(Q(pk=int(term)) | Q(key__icontains=term)), False
+        found = validation.row_id_text(term)
+        if found is not None:
+            return queryset.filter(Q(pk=found) | Q(key__icontains=term)), False
         if term.startswith("$"):
             if not web_store.valid_jsonpath(term):
                 self.message_user(request, f"Not a JSON path: {term}", messages.ERROR)
@@ -538,7 +575,12 @@ class ScheduledJobAdmin(common.CheckedSelectionMixin, admin.ModelAdmin):
             return cast(ScheduledJobQuerySet, queryset).payload_path_matches(term), False
         path, eq, value = term.partition("=")
         if eq and path.strip() and " " not in path.strip():
-            return queryset.filter(payload__contains=payload_containing(path.strip(), value.strip())), False
+            try:
+                contained = payload_containing(path.strip(), value.strip())
+            except ValueError as exc:
+                self.message_user(request, f"Cannot search the payload for {term[:100]}: {exc}.", messages.ERROR)
+                return queryset.none(), False
+            return queryset.filter(payload__contains=contained), False
         anywhere = cast(ScheduledJobQuerySet, queryset).payload_has_value(term)
         return queryset.filter(Q(key__icontains=term) | anywhere), False
 
