@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import reprlib
 from typing import Any
 
-from scheduling.core import exceptions
+from scheduling.core import exceptions, validation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +62,7 @@ class KindOption:
             or not self.minimum <= value <= self.maximum  # before isfinite(), which a huge int overflows
             or not math.isfinite(value)
         ):
-            raise exceptions.InvalidSchedule(f"{self.name} must be {self.what}, got {reprlib.repr(value)}.")
+            raise exceptions.InvalidSchedule(f"{self.name} must be {self.what}, got {validation.shown_number(value)}.")
         return value
 
     def parse(self, text: str) -> Any:

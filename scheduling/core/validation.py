@@ -18,6 +18,7 @@ import datetime as dt
 import json
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from scheduling.core import conf, exceptions, registry
@@ -174,14 +175,30 @@ def resolve_time(
 
 
 def row_id(value: Any, what: str) -> int | None:
-    """An id given to the Python API as a whole number; None when no row can have it (below 1, past bigint).
+    """An id given to the Python API: a whole number (or its ASCII digits, as a URL carries it); None when no
+    row can have it (below 1, past bigint).
 
     ``InvalidSchedule`` for anything else: ``True`` is an int to Python and ``2.9`` would be cut to 2,
     and either would act on a row nobody named.
     """
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdecimal():
+        return row_id_text(value.strip())
     if isinstance(value, bool) or not isinstance(value, int):
         raise exceptions.InvalidSchedule(f"{what} must be a whole number, got {type(value).__name__}.")
     return value if 1 <= value <= MAX_ROW_ID else None
+
+
+def row_ids(values: Iterable[Any], what: str) -> list[int]:
+    """A bulk call's ids (each as ``row_id`` takes it), sorted, once each; ids no row can have are left out."""
+    found = (row_id(value, what) for value in values)
+    return sorted({value for value in found if value is not None})
+
+
+def shown_number(value: Any) -> str:
+    """``value`` for a message: a number past 64 bits is not written out (past 4,300 digits ``str()`` refuses it)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit number"
+    return repr(value)
 
 
 def row_id_text(text: str) -> int | None:
@@ -395,11 +412,13 @@ def lock_creations(user: Any) -> None:
         store.lock_owner_creations(locks.lock_key("api-creations", str(user.pk)))
 
 
-def check_quota(user: Any, new_id: int) -> None:
+def check_quota(user: Any, new_id: int, *, for_another: bool = False) -> None:
     """Raise ``OverCreationLimit`` (``quota_exceeded``) when ``user`` holds more pending jobs than the quota.
 
     Call it inside the creating transaction, after ``lock_creations`` and the insert (the new job
-    counts): raising rolls the new job back.
+    counts): raising rolls the new job back. ``for_another``: ``user`` owns the new job but someone
+    else asked for it (staff resuming a user's recurrence): the message tells them nothing of the
+    owner's jobs but the quota.
     """
     from scheduling.core import store
 
@@ -407,6 +426,13 @@ def check_quota(user: Any, new_id: int) -> None:
     if quota <= 0 or user is None or user.is_superuser:
         return
     held = store.owner_pending_jobs(user.pk, quota, new_id)
+    if held.pending > quota and for_another:
+        raise exceptions.OverCreationLimit(
+            f"The owner holds {quota} pending jobs, the most SCHEDULING_API_MAX_PENDING_JOBS allows.",
+            code="quota_exceeded",
+            retry_after=MAX_QUOTA_RETRY_AFTER_SECONDS,
+            limit=quota,
+        )
     if held.pending > quota:
         retry_after = min(MAX_QUOTA_RETRY_AFTER_SECONDS, max(1, math.ceil(held.next_due_in_seconds)))
         raise exceptions.OverCreationLimit(

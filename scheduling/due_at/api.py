@@ -282,7 +282,7 @@ def _find(job_id: int | None, key: str | None, owner: Any = None) -> int:
     if job_id is not None:
         found = validation.row_id(job_id, "job_id")
         if found is None:
-            raise exceptions.JobNotFound(f"No job {job_id}.")
+            raise exceptions.JobNotFound(f"No job {validation.shown_number(job_id)}.")
         return found
     assert key is not None
     validation.check_key(key)
@@ -364,8 +364,11 @@ def abort(job_id: int | None = None, *, key: str | None = None, owner: Any = Non
         if found is None:
             raise exceptions.JobNotFound(f"No job has key {key!r}.")
         job_id = found.id
-    elif validation.row_id(job_id, "job_id") is None:
-        raise exceptions.JobNotFound(f"No job {job_id}.")
+    else:
+        given = validation.row_id(job_id, "job_id")
+        if given is None:
+            raise exceptions.JobNotFound(f"No job {validation.shown_number(job_id)}.")
+        job_id = given
     asker = aborts.asker(by)
     requested, cancelled = _abort([job_id], asker)
     if requested or cancelled:
@@ -652,7 +655,7 @@ class BulkResult:
 
 
 def _selection(ids: Iterable[int]) -> list[int]:
-    return sorted({int(job_id) for job_id in ids})
+    return validation.row_ids(ids, "job_id")
 
 
 # The bulk calls' log action -> the audit trail's action (scheduling.core.audit, AuditAction).

@@ -28,7 +28,7 @@ def _id(text: str) -> int:
 
 
 def _limit(text: str) -> int:
-    if not (text.isascii() and text.isdecimal()) or int(text) == 0:
+    if validation.row_id_text(text) is None:  # 1 to bigint: PostgreSQL's LIMIT takes no more
         raise argparse.ArgumentTypeError(f"--limit must be a positive whole number, not {text!r}.")
     return int(text)
 

@@ -172,13 +172,14 @@ def _check_within_window(occurrence: rules.Occurrence) -> None:
         ) from None
 
 
-def _quota_owner(row: store.RecurrenceRow, caller: Any) -> Any:
-    """Whose pending-jobs quota a new occurrence of ``row`` counts in: its owner's (None: a system recurrence)."""
-    if row.owner_id is None:
-        return None
-    if row.owner_id == getattr(caller, "pk", None):
-        return caller
-    return get_user_model()._default_manager.filter(pk=row.owner_id).first()
+def _quota_owners(ids: Sequence[int], caller: Any) -> dict[int, Any]:
+    """{owner id: user} of the recurrences ``ids``: whose pending-jobs quota their new occurrences count in.
+
+    Read before their rows are locked (an owner never changes); the caller stands for themselves.
+    """
+    owner_ids = {o for o in Recurrence.objects.filter(pk__in=ids).values_list("owner_id", flat=True) if o is not None}
+    users = {user.pk: user for user in get_user_model()._default_manager.filter(pk__in=owner_ids - {caller.pk})}
+    return {**users, **({caller.pk: caller} if caller.pk in owner_ids else {})}
 
 
 def _schedule(row: store.RecurrenceRow) -> rules.Schedule:
@@ -385,7 +386,7 @@ def _find(recurrence_id: int | None, key: str | None, owner: Any) -> int:
     if recurrence_id is not None:
         found = validation.row_id(recurrence_id, "recurrence_id")
         if found is None:
-            raise exceptions.RecurrenceNotFound(f"No recurrence {recurrence_id}.")
+            raise exceptions.RecurrenceNotFound(f"No recurrence {validation.shown_number(recurrence_id)}.")
         return found
     assert key is not None
     validation.check_key(key)
@@ -513,14 +514,20 @@ def change_with_options(
             schedule=schedule if (cron is not UNSET or every is not UNSET) else None,
             rule_field="every" if every_seconds is not None else "cron",
         )
+        # A rule given (not a payload-only change): its first occurrence must fall within ten years, whatever the
+        # state (a paused recurrence plans it when resumed).
+        rule_given = any(value is not UNSET for value in (cron, every, timezone, starts_at))
+        if rule_given:
+            first = rules.first(schedule, now=core_store.database_now(), starts_at=new_starts, ends_at=new_ends)
+            if first is not None:
+                _check_within_window(first)
         store.update_recurrence_rule(changed, standing)
         if row.state == RecurrenceState.ACTIVE and row.current_state == "pending":
             now = core_store.database_now()
             last_run = store.last_run_occurrence_at(row.id)
             base = now if last_run is None else max(now, last_run)
             occurrence = rules.first(schedule, now=base, starts_at=new_starts, ends_at=new_ends)
-            rule_given = any(value is not UNSET for value in (cron, every, timezone, starts_at))
-            if occurrence is not None and rule_given:  # a payload-only change leaves the instant as it was
+            if occurrence is not None and rule_given:
                 _check_within_window(occurrence)
             if occurrence is None:
                 store.cancel_pending_occurrences([row.id])
@@ -583,7 +590,7 @@ def _refuse(target: int, result: BulkResult, action: str, *, allowed: Sequence[s
 
 
 def _selection(ids: Iterable[int]) -> list[int]:
-    return sorted({int(rid) for rid in ids})
+    return validation.row_ids(ids, "recurrence_id")
 
 
 def _audit(action: str, selected: list[int], result: BulkResult) -> None:
@@ -649,6 +656,10 @@ def resume_recurrences(ids: Iterable[int], *, caller: Any = None) -> BulkResult:
     selected = _selection(ids)
     settings = conf.get()
     with transaction.atomic():
+        # The owners' creation locks before the rows' (recur() takes them in that order too: no deadlock).
+        owners = {} if _exempt(caller) else _quota_owners(selected, caller)
+        for owner_id in sorted(owners):
+            _lock_owner_creations(owners[owner_id])
         resumed = store.set_recurrences_state(selected, RecurrenceState.ACTIVE, [RecurrenceState.PAUSED])
         rows = [_locked(rid) for rid in resumed]
         refused = planner.refusals(rows, planner.kinds_of(rows))
@@ -678,11 +689,10 @@ def resume_recurrences(ids: Iterable[int], *, caller: Any = None) -> BulkResult:
             if occurrence is None:
                 store.set_recurrences_state([rid], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
                 continue
-            owner = None if _exempt(caller) else _quota_owner(row, caller)
-            _lock_owner_creations(owner)
             planned = _plan(row, occurrence, last_run)
+            owner = owners.get(row.owner_id) if row.owner_id is not None else None
             if planned is not None and owner is not None:
-                validation.check_quota(owner, planned.job_id)
+                validation.check_quota(owner, planned.job_id, for_another=owner is not caller)
         result = dataclasses.replace(_bulk_result(selected, changed), refused=refused)
         _audit("recurrence_resume", selected, result)
     logger.info("recurrences resumed", extra={"count": len(changed), "action": "resumed"})

@@ -80,6 +80,8 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number.") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be positive.")
+    if value > validation.MAX_ROW_ID:  # PostgreSQL's LIMIT takes a bigint
+        raise argparse.ArgumentTypeError(f"{value} is too large: at most {validation.MAX_ROW_ID}.")
     return value
 
 

@@ -137,9 +137,6 @@ def error_class_of(text: str) -> str:
     return text.split(":", 1)[0][:80]
 
 
-MAX_SEARCH_DEPTH = 32  # levels of a payload-field search, the path's and the value's together
-
-
 def _finite(text: str) -> float:
     number = float(text)
     if not math.isfinite(number):  # 1e999: JSON has no infinity (PostgreSQL refuses it), so it is searched as text
@@ -155,7 +152,7 @@ def payload_containing(path: str, value: str) -> dict[str, Any]:
     """``a.b`` and ``5`` as ``{"a": {"b": 5}}``: the value as JSON when it parses (5, true, "x"), else as text.
 
     ``ValueError`` naming the reason when PostgreSQL could not take it: text it cannot store (a NUL,
-    an unpaired surrogate), or more than ``MAX_SEARCH_DEPTH`` levels.
+    an unpaired surrogate), or deeper than any kind's payload may be (no payload could match).
     """
     parts = path.split(".")
     try:
@@ -164,8 +161,9 @@ def payload_containing(path: str, value: str) -> dict[str, Any]:
         raise ValueError("the value nests too deeply") from None
     except ValueError:
         parsed = value
-    if len(parts) + validation.payload_depth(parsed) > MAX_SEARCH_DEPTH:
-        raise ValueError(f"the field path and the value nest more than {MAX_SEARCH_DEPTH} levels")
+    deepest = registry.largest_limits().max_payload_depth or 0
+    if len(parts) + validation.payload_depth(parsed) > deepest:
+        raise ValueError(f"the field path and the value nest more than {deepest} levels, deeper than any payload")
     for part in reversed(parts):
         parsed = {part: parsed}
     problem = validation.payload_text_problem(parsed)

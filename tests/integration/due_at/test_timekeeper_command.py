@@ -131,6 +131,8 @@ def test_reschedule_refuses_a_wall_time_the_clocks_skip_or_repeat(jobs, wall):
         (["cancel", "9999999999999999999"], "ids are at most 9223372036854775807"),  # 19 digits, past bigint
         (["recurrences", "pause", "9999999999999999999"], "is not a recurrence id"),
         (["recurrences", "list", "--limit", "0"], "--limit must be a positive whole number"),
+        (["recurrences", "list", "--limit", "99999999999999999999"], "--limit must be a positive whole number"),
+        (["jobs", "--limit", "99999999999999999999"], "is too large"),
         (["reschedule", "1", "--at", "tomorrow"], "is not an ISO 8601 time"),
         (["reschedule", "1", "--in", "-5"], "zero or more seconds"),
         (["reschedule", "1"], "one of the arguments --at --in is required"),

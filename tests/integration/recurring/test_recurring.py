@@ -224,14 +224,22 @@ def test_an_id_that_is_not_a_whole_number_is_refused_and_changes_nothing():
         lambda rid: api.cancel_recurrence(rid),
         lambda rid: api.change_recurrence(rid, payload={"x": 1}),
     ):
-        for not_an_id in (True, float(first.id), float(second.id) + 0.9, str(first.id)):
+        for not_an_id in (True, float(first.id), float(second.id) + 0.9, f"{first.id}.0", "one"):
             with pytest.raises(exceptions.InvalidSchedule, match="recurrence_id must be a whole number"):
                 call(not_an_id)
         with pytest.raises(exceptions.RecurrenceNotFound):
             call(2**70)
+        with pytest.raises(exceptions.RecurrenceNotFound, match="a 16610-bit number"):
+            call(10**5000)  # past 4,300 digits str() refuses it: the message does not write it out
+    for bulk in (api.pause_recurrences, api.cancel_recurrences, api.resume_recurrences):
+        with pytest.raises(exceptions.InvalidSchedule, match="recurrence_id must be a whole number"):
+            bulk([first.id, 2.9])
+        assert bulk([2**70]).changed == ()  # no row can have it: left out, not a database error
     rows = Recurrence.objects.filter(pk__in=[first.id, second.id])
     assert set(rows.values_list("state", flat=True)) == {RecurrenceState.ACTIVE}
     assert [r.payload for r in rows] == [{}, {}]
+    api.pause_recurrence(str(first.id))  # its digits, as a URL carries them, still name it
+    assert Recurrence.objects.get(pk=first.id).state == RecurrenceState.PAUSED
 
 
 @pytest.mark.parametrize(("missed", "runs_now"), [("skip", False), ("run_once", True)])

@@ -169,13 +169,18 @@ def test_reschedule_and_cancel_refuse_bad_input() -> None:
         api.cancel(10**15)
     with pytest.raises(exceptions.JobNotFound):
         api.cancel(2**70)  # past bigint: no such job, not a database error
-    for not_an_id in (True, 1.0, "1"):  # True is an int to Python: it would have named job 1
+    for not_an_id in (True, 1.0, "1.0"):  # True is an int to Python: it would have named job 1
         with pytest.raises(exceptions.InvalidSchedule, match="job_id must be a whole number"):
             api.cancel(not_an_id)
         with pytest.raises(exceptions.InvalidSchedule, match="job_id must be a whole number"):
             api.abort(not_an_id)
+        with pytest.raises(exceptions.InvalidSchedule, match="job_id must be a whole number"):
+            api.cancel_many([job.id, not_an_id])
     with pytest.raises(exceptions.InvalidSchedule, match="job_id must be a whole number"):
         api.reschedule(True, delay=3)
+    with pytest.raises(exceptions.JobNotFound, match="a 16610-bit number"):
+        api.cancel(10**5000)  # past 4,300 digits str() refuses it: the message does not write it out
+    assert api.cancel_many([2**70]).changed == ()  # no row can have it: left out, not a database error
     with pytest.raises(exceptions.JobNotReschedulable):
         api.reschedule(done.id, delay=3)
     with pytest.raises(exceptions.JobNotCancellable):

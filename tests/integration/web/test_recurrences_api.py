@@ -293,6 +293,11 @@ def test_a_first_occurrence_past_ten_years_is_refused_and_nothing_is_stored(alic
     assert (moved.status_code, error_of(moved)["code"]) == (400, "invalid_schedule"), moved.content
     assert Recurrence.objects.get().expression == "0 9 * * *"
     assert ScheduledJob.objects.get().due_at == job.due_at
+    # Paused, it has no pending occurrence to move: the rule is still checked (a resume would plan it).
+    assert send(client, "post", f"{url}/pause").status_code == 200
+    paused = send(client, "patch", url, {"cron": yearly, "starts_at": starts.isoformat()})
+    assert (paused.status_code, error_of(paused)["code"]) == (400, "invalid_schedule"), paused.content
+    assert Recurrence.objects.get().expression == "0 9 * * *"
 
 
 @override_settings(SCHEDULING_API_MIN_RECURRENCE_INTERVAL_SECONDS=300)
@@ -480,5 +485,9 @@ def test_a_staff_resume_counts_in_the_owners_pending_quota(alice, dave):
     assert send(owner, "post", "/api/jobs/", {"kind": "demo.noop", "delay": 600}).status_code == 201
     over = send(token_client(dave), "post", f"{url}/resume")
     assert (over.status_code, error_of(over)["code"]) == (429, "quota_exceeded"), over.content
+    assert error_of(over)["message"].startswith("The owner holds 1 pending jobs"), (
+        "nothing of alice's jobs but the quota"
+    )
+    assert "due in" not in error_of(over)["message"]
     assert Recurrence.objects.get().state == "paused"
     assert ScheduledJob.objects.filter(owner=alice, state=JobState.PENDING).count() == 1
