@@ -18,11 +18,12 @@ def test_sigterm_unwinds_a_scenario_like_ctrl_c(tmp_path):
         "import signal, sys, time\n"
         "from bench import __main__ as m\n"
         "signal.signal(signal.SIGTERM, m._stop_on_sigterm)\n"
-        "print('ready', flush=True)\n"
         "try:\n"
+        "    print('ready', flush=True)\n"  # inside the try: a signal right after it still unwinds through it
         "    time.sleep(60)\n"
         "finally:\n"
-        f"    open({str(marker)!r}, 'w').write('yes')\n"
+        f"    with open({str(marker)!r}, 'w') as f:\n"
+        "        f.write('yes')\n"
     )
     with subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import dev
-from tests.support import ROOT
+from tests.support import ROOT, wait_for
 
 # What `dev.py test` runs, as a newcomer would look for it in the usage text and the README.
 TEST_STEPS = ["ruff", "makemigrations --check", "mypy", "apt-get", "chromium", "faketime", "pytest", "Django 6.0"]
@@ -268,6 +268,8 @@ def test_dev_manage_reaches_the_servers_of_the_running_run(
     database_url = f"postgresql://{entry['USER']}@{entry['HOST']}:{entry['PORT'] or 5432}/{entry['NAME']}"
     run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "dev.py"])  # a stand-in dev.py
     try:
+        # Until the child has exec'd, its /proc cmdline is this process's (pytest's): no dev.py in it yet.
+        wait_for(lambda: services._is_dev_run(run.pid), 30, message="the stand-in dev.py to be running")
         path = tmp_path / "services.env"
         state = {
             "DATABASE_URL": database_url,
