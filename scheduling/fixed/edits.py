@@ -22,6 +22,7 @@ from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
 from scheduling.core import audit, tasknames
 from scheduling.fixed import declarations
+from scheduling.fixed import policies as fixed_policies
 from scheduling.models import SchedulePolicy
 
 
@@ -81,6 +82,7 @@ def _switch(task_ids: Iterable[int], enabled: bool | None) -> int:
         policies = SchedulePolicy.objects.filter(periodic_task__in=ids)
         policies.filter(periodic_task__enabled=True, suspend=True).update(suspend=False)
         policies.filter(periodic_task__enabled=False, suspend=False).update(suspend=True)
+        fixed_policies.note_timing_changes(list(policies.values_list("pk", flat=True)))  # update() sends no signal
         PeriodicTasks.update_changed()
         action = "schedule_toggle" if enabled is None else "schedule_enable" if enabled else "schedule_disable"
         names = list(PeriodicTask.objects.filter(pk__in=ids).order_by("name").values_list("name", flat=True)[:20])

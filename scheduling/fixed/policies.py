@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -300,6 +301,16 @@ def _after_commit_note(policy_ids: list[int]) -> None:
 
     if policy_ids:
         transaction.on_commit(note)
+
+
+def note_timing_changes(policy_ids: Sequence[int]) -> None:
+    """``note_timing_change`` of each policy once the transaction commits: for bulk edits that send no signal.
+
+    Beat cannot catch a disabled task's change itself (it does not load disabled tasks), so a list
+    action that disables and enables again must move the anchor here, or the time it was off counts
+    as missed (or is replayed, with ``run_all``).
+    """
+    _after_commit_note(list(policy_ids))
 
 
 def on_policy_saved(sender: type, instance: SchedulePolicy, **kwargs: Any) -> None:

@@ -23,7 +23,7 @@ from django_celery_beat.schedulers import DatabaseScheduler
 from project.celery import app as celery_app
 from scheduling import schedules
 from scheduling.core import leadership, store
-from scheduling.fixed import beat, cron, messages
+from scheduling.fixed import beat, cron, edits, messages
 from scheduling.models import SchedulePolicy, SchedulerHeartbeat, ScheduleRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -392,3 +392,20 @@ def test_a_scheduler_asked_for_while_the_first_is_being_built_exits_without_a_se
     assert seen == ["the second build exited"]
     beat.LeaderDatabaseScheduler(app=celery_app)  # built, not building: the next one is built as usual
     assert seen == ["the second build exited"] * 2
+
+
+@pytest.mark.parametrize("missed", ["skip", "run_all"])
+def test_disabled_and_enabled_again_from_the_list_counts_from_the_enable(scheduler, clock, queue, missed):
+    """The list's Disable/Enable actions (a QuerySet.update, no signal; beat never loads a disabled task) move
+    the anchor to the enable: the time it was off is neither recorded missed nor replayed."""
+    policy = declare("switched", every=60, missed_policy=missed)
+    edits.disable([policy.periodic_task_id])
+    long_ago = clock.at - dt.timedelta(minutes=10)
+    SchedulePolicy.objects.filter(pk=policy.pk).update(anchor_at=long_ago, last_tick=long_ago)  # off for ten minutes
+    edits.enable([policy.periodic_task_id])
+    enabled = SchedulePolicy.objects.get(pk=policy.pk)
+    assert enabled.anchor_at > long_ago
+    clock.at = enabled.anchor_at + dt.timedelta(microseconds=1)
+    assert not step(scheduler, "switched")[0]
+    assert queue() == []
+    assert not ScheduleRun.objects.filter(schedule=policy).exists(), "no missed rows, no catch-up runs"
