@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import threading
 from typing import Any
 
@@ -33,6 +34,8 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 from scheduling.core import exceptions, registry, tasknames
 from scheduling.fixed import cron, policies, spec, ticks
 from scheduling.models import SchedulePolicy
+
+MAX_EVERY_SECONDS = 2**31 - 1  # django-celery-beat's IntervalSchedule.every is an integer column (68 years)
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +93,16 @@ def make(
         raise exceptions.InvalidSchedule(f"Schedule {name!r}: give either cron= or every= (seconds), not both.")
     if every is not None and timezone != "UTC":
         raise exceptions.InvalidSchedule(f"Schedule {name!r}: an interval has no time zone; drop timezone=.")
-    if every is not None and (float(every) != int(every) or int(every) < 1):
-        raise exceptions.InvalidSchedule(f"Schedule {name!r}: every= must be a whole number of seconds >= 1.")
+    if every is not None and (
+        isinstance(every, bool)
+        or not isinstance(every, int | float)
+        or not math.isfinite(every)
+        or float(every) != int(every)
+        or not 1 <= int(every) <= MAX_EVERY_SECONDS
+    ):
+        raise exceptions.InvalidSchedule(
+            f"Schedule {name!r}: every= must be a whole number of seconds from 1 to {MAX_EVERY_SECONDS}."
+        )
     policy["payload"] = dict(policy.get("payload") or {})
     policy.update([(field, str(value)) for field, value in policy.items() if isinstance(value, str)])  # TextChoices
     declaration = Declaration(

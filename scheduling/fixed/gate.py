@@ -50,7 +50,18 @@ from celery import current_app
 from django.db import DatabaseError, connection, transaction
 from django_celery_beat.models import PeriodicTask
 
-from scheduling.core import aborts, audit, conf, exceptions, executor, leadership, locks, registry, tasknames
+from scheduling.core import (
+    aborts,
+    audit,
+    conf,
+    exceptions,
+    executor,
+    leadership,
+    locks,
+    registry,
+    tasknames,
+    validation,
+)
 from scheduling.core import store as core_store
 from scheduling.fixed import messages, store
 from scheduling.models import AttemptOutcome, ConcurrencyPolicy, RunState, RunTrigger, SchedulePolicy, ScheduleRun
@@ -364,6 +375,10 @@ def abort_run(run_id: int, *, by: str | None = None) -> None:
     The run is then recorded ``aborted`` with who asked (``by``, else the door's operator) and when;
     no further attempt of the tick starts. ``RunNotRunning`` when it finished before the abort arrived.
     """
+    found = validation.row_id(run_id, "run_id")  # True or "abc" would reach the SQL as they are
+    if found is None:
+        raise exceptions.RunNotRunning(run_id, None)
+    run_id = found
     asker = aborts.asker(by)
     if not store.request_run_abort(run_id, asker):
         state = ScheduleRun.objects.filter(pk=run_id).values_list("state", flat=True).first()

@@ -12,7 +12,7 @@ from typing import Any, cast
 from django import forms
 
 from scheduling.core import exceptions, registry, tasknames, validation
-from scheduling.fixed import spec
+from scheduling.fixed import declarations, spec
 from scheduling.models import (
     SchedulePolicy,
 )
@@ -42,6 +42,7 @@ class SchedulePolicyForm(forms.ModelForm):
     every_seconds = forms.IntegerField(
         required=False,
         min_value=1,
+        max_value=declarations.MAX_EVERY_SECONDS,
         label="every (seconds)",
         help_text="Instead of a cron expression: run every this many seconds.",
     )

@@ -470,3 +470,8 @@ def test_an_abort_interrupts_the_running_run_and_records_who_asked(make_schedule
     assert len(CALLS) == 1, "no retry after an abort"
     with pytest.raises(exceptions.RunNotRunning):
         api.abort_schedule_run(run.pk)
+    for not_an_id in (True, 1.5, "abc"):  # were a ProgrammingError or a DataError in the SQL
+        with pytest.raises(exceptions.InvalidSchedule, match="run_id must be a whole number"):
+            api.abort_schedule_run(not_an_id)
+    with pytest.raises(exceptions.RunNotRunning, match="does not exist"):
+        api.abort_schedule_run(2**70)

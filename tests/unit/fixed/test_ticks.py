@@ -144,6 +144,11 @@ def test_declared_nickname_is_the_same_schedule_as_its_expansion(nickname, expli
         ({"cron": "0 3 * * *", "timezone": "Europe/Lisboa"}, exceptions.UnknownTimeZone),
         ({"cron": "0 3 * * *", "every": 60}, exceptions.InvalidSchedule),
         ({"every": 0}, exceptions.InvalidSchedule),
+        ({"every": 2**31}, exceptions.InvalidSchedule),  # IntervalSchedule.every is an integer column
+        ({"every": float("nan")}, exceptions.InvalidSchedule),  # int() of it was a ValueError
+        ({"every": float("inf")}, exceptions.InvalidSchedule),  # and an OverflowError
+        ({"every": True}, exceptions.InvalidSchedule),
+        ({"every": "60"}, exceptions.InvalidSchedule),
         ({"every": 60, "timezone": "Europe/Lisbon"}, exceptions.InvalidSchedule),
         ({"every": 60, "active_deadline_seconds": 60}, exceptions.InvalidPolicy),
         ({"cron": "0 3 * * *", "timezone": "Europe/Lisbon", "active_deadline_seconds": 82_800}, exceptions.InvalidPolicy),  # noqa: E501
