@@ -91,7 +91,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from scheduling import api
-from scheduling.core import aborts, conf, exceptions, executor, registry
+from scheduling.core import aborts, conf, exceptions, executor, registry, validation
 from scheduling.core import options as job_options
 from scheduling.due_at import api as due_at_api
 from scheduling.due_at.api import ON_CONFLICT_CHOICES
@@ -363,7 +363,16 @@ def _run(name: str, job: registry.Job) -> None:
             args.insert(0, TimekeeperTaskContext(task_result=running, owner_id=row.owner_id))
         value = _call_coroutine(call, args, kwargs) if iscoroutinefunction(call) else call(*args, **kwargs)
         value = normalize_json(value)
-        size, limit = len(json.dumps(value).encode()), conf.get().max_return_value_bytes
+        try:
+            encoded = json.dumps(value, allow_nan=False)
+        except ValueError:  # NaN, Infinity: no JSON PostgreSQL takes (it was a DataError at the write)
+            raise exceptions.InvalidPayload(
+                f"The return value of {row.kind} is not JSON: it holds NaN or Infinity."
+            ) from None
+        problem = validation.payload_text_problem(value)
+        if problem:
+            raise exceptions.InvalidPayload(f"The return value of {row.kind} cannot be stored: {problem}.")
+        size, limit = len(encoded.encode()), conf.get().max_return_value_bytes
         if size > limit:
             raise exceptions.ReturnValueTooLarge(size, limit)
         ScheduledJob.objects.filter(pk=job.id, token=job.token).update(return_value=value)
@@ -657,6 +666,8 @@ class TimekeeperBackend(BaseTaskBackend):
     def validate_task(self, task: Task) -> None:
         """Django's checks, then Timekeeper's (aware run_after, a kind name that fits); registers the kind."""
         super().validate_task(task)
+        if isinstance(task.priority, bool) or not isinstance(task.priority, int):  # True is an int to Django's check
+            raise InvalidTask(f"priority must be a whole number, not {type(task.priority).__name__}.")
         if task.run_after is not None and timezone.is_naive(task.run_after):
             raise InvalidTask("run_after must be an aware datetime.")
         if len(task.module_path) > KIND_NAME_LIMIT:
@@ -681,7 +692,7 @@ class TimekeeperBackend(BaseTaskBackend):
         }
         if task.run_after is not None:
             fields["run_after"] = task.run_after.isoformat()
-        payload = normalize_json(fields)
+        payload = normalize_json(fields)  # Django's TypeError for what JSON cannot hold, as every backend raises
         timing: dict[str, Any] = {"due_at": task.run_after} if task.run_after is not None else {"delay": 0}
         options = job_options.JobOptions(
             key=getattr(task, "key", None),

@@ -113,6 +113,12 @@ def text_of(size: int) -> str:
     return "x" * size
 
 
+@task
+def unstorable(which: str) -> Any:
+    """Return what JSON takes but PostgreSQL does not: NaN, a NUL, a lone surrogate."""
+    return {"nan": [float("nan")], "nul": "a\x00b", "surrogate": "\ud800"}[which]
+
+
 @task(takes_context=True)
 def whose(context: TaskContext) -> dict[str, Any]:
     """Return the owner and result id the context gives."""

@@ -133,20 +133,21 @@ ORDER BY g.i;
 
 -- name: health_backlog
 -- The backlog /healthz judges: pending, overdue jobs that are the system's own (no owner: scheduled
--- by code) or of a kind flagged critical, outside paused kinds, counted up to limit + 1 like
+-- by code) or of a kind flagged critical, outside paused and rate-limited kinds (their jobs wait by
+-- the operator's choice, as status() and /metrics count them apart), counted up to limit + 1 like
 -- backlog_status. Other owners' jobs of other kinds are not counted, so no caller of the API can
 -- flip the health check (status() and /metrics still count every job).
 SELECT
     (SELECT count(*) FROM (SELECT 1 FROM scheduling_scheduledjob
                            WHERE state = 'pending' AND due_at <= now()
                              AND (owner_id IS NULL OR kind = ANY(%(critical)s::text[]))
-                             AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)
+                             AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused OR rate_limit IS NOT NULL)
                            LIMIT %(limit)s + 1) AS capped) AS backlog,
     (SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0)::float8
        FROM scheduling_scheduledjob
       WHERE state = 'pending' AND due_at <= now()
         AND (owner_id IS NULL OR kind = ANY(%(critical)s::text[]))
-        AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused)) AS oldest_overdue_seconds;
+        AND kind NOT IN (SELECT kind FROM scheduling_kindcontrol WHERE paused OR rate_limit IS NOT NULL)) AS oldest_overdue_seconds;
 
 -- name: outcome_counters
 -- The monotonic outcome counters (/metrics' *_total), kept by the triggers of migration 0015 (0022) in

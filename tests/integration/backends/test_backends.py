@@ -154,6 +154,25 @@ def test_a_return_value_json_cannot_hold_fails_the_task():
     assert ScheduledJob.objects.get(task_result_id=result.id).return_value is None
 
 
+@pytest.mark.parametrize(("which", "says"), [("nan", "NaN or Infinity"), ("nul", "NUL"), ("surrogate", "surrogate")])
+def test_a_return_value_postgresql_cannot_store_fails_the_task_with_the_reason(which, says):
+    """NaN, a NUL, a lone surrogate: a named InvalidPayload before the write (it was the database's DataError)."""
+    result = tasks.unstorable.options(max_attempts=1).enqueue(which)
+    testing.run_due()
+    failed = tasks.unstorable.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in failed.errors] == [exceptions.InvalidPayload]
+    assert says in failed.errors[0].traceback
+    assert ScheduledJob.objects.get(task_result_id=result.id).return_value is None
+
+
+def test_a_priority_that_is_not_a_whole_number_is_refused_when_the_task_is_made():
+    """True passed Django's range check (a bool is an int) and every enqueue then failed; 5.0 was stored as a float."""
+    for priority in (True, 5.0):
+        with pytest.raises(InvalidTask, match="priority must be a whole number"):
+            tasks.text_of.using(priority=priority)
+
+
 def test_the_task_timeout_stops_it_and_names_job_timeout():
     """A task past its per-task timeout (1 s) is stopped: FAILED with scheduling.core.executor.JobTimeout."""
     result = tasks.sleepy.enqueue(30)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.test import Client, override_settings
 
-from scheduling import api
+from scheduling import api, registry
 from scheduling.core import store
 from scheduling.models import ScheduledJob
 from scheduling.web import auth
@@ -47,3 +47,21 @@ def test_one_owners_overdue_jobs_leave_healthz_up_while_a_critical_kinds_backlog
     detail = admin_client.get("/healthz").json()["checks"]["backlog"]
     assert detail["backlog"] == 101
     assert detail["oldest_overdue_seconds"] >= 300
+
+
+@pytest.mark.django_db
+@override_settings(SCHEDULING_HEALTH_MAX_BACKLOG=2)
+def test_a_paused_or_rate_limited_kinds_waiting_jobs_do_not_flip_healthz(admin_client: Client):
+    """Jobs held back by the operator (a pause, a rate) are counted apart, as status() does: /healthz stays up."""
+    past = store.database_now() - dt.timedelta(minutes=5)
+    api.schedule_many("demo.noop", [{}] * 3, due_at=past)
+    api.schedule_many("demo.record", [{}] * 3, due_at=past)
+    api.set_rate("demo.noop", registry.Rate(1, 3600))
+    api.pause("demo.record")
+    assert (api.status(include_broker=False)["backlog"], api.status(include_broker=False)["rate_limited"]) == (0, 3)
+    response = Client().get("/healthz")
+    assert response.status_code == 200, response.content
+    assert admin_client.get("/healthz").json()["checks"]["backlog"]["backlog"] == 0
+    api.set_rate("demo.noop", None)
+    response = Client().get("/healthz")
+    assert (response.status_code, response.json()["failing"]) == (503, ["backlog"]), "lifted: its jobs count again"
