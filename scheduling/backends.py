@@ -254,7 +254,10 @@ def _register(task_obj: Task) -> None:
     if getattr(task_obj, "per_call", False):
         return
     name = task_obj.module_path
-    _tasks[name] = task_obj  # the latest declaration (or copy of it: the same kind options) wins
+    declared = _tasks.get(name)
+    if declared is not None and declared.func is task_obj.func and _a_using_copy(declared, task_obj):
+        task_obj = declared  # the kind keeps the declared task's queue and priority (the schema is read again)
+    _tasks[name] = task_obj  # the latest declaration wins
     run = _handlers.get(name)
     if run is None:
         run = _handlers[name] = _handler_for(name)
@@ -270,6 +273,18 @@ def _register(task_obj: Task) -> None:
         rate=getattr(task_obj, "rate", None),
         queue=task_obj.queue_name,  # Django's queue_name is the kind's queue (workers serve it with -Q)
     )(run)
+
+
+USING_FIELDS = frozenset({"priority", "queue_name", "run_after", "backend"})  # what Django's Task.using() changes
+
+
+def _a_using_copy(declared: Task, task_obj: Task) -> bool:
+    """Whether ``task_obj`` differs from the declared one only in what ``using()`` sets (the call's, not the kind's)."""
+    return all(
+        getattr(declared, field.name) == getattr(task_obj, field.name)
+        for field in dataclasses.fields(declared)
+        if field.name not in USING_FIELDS
+    )
 
 
 def _schema_for(task_obj: Task) -> dict[str, Any]:

@@ -219,6 +219,20 @@ def test_an_unknown_queue_and_a_priority_out_of_range_are_invalid():
         assert tasks.add.get_result(result.id).task.queue_name == "reports"
 
 
+def test_a_using_copy_changes_its_own_call_not_the_kind():
+    """using(queue_name=, priority=) is this call's: the kind keeps the declared queue (the claim routes every job
+    of the kind by it) and the declared task stays the kind's, made or enqueued or not."""
+    kind = "tests.taskkit.tasks.add"
+    with override_settings(
+        TASKS={"default": {"BACKEND": "scheduling.backends.TimekeeperBackend", "QUEUES": ["default", "reports"]}}
+    ):
+        tasks.add.using(queue_name="reports", priority=80)  # made, never enqueued
+        assert (registry.get(kind).queue, backends.task_for(kind)) == ("default", tasks.add)
+        result = tasks.add.using(queue_name="reports").enqueue(1, 2)
+        assert ScheduledJob.objects.get(task_result_id=result.id).payload["queue_name"] == "reports"
+        assert (registry.get(kind).queue, backends.task_for(kind).priority) == ("default", tasks.add.priority)
+
+
 def test_django_priority_maps_onto_the_claim_order():
     """-100..0 -> 0 (the default), 1..100 -> ceil(p*9/100): monotone, 100 -> 9; the row gets the mapped priority."""
     mapped = [backends.job_priority(p) for p in range(-100, 101)]
