@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import Sequence
 from pathlib import Path
 
-from scheduling.core import db
+from scheduling.core import broker, db
 from scheduling.models import RunState
 
 SQL = db.Statements(Path(__file__).with_name("sql"))
@@ -99,8 +99,14 @@ def record_missed_ticks(schedule_id: int, ticks: Sequence[dt.datetime], error: s
 
 
 def prune_schedule_runs(schedule_id: int, successful: int, failed: int) -> int:
-    """Delete history beyond the limits; returns how many rows went."""
-    params = {"schedule_id": schedule_id, "successful": successful, "failed": failed}
+    """Delete history beyond the limits; returns how many rows went (``ledger.sql`` says which, and why not others)."""
+    keep_manual = broker.visibility_timeout_seconds()  # a run-now message may come again until then
+    params = {
+        "schedule_id": schedule_id,
+        "successful": successful,
+        "failed": failed,
+        "keep_manual_seconds": keep_manual,
+    }
     return int(SQL.fetch_value("prune_schedule_runs", params))
 
 

@@ -85,23 +85,28 @@ RETURNING tick;
 -- name: prune_schedule_runs
 -- History limits: keep the latest `successful` succeeded runs and the latest `failed` runs of the
 -- other final states; running rows are never pruned. The watermark pruned_through moves to the
--- latest pruned tick, so a late delivery of a pruned tick is still refused by the gate.
+-- latest pruned tick of beat's (beat and catch_up), so a late delivery of a pruned tick is still
+-- refused by the gate. A "run now" tick is the wall clock when it was asked: it may be later than
+-- a beat tick still waiting in the queue, and a watermark over it would refuse that tick for ever.
+-- So it moves no watermark, and its row is kept while its message could still come again (the
+-- broker's visibility timeout, %(keep_manual_seconds)s): the row then refuses the late delivery.
 WITH ranked AS (
     SELECT id, tick,
            row_number() OVER (PARTITION BY (state = 'succeeded') ORDER BY tick DESC) AS position,
            state = 'succeeded' AS ok
     FROM scheduling_schedulerun
     WHERE schedule_id = %(schedule_id)s AND state <> 'running'
+      AND NOT (trigger = 'manual' AND finished_at > now() - make_interval(secs => %(keep_manual_seconds)s))
 ), victims AS (
     DELETE FROM scheduling_schedulerun AS r
     USING ranked
     WHERE r.id = ranked.id
       AND ranked.position > CASE WHEN ranked.ok THEN %(successful)s::int ELSE %(failed)s::int END
-    RETURNING r.tick
+    RETURNING r.tick, r.trigger
 ), watermark AS (
     UPDATE scheduling_schedulepolicy AS p
-    SET pruned_through = greatest(p.pruned_through, (SELECT max(tick) FROM victims))
-    WHERE p.id = %(schedule_id)s AND EXISTS (SELECT 1 FROM victims)
+    SET pruned_through = greatest(p.pruned_through, (SELECT max(tick) FROM victims WHERE trigger <> 'manual'))
+    WHERE p.id = %(schedule_id)s AND EXISTS (SELECT 1 FROM victims WHERE trigger <> 'manual')
     RETURNING p.id
 )
 SELECT count(*) FROM victims;

@@ -179,6 +179,20 @@ def test_a_tick_past_its_starting_deadline_is_missed_not_run(make_schedule):
     assert gate.run("gate", old - dt.timedelta(seconds=1), trigger="manual").outcome == RunState.SUCCEEDED
 
 
+def test_run_now_does_not_refuse_a_beat_tick_still_in_the_queue(make_schedule):
+    """History limit 1: a second "run now" used to prune the first and move the watermark to its tick (the wall
+    clock when it was asked), past a beat tick sent earlier and not yet delivered, which was then refused for ever."""
+    policy = make_schedule(successful_history_limit=1)
+    queued = db_now().replace(microsecond=0) - dt.timedelta(seconds=5)  # beat sent it; it waits in the queue
+    manual = [db_now(), db_now() + dt.timedelta(seconds=1)]
+    for tick in manual:
+        assert gate.run("gate", tick, trigger="manual").outcome == RunState.SUCCEEDED
+    assert gate.run("gate", queued).outcome == RunState.SUCCEEDED, "delivered late, it still runs once"
+    assert gate.run("gate", queued).outcome == "refused", "and only once"
+    kept = set(ScheduleRun.objects.filter(schedule=policy, trigger="manual").values_list("tick", flat=True))
+    assert kept == set(manual), "run-now rows are kept while their messages could come again"
+
+
 def test_a_paused_kind_skips_its_fixed_time_ticks_with_the_reason(make_schedule):
     """While its kind is paused a schedule's ticks (beat's and run now's) are skipped, not run; resumed, they run."""
     from scheduling import api
