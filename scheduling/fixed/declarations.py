@@ -36,6 +36,7 @@ from scheduling.fixed import cron, policies, spec, ticks
 from scheduling.models import SchedulePolicy
 
 MAX_EVERY_SECONDS = 2**31 - 1  # django-celery-beat's IntervalSchedule.every is an integer column (68 years)
+MAX_EXPRESSION_LENGTH: int = SchedulePolicy._meta.get_field("expression").max_length or 0  # the policy row's column
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +104,14 @@ def make(
         raise exceptions.InvalidSchedule(
             f"Schedule {name!r}: every= must be a whole number of seconds from 1 to {MAX_EVERY_SECONDS}."
         )
-    policy["payload"] = dict(policy.get("payload") or {})
+    payload = policy.get("payload") or {}
+    if not isinstance(payload, dict):  # dict() of a list or a string was a TypeError or a ValueError
+        raise exceptions.InvalidPayload(f"Schedule {name!r}: payload= must be a JSON object (a dict).")
+    policy["payload"] = dict(payload)
+    if isinstance(cron, str) and len(" ".join(cron.split())) > MAX_EXPRESSION_LENGTH:
+        raise exceptions.InvalidCronExpression(
+            f"Schedule {name!r}: the cron expression is longer than {MAX_EXPRESSION_LENGTH} characters."
+        )
     policy.update([(field, str(value)) for field, value in policy.items() if isinstance(value, str)])  # TextChoices
     declaration = Declaration(
         name=name,

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db import transaction
+from django.db import connection, transaction
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from scheduling.core import exceptions, registry, validation
@@ -165,15 +165,42 @@ def _invalid(exc: exceptions.SchedulingError, field: str | None) -> exceptions.S
     return exc
 
 
+WHOLE_NUMBERS = (
+    "starting_deadline_seconds",
+    "active_deadline_seconds",
+    "backoff_limit",
+    "missed_window_seconds",
+    "successful_history_limit",
+    "failed_history_limit",
+)
+
+
+def _column_range(name: str) -> int:
+    """The largest value the policy row's integer column ``name`` holds (PostgreSQL's smallint or integer)."""
+    field = SchedulePolicy._meta.get_field(name)
+    return int(connection.ops.integer_field_range(field.get_internal_type())[1])
+
+
 def check(timing: ticks.Timing, policy: spec.PolicySpec) -> None:
     """Every rule a fixed-time schedule's policy must pass with ``timing`` (declarations and the admin share it).
 
     Raises the named error with ``.field``, the policy field it is about (or ``None``).
     """
+    if not isinstance(policy.kind, str):
+        raise _invalid(exceptions.InvalidPolicy(f"kind must be a kind's name, not {policy.kind!r}."), "kind")
     try:
         handler = registry.get(policy.kind)
     except exceptions.UnknownJobKind as exc:
         raise _invalid(exc, "kind") from None
+    for name in WHOLE_NUMBERS:  # the columns' ranges: past them the sync was a database error, not a named one
+        value = getattr(policy, name)
+        most = _column_range(name)
+        if value is None and SchedulePolicy._meta.get_field(name).null:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+            raise _invalid(exceptions.InvalidPolicy(f"{name} must be a whole number from 0 to {most}."), name)
+    if policy.dst_gap not in DstGapPolicy.values:  # checked for an interval too: the row stores it
+        raise _invalid(exceptions.InvalidPolicy(f"Unknown DST gap policy {policy.dst_gap!r}."), "dst_gap")
     try:
         validation.encode_payload(handler, policy.payload)  # the kind's limits (size, depth) and schema, as every door
     except exceptions.InvalidPayload as exc:

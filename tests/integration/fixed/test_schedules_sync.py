@@ -197,3 +197,32 @@ def test_preview_lists_the_next_runs_in_the_schedules_zone():
     assert policies.describe(task) == "At 03:00 AM (Europe/Lisbon)"
     SchedulePolicy.objects.filter(periodic_task=task).update(suspend=True)
     assert policies.preview(SchedulePolicy.objects.get(periodic_task=task)) == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "says"),
+    [
+        ({"backoff_limit": -1}, exceptions.InvalidPolicy, "backoff_limit must be a whole number from 0 to 32767"),
+        ({"backoff_limit": 100_000}, exceptions.InvalidPolicy, "backoff_limit must be a whole number"),
+        ({"successful_history_limit": -1}, exceptions.InvalidPolicy, "successful_history_limit"),
+        ({"failed_history_limit": 10**9}, exceptions.InvalidPolicy, "failed_history_limit"),
+        ({"missed_window_seconds": -1}, exceptions.InvalidPolicy, "missed_window_seconds"),
+        ({"active_deadline_seconds": 1.5, "every": 3600}, exceptions.InvalidPolicy, "active_deadline_seconds"),
+        ({"dst_gap": "bogus"}, exceptions.InvalidPolicy, "Unknown DST gap policy"),
+        ({"kind": None}, exceptions.InvalidPolicy, "kind must be a kind's name"),
+        ({"payload": [1, 2]}, exceptions.InvalidPayload, "must be a JSON object"),
+        ({"payload": "x"}, exceptions.InvalidPayload, "must be a JSON object"),
+        (
+            {"every": None, "cron": "0 3 * * " + ",".join(["mon"] * 40)},  # the parser takes 200, the column 100
+            exceptions.InvalidCronExpression,
+            "longer than 100 characters",
+        ),
+    ],
+)
+def test_a_policy_its_row_cannot_hold_is_a_named_error_and_nothing_is_written(fields, error, says):
+    """Each was a database error at the sync (a smallint out of range, a varchar(100)), a TypeError in make(),
+    or stored as given (a float timeout that made every later sync report 'updated')."""
+    before = list(SchedulePolicy.objects.values_list("id", "periodic_task__name"))
+    with pytest.raises(error, match=says):
+        schedules.sync(declarations=[schedules.make(**{"name": "bad", "kind": "demo.noop", "every": 60, **fields})])
+    assert list(SchedulePolicy.objects.values_list("id", "periodic_task__name")) == before
