@@ -680,9 +680,9 @@ class TimekeeperBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task) -> None:
         """Django's checks, then Timekeeper's (aware run_after, a kind name that fits); registers the kind."""
-        super().validate_task(task)
         if isinstance(task.priority, bool) or not isinstance(task.priority, int):  # True is an int to Django's check
-            raise InvalidTask(f"priority must be a whole number, not {type(task.priority).__name__}.")
+            raise InvalidTask("priority must be a whole number between -100 and 100 (Django's range).")
+        super().validate_task(task)
         if task.run_after is not None and timezone.is_naive(task.run_after):
             raise InvalidTask("run_after must be an aware datetime.")
         if len(task.module_path) > KIND_NAME_LIMIT:

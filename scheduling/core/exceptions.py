@@ -230,7 +230,8 @@ class RunNotRunning(SchedulingError):
 
     def __init__(self, run_id: int, state: str | None) -> None:
         what = "does not exist" if state is None else f"already finished ({state}) before the abort arrived"
-        super().__init__(f"Schedule run {run_id} {what}.")
+        shown = run_id if not isinstance(run_id, int) or run_id.bit_length() <= 64 else "past bigint"
+        super().__init__(f"Schedule run {shown} {what}.")
         self.run_id = run_id
         self.state = state
 

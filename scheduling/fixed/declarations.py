@@ -97,9 +97,9 @@ def make(
     if every is not None and (
         isinstance(every, bool)
         or not isinstance(every, int | float)
+        or not 1 <= every <= MAX_EVERY_SECONDS  # before isfinite() and int(): a huge int overflows one, NaN the other
         or not math.isfinite(every)
         or float(every) != int(every)
-        or not 1 <= int(every) <= MAX_EVERY_SECONDS
     ):
         raise exceptions.InvalidSchedule(
             f"Schedule {name!r}: every= must be a whole number of seconds from 1 to {MAX_EVERY_SECONDS}."

@@ -197,7 +197,8 @@ def check(timing: ticks.Timing, policy: spec.PolicySpec) -> None:
         most = _column_range(name)
         if value is None and SchedulePolicy._meta.get_field(name).null:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())  # 60.0 as before
+        if isinstance(value, bool) or not whole or not 0 <= value <= most:
             raise _invalid(exceptions.InvalidPolicy(f"{name} must be a whole number from 0 to {most}."), name)
     if policy.dst_gap not in DstGapPolicy.values:  # checked for an interval too: the row stores it
         raise _invalid(exceptions.InvalidPolicy(f"Unknown DST gap policy {policy.dst_gap!r}."), "dst_gap")

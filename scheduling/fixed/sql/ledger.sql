@@ -8,7 +8,10 @@
 -- tick; any later one (a second beat, a redelivered message, a re-sent tick) lands in ON CONFLICT,
 -- which counts it on the existing row and returns inserted = false (xmax is 0 only for a row this
 -- statement inserted). A tick at or before the schedule's pruned_through watermark had its row
--- pruned: no row comes back and the caller refuses it too. Lateness is measured on the database clock.
+-- pruned: no row comes back and the caller refuses it too. Not a "run now" tick (the wall clock when
+-- asked): beat's watermark may already be past it while it waits in the queue; its own row, kept for
+-- the broker's visibility timeout (prune_schedule_runs), refuses its copies. Lateness is measured on
+-- the database clock.
 WITH policy AS (
     SELECT id, pruned_through FROM scheduling_schedulepolicy WHERE id = %(schedule_id)s
 )
@@ -16,7 +19,7 @@ INSERT INTO scheduling_schedulerun AS r
     (schedule_id, tick, state, trigger, attempt, worker, task_id, started_at, error, duplicates_refused)
 SELECT policy.id, coalesce(%(tick)s, now()), 'running', %(trigger)s, 1, %(worker)s, %(task_id)s, now(), '', 0
 FROM policy
-WHERE policy.pruned_through IS NULL OR coalesce(%(tick)s, now()) > policy.pruned_through
+WHERE %(trigger)s = 'manual' OR policy.pruned_through IS NULL OR coalesce(%(tick)s, now()) > policy.pruned_through
 ON CONFLICT (schedule_id, tick) DO UPDATE SET duplicates_refused = r.duplicates_refused + 1
 RETURNING r.id, (r.xmax = 0) AS inserted, r.tick, r.state, extract(epoch FROM now() - r.tick)::float8 AS late_seconds;
 

@@ -168,7 +168,7 @@ def test_a_return_value_postgresql_cannot_store_fails_the_task_with_the_reason(w
 
 def test_a_priority_that_is_not_a_whole_number_is_refused_when_the_task_is_made():
     """True passed Django's range check (a bool is an int) and every enqueue then failed; 5.0 was stored as a float."""
-    for priority in (True, 5.0):
+    for priority in (True, 5.0, "5"):  # "5": the backport compared it with its range first (a TypeError)
         with pytest.raises(InvalidTask, match="priority must be a whole number"):
             tasks.text_of.using(priority=priority)
 

@@ -193,6 +193,18 @@ def test_run_now_does_not_refuse_a_beat_tick_still_in_the_queue(make_schedule):
     assert kept == set(manual), "run-now rows are kept while their messages could come again"
 
 
+def test_a_run_now_tick_delayed_behind_beats_ticks_still_runs_once(make_schedule):
+    """History limit 1: beat's later ticks run and are pruned, the watermark passes the waiting run-now tick;
+    it still runs (the watermark is beat's), and its row refuses a copy."""
+    make_schedule(successful_history_limit=1)
+    now = db_now().replace(microsecond=0)
+    asked = now - dt.timedelta(seconds=3)  # "run now" clicked; its message waits behind two of beat's
+    for tick in (now - dt.timedelta(seconds=2), now - dt.timedelta(seconds=1)):
+        assert gate.run("gate", tick).outcome == RunState.SUCCEEDED
+    assert gate.run("gate", asked, trigger="manual").outcome == RunState.SUCCEEDED
+    assert gate.run("gate", asked, trigger="manual").outcome == "refused"
+
+
 def test_a_paused_kind_skips_its_fixed_time_ticks_with_the_reason(make_schedule):
     """While its kind is paused a schedule's ticks (beat's and run now's) are skipped, not run; resumed, they run."""
     from scheduling import api
@@ -489,3 +501,5 @@ def test_an_abort_interrupts_the_running_run_and_records_who_asked(make_schedule
             api.abort_schedule_run(not_an_id)
     with pytest.raises(exceptions.RunNotRunning, match="does not exist"):
         api.abort_schedule_run(2**70)
+    with pytest.raises(exceptions.RunNotRunning, match="Schedule run past bigint does not exist"):
+        api.abort_schedule_run(10**5000)  # str() refuses 4,300 digits: the message does not write it out

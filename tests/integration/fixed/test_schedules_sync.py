@@ -226,3 +226,12 @@ def test_a_policy_its_row_cannot_hold_is_a_named_error_and_nothing_is_written(fi
     with pytest.raises(error, match=says):
         schedules.sync(declarations=[schedules.make(**{"name": "bad", "kind": "demo.noop", "every": 60, **fields})])
     assert list(SchedulePolicy.objects.values_list("id", "periodic_task__name")) == before
+
+
+def test_whole_numbers_written_as_floats_still_sync():
+    """60.0 for a timeout or a window was stored as 60 before the range checks: it still is, and syncs unchanged."""
+    made = schedules.make(name="floats", kind="demo.noop", every=3600, active_deadline_seconds=60.0,
+                          missed_window_seconds=3600.0)  # fmt: skip
+    schedules.sync(declarations=[made])
+    stored = SchedulePolicy.objects.get(periodic_task__name="floats")
+    assert (stored.active_deadline_seconds, stored.missed_window_seconds) == (60, 3600)

@@ -145,6 +145,7 @@ def test_declared_nickname_is_the_same_schedule_as_its_expansion(nickname, expli
         ({"cron": "0 3 * * *", "every": 60}, exceptions.InvalidSchedule),
         ({"every": 0}, exceptions.InvalidSchedule),
         ({"every": 2**31}, exceptions.InvalidSchedule),  # IntervalSchedule.every is an integer column
+        ({"every": 10**400}, exceptions.InvalidSchedule),  # math.isfinite() overflowed on it
         ({"every": float("nan")}, exceptions.InvalidSchedule),  # int() of it was a ValueError
         ({"every": float("inf")}, exceptions.InvalidSchedule),  # and an OverflowError
         ({"every": True}, exceptions.InvalidSchedule),
