@@ -139,10 +139,16 @@ class HandlerOutcome(Exception):
         self.reason = reason
 
 
+MAX_DELAY_SECONDS = 10 * 366 * 86_400  # ten years: a job's due time is at most this far ahead (validation's too)
+
+
 def _seconds(value: float | dt.timedelta, what: str) -> float:
     seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < 10**9:
-        raise exceptions.SchedulingError(f"{what}(...) takes seconds from 0 (or a timedelta), not {value!r}.")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_DELAY_SECONDS:
+        # Past ten years the job could not be stored again (a deferral's continuation row was refused: lost).
+        raise exceptions.SchedulingError(
+            f"{what}(...) takes seconds from 0 to {MAX_DELAY_SECONDS} (ten years, or a timedelta), not {value!r}."
+        )
     return float(seconds)
 
 
@@ -611,6 +617,8 @@ def add_finder(finder: Callable[[str], bool]) -> None:
 
 def get(name: str) -> Kind:
     """The registered kind ``name`` (asking the finders for one not registered yet), or ``UnknownJobKind``."""
+    if not isinstance(name, str):  # None or a list: an AttributeError or a TypeError further down
+        raise exceptions.UnknownJobKind(str(name))
     autodiscover()
     try:
         return _kinds[name]

@@ -23,7 +23,7 @@ from typing import Any
 
 from scheduling.core import conf, exceptions, registry
 
-MAX_DELAY_SECONDS = 10 * 366 * 86_400  # ten years: anything further is a unit mistake
+MAX_DELAY_SECONDS = registry.MAX_DELAY_SECONDS  # ten years: anything further is a unit mistake
 MAX_KEY_LENGTH = 200
 MAX_ROW_ID = 2**63 - 1  # bigint: no row has a larger id (asking for one is a database error, not a miss)
 MAX_ATTEMPTS_LIMIT = 1000
@@ -105,7 +105,8 @@ def encode_payload(kind: registry.Kind, payload: Any) -> str:
     if problem:
         raise exceptions.InvalidPayload(f"Payload for {kind.name} cannot be stored: {problem}.")
     try:
-        encoded = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+        # sort_keys: keys of mixed types ({1: "a", "b": 2}) are refused here, not when a deferral is signed
+        encoded = json.dumps(payload, allow_nan=False, separators=(",", ":"), sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise exceptions.InvalidPayload(f"Payload for {kind.name} is not JSON: {exc}") from None
     except RecursionError:

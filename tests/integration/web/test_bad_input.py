@@ -112,6 +112,13 @@ SCHEDULE_CASES: list[tuple[str, Callable[[], Any], type[Exception]]] = [
         exceptions.InvalidSchedule,
     ),
     ("defer: unknown kind", lambda: api.defer("no.such.kind", {}, 1), exceptions.UnknownJobKind),
+    ("defer: no kind", lambda: api.defer(None, {}, 1), exceptions.UnknownJobKind),  # was an AttributeError
+    ("schedule: a list as the kind", lambda: api.schedule(["a"], {}, delay=1), exceptions.UnknownJobKind),
+    (
+        "defer: keys of mixed types",  # encoded unsorted, then a TypeError when the message was signed
+        lambda: api.defer("demo.record", {1: "a", "b": 2}, 1),
+        exceptions.InvalidPayload,
+    ),
     ("defer: 10,000-deep nesting", lambda: api.defer("demo.record", deeply_nested(), 1), exceptions.InvalidPayload),
     (
         "defer: payload over the size limit",

@@ -7,6 +7,8 @@ import random
 import pytest
 
 from scheduling import exceptions, registry
+from scheduling.core import registry as core_registry
+from scheduling.core import validation
 
 
 def test_backoff_grows_and_is_capped():
@@ -167,3 +169,20 @@ def test_max_snoozes_is_the_kinds_else_the_setting():
         assert registry.get("tests.snoozes_default").max_snoozes == 7
     with pytest.raises(exceptions.SchedulingError):
         registry.handler("tests.snoozes_bad", max_snoozes=-1)(lambda job: None)
+
+
+def test_a_handlers_retry_or_snooze_is_at_most_ten_years_like_a_due_time():
+    """A longer RetryAfter could not be stored again: a deferral's continuation row was refused and the job lost."""
+    assert registry.RetryAfter(core_registry.MAX_DELAY_SECONDS).seconds == core_registry.MAX_DELAY_SECONDS
+    for too_long in (core_registry.MAX_DELAY_SECONDS + 1, 5e8, float("inf")):
+        with pytest.raises(exceptions.SchedulingError, match="ten years"):
+            registry.RetryAfter(too_long)
+        with pytest.raises(exceptions.SchedulingError, match="ten years"):
+            registry.Snooze(too_long)
+    assert validation.MAX_DELAY_SECONDS == core_registry.MAX_DELAY_SECONDS
+
+
+def test_a_kind_that_is_no_string_is_unknown():
+    for name in (None, ["a"], 3):
+        with pytest.raises(exceptions.UnknownJobKind):
+            registry.get(name)
