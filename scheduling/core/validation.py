@@ -182,8 +182,9 @@ def row_id(value: Any, what: str) -> int | None:
     ``InvalidSchedule`` for anything else: ``True`` is an int to Python and ``2.9`` would be cut to 2,
     and either would act on a row nobody named.
     """
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdecimal():
-        return row_id_text(value.strip())
+    digits = value.strip() if isinstance(value, str) else ""
+    if digits.isascii() and digits.isdecimal():
+        return row_id_text(digits)
     if isinstance(value, bool) or not isinstance(value, int):
         raise exceptions.InvalidSchedule(f"{what} must be a whole number, got {type(value).__name__}.")
     return value if 1 <= value <= MAX_ROW_ID else None

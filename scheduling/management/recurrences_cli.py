@@ -22,15 +22,17 @@ DEFAULT_LIMIT = 50
 
 
 def _id(text: str) -> int:
-    if not (text.isascii() and text.isdecimal()) or not 0 < int(text) <= validation.MAX_ROW_ID:
+    found = validation.row_id_text(text)
+    if found is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a recurrence id (a whole number from 1).")
-    return int(text)
+    return found
 
 
 def _limit(text: str) -> int:
-    if validation.row_id_text(text) is None:  # 1 to bigint: PostgreSQL's LIMIT takes no more
+    found = validation.row_id_text(text)  # 1 to bigint: PostgreSQL's LIMIT takes no more
+    if found is None:
         raise argparse.ArgumentTypeError(f"--limit must be a positive whole number, not {text!r}.")
-    return int(text)
+    return found
 
 
 def _when(text: str) -> dt.datetime:
