@@ -8,6 +8,7 @@ import itertools
 import os
 import signal
 import time
+import zoneinfo
 
 import pytest
 from django.core.management import call_command
@@ -128,12 +129,13 @@ def test_kill_9_of_a_worker_mid_run_releases_the_lock_and_the_next_tick_runs(clu
 def test_day_seven_schedules_sync_as_crontabs_celery_reads_and_a_real_beat_fires_them(cluster):
     """0 3 * * 7 and 0 3 * * 1-7 sync (timekeeper sync) into crontabs Celery reads; a real beat keeps and fires both."""
     expressions = {"sundays-0300": ("0 3 * * 7", "0", {0}), "every-day-1-7": ("0 3 * * 1-7", "0-6", set(range(7)))}
+    zone = _a_zone_where_0300_is_not_near(store.database_now())
     schedules.declared()  # import tasks/ first, so the test's own declarations are the only extra ones
     try:
         for name, (expression, _, _) in expressions.items():
             # run_once with an 8-day deadline: the latest tick (within the last week) is caught up when beat starts.
             schedules.declare(
-                name=name, kind="demo.record", cron=expression, timezone="Europe/Lisbon", missed_policy="run_once",
+                name=name, kind="demo.record", cron=expression, timezone=zone, missed_policy="run_once",
                 starting_deadline_seconds=8 * 86_400, failed_history_limit=20,
             )  # fmt: skip
         call_command("timekeeper", "sync", *expressions, stdout=io.StringIO())
@@ -147,7 +149,7 @@ def test_day_seven_schedules_sync_as_crontabs_celery_reads_and_a_real_beat_fires
         assert task.crontab.day_of_week == written
         assert task.crontab.schedule.day_of_week == days, "Celery's crontab reads the row (it raised ValueError on 7)"
         SchedulePolicy.objects.filter(periodic_task=task).update(anchor_at=now - dt.timedelta(days=8), last_tick=None)
-        tick = cron.CronSchedule.parse(expression, "Europe/Lisbon").latest_at_or_before(now)
+        tick = cron.CronSchedule.parse(expression, zone).latest_at_or_before(now)
         assert tick is not None
         latest[name] = tick
     worker = cluster.worker("w1")
@@ -161,6 +163,28 @@ def test_day_seven_schedules_sync_as_crontabs_celery_reads_and_a_real_beat_fires
         )[0]
         assert run.trigger == "catch_up"
     assert "cannot be read by Celery" not in beat.log()
+
+
+def _a_zone_where_0300_is_not_near(now: dt.datetime) -> str:
+    """Europe/Lisbon, unless 03:00 there is within half an hour of now; then Asia/Tokyo (03:00 there is 18:00 UTC).
+
+    A tick of the last minute is on time (trigger ``beat``, ``fixed_late_seconds``), not caught up:
+    run at 03:00 Lisbon time, the test waited for a catch-up that beat rightly sent as on time.
+    """
+    for zone in ("Europe/Lisbon", "Asia/Tokyo"):
+        local = now.astimezone(zoneinfo.ZoneInfo(zone))
+        if abs(local.hour * 60 + local.minute - 3 * 60) > 30:
+            return zone
+    raise AssertionError("03:00 cannot be near now in both zones")
+
+
+def test_a_zone_is_chosen_whose_0300_is_half_an_hour_away_or_more():
+    lisbon_0300 = dt.datetime(2026, 12, 7, 3, 0, 26, tzinfo=dt.UTC)  # when CI ran it (Lisbon is UTC+0 in winter)
+    assert _a_zone_where_0300_is_not_near(lisbon_0300) == "Asia/Tokyo"
+    assert _a_zone_where_0300_is_not_near(lisbon_0300 - dt.timedelta(minutes=29)) == "Asia/Tokyo"
+    assert _a_zone_where_0300_is_not_near(lisbon_0300 + dt.timedelta(hours=1)) == "Europe/Lisbon"
+    assert _a_zone_where_0300_is_not_near(dt.datetime(2026, 7, 1, 2, 10, tzinfo=dt.UTC)) == "Asia/Tokyo"  # 03:10 WEST
+    assert _a_zone_where_0300_is_not_near(dt.datetime(2026, 12, 7, 18, 0, tzinfo=dt.UTC)) == "Europe/Lisbon"
 
 
 def test_a_beat_started_with_a_foreign_scheduler_says_so_at_its_start(cluster):
