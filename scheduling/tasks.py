@@ -85,13 +85,23 @@ def sweep() -> dict[str, Any]:
     max_retries=None,  # attempts are counted in the args against the kind's max_attempts
 )
 def run_deferred(
-    self: Task, kind: str, payload: dict[str, Any], attempt: int, deferral_id: str, signature: str = ""
+    self: Task,
+    kind: Any = None,
+    payload: Any = None,
+    attempt: Any = 0,
+    deferral_id: Any = "",
+    signature: Any = "",
+    *extra: Any,
+    **unknown: Any,
 ) -> dict[str, Any]:
     """Run a broker deferral signed by ``defer()``; retry a failure with a countdown, or record it dead when spent.
 
-    A message whose signature does not check (sent by hand, through Flower or a periodic task) runs nothing.
+    A message whose signature does not check (sent by hand, through Flower or a periodic task) runs
+    nothing; nor does one with arguments ``defer()`` never sends. Every parameter has a default and
+    extras are taken, so a forged message of any shape is refused and counted here rather than
+    failing in Celery with a ``TypeError`` (which logs its arguments, payload included).
     """
-    if not countdowns.authentic(kind, payload, attempt, deferral_id, signature):
+    if extra or unknown or not countdowns.authentic(kind, payload, attempt, deferral_id, signature):
         result = countdowns.refuse(kind, attempt, deferral_id)
         return {"outcome": result.outcome, "attempt": result.attempt}
     attempt = int(attempt)
@@ -118,18 +128,21 @@ def run_deferred(
 @shared_task(name="scheduling.run_fixed", bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
 def run_fixed(
     self: Task,
-    schedule: str,
-    tick: str | None = None,
-    trigger: str = RunTrigger.BEAT,
-    signature: str = "",
-    policy: str = "",
+    schedule: Any = None,
+    tick: Any = None,
+    trigger: Any = RunTrigger.BEAT,
+    signature: Any = "",
+    policy: Any = "",
+    *extra: Any,
+    **unknown: Any,
 ) -> dict[str, Any]:
     """Run one tick of a fixed-time schedule; a redelivered or repeated tick is refused by the gate's ledger.
 
     Only a message signed by beat or "run now" (``fixed.messages``) runs: one sent by hand (Flower's
-    send-task, ``celery call``, a periodic task sent without a tick) is refused, counted, and runs nothing.
+    send-task, ``celery call``, a periodic task sent without a tick) is refused, counted, and runs
+    nothing, whatever the shape of its arguments (as ``run_deferred``).
     """
-    if not messages.authentic(schedule, tick, trigger, signature, policy):
+    if extra or unknown or not messages.authentic(schedule, tick, trigger, signature, policy):
         messages.refuse(schedule)
         return {"outcome": messages.REFUSED, "run_id": None, "attempt": 0}
     assert tick is not None  # authentic() holds only for a tick

@@ -153,3 +153,31 @@ def test_forged_broker_messages_are_counted_in_metrics_refused_messages_total(cl
     assert (after[deferred], after[fixed]) == (1, 2)
     assert not ScheduledJob.objects.exists()
     assert counters()[("refused_messages", "scheduling.run_fixed", "")] == 2
+
+
+def test_forged_messages_of_any_shape_are_refused_and_counted_not_a_type_error(broker):
+    """Too few, too many or unknown arguments: refused and counted like a bad signature, nothing run.
+
+    They were a TypeError in Celery's call (logged with the arguments, payload included), not counted.
+    A message defer() signed, with one argument more, is refused too: its shape is not defer()'s.
+    """
+    from scheduling import tasks as celery_tasks
+    from scheduling.deferrals import countdowns
+
+    signed = countdowns.message_args("demo.record", {"label": "signed"}, 1, "d-shape")
+    deferred_shapes = [
+        ((), {}),
+        (("demo.record",), {}),
+        ((*signed, "extra"), {}),
+        (tuple(signed), {"priority": 9}),
+    ]
+    for args, kwargs in deferred_shapes:
+        result = celery_tasks.run_deferred.apply(args=args, kwargs=kwargs).get()
+        assert result["outcome"] == "refused", (args, kwargs)
+    fixed_shapes = [((), {}), (("a", "2030-01-01T00:00:00+00:00", "beat", "sig", "1", "extra"), {}), ((), {"when": 1})]
+    for args, kwargs in fixed_shapes:
+        assert celery_tasks.run_fixed.apply(args=args, kwargs=kwargs).get()["outcome"] == "refused", (args, kwargs)
+    assert counters()[("refused_messages", "scheduling.run_deferred", "")] == len(deferred_shapes)
+    assert counters()[("refused_messages", "scheduling.run_fixed", "")] == len(fixed_shapes)
+    assert not ScheduledJob.objects.exists()
+    assert celery_tasks.run_deferred.apply(args=signed).get()["outcome"] == "succeeded", "the signed shape still runs"
