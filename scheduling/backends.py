@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
 import hashlib
@@ -81,7 +82,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from inspect import iscoroutinefunction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from asgiref.sync import async_to_sync
 from django.apps import apps
@@ -150,6 +151,9 @@ PER_CALL_OPTIONS = (  # .options(...)
 JOB_OVERRIDES = ("timeout", "backoff", "atomic")  # per call, they are the job's own (the kind keeps the task's)
 
 
+_making_a_using_copy: contextvars.ContextVar[bool] = contextvars.ContextVar("_making_a_using_copy", default=False)
+
+
 class WorkerLost(exceptions.SchedulingError):
     """The class path of a task's error when its claim was taken back (the worker died or stopped)."""
 
@@ -185,6 +189,23 @@ class TimekeeperTask(Task):
     rate: registry.Rate | str | None = None  # per task: at most so many starts per period (the kind's rate limit)
     per_call: bool = dataclasses.field(default=False, repr=False)  # made by options(): the kind is the declared task's
     overridden: frozenset[str] = dataclasses.field(default=frozenset(), repr=False)  # JOB_OVERRIDES options() set
+    using_copy: bool = dataclasses.field(default=False, repr=False, compare=False)  # made by using(): not the kind
+
+    def __post_init__(self) -> None:
+        if _making_a_using_copy.get():
+            object.__setattr__(self, "using_copy", True)  # frozen: set before Django's check registers the kind
+        Task.__post_init__(self)  # type: ignore[misc]  # slots dataclass: no zero-argument super()
+
+    def using(self, **changes: Any) -> TimekeeperTask:
+        """Django's ``using()``: a copy for one call; marked, so the kind keeps the declared task's queue and priority.
+
+        A declaration made again (the same function decorated with another ``queue_name``) is no copy: it wins.
+        """
+        token = _making_a_using_copy.set(True)
+        try:
+            return cast(TimekeeperTask, Task.using(self, **changes))  # whatever Django's using() takes
+        finally:
+            _making_a_using_copy.reset(token)
 
     def options(self, **changes: Any) -> TimekeeperTask:
         """A copy for one call with any of ``PER_CALL_OPTIONS`` changed (``api`` belongs to the task).
@@ -255,7 +276,7 @@ def _register(task_obj: Task) -> None:
         return
     name = task_obj.module_path
     declared = _tasks.get(name)
-    if declared is not None and declared.func is task_obj.func and _a_using_copy(declared, task_obj):
+    if declared is not None and declared.func is task_obj.func and getattr(task_obj, "using_copy", False):
         task_obj = declared  # the kind keeps the declared task's queue and priority (the schema is read again)
     _tasks[name] = task_obj  # the latest declaration wins
     run = _handlers.get(name)
@@ -273,18 +294,6 @@ def _register(task_obj: Task) -> None:
         rate=getattr(task_obj, "rate", None),
         queue=task_obj.queue_name,  # Django's queue_name is the kind's queue (workers serve it with -Q)
     )(run)
-
-
-USING_FIELDS = frozenset({"priority", "queue_name", "run_after", "backend"})  # what Django's Task.using() changes
-
-
-def _a_using_copy(declared: Task, task_obj: Task) -> bool:
-    """Whether ``task_obj`` differs from the declared one only in what ``using()`` sets (the call's, not the kind's)."""
-    return all(
-        getattr(declared, field.name) == getattr(task_obj, field.name)
-        for field in dataclasses.fields(declared)
-        if field.name not in USING_FIELDS
-    )
 
 
 def _schema_for(task_obj: Task) -> dict[str, Any]:

@@ -233,6 +233,26 @@ def test_a_using_copy_changes_its_own_call_not_the_kind():
         assert (registry.get(kind).queue, backends.task_for(kind).priority) == ("default", tasks.add.priority)
 
 
+def test_a_task_declared_again_with_another_queue_is_the_kind_and_a_using_copy_made_before_is_not():
+    """The same function decorated again with only another queue_name is a new declaration: it wins (it looked
+    like a using() copy and the kind kept the first queue). A using() copy, enqueued later, still changes nothing."""
+    kind = "tests.taskkit.tasks.add"
+    with override_settings(
+        TASKS={"default": {"BACKEND": "scheduling.backends.TimekeeperBackend", "QUEUES": ["default", "reports"]}}
+    ):
+        copy = tasks.add.using(queue_name="default", priority=10)
+        try:
+            again = backends.task(queue_name="reports")(tasks.add.func)
+            assert (registry.get(kind).queue, backends.task_for(kind)) == ("reports", again)
+            copy.enqueue(1, 2)
+            assert (registry.get(kind).queue, backends.task_for(kind)) == ("reports", again)
+        finally:
+            backends.task()(tasks.add.func)  # declared as tests/taskkit declares it
+        assert (registry.get(kind).queue, backends.task_for(kind)) == ("default", tasks.add)
+        assert copy.using_copy
+        assert not backends.task_for(kind).using_copy
+
+
 def test_django_priority_maps_onto_the_claim_order():
     """-100..0 -> 0 (the default), 1..100 -> ceil(p*9/100): monotone, 100 -> 9; the row gets the mapped priority."""
     mapped = [backends.job_priority(p) for p in range(-100, 101)]
