@@ -1,5 +1,5 @@
 """What many tests need, written once: the repository's root, ``manage.py`` in a fresh interpreter,
-"make these jobs due" by the database clock, and one polling helper.
+"make these jobs due" by the database clock, one polling helper, and a start clear of a slot's edge.
 
 Importing this package touches no service: ``make_due`` opens Django's connection only when called.
 """
@@ -78,3 +78,23 @@ def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.2, 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
         time.sleep(interval)
+
+
+def clear_of_a_slot_edge(slot_seconds: float, margin: float = 20.0) -> float:
+    """If the database clock is within ``margin`` s of the end of its slot of ``slot_seconds`` from the epoch,
+    wait into the next slot; the seconds waited (0.0 mostly).
+
+    Uniqueness windows are such slots (docs/architecture.md, "Uniqueness windows"), and a UTC day is
+    one of 86,400 s. A test whose calls must share one slot starts here: at 10:59:59.9 its second
+    call met a new hour's slot and made a second job.
+    """
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        (now,) = cursor.fetchone()
+    left = slot_seconds - now % slot_seconds
+    if left >= margin:
+        return 0.0
+    time.sleep(left + 0.05)
+    return left + 0.05

@@ -6,6 +6,7 @@ import pytest
 
 from scheduling import testing
 from scheduling.backends import TaskResultStatus
+from tests import support
 from tests.taskkit import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,6 +44,7 @@ def test_a_tasks_unique_for_option_keeps_one_job_per_window():
 
     from scheduling.models import ScheduledJob
 
+    support.clear_of_a_slot_edge(3600)  # both enqueues meet in one hour's slot
     windowed = tasks.add.using().options(unique_for=dt.timedelta(hours=1), on_conflict="keep")
     first = windowed.enqueue(1, 2)
     second = windowed.enqueue(1, 2)

@@ -17,6 +17,13 @@ from tests.e2e.harness import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
+@pytest.fixture(autouse=True)
+def _clear_of_the_hours_edge(transactional_db: None) -> None:
+    """Every call of a test here must meet in one hour's slot (see support.clear_of_a_slot_edge)."""
+    support.clear_of_a_slot_edge(3600)
+
+
 HOUR = dt.timedelta(hours=1)
 
 
