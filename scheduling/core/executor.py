@@ -345,7 +345,7 @@ def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Resu
         logger.info("job chose %s", exc.outcome, extra={**_log(kind, job), "action": exc.outcome})
         delay = getattr(exc, "seconds", None)
         return Result(exc.outcome, error_text(exc), kept_traceback(exc)[-TRACEBACK_LIMIT:], delay)
-    except Exception as exc:
+    except BaseException as exc:  # GeneratorExit, asyncio.CancelledError, a library's own: this job's failure too
         logger.warning("job raised %s", type(exc).__name__, extra={**_log(kind, job), "action": "failed"})
         return Result(FAILED, error_text(exc), kept_traceback(exc)[-TRACEBACK_LIMIT:])
     return SUCCESS

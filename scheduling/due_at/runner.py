@@ -756,7 +756,9 @@ class _Guarded:
     def __call__(self) -> None:
         try:
             self.func()
-        except Exception as exc:
+        except BaseException as exc:  # a BaseException too (GeneratorExit, CancelledError): not the others' end
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)) and executor.process_stopping(exc):
+                raise
             logger.exception(
                 "an on_commit callback failed after its job committed",
                 extra={"job_id": self.job_id, "action": "on_commit_failed"},
