@@ -327,6 +327,9 @@ def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Resu
         return Result(ABORTED, asked)
     try:
         with alarms(), deadline(timeout) as owns_deadline, aborts.running(job.id, job.token):
+            asked = aborts.requested(job.id, job.token)  # asked between the check above and running(): no poke came
+            if asked is not None:
+                raise JobAborted(asked)
             kind.func(job)
     except JobAborted as exc:
         logger.warning("job aborted", extra={**_log(kind, job), "action": "aborted"})

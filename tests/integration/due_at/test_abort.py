@@ -155,6 +155,29 @@ def test_a_job_aborted_while_waiting_in_its_batch_does_not_start():
     assert ScheduledJob.objects.get(pk=second).state == JobState.CANCELLED
 
 
+def test_an_abort_read_just_before_the_handler_is_marked_running_still_stops_it(monkeypatch):
+    """The heartbeat reads the abort after the executor's "aborted while waiting?" check and before
+    ``aborts.running()`` marks the handler as the one a poke interrupts: no poke is sent then, and
+    later heartbeats see the request made. The executor asks again once the handler is marked."""
+    from scheduling.core import aborts, executor
+
+    claims = _claim("abort.atomic", [{"long": True}])
+    job_id = claims[0][0]
+    real_running = aborts.running
+
+    def running_after_the_heartbeat_read_it(jid: int | None, tok: str | None) -> object:
+        heartbeat = threading.Thread(target=aborts.request, args=(jid, tok, "aborted by bob at then"))
+        heartbeat.start()  # as the heartbeat thread does: at this instant, no handler is marked
+        heartbeat.join()
+        return real_running(jid, tok)
+
+    monkeypatch.setattr(executor.aborts, "running", running_after_the_heartbeat_read_it)
+    runner.run_batch(claims)
+    assert f"job:{job_id}" not in STARTED, "the handler never began"
+    assert ScheduledJob.objects.get(pk=job_id).state == JobState.CANCELLED
+    assert (_attempt(job_id).outcome, _attempt(job_id).error) == (AttemptOutcome.ABORTED, "aborted by bob at then")
+
+
 def test_a_committing_handler_can_poll_abort_requested():
     """job.abort_requested() turns true once the heartbeat read the abort; the handler may stop on its own."""
     claims = _claim("abort.polling", [{}])
