@@ -733,7 +733,8 @@ def retry_dead_many(ids: Iterable[int]) -> BulkResult:
     """Make the dead jobs among ``ids`` pending again, due now, with a fresh attempts budget.
 
     A dead job whose key a newer live job holds stays dead (reported untouched), and so does a dead
-    occurrence of a recurrence that has a live occurrence (one at a time, retries included). One statement;
+    occurrence of a recurrence that has a live occurrence (one at a time, retries included), and so
+    does a job whose owner was deleted (it never returns to pending: docs/security.md). One statement;
     the claim loop is woken on commit.
     """
     selected = _selection(ids)

@@ -182,11 +182,13 @@ RETURNING id;
 -- A recurrence's occurrence likewise stays dead while the recurrence has a live occurrence (or a
 -- newer dead one of it is retried here): one live occurrence per recurrence, an index too.
 -- A job with a uniqueness window leaves it when dead does not hold it (another may hold it by now).
+-- A deleted owner's job (former_owner set) stays dead: it never returns to pending (its key would
+-- then be the system's, owner_id being NULL: a system schedule() of that key met the user's job).
 UPDATE scheduling_scheduledjob AS j
 SET state = 'pending', attempts = 0, due_at = now(), finished_at = NULL, token = NULL, claimed_at = NULL,
     heartbeat_at = NULL, claimed_by = '', updated_at = now(),
     unique_key = CASE WHEN 'dead' = ANY(j.unique_states) THEN j.unique_key END
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead'
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead' AND j.former_owner = ''
   AND (j.recurrence_id IS NULL OR (
         NOT EXISTS (
             SELECT 1 FROM scheduling_scheduledjob AS o

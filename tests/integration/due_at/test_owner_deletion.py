@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from scheduling import api
 from scheduling.core import exceptions, registry, store
@@ -275,3 +276,18 @@ def test_a_deleted_owners_running_job_that_fails_is_dead_its_attempt_was_the_las
 
     assert {(job.id, job.state) for job in moved} == {(i, JobState.DEAD) for i, _ in claims}
     assert set(states([i for i, _ in claims]).values()) == {(JobState.DEAD, None, label)}
+
+
+def test_a_deleted_owners_dead_job_is_not_retried_and_a_system_job_of_its_key_is_the_systems(django_user_model: Any):
+    """retry_dead_many (the admin's Retry) leaves it dead: retried, it was pending as nobody's job under its key,
+    and the system's schedule(key=..., on_conflict="keep") got the deleted user's job back."""
+    alice = django_user_model.objects.create_user("alice", password="pw")
+    job_id = api.schedule("demo.record", {}, key="invoice-42", delay=60, owner=alice).id
+    ScheduledJob.objects.filter(pk=job_id).update(state=JobState.DEAD, finished_at=timezone.now())
+    alice.delete()
+    result = api.retry_dead_many([job_id])
+    assert (result.changed, dict(result.untouched)) == ((), {job_id: JobState.DEAD})
+    system = api.schedule("demo.record", {"system": True}, key="invoice-42", delay=60, on_conflict="keep")
+    assert system.id != job_id
+    assert system.owner_id is None
+    assert ScheduledJob.objects.get(pk=job_id).state == JobState.DEAD
