@@ -328,10 +328,15 @@ def _dead(
 
 
 def queue_names() -> list[str]:
-    """The Celery queues this deployment declares (the default queue and the deferral queue)."""
+    """The Celery queues Timekeeper's messages may wait in: those this deployment declares (the default
+    queue and the deferral queue), where its tasks are routed, and every registered kind's named queue
+    (``broker.task_queues``; a web process declares none of those, and their batches went uncounted)."""
     from celery import current_app
 
-    return sorted(current_app.amqp.queues.keys())
+    names = set(current_app.amqp.queues.keys())
+    for task_name in (tasknames.RUN_BATCH, tasknames.RUN_DEFERRED, tasknames.RUN_FIXED):
+        names.update(broker.task_queues(task_name))
+    return sorted(names)
 
 
 def _eta_of(message: Any) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 import subprocess
@@ -22,6 +23,7 @@ from scheduling import api, exceptions, registry
 from scheduling import tasks as celery_tasks
 from scheduling.core import broker as core_broker
 from scheduling.core import conf
+from scheduling.core import registry as core_registry
 from scheduling.deferrals import countdowns
 from scheduling.due_at import store
 from scheduling.models import JobState, ScheduledJob
@@ -344,6 +346,18 @@ def test_counts_split_queued_messages_into_visible_and_delayed(broker):
     later = time.time() + 90  # seen from 90 s on, two of the three are due: visible
     assert countdowns.broker_counts(now=later)["visible"] == 3
     assert countdowns.broker_counts(now=later)["delayed"] == 1
+
+
+def test_counts_include_a_batch_waiting_in_a_kinds_named_queue(broker, monkeypatch):
+    """A run_batch message in a kind's named queue (registry.handler(queue=...)) is visible: no process declares
+    that queue but the workers serving it, so a web process's counts left it out (found by review)."""
+    kind = dataclasses.replace(registry.get("demo.record"), queue="counts-reports")
+    monkeypatch.setitem(core_registry._kinds, "demo.record", kind)
+    assert "counts-reports" in countdowns.queue_names()
+    before = countdowns.broker_counts()
+    celery_tasks.run_batch.apply_async(args=[[]], queue="counts-reports")
+    after = countdowns.broker_counts()
+    assert (after["visible"], after["visible_batches"]) == (before["visible"] + 1, before["visible_batches"] + 1)
 
 
 def test_counts_read_the_unacked_hash(broker):
