@@ -109,14 +109,20 @@ def run(
 ) -> RunReport:
     """Run one tick of ``schedule`` through the gate (see the module docstring).
 
-    ``policy_id`` is the policy row a signed message names (``messages``): a message signed for a
-    schedule that was since deleted and declared again under the same name is refused and counted
-    like a bad signature, so it cannot run again against the new row's empty ledger.
+    ``policy_id`` is the policy row a signed message names (``messages``), and the row it runs
+    under: a schedule renamed while its tick waited in the queue still runs it (found by name, the
+    tick was lost with no row); one signed for a schedule since deleted (declared again under the
+    same name or not) is refused and counted like a bad signature, so it cannot run again against
+    a new row's empty ledger.
     """
-    policy = find(schedule)
-    if policy_id is not None and policy.pk != policy_id:
-        messages.refuse(schedule, "it was signed for a deleted schedule of the same name (another policy row)")
-        return RunReport(messages.REFUSED, None, tick)
+    if policy_id is None:
+        policy = find(schedule)
+    else:
+        found = SchedulePolicy.objects.select_related("periodic_task").filter(pk=policy_id).first()
+        if found is None:
+            messages.refuse(schedule, "its schedule was deleted after it was sent")
+            return RunReport(messages.REFUSED, None, tick)
+        policy, schedule = found, found.periodic_task.name  # renamed meanwhile: its current name from here on
     log: dict[str, Any] = {"schedule": schedule, "trigger": trigger}
     lock = lock_for(policy.pk) if policy.concurrency_policy != ConcurrencyPolicy.ALLOW else None
     try:

@@ -397,6 +397,29 @@ def test_a_run_fixed_message_not_made_by_beat_or_run_now_runs_nothing(make_sched
     assert all(tick not in r.getMessage() + str(r.__dict__) for r in refusals), "the tick is not logged"
 
 
+def test_a_tick_sent_before_its_schedule_was_renamed_runs_under_the_renamed_schedule(make_schedule):
+    """The message names the policy row it was signed for: a rename while it waits (the admin's, which
+    edits.point_at_gate supports) loses no tick. Found by name, it raised ScheduleNotFound: no row, no run."""
+    policy = make_schedule(name="before-rename")
+    tick = db_now().replace(microsecond=0)
+    kwargs = messages.message_kwargs("before-rename", tick, "beat", policy_id=policy.pk)
+    PeriodicTask.objects.filter(pk=policy.periodic_task_id).update(name="after-rename")
+    assert celery_tasks.run_fixed.apply(kwargs=kwargs).get()["outcome"] == "succeeded"
+    assert list(ScheduleRun.objects.filter(schedule=policy).values_list("tick", "state")) == [
+        (tick, RunState.SUCCEEDED)
+    ]
+    assert celery_tasks.run_fixed.apply(kwargs=kwargs).get()["outcome"] == "refused", "its copy: the ledger's"
+
+
+def test_a_tick_of_a_schedule_deleted_since_is_refused_and_counted(make_schedule):
+    """Its policy row is gone: refused like a message of another row (not a ScheduleNotFound in Celery)."""
+    policy = make_schedule(name="deleted-since")
+    kwargs = messages.message_kwargs("deleted-since", db_now().replace(microsecond=0), "beat", policy_id=policy.pk)
+    PeriodicTask.objects.filter(pk=policy.periodic_task_id).delete()
+    assert celery_tasks.run_fixed.apply(kwargs=kwargs).get()["outcome"] == "refused"
+    assert refused_count() == 1
+
+
 def test_a_signed_tick_runs_once_and_its_copy_is_refused_by_the_ledger(make_schedule):
     """The message beat signs runs through the gate; the same message sent again is a duplicate, not a new run."""
     policy = make_schedule()
