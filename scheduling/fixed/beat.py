@@ -65,40 +65,47 @@ class Clock(Protocol):
 
 
 class DatabaseClock:
-    """The database clock as seen from this process: local time plus an offset measured now and then.
+    """The database clock as seen from this process: read now and then, advanced by the monotonic clock.
 
     Only the database clock says what is due; asking PostgreSQL on every beat loop would cost a
-    query per second, so the offset is measured every ``SCHEDULING_FIXED_CLOCK_SYNC_SECONDS`` (half
-    the round trip is the error) and the local clock runs in between.
+    query per second, so it is read every ``SCHEDULING_FIXED_CLOCK_SYNC_SECONDS`` (half the round
+    trip is the error) and ``time.monotonic()`` measures the time since. Not the host's wall clock:
+    a step of it (an NTP step, a VM resumed) between two reads moved beat's "database" time with it,
+    and beat recorded ticks of the next ten minutes as missed and sent one of them early.
     """
 
     def __init__(self) -> None:
-        self._offset_seconds = 0.0
-        self._synced_at: float | None = None
+        self._database_at: float | None = None  # the database clock (epoch seconds) at the last read
+        self._monotonic_at = 0.0  # time.monotonic() when it was read (the round trip's middle)
+        self._offset_seconds: float | None = None  # database minus host wall clock then (for the log only)
 
     def now(self) -> dt.datetime:
         mono = time.monotonic()
         every = conf.get().fixed_clock_sync_seconds
-        if self._synced_at is None or mono - self._synced_at >= every:
-            self._sync(mono)
-        return dt.datetime.fromtimestamp(time.time() + self._offset_seconds, dt.UTC)
+        if self._database_at is None or mono - self._monotonic_at >= every:
+            self._sync()
+            mono = time.monotonic()
+        if self._database_at is None:  # never read (the database is down since beat started): the host's
+            return dt.datetime.now(dt.UTC)
+        return dt.datetime.fromtimestamp(self._database_at + (mono - self._monotonic_at), dt.UTC)
 
-    def _sync(self, mono: float) -> None:
+    def _sync(self) -> None:
         try:
-            before = time.time()
+            before = time.monotonic()
             database_now = core_store.database_now()
-            after = time.time()
+            after = time.monotonic()
         except DatabaseError:
-            logger.warning("cannot read the database clock; using the last offset", exc_info=True)
+            logger.warning("cannot read the database clock; counting on from the last reading", exc_info=True)
             return
-        offset = database_now.timestamp() - (before + after) / 2
-        if self._synced_at is None or abs(offset - self._offset_seconds) > 1.0:
+        self._database_at = database_now.timestamp()
+        self._monotonic_at = (before + after) / 2
+        offset = self._database_at - time.time() + (after - self._monotonic_at)
+        if self._offset_seconds is None or abs(offset - self._offset_seconds) > 1.0:
             logger.info(
                 "beat clock offset to the database measured",
                 extra={"offset_seconds": round(offset, 3), "action": "clock_sync"},
             )
         self._offset_seconds = offset
-        self._synced_at = mono
 
 
 _default_clock: DatabaseClock | None = None

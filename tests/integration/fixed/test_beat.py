@@ -409,3 +409,17 @@ def test_disabled_and_enabled_again_from_the_list_counts_from_the_enable(schedul
     assert not step(scheduler, "switched")[0]
     assert queue() == []
     assert not ScheduleRun.objects.filter(schedule=policy).exists(), "no missed rows, no catch-up runs"
+
+
+@pytest.mark.django_db
+def test_beats_database_clock_does_not_follow_a_step_of_the_hosts_wall_clock(monkeypatch):
+    """Between two reads of the database clock, beat's clock runs on time.monotonic(): a step of the host's
+    wall clock (+10 minutes: an NTP step, a VM resumed) moved it, and beat recorded the next ten minutes'
+    ticks as missed and sent one early (found by review)."""
+    clock = beat.DatabaseClock()
+    clock.now()  # read the database clock
+    stepped = time.time() + 600
+    monkeypatch.setattr(time, "time", lambda: stepped)
+    seen = clock.now()
+    monkeypatch.undo()
+    assert abs((seen - store.database_now()).total_seconds()) < 60, "not ten minutes ahead"
