@@ -114,6 +114,7 @@ class Facts:
     owner_deleted: bool = False  # former_owner set (api.retire_owner)
     run_alone: bool = False  # its batch died with its process once: it runs in a batch of its own
     together: bool = False  # CRASHED: it died with other unfinished jobs of its batch or chunk
+    key_waiting: bool = False  # another job of its owner and key waits (pending or claimed, first attempt)
 
     @property
     def spent(self) -> bool:
@@ -214,11 +215,20 @@ def _handler_choice(event: Event, facts: Facts) -> Decision:
 
 
 def _back(facts: Facts, decision: Decision, *, give_back: bool) -> Decision:
-    """``decision`` sends the job back to pending: unless its owner was deleted (the one rule, above)."""
-    if not facts.owner_deleted:
-        return decision
-    state = JobState.CANCELLED if give_back else JobState.DEAD
-    return dataclasses.replace(decision, state=state, due=Due.KEEP)
+    """``decision`` sends the job back to pending: unless its owner was deleted (the one rule, above).
+
+    A running job's key may have a waiting successor (the key's index covers waiting jobs only:
+    pending on their first attempt, or claimed and not started). Given back uncharged, the job
+    would be such a waiting job again and meet it in the index: it is refunded instead (its
+    attempt stays counted and ``max_attempts`` grows by one), so it comes back as a retry beside
+    the successor, uncharged all the same.
+    """
+    if facts.owner_deleted:
+        state = JobState.CANCELLED if give_back else JobState.DEAD
+        return dataclasses.replace(decision, state=state, due=Due.KEEP)
+    if decision.uncount and facts.key_waiting:
+        return dataclasses.replace(decision, uncount=False, refund=True)
+    return decision
 
 
 def expired(state: JobState, run_alone: bool, batch_rows: int, batch_shared: bool) -> tuple[Event, bool, str]:
@@ -244,11 +254,15 @@ def expired(state: JobState, run_alone: bool, batch_rows: int, batch_shared: boo
 
 # The facts a row may change while its holder decides (api.retire_owner sets former_owner and
 # max_attempts on a running job; run_alone is read with the row): the statement looks each row up
-# in its event's plan by these, as index spent * 4 + owner_deleted * 2 + run_alone.
+# in its event's plan by these, as index spent * 4 + owner_deleted * 2 + run_alone. A second plan
+# of the same event holds the decisions when another job waits on the row's key (``key_waiting``):
+# the statement reads it with the row and adds 8 (``plans``).
 BRANCHES: tuple[tuple[bool, bool, bool], ...] = tuple(itertools.product((False, True), (False, True), (False, True)))
 
 
-def branch_facts(event: Event, spent: bool, owner_deleted: bool, run_alone: bool, together: bool) -> Facts:
+def branch_facts(
+    event: Event, spent: bool, owner_deleted: bool, run_alone: bool, together: bool, key_waiting: bool = False
+) -> Facts:
     """Facts for one branch of a plan (attempts 1 of 1 when spent, 1 of 2 otherwise)."""
     return Facts(
         state=FROM_STATES[event][0],
@@ -257,17 +271,23 @@ def branch_facts(event: Event, spent: bool, owner_deleted: bool, run_alone: bool
         owner_deleted=owner_deleted,
         run_alone=run_alone,
         together=together,
+        key_waiting=key_waiting,
     )
 
 
-def plan(event: Event, *, together: bool = False) -> list[Decision]:
+def plan(event: Event, *, together: bool = False, key_waiting: bool = False) -> list[Decision]:
     """The decision of ``event`` for every branch of ``BRANCHES``, in that order (the statement indexes it)."""
     out = []
     for spent, owner_deleted, run_alone in BRANCHES:
-        decision = decide(event, branch_facts(event, spent, owner_deleted, run_alone, together))
+        decision = decide(event, branch_facts(event, spent, owner_deleted, run_alone, together, key_waiting))
         assert decision is not None  # the branch facts are in the event's state, under the token
         out.append(decision)
     return out
+
+
+def plans(event: Event, *, together: bool = False) -> list[Decision]:
+    """What the transition statement receives: ``plan`` without, then with, another job waiting on the key."""
+    return plan(event, together=together) + plan(event, together=together, key_waiting=True)
 
 
 def encoded(decisions: list[Decision]) -> list[dict[str, object]]:

@@ -695,7 +695,7 @@ def set_job_states(changes: Sequence[Change], *, asynchronous: bool = False) -> 
 def transition_params(changes: Sequence[Change]) -> dict[str, Any]:
     """The parameters of ``set_job_states`` for ``changes``: the rows, and the plans of their events."""
     plans = {
-        c.plan_name: lifecycle.encoded(lifecycle.plan(c.event, together=c.together))
+        c.plan_name: lifecycle.encoded(lifecycle.plans(c.event, together=c.together))
         for c in {c.plan_name: c for c in changes}.values()
     }
     return {

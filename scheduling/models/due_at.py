@@ -314,7 +314,8 @@ class ScheduledJob(models.Model):
             # first attempt (not yet started by a worker). A started (running) job is outside the
             # index, so schedule(key=K) never meets its row lock and a successor can wait beside it;
             # the rows a failed, released or swept attempt returns to pending (attempts >= 1) are
-            # outside it too, so those paths never meet a unique violation. The upserts name this
+            # outside it too, so those paths never meet a unique violation (one given back uncharged
+            # beside a waiting successor is refunded, not uncounted: lifecycle.py). The upserts name this
             # predicate in ON CONFLICT (due_at/sql/schedule.sql); pending retries are found there by look-up.
             models.UniqueConstraint(
                 Coalesce("owner", models.Value(0)),

@@ -437,6 +437,9 @@ RETURNING id;
 -- first (FOR UPDATE re-reads a row changed meanwhile), so the decision follows what the row says now.
 -- A retry is due after %(delays)s seconds from this statement (clock_timestamp(): inside an atomic
 -- chunk now() is when the chunk began). The attempt is recorded when the decision says so.
+-- A row whose key another job waits on (its owner's and key's waiting job: pending on a first attempt,
+-- or claimed and not started, what scheduledjob_waiting_owner_key_uniq covers) takes its decision from
+-- the plan's second half (lifecycle.plans: given back, it is refunded rather than uncounted).
 WITH input AS (
     SELECT t.*
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(from_states)s::text[], %(events)s::text[],
@@ -446,7 +449,12 @@ WITH input AS (
 ), judged AS (
     SELECT input.*, j.due_at AS old_due_at, j.attempts, j.claimed_at, j.claimed_by,
            %(plans)s::jsonb -> input.event
-               -> ((j.attempts >= j.max_attempts)::int * 4 + (j.former_owner <> '')::int * 2 + j.run_alone::int) AS d
+               -> ((CASE WHEN j.key IS NULL THEN false ELSE EXISTS (
+                        SELECT 1 FROM scheduling_scheduledjob AS w
+                        WHERE coalesce(w.owner_id, 0) = coalesce(j.owner_id, 0) AND w.key = j.key AND w.id <> j.id
+                          AND ((w.state = 'pending' AND w.attempts = 0) OR (w.state = 'claimed' AND w.attempts = 1)))
+                    END)::int * 8
+                   + (j.attempts >= j.max_attempts)::int * 4 + (j.former_owner <> '')::int * 2 + j.run_alone::int) AS d
     FROM input
     JOIN scheduling_scheduledjob AS j
       ON j.id = input.id AND j.token = input.token AND j.state = ANY(string_to_array(input.from_states, ','))

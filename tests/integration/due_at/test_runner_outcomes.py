@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -102,6 +103,48 @@ def test_a_snooze_runs_the_job_again_later_without_charging_an_attempt(kind):
     assert dt.timedelta(seconds=55) < job.due_at - attempt.finished_at < dt.timedelta(seconds=65)
     assert _writes(job_id) == _kept(kind)
     assert report.failed == 1
+
+
+SUCCESSORS: list[int] = []
+
+
+def _snooze_beside_a_successor(job: registry.Job) -> None:
+    """Meanwhile (another request, its own connection) the key's next job is scheduled; then snooze."""
+    if not job.payload.get("snooze"):
+        return  # the batch-mate
+
+    def another_request() -> None:
+        try:
+            SUCCESSORS.append(api.schedule(job.kind, {}, key="acct-7", delay=3600).id)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=another_request)
+    thread.start()
+    thread.join()
+    raise registry.Snooze(30)
+
+
+registry.handler("outc.keyed.atomic", **OPTIONS)(_snooze_beside_a_successor)
+registry.handler("outc.keyed.committing", atomic=False, **OPTIONS)(_snooze_beside_a_successor)
+
+
+@pytest.mark.parametrize("kind", ["outc.keyed.atomic", "outc.keyed.committing"])
+def test_a_snooze_beside_its_keys_waiting_successor_is_refunded_and_its_batch_mate_keeps_its_outcome(kind):
+    """A running job and its key's waiting successor may coexist; snoozed, the job went back uncounted, met the
+    successor in the key's index, and the unique violation lost the batch (atomic: the batch-mate's done undone,
+    to run again; committing: out of run_batch, the rest left to the sweeper). Now it comes back refunded."""
+    SUCCESSORS.clear()
+    mate = api.schedule(kind, {}, delay=60).id
+    keyed = api.schedule(kind, {"snooze": True}, key="acct-7", delay=60).id
+    report = _run_due()
+    assert report.succeeded == 1
+    rows = {j.pk: j for j in ScheduledJob.objects.all()}
+    assert set(rows) == {mate, keyed, *SUCCESSORS}
+    assert rows[mate].state == JobState.DONE
+    assert (rows[keyed].state, rows[keyed].attempts, rows[keyed].max_attempts) == (JobState.PENDING, 1, 4)
+    assert JobAttempt.objects.get(job_id=keyed).outcome == AttemptOutcome.SNOOZED
+    assert (rows[SUCCESSORS[0]].state, rows[SUCCESSORS[0]].key) == (JobState.PENDING, "acct-7")
 
 
 @pytest.mark.parametrize("kind", KINDS)
