@@ -154,7 +154,8 @@ def _admit(
     entry = store.insert_schedule_run(policy.pk, tick, trigger, leadership.process_name(), task_id)
     if entry is None:
         logger.warning(
-            "tick refused: its history was pruned, so it ran (or was recorded) long ago",
+            "tick refused: it is at or before the schedule's pruned history: a copy of a tick that ran or was "
+            "recorded, or a first delivery that came after newer ticks ran and their history passed it; not run",
             extra={**log, "tick": tick.isoformat() if tick else None, "action": "refused_pruned"},
         )
         return RunReport("refused", None, tick)
