@@ -55,6 +55,7 @@ import dataclasses
 import datetime as dt
 import functools
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -460,6 +461,10 @@ def _run_chunk(
                 if statements.lost:
                     raise DatabaseError("a job's deferred-constraint check left the chunk's savepoints in doubt")
                 pending = pending[1:]
+                if statements.settings is not None:
+                    break  # its SET LOCAL lasts to the chunk's end: the next jobs run in a transaction of their own
+        if statements.settings is not None:
+            store.restore_settings(statements.settings)  # the runner's statements below run with the chunk's
         statements.settle()  # the last writing job's check, if no later statement carried it
         successes = [o for o in statements.outcomes if o.outcome == AttemptOutcome.SUCCEEDED]
         failures = [o for o in statements.outcomes if o.outcome != AttemptOutcome.SUCCEEDED]
@@ -539,6 +544,7 @@ class _Statements:
         self.savepoint = "tk_job"  # the one the current job runs behind (store.open_job_savepoint's)
         self.opened = 0  # savepoints opened by checks: the next is tk_job_<opened + 1>
         self.lost = False  # the savepoints are in doubt: the chunk must not commit
+        self.settings: list[tuple[str, str]] | None = None  # before a job's first SET: the chunk ends after it
 
     def owe(self, job: store.StartedJob, kind: registry.Kind | None, hooks: range) -> None:
         """The job whose outcome is appended next succeeded after sending statements: its check is owed.
@@ -551,6 +557,8 @@ class _Statements:
 
     def __call__(self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any) -> Any:
         self.count += 1
+        if self.settings is None and isinstance(sql, str) and _changes_settings(sql):
+            self.settings = store.transaction_settings()  # as they were before it: put back after the job
         if self.owed is None:
             return execute(sql, params, many, context)
         if store.transaction_failed():
@@ -668,6 +676,21 @@ class _Statements:
         for i in owed.hooks:
             hooks[i] = (hooks[i][0], _dropped, hooks[i][2])
         return owed
+
+
+_SETS = re.compile(r"\s*(?:SET|RESET)\s+(?!CONSTRAINTS\b)", re.IGNORECASE)
+_SET_CONFIG = re.compile(r"\bset_config\s*\(", re.IGNORECASE)
+
+
+def _changes_settings(sql: str) -> bool:
+    """Whether a statement may change a setting for the rest of the transaction (``SET LOCAL``, ``set_config``).
+
+    A job's ``SET LOCAL statement_timeout`` or ``search_path`` outlived it: its savepoint is released,
+    not rolled back, so later jobs of the chunk failed on its timeout and the runner's own outcome
+    statement on its search path (the job then ran again until dead, its handler succeeding each
+    time). ``SET CONSTRAINTS`` is the check's business (``sql/isolation.sql``).
+    """
+    return bool(_SETS.match(sql) or _SET_CONFIG.search(sql))
 
 
 def _dropped() -> None:

@@ -816,6 +816,21 @@ def check_job(savepoint: str) -> None:
         cursor.execute(check_job_sql(savepoint))
 
 
+def transaction_settings() -> list[tuple[str, str]]:
+    """Every setting a session may change, and the role, as they are now (on the driver's cursor, past the
+    runner's execute wrapper): what ``restore_settings`` puts back after a job changed some."""
+    with connection.wrap_database_errors, connection.connection.cursor() as cursor:
+        cursor.execute(SQL["transaction_settings"])
+        return [(str(name), str(value)) for name, value in cursor.fetchall()]
+
+
+def restore_settings(settings: Sequence[tuple[str, str]]) -> None:
+    """Put back, for the rest of the transaction (``SET LOCAL``), the settings a job changed from ``settings``."""
+    values = dict(settings)
+    role = values.pop("role", "none")
+    SQL.execute("restore_settings", {"role": role, "names": list(values), "values": list(values.values())})
+
+
 def roll_back_job(savepoint: str) -> None:
     """Roll the current job back to its ``savepoint`` (``tk_job`` or a check's ``tk_job_<n>``), which stays open."""
     with connection.cursor() as cursor:

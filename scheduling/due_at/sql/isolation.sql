@@ -37,3 +37,22 @@ RELEASE SAVEPOINT tk_check;
 -- fails the savepoint again, so the job's next statement is refused as PostgreSQL would have. The
 -- error is the cast's: invalid input syntax for type integer, quoting the text below in the log.
 SELECT 'timekeeper: an earlier statement of this job failed, its transaction stays failed'::int;
+
+-- name: transaction_settings
+-- Before a job's first statement that may change a setting for the rest of the chunk's transaction
+-- (SET LOCAL, set_config(..., true); runner._changes_settings): the settings as they are, to put
+-- back after it (restore_settings). The role is no row of pg_settings: read on its own, first.
+SELECT 'role', current_setting('role')
+UNION ALL
+SELECT name, setting FROM pg_settings WHERE context IN ('user', 'superuser');
+
+-- name: restore_settings
+-- After that job (the chunk ends with it, so no later job sees what it set): what it changed goes
+-- back to what it was, for the rest of the transaction (set_config's is_local: SET LOCAL), so the
+-- runner's own statements (the check, the outcomes) run with the chunk's role, search path and
+-- limits. The role first: a setting only the chunk's role may set is then set by it.
+SELECT set_config('role', %(role)s, true) WHERE %(role)s IS DISTINCT FROM current_setting('role');
+SELECT count(set_config(s.name, s.setting, true))
+FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(name, setting)
+JOIN pg_settings AS p ON p.name = s.name
+WHERE p.setting IS DISTINCT FROM s.setting;
