@@ -437,6 +437,8 @@ RETURNING id;
 -- first (FOR UPDATE re-reads a row changed meanwhile), so the decision follows what the row says now.
 -- A retry is due after %(delays)s seconds from this statement (clock_timestamp(): inside an atomic
 -- chunk now() is when the chunk began). The attempt is recorded when the decision says so.
+-- An occurrence of a recurrence paused or cancelled while it was claimed takes the deleted owner's
+-- decisions (owner_deleted): given back it is cancelled, not pending again with its attempt returned.
 -- A row whose key another job waits on (its owner's and key's waiting job: pending on a first attempt,
 -- or claimed and not started, what scheduledjob_waiting_owner_key_uniq covers) takes its decision from
 -- the plan's second half (lifecycle.plans: given back, it is refunded rather than uncounted).
@@ -454,7 +456,11 @@ WITH input AS (
                         WHERE coalesce(w.owner_id, 0) = coalesce(j.owner_id, 0) AND w.key = j.key AND w.id <> j.id
                           AND ((w.state = 'pending' AND w.attempts = 0) OR (w.state = 'claimed' AND w.attempts = 1)))
                     END)::int * 8
-                   + (j.attempts >= j.max_attempts)::int * 4 + (j.former_owner <> '')::int * 2 + j.run_alone::int) AS d
+                   + (j.attempts >= j.max_attempts)::int * 4
+                   + (j.former_owner <> '' OR (j.recurrence_id IS NOT NULL AND EXISTS (
+                        SELECT 1 FROM scheduling_recurrence AS r
+                        WHERE r.id = j.recurrence_id AND r.state IN ('paused', 'cancelled'))))::int * 2
+                   + j.run_alone::int) AS d
     FROM input
     JOIN scheduling_scheduledjob AS j
       ON j.id = input.id AND j.token = input.token AND j.state = ANY(string_to_array(input.from_states, ','))

@@ -1,0 +1,74 @@
+"""An occurrence claimed when its recurrence is paused or cancelled never returns to pending.
+
+Pausing and cancelling let a claimed or running occurrence finish the attempt it has, with no retry
+(its budget becomes its spent attempts). A give-back that returns an attempt (a worker stopping
+before the handler began, a claim never sent, a rate limit, a handler's Snooze) gave that budget
+back: the occurrence was pending again and ran after the user had cancelled (or while paused).
+The lifecycle's deleted-owner decisions apply to it: given back, it is cancelled (found by review).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduling import api, registry
+from scheduling.due_at import lease, runner
+from scheduling.due_at import store as jobs_store
+from scheduling.models import JobState, ScheduledJob
+from tests import support
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CALLS: list[int] = []
+
+
+def _snooze_once(job: registry.Job) -> None:
+    CALLS.append(job.id)
+    if len(CALLS) == 1:
+        raise registry.Snooze(0)
+
+
+registry.handler("giveback.snooze_once", schema={"type": "object"}, timeout=10)(_snooze_once)
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    CALLS.clear()
+    yield
+    lease.stop()
+
+
+def _claimed_occurrence(kind: str) -> tuple[int, list[tuple[int, str]], int]:
+    recurrence = api.recur(kind, {}, key="k", every=3600)
+    (job,) = ScheduledJob.objects.filter(recurrence_id=recurrence.id)
+    support.make_due(job.id)
+    claims = [(c.id, c.token) for c in jobs_store.claim_due_jobs(10)]
+    assert [i for i, _ in claims] == [job.id]
+    return recurrence.id, claims, job.id
+
+
+@pytest.mark.parametrize("stop", ["cancel_recurrence", "pause_recurrence"])
+def test_a_stopping_workers_give_back_cancels_the_occurrence_of_a_stopped_recurrence(stop):
+    recurrence_id, claims, job_id = _claimed_occurrence("demo.noop")
+    getattr(api, stop)(recurrence_id)
+    runner._give_back(claims, running=None)  # a deploy's SIGTERM before the handler began
+    assert ScheduledJob.objects.get(pk=job_id).state == JobState.CANCELLED
+
+
+def test_a_snooze_of_a_cancelled_recurrences_occurrence_cancels_it_and_it_never_runs_again():
+    recurrence_id, claims, job_id = _claimed_occurrence("giveback.snooze_once")
+    api.cancel_recurrence(recurrence_id)
+    runner.run_batch(claims)
+    assert ScheduledJob.objects.get(pk=job_id).state == JobState.CANCELLED
+    support.make_due()
+    assert jobs_store.claim_due_jobs(10) == []
+    assert job_id in CALLS
+    assert len(CALLS) == 1
+
+
+def test_an_active_recurrences_occurrence_given_back_is_pending_again_uncharged():
+    """The path the rule leaves alone: the recurrence still active, the give-back returns the attempt."""
+    _, claims, job_id = _claimed_occurrence("demo.noop")
+    runner._give_back(claims, running=None)
+    job = ScheduledJob.objects.get(pk=job_id)
+    assert (job.state, job.attempts) == (JobState.PENDING, 0)
