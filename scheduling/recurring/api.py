@@ -684,6 +684,7 @@ def resume_recurrences(ids: Iterable[int], *, caller: Any = None) -> BulkResult:
                     missed=row.missed,
                     late_seconds=settings.recurrence_late_seconds,
                     ends_at=row.ends_at,
+                    starts_at=row.starts_at,
                 )
             store.set_recurrence_current(rid, last_run)
             if occurrence is None:

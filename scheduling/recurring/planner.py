@@ -109,12 +109,19 @@ def _next(row: store.RecurrenceRow, now: dt.datetime, late: float, cache: dict[t
         row.current_at,
         row.missed,
         row.ends_at,
+        row.starts_at,
     )
     if key not in cache:
         schedule = rules.schedule_for(row.expression, row.every_seconds, row.timezone, row.dst_gap, row.anchor_at)
         assert row.current_at is not None
         cache[key] = rules.following(
-            schedule, row.current_at, now=now, missed=row.missed, late_seconds=late, ends_at=row.ends_at
+            schedule,
+            row.current_at,
+            now=now,
+            missed=row.missed,
+            late_seconds=late,
+            ends_at=row.ends_at,
+            starts_at=row.starts_at,
         )
     return cache[key]
 

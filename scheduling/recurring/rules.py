@@ -130,18 +130,24 @@ def following(
     missed: str,
     late_seconds: float,
     ends_at: dt.datetime | None = None,
+    starts_at: dt.datetime | None = None,
     inclusive: bool = False,
 ) -> Occurrence | None:
-    """The occurrence after ``after`` (at or after it when ``inclusive``), with the missed policy; None past the end."""
+    """The occurrence after ``after`` (at or after it when ``inclusive``), with the missed policy; None past the end.
+
+    Never before ``starts_at`` (a start moved later while an occurrence ran or the recurrence was
+    paused: the planner and resume planned from the last run, days before it). ``run_once`` runs the
+    latest instant missed up to ``ends_at`` when the end passed while nothing planned (it looked up
+    to now, found that instant past the end and ran none).
+    """
+    if starts_at is not None and after < starts_at:
+        after, inclusive = starts_at, True
     candidate = schedule.next_after(after - ONE_MICROSECOND if inclusive else after)
     if candidate < now - dt.timedelta(seconds=late_seconds):
         if missed == MISSED_RUN_ONCE:
-            latest = schedule.latest_at_or_before(now)
+            latest = schedule.latest_at_or_before(now if ends_at is None else min(now, ends_at))
             if latest is not None and latest >= candidate:
-                if ends_at is not None and latest > ends_at:
-                    latest = None
-                if latest is not None:
-                    return Occurrence(at=latest, due_at=now)
+                return Occurrence(at=latest, due_at=now)
         candidate = schedule.next_after(now)
     if ends_at is not None and candidate > ends_at:
         return None

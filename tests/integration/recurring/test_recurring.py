@@ -576,3 +576,43 @@ def test_the_job_options_go_whole_to_the_recurrence_and_its_occurrence():
     (job,) = occurrences(rec.id)
     assert (changed.max_attempts, changed.priority, job.max_attempts, job.priority) == (4, 2, 4, 2)
     assert job.payload == {"v": 2}
+
+
+def _ran_a_minute_ago(run_sql: Any, recurrence_id: int, state: str) -> None:
+    run_sql(
+        "UPDATE scheduling_scheduledjob SET state = %s, token = CASE WHEN %s = 'claimed' THEN gen_random_uuid() END,"
+        " claimed_at = now(), attempts = 1, finished_at = CASE WHEN %s = 'done' THEN now() END,"
+        " occurrence_at = now() - interval '1 minute', due_at = now() - interval '1 minute' WHERE recurrence_id = %s",
+        [state, state, state, recurrence_id],
+    )
+    run_sql("UPDATE scheduling_recurrence SET current_at = now() - interval '1 minute' WHERE id = %s", [recurrence_id])
+
+
+def test_a_start_moved_later_while_an_occurrence_runs_holds_for_the_planners_next_one(run_sql):
+    """change_recurrence(starts_at=+10 days) while the occurrence is claimed: once it is done the planner plans
+    the next at or after the start (it planned the next hour's, from the last run)."""
+    rec = api.recur("demo.noop", {}, key="k", every=3600)
+    _ran_a_minute_ago(run_sql, rec.id, "claimed")
+    starts = _database_now() + dt.timedelta(days=10)
+    api.change_recurrence(rec.id, starts_at=starts)
+    run_sql("UPDATE scheduling_scheduledjob SET state = 'done', finished_at = now() WHERE recurrence_id = %s", [rec.id])
+    assert planner.plan_once().created == 1
+    (nxt,) = pending(rec.id)
+    assert starts <= nxt.occurrence_at < starts + dt.timedelta(hours=1)
+
+
+def test_a_start_moved_later_while_paused_holds_for_resume(run_sql):
+    rec = api.recur("demo.noop", {}, key="k", every=3600)
+    _ran_a_minute_ago(run_sql, rec.id, "done")
+    api.pause_recurrence(rec.id)
+    starts = _database_now() + dt.timedelta(days=10)
+    api.change_recurrence(rec.id, starts_at=starts)
+    api.resume_recurrence(rec.id)
+    (nxt,) = pending(rec.id)
+    assert starts <= nxt.occurrence_at < starts + dt.timedelta(hours=1)
+
+
+def _database_now() -> dt.datetime:
+    from scheduling.core import store as core_store
+
+    return core_store.database_now()

@@ -116,6 +116,33 @@ def test_missed_run_once_runs_the_latest_missed_now():
     assert after == rules.Occurrence(at=utc(2026, 1, 6, 9), due_at=utc(2026, 1, 6, 9))
 
 
+def test_missed_run_once_runs_the_latest_instant_before_an_end_that_passed_meanwhile():
+    """Planner down from 01-02 to 01-10, ends_at 01-05 12:00: run_once runs 01-05 09:00, the last missed
+    instant inside the window (it looked up to now, found 01-10 09:00 past the end and ran none)."""
+    schedule = rules.schedule_for("0 9 * * *", None, "UTC", "shift", utc(2026, 1, 1))
+    now, ends_at = utc(2026, 1, 10, 12), utc(2026, 1, 5, 12)
+    occ = rules.following(schedule, utc(2026, 1, 1, 9), now=now, missed="run_once", late_seconds=60, ends_at=ends_at)
+    assert occ == rules.Occurrence(at=utc(2026, 1, 5, 9), due_at=now)
+    assert rules.following(schedule, occ.at, now=now, missed="run_once", late_seconds=60, ends_at=ends_at) is None
+    skip = rules.following(schedule, utc(2026, 1, 1, 9), now=now, missed="skip", late_seconds=60, ends_at=ends_at)
+    assert skip is None, "skip still runs nothing missed"
+
+
+@pytest.mark.parametrize("missed", ["skip", "run_once"])
+def test_the_next_occurrence_is_never_before_a_start_moved_later(missed):
+    """starts_at moved ten days ahead while an occurrence ran (or the recurrence was paused): the planner and
+    resume planned the next one from the last run, ten days before the start."""
+    schedule = rules.schedule_for("0 9 * * *", None, "UTC", "shift", utc(2026, 1, 1))
+    now = utc(2026, 1, 2, 12)
+    occ = rules.following(
+        schedule, utc(2026, 1, 2, 9), now=now, missed=missed, late_seconds=60, starts_at=utc(2026, 1, 12, 9)
+    )
+    assert occ == rules.Occurrence(at=utc(2026, 1, 12, 9), due_at=utc(2026, 1, 12, 9)), "the start itself counts"
+    unchanged = rules.following(schedule, utc(2026, 1, 2, 9), now=now, missed=missed, late_seconds=60,
+                                starts_at=utc(2026, 1, 1))  # fmt: skip
+    assert unchanged == rules.Occurrence(at=utc(2026, 1, 3, 9), due_at=utc(2026, 1, 3, 9))
+
+
 def test_late_within_the_window_still_runs_at_its_instant():
     """An occurrence planned a little late (within late_seconds) is not missed: it keeps its instant."""
     schedule = rules.schedule_for("*/5 * * * *", None, "UTC", "shift", utc(2026, 1, 1))
