@@ -64,11 +64,14 @@ WHERE recurrence_id = %(id)s AND (attempts > 0 OR NOT (state IN ('pending', 'can
 
 -- name: move_pending_occurrence
 -- The pending occurrence moves to the changed rule's next instant and takes the new payload, kind
--- and the options the (new) kind gives it (lease, attempts budget, priority; a retry keeps the
--- attempts it has spent): one conditional UPDATE, nothing if it has been claimed meanwhile.
+-- and the options the (new) kind gives it (lease, attempts budget, priority): one conditional
+-- UPDATE, nothing if it has been claimed meanwhile. A retry waiting there is superseded: the row
+-- starts over as the next instant's first attempt (attempts 0). Keeping the attempts spent, it read
+-- as an occurrence that had run at its new instant (last_run_occurrence_at), so a second change or
+-- a resume planned after it and skipped that instant, which also began with an attempt spent.
 UPDATE scheduling_scheduledjob AS j
 SET occurrence_at = %(occurrence_at)s, due_at = %(due_at)s, payload = r.payload, kind = r.kind,
-    lease_seconds = %(lease_seconds)s, max_attempts = greatest(%(max_attempts)s, j.attempts),
+    lease_seconds = %(lease_seconds)s, attempts = 0, max_attempts = %(max_attempts)s, last_error = '',
     priority = %(priority)s, updated_at = now()
 FROM scheduling_recurrence AS r
 WHERE r.id = %(id)s AND j.id = r.current_job_id AND j.state = 'pending'

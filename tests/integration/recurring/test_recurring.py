@@ -616,3 +616,40 @@ def _database_now() -> dt.datetime:
     from scheduling.core import store as core_store
 
     return core_store.database_now()
+
+
+def _today_waits_as_a_retry(run_sql: Any, recurrence_id: int) -> dt.datetime:
+    """Today's occurrence (a daily rule) ran once, failed and waits for its retry; its instant."""
+    run_sql(
+        "UPDATE scheduling_scheduledjob SET attempts = 1, last_error = 'boom',"
+        " occurrence_at = occurrence_at - interval '1 day', due_at = now() + interval '5 minutes'"
+        " WHERE recurrence_id = %s",
+        [recurrence_id],
+    )
+    run_sql(
+        "UPDATE scheduling_recurrence SET current_at = current_at - interval '1 day' WHERE id = %s", [recurrence_id]
+    )
+    return ScheduledJob.objects.get(recurrence_id=recurrence_id).occurrence_at
+
+
+def test_changes_while_a_retry_waits_supersede_it_and_skip_no_occurrence(run_sql):
+    """Two payload-only changes while today's occurrence waits as a retry: the row moves to tomorrow, as a first
+    attempt, and stays there (it kept its spent attempt, read as having run tomorrow: the second change moved
+    it to the day after, tomorrow's occurrence was skipped). Found by review."""
+    rec = api.recur("demo.noop", {"v": 1}, key="k", every=86400)
+    today = _today_waits_as_a_retry(run_sql, rec.id)
+    tomorrow = today + dt.timedelta(days=1)
+    api.change_recurrence(rec.id, payload={"v": 2})
+    api.change_recurrence(rec.id, payload={"v": 3})
+    (job,) = occurrences(rec.id)
+    assert (job.occurrence_at, job.attempts, job.payload, job.last_error) == (tomorrow, 0, {"v": 3}, "")
+
+
+def test_a_change_while_a_retry_waits_then_pause_and_resume_plans_tomorrow(run_sql):
+    rec = api.recur("demo.noop", {"v": 1}, key="k", every=86400)
+    today = _today_waits_as_a_retry(run_sql, rec.id)
+    api.change_recurrence(rec.id, payload={"v": 2})
+    api.pause_recurrence(rec.id)
+    api.resume_recurrence(rec.id)
+    (nxt,) = pending(rec.id)
+    assert nxt.occurrence_at == today + dt.timedelta(days=1)
