@@ -530,7 +530,7 @@ def change_with_options(
             if occurrence is not None and rule_given:
                 _check_within_window(occurrence)
             if occurrence is None:
-                store.cancel_pending_occurrences([row.id])
+                store.cancel_pending_occurrences([row.id], "cancelled: its recurrence's change left no occurrence")
                 store.set_recurrences_state([row.id], RecurrenceState.ENDED, [RecurrenceState.ACTIVE])
             else:
                 occurrence_options = planner.occurrence_options(job_kind, standing.max_attempts, standing.priority)
@@ -593,13 +593,15 @@ def _selection(ids: Iterable[int]) -> list[int]:
     return validation.row_ids(ids, "recurrence_id")
 
 
-def _audit(action: str, selected: list[int], result: BulkResult) -> None:
-    """The operator's bulk change in the audit trail (nothing outside a door: ``audit.record``)."""
+def _audit(action: str, selected: list[int], result: BulkResult, job_ids: Sequence[int] = ()) -> None:
+    """The operator's bulk change in the audit trail (nothing outside a door: ``audit.record``); ``job_ids``:
+    the occurrences it cancelled, so each one's history names who stopped it."""
     shown = ", ".join(f"#{i}" for i in selected[: audit.TARGET_IDS_SHOWN])
     more = " …" if len(selected) > audit.TARGET_IDS_SHOWN else ""
     audit.record(
         action,
         changed=len(result.changed),
+        job_ids=job_ids,
         selected=len(selected),
         target=f"recurrence{'s' if len(selected) != 1 else ''} {shown}{more}",
         details={"recurrence_ids": selected[:1000]},
@@ -622,9 +624,9 @@ def pause_recurrences(ids: Iterable[int]) -> BulkResult:
     selected = _selection(ids)
     with transaction.atomic():
         changed = store.set_recurrences_state(selected, RecurrenceState.PAUSED, [RecurrenceState.ACTIVE])
-        store.cancel_pending_occurrences(changed)
+        stopped = store.cancel_pending_occurrences(changed, "cancelled: its recurrence was paused")
         result = _bulk_result(selected, changed)
-        _audit("recurrence_pause", selected, result)
+        _audit("recurrence_pause", selected, result, stopped)
     logger.info("recurrences paused", extra={"count": len(changed), "action": "paused"})
     return result
 
@@ -638,9 +640,9 @@ def cancel_recurrences(ids: Iterable[int]) -> BulkResult:
             RecurrenceState.CANCELLED,
             [RecurrenceState.ACTIVE, RecurrenceState.PAUSED, RecurrenceState.ENDED],
         )
-        store.cancel_pending_occurrences(changed)
+        stopped = store.cancel_pending_occurrences(changed, "cancelled: its recurrence was cancelled")
         result = _bulk_result(selected, changed)
-        _audit("recurrence_cancel", selected, result)
+        _audit("recurrence_cancel", selected, result, stopped)
     logger.info("recurrences cancelled", extra={"count": len(changed), "action": "cancelled"})
     return result
 
@@ -729,7 +731,7 @@ def preview(recurrence: Recurrence, n: int) -> list[dt.datetime]:
 
 def on_recurrence_deleted(sender: Any, instance: Recurrence, **kwargs: Any) -> None:
     """``pre_delete`` of a recurrence (its owner deleted, CASCADE): its pending occurrence is cancelled."""
-    store.cancel_pending_occurrences([instance.pk])
+    store.cancel_pending_occurrences([instance.pk], "cancelled: its recurrence was deleted with its owner")
 
 
 __all__ = [

@@ -174,7 +174,7 @@ def plan_once(limit: int | None = None) -> PlanReport:
         ended = store.end_recurrences(ends)
         if broken:
             paused = store.pause_recurrences_for(broken)
-            store.cancel_pending_occurrences(paused)
+            store.cancel_pending_occurrences(paused, "cancelled: the planner paused its recurrence (see its reason)")
             for rid, reason in broken:
                 logger.warning("recurrence paused: %s", reason, extra={"recurrence_id": rid, "action": "paused"})
         if created and min(c.in_seconds for c in created) <= settings.claim_interval_seconds:

@@ -154,12 +154,10 @@ def set_recurrences_state(ids: Sequence[int], state: str, from_states: Sequence[
     return SQL.fetch_values("set_recurrences_state", params)
 
 
-def cancel_pending_occurrences(recurrence_ids: Sequence[int]) -> list[int]:
-    """Stop each recurrence's occurrences: pending ones (retries too) cancelled, a running one left no retry.
-
-    Returns the jobs cancelled.
-    """
-    return SQL.fetch_values("cancel_pending_occurrences", {"ids": list(recurrence_ids)})
+def cancel_pending_occurrences(recurrence_ids: Sequence[int], reason: str) -> list[int]:
+    """Stop each recurrence's occurrences: pending ones (retries too) cancelled with ``reason`` as their last
+    error, a running one left no retry. Returns the jobs cancelled."""
+    return SQL.fetch_values("cancel_pending_occurrences", {"ids": list(recurrence_ids), "reason": reason})
 
 
 def pause_recurrences_for(reasons: Sequence[tuple[int, str]]) -> list[int]:

@@ -96,10 +96,11 @@ RETURNING id;
 -- Stop the occurrences of the given recurrences (pause, cancel, end): a pending one, first run or
 -- retry alike, is cancelled; a claimed or running one runs on with the attempt it has and no
 -- retry (its budget becomes the attempts spent, so a failure makes it dead, not pending again).
--- Both walk the one-live-occurrence index. Returns the jobs cancelled.
+-- Both walk the one-live-occurrence index. Returns the jobs cancelled, which say why in last_error
+-- (their page shows it; the audit record of the operator's action names them).
 WITH cancelled AS (
     UPDATE scheduling_scheduledjob AS j
-    SET state = 'cancelled', finished_at = now(), updated_at = now()
+    SET state = 'cancelled', finished_at = now(), updated_at = now(), last_error = %(reason)s
     WHERE j.recurrence_id = ANY(%(ids)s::bigint[]) AND j.state = 'pending'
     RETURNING j.id
 ), last_attempt AS (

@@ -5,6 +5,7 @@ Pausing and cancelling let a claimed or running occurrence finish the attempt it
 before the handler began, a claim never sent, a rate limit, a handler's Snooze) gave that budget
 back: the occurrence was pending again and ran after the user had cancelled (or while paused).
 The lifecycle's deleted-owner decisions apply to it: given back, it is cancelled (found by review).
+And an occurrence cancelled with its recurrence says why, and its history names who did it.
 """
 
 from __future__ import annotations
@@ -72,3 +73,23 @@ def test_an_active_recurrences_occurrence_given_back_is_pending_again_uncharged(
     runner._give_back(claims, running=None)
     job = ScheduledJob.objects.get(pk=job_id)
     assert (job.state, job.attempts) == (JobState.PENDING, 0)
+
+
+@pytest.mark.parametrize(("stop", "why"), [("pause_recurrence", "paused"), ("cancel_recurrence", "cancelled")])
+def test_an_occurrence_cancelled_with_its_recurrence_says_why_and_its_history_names_who(admin_user, stop, why):
+    """Its page showed a cancelled job with no reason, and its history (AuditRecord.for_job) no record."""
+    from scheduling.core import audit
+    from scheduling.models import AuditRecord
+
+    recurrence = api.recur("demo.noop", {}, key="k", every=3600)
+    (job,) = ScheduledJob.objects.filter(recurrence_id=recurrence.id)
+    with audit.acting(audit.Actor(door="admin", user=admin_user)):
+        getattr(api, stop)(recurrence.id)
+    job.refresh_from_db()
+    assert (job.state, job.last_error) == (JobState.CANCELLED, f"cancelled: its recurrence was {why}")
+    (record,) = AuditRecord.objects.for_job(job.id)
+    assert (record.action, record.user, record.details["recurrence_ids"]) == (
+        f"recurrence_{stop.split('_')[0]}",
+        admin_user,
+        [recurrence.id],
+    )
