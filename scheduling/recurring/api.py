@@ -676,17 +676,21 @@ def resume_recurrences(ids: Iterable[int], *, caller: Any = None) -> BulkResult:
                 continue  # its occurrence still runs (claimed before the pause): the planner plans after it
             last_run = store.last_run_occurrence_at(rid)
             schedule = _schedule(row)
-            if last_run is None:
+            # Paused before any occurrence ran: its missed policy counts from the first one planned (the
+            # pause cancelled it), as it counts from the last one run otherwise.
+            since, inclusive = (last_run, False) if last_run is not None else (row.current_at, True)
+            if since is None or (last_run is None and row.missed != rules.MISSED_RUN_ONCE):
                 occurrence = rules.first(schedule, now=now, starts_at=row.starts_at, ends_at=row.ends_at)
             else:
                 occurrence = rules.following(
                     schedule,
-                    last_run,
+                    since,
                     now=now,
                     missed=row.missed,
                     late_seconds=settings.recurrence_late_seconds,
                     ends_at=row.ends_at,
                     starts_at=row.starts_at,
+                    inclusive=inclusive,
                 )
             store.set_recurrence_current(rid, last_run)
             if occurrence is None:

@@ -653,3 +653,31 @@ def test_a_change_while_a_retry_waits_then_pause_and_resume_plans_tomorrow(run_s
     api.resume_recurrence(rec.id)
     (nxt,) = pending(rec.id)
     assert nxt.occurrence_at == today + dt.timedelta(days=1)
+
+
+def test_run_once_resume_of_a_recurrence_paused_before_its_first_occurrence_runs_the_latest_missed(run_sql):
+    """Hourly, run_once, paused before its first occurrence ran, resumed three hours later: the latest instant
+    missed while paused runs now, as for a recurrence that had run before its pause (it planned the next
+    future instant). skip still plans the next one. Found by review."""
+    run_once = api.recur("demo.noop", {}, key="once", every=3600, missed="run_once")
+    skip = api.recur("demo.noop", {}, key="skip", every=3600)
+    for rec in (run_once, skip):
+        api.pause_recurrence(rec.id)
+        run_sql(
+            "UPDATE scheduling_recurrence SET anchor_at = anchor_at - interval '3 hours',"
+            " current_at = current_at - interval '3 hours' WHERE id = %s",
+            [rec.id],
+        )
+        run_sql(
+            "UPDATE scheduling_scheduledjob SET occurrence_at = occurrence_at - interval '3 hours',"
+            " due_at = due_at - interval '3 hours' WHERE recurrence_id = %s",
+            [rec.id],
+        )
+    now = _database_now()
+    for rec in (run_once, skip):
+        api.resume_recurrence(rec.id)
+    (missed,) = pending(run_once.id)
+    (upcoming,) = pending(skip.id)
+    assert now - dt.timedelta(hours=1) < missed.occurrence_at < now
+    assert missed.due_at <= _database_now()
+    assert now < upcoming.occurrence_at <= now + dt.timedelta(hours=1)
