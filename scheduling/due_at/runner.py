@@ -382,6 +382,7 @@ def _run_atomic(
         chunk: list[store.StartedJob] = []
         callbacks: list[tuple[int, Callable[[], None]]] = []
         counted = (report.succeeded, report.failed, report.given_back)
+        events = task_events.mark()
         try:
             pending = _run_chunk(pending, chunk, kinds, clock, report, settled, callbacks)
         except DatabaseError as exc:
@@ -401,6 +402,7 @@ def _run_atomic(
             # the chunk's outcomes did not commit (or are counted below)
             report.succeeded, report.failed, report.given_back = counted
             committed = _recording(functools.partial(store.committed_jobs, lost)) if ambiguous else {}
+            task_events.forget_lost(events, committed)
             if committed:
                 logger.warning(
                     "atomic chunk committed although its COMMIT failed on the client: its outcomes stand",

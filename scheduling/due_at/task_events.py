@@ -40,7 +40,7 @@ import datetime as dt
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -182,6 +182,22 @@ def recorded(successes: Iterable[store.Outcome], failures: Iterable[store.Outcom
                 error=outcome.error,
             )
         )
+
+
+def mark() -> int:
+    """Where the events collected so far end (``forget_lost``'s argument)."""
+    collector = _collector.get()
+    return 0 if collector is None else len(collector.events)
+
+
+def forget_lost(since: int, committed: Container[int]) -> None:
+    """Runner hook: an atomic chunk was lost with its transaction after its outcomes were written (a
+    COMMIT that failed or whose answer was lost): the events collected since ``since`` are dropped,
+    but for the jobs found ``committed`` after all. Flower showed those outcomes (a success among
+    them) while the jobs were back to pending."""
+    collector = _collector.get()
+    if collector is not None:
+        collector.events[since:] = [e for e in collector.events[since:] if e.job_id in committed]
 
 
 def worker_sends_events() -> bool:

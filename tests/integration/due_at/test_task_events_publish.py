@@ -116,3 +116,36 @@ def test_with_job_events_off_the_batch_still_reports_itself(published):
         ("task-started", batch.id),
         ("task-succeeded", batch.id),
     ]
+
+
+def test_a_chunk_lost_at_its_commit_shows_flower_no_outcome_of_it(raw_connect, monkeypatch):
+    """The chunk's outcomes are written, then its session ends before the COMMIT (a server restart, an idle
+    limit): the job is pending again, so its task-succeeded, collected with the outcomes, is dropped.
+    The fault is real: another connection terminates the chunk's backend at that point."""
+    from django.db import connection
+
+    from scheduling.models import JobState, ScheduledJob
+
+    job = api.schedule("demo.noop", {}, delay=60)
+    support.make_due(job.id)
+    (claim,) = store.claim_due_jobs(10)
+    killer = raw_connect(autocommit=True)
+    write_outcomes = runner._record
+
+    def write_then_lose_the_session(*args: Any, **kwargs: Any) -> None:
+        write_outcomes(*args, **kwargs)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        with killer.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    monkeypatch.setattr(runner, "_record", write_then_lose_the_session)
+    collector = task_events.Collector()
+    token = task_events._collector.set(collector)
+    try:
+        runner.run_batch([(claim.id, claim.token)])
+    finally:
+        task_events._collector.reset(token)
+    assert ScheduledJob.objects.get(pk=job.id).state == JobState.PENDING
+    assert [e for e in collector.events if e.job_id == job.id and e.outcome == "succeeded"] == []
