@@ -151,7 +151,15 @@ def _admit(
     log: dict[str, Any],
 ) -> RunReport | tuple[store.LedgerEntry, registry.Kind]:
     """Ledger, deadline, kind and overlap: a report when the tick does not run, else what to run."""
-    entry = store.insert_schedule_run(policy.pk, tick, trigger, leadership.process_name(), task_id)
+    entry = store.insert_schedule_run(
+        policy.pk,
+        tick,
+        trigger,
+        leadership.process_name(),
+        task_id,
+        holds_lock=lock is not None,
+        deadline_seconds=_deadline_seconds(policy),
+    )
     if entry is None:
         logger.warning(
             "tick refused: it is at or before the schedule's pruned history: a copy of a tick that ran or was "
@@ -185,6 +193,11 @@ def _admit(
             error = f"the previous run did not stop within {wait:g}s (replace)"
             return _finish(policy, entry, RunState.SKIPPED, error, 1, log)
     if lock is not None:
+        if policy.concurrency_policy == ConcurrencyPolicy.FORBID and store.running_runs_without_lock(
+            policy.pk, entry.id
+        ):
+            error = "the previous run is still going (forbid; it was admitted under allow, before an edit)"
+            return _finish(policy, entry, RunState.SKIPPED, error, 1, log)
         _close_orphans(policy, entry, log)
     return entry, kind
 
@@ -245,6 +258,16 @@ def _replace_previous(
         if lock.try_acquire():
             return True
     return False
+
+
+def _deadline_seconds(policy: SchedulePolicy) -> float | None:
+    """How long a run of ``policy`` may go (``_execute``'s timeout): its active deadline, else its kind's timeout."""
+    if policy.active_deadline_seconds:
+        return float(policy.active_deadline_seconds)
+    try:
+        return float(registry.get(policy.kind).timeout_seconds)
+    except exceptions.UnknownJobKind:
+        return None  # the run fails at once (_admit)
 
 
 def _close_orphans(policy: SchedulePolicy, entry: store.LedgerEntry, log: dict[str, Any]) -> None:

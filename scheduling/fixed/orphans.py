@@ -10,12 +10,15 @@ The worker leader's control loop calls ``duty()`` every turn; every
 ``SCHEDULING_SWEEP_INTERVAL_SECONDS`` it reads the runs still marked running and closes as
 ``failed`` (``decide``), with the reason in ``error``:
 
-- a run of a ``forbid`` or ``replace`` schedule whose overlap lock nobody holds: its run would
+- a run admitted under ``forbid`` or ``replace`` whose overlap lock nobody holds: its run would
   hold it (taken in the admitting transaction, released only after the outcome), so its process
   is gone;
-- a run of an ``allow`` schedule (no lock) older than its deadline (the schedule's
+- a run admitted under ``allow`` (no lock) older than its deadline as admitted (the schedule's
   ``active_deadline_seconds``, else its kind's timeout) plus ``SCHEDULING_LEASE_SECONDS``: the
   gate stops a live run at its deadline, so one still running a lease later has lost its worker.
+
+What it was admitted under, not the schedule's policy now: an edit while a run goes (allow to
+forbid, a shorter deadline) does not make it "lost".
 
 The close is conditional on the row still being ``running``: an outcome recorded meanwhile wins.
 Then the schedule's history limits apply to it as to any final run.
@@ -41,7 +44,10 @@ TOO_OLD_ERROR = "the worker running it was lost (no outcome {seconds:g}s after i
 
 
 def deadline_seconds(run: store.RunToCheck) -> float:
-    """How long the gate lets the run go: the schedule's active deadline, else its kind's timeout."""
+    """How long the gate lets the run go: its deadline as admitted, else the schedule's active deadline, else
+    its kind's timeout."""
+    if run.deadline_seconds:
+        return float(run.deadline_seconds)
     if run.active_deadline_seconds:
         return float(run.active_deadline_seconds)
     try:
@@ -53,9 +59,11 @@ def deadline_seconds(run: store.RunToCheck) -> float:
 def decide(run: store.RunToCheck, lock_held: bool | None, grace_seconds: float) -> str | None:
     """The error to close ``run`` with, or None to leave it running.
 
-    ``lock_held`` is whether the schedule's overlap lock is held (None for ``allow``: no lock).
+    ``lock_held`` is whether the schedule's overlap lock is held (None for a run that holds none).
+    A run is judged by what it was admitted under (``holds_lock``, ``deadline_seconds``), not by an
+    edit made since: an allow run is not "lost" because the policy became forbid while it ran.
     """
-    if run.concurrency_policy != ConcurrencyPolicy.ALLOW and lock_held is not None:
+    if holds_lock(run) and lock_held is not None:
         # Only the admitted run of a forbid or replace schedule holds its lock (admission closes
         # the others): held, that run is alive, however long it takes; free, its process is gone.
         return None if lock_held else LOCK_GONE_ERROR
@@ -63,6 +71,13 @@ def decide(run: store.RunToCheck, lock_held: bool | None, grace_seconds: float) 
     if run.age_seconds > limit:
         return TOO_OLD_ERROR.format(seconds=round(limit))
     return None
+
+
+def holds_lock(run: store.RunToCheck) -> bool:
+    """Whether the run was admitted holding the schedule's overlap lock (forbid or replace)."""
+    if run.holds_lock is not None:
+        return run.holds_lock
+    return run.concurrency_policy != ConcurrencyPolicy.ALLOW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +94,7 @@ def close_orphans() -> Report:
     locks_seen: dict[int, bool] = {}
     for run in runs:
         lock_held: bool | None = None
-        if run.concurrency_policy != ConcurrencyPolicy.ALLOW:
+        if holds_lock(run):
             if run.schedule_id not in locks_seen:
                 locks_seen[run.schedule_id] = gate.is_running(run.schedule_id)
             lock_held = locks_seen[run.schedule_id]

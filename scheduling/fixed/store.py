@@ -31,10 +31,28 @@ class LedgerEntry:
 
 
 def insert_schedule_run(
-    schedule_id: int, tick: dt.datetime | None, trigger: str, worker: str, task_id: str
+    schedule_id: int,
+    tick: dt.datetime | None,
+    trigger: str,
+    worker: str,
+    task_id: str,
+    *,
+    holds_lock: bool = False,
+    deadline_seconds: float | None = None,
 ) -> LedgerEntry | None:
-    """Record (schedule, tick) as running, or count a duplicate; None when the tick was pruned already."""
-    params = {"schedule_id": schedule_id, "tick": tick, "trigger": trigger, "worker": worker, "task_id": task_id}
+    """Record (schedule, tick) as running, or count a duplicate; None when the tick was pruned already.
+
+    ``holds_lock`` and ``deadline_seconds``: what the run is admitted under (the orphan duty judges it by them).
+    """
+    params = {
+        "schedule_id": schedule_id,
+        "tick": tick,
+        "trigger": trigger,
+        "worker": worker,
+        "task_id": task_id,
+        "holds_lock": holds_lock,
+        "deadline_seconds": deadline_seconds,
+    }
     return SQL.fetch_one(LedgerEntry, "insert_schedule_run", params)
 
 
@@ -62,6 +80,11 @@ def running_schedule_runs(schedule_id: int, exclude_id: int) -> list[RunningRun]
     return SQL.fetch_all(RunningRun, "running_schedule_runs", {"schedule_id": schedule_id, "id": exclude_id})
 
 
+def running_runs_without_lock(schedule_id: int, exclude_id: int) -> list[int]:
+    """The schedule's other runs marked running that hold no overlap lock (admitted under allow)."""
+    return SQL.fetch_values("running_runs_without_lock", {"schedule_id": schedule_id, "id": exclude_id})
+
+
 def close_other_running_runs(schedule_id: int, exclude_id: int, state: RunState, error: str) -> list[int]:
     params = {"schedule_id": schedule_id, "id": exclude_id, "state": state, "error": error}
     return SQL.fetch_values("close_other_running_runs", params)
@@ -79,6 +102,8 @@ class RunToCheck:
     successful_history_limit: int
     failed_history_limit: int
     age_seconds: float  # since the gate admitted it, by the database clock
+    holds_lock: bool | None = None  # admitted under forbid or replace (None: unknown, the policy's now)
+    deadline_seconds: float | None = None  # its deadline as admitted (None: the policy's and kind's now)
 
 
 def running_runs_to_check() -> list[RunToCheck]:

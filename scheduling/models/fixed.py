@@ -198,6 +198,19 @@ class ScheduleRun(models.Model):
     duplicates_refused = models.PositiveIntegerField(
         "duplicates refused", default=0, help_text="Later deliveries of the same tick refused by the gate."
     )
+    holds_lock = models.BooleanField(
+        "holds the overlap lock",
+        null=True,
+        blank=True,
+        help_text="Admitted under forbid or replace: it holds the schedule's lock while it runs (empty: not "
+        "recorded, judged by the schedule's policy now).",
+    )
+    deadline_seconds = models.FloatField(
+        "deadline (seconds)",
+        null=True,
+        blank=True,
+        help_text="How long the gate lets it run, as admitted: its active deadline, else its kind's timeout.",
+    )
     abort_requested_at = models.DateTimeField(
         "abort requested at", null=True, blank=True, help_text="When an operator asked to abort the running run."
     )

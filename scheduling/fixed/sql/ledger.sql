@@ -16,8 +16,10 @@ WITH policy AS (
     SELECT id, pruned_through FROM scheduling_schedulepolicy WHERE id = %(schedule_id)s
 )
 INSERT INTO scheduling_schedulerun AS r
-    (schedule_id, tick, state, trigger, attempt, worker, task_id, started_at, error, duplicates_refused)
-SELECT policy.id, coalesce(%(tick)s, now()), 'running', %(trigger)s, 1, %(worker)s, %(task_id)s, now(), '', 0
+    (schedule_id, tick, state, trigger, attempt, worker, task_id, started_at, error, duplicates_refused, holds_lock,
+     deadline_seconds)
+SELECT policy.id, coalesce(%(tick)s, now()), 'running', %(trigger)s, 1, %(worker)s, %(task_id)s, now(), '', 0,
+       %(holds_lock)s, %(deadline_seconds)s
 FROM policy
 WHERE %(trigger)s = 'manual' OR policy.pruned_through IS NULL OR coalesce(%(tick)s, now()) > policy.pruned_through
 ON CONFLICT (schedule_id, tick) DO UPDATE SET duplicates_refused = r.duplicates_refused + 1
@@ -45,13 +47,23 @@ WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
 ORDER BY tick;
 
 -- name: close_other_running_runs
--- Called by a run that holds the schedule's advisory lock: any other run still marked running
--- cannot be running (it would hold the lock), so its process died or was stopped. Replace marks
--- them 'replaced'; forbid marks them 'failed' with the reason.
+-- Called by a run that holds the schedule's advisory lock: any other run still marked running that
+-- was admitted holding it cannot be running (it would hold the lock), so its process died or was
+-- stopped. Replace marks them 'replaced'; forbid marks them 'failed' with the reason. A run admitted
+-- under allow (before an edit to forbid or replace) holds no lock: it may be running, and is left
+-- to its outcome or to the orphan duty's deadline. A run admitted by a release before this one
+-- (holds_lock empty) is closed as before.
 UPDATE scheduling_schedulerun
 SET state = %(state)s, error = %(error)s, finished_at = now()
-WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
+WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s AND holds_lock IS DISTINCT FROM false
 RETURNING id;
+
+-- name: running_runs_without_lock
+-- Runs of the schedule still marked running that hold no overlap lock: admitted under allow before an
+-- edit to forbid. A forbid run that took the lock skips while one goes (the orphan duty closes one
+-- whose worker is gone, a lease past its deadline).
+SELECT id FROM scheduling_schedulerun
+WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s AND holds_lock = false;
 
 -- name: running_runs_to_check
 -- Every run still marked running, with what the orphan duty needs to judge it (fixed/orphans.py):
@@ -59,7 +71,7 @@ RETURNING id;
 -- partial index schedulerun_running_idx holds only running runs).
 SELECT r.id, r.schedule_id, p.concurrency_policy, p.kind, p.active_deadline_seconds,
        p.successful_history_limit, p.failed_history_limit,
-       extract(epoch FROM now() - r.started_at)::float8 AS age_seconds
+       extract(epoch FROM now() - r.started_at)::float8 AS age_seconds, r.holds_lock, r.deadline_seconds
 FROM scheduling_schedulerun AS r
 JOIN scheduling_schedulepolicy AS p ON p.id = r.schedule_id
 WHERE r.state = 'running'

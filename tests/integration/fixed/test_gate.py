@@ -24,7 +24,7 @@ from django_celery_beat.models import PeriodicTask
 from scheduling import registry, schedules
 from scheduling import tasks as celery_tasks
 from scheduling.core import store
-from scheduling.fixed import gate, messages
+from scheduling.fixed import gate, messages, orphans
 from scheduling.models import OutcomeCounter, RunState, SchedulePolicy, ScheduleRun
 from tasks.models import Execution
 from tests.e2e import harness
@@ -526,3 +526,42 @@ def test_an_abort_interrupts_the_running_run_and_records_who_asked(make_schedule
         api.abort_schedule_run(2**70)
     with pytest.raises(exceptions.RunNotRunning, match="Schedule run past bigint does not exist"):
         api.abort_schedule_run(10**5000)  # str() refuses 4,300 digits: the message does not write it out
+
+
+def _allow_run_going(make_schedule: Callable[..., SchedulePolicy], **fields: Any) -> tuple[dt.datetime, Any, list]:
+    """An allow schedule's run, admitted and waiting in its handler on another thread."""
+    policy = make_schedule(concurrency_policy="allow", payload={"wait": True}, **fields)
+    tick = db_now().replace(microsecond=0)
+    thread, out = in_thread(lambda: gate.run("gate", tick))
+    harness.wait_for(lambda: ScheduleRun.objects.filter(schedule=policy, tick=tick).exists(), 10, message="admitted")
+    harness.wait_for(lambda: CALLS, 10, message="its handler to run")
+    return tick, thread, out
+
+
+def test_a_run_admitted_under_allow_is_not_lost_when_its_schedule_becomes_forbid(make_schedule):
+    """Edited to forbid while an allow run goes: the orphan duty judged it by the policy now (its lock "free"),
+    closed it as lost, and the next tick ran beside it. Now it is judged by what it was admitted under:
+    left running, and forbid skips the next tick while it goes. Found by review."""
+    tick, thread, out = _allow_run_going(make_schedule)
+    policy = make_schedule(concurrency_policy="forbid", payload={"wait": True})
+    assert orphans.close_orphans().closed == []
+    nxt = gate.run("gate", tick + dt.timedelta(minutes=1))
+    assert nxt.outcome == "skipped"
+    RELEASE.set()
+    thread.join(30)
+    assert out[0].outcome == "succeeded"
+    assert ScheduleRun.objects.get(schedule=policy, tick=tick).state == RunState.SUCCEEDED
+
+
+def test_a_run_admitted_under_allow_keeps_its_deadline_when_the_schedules_is_cut(make_schedule, settings):
+    """The active deadline cut from 50 s to 1 s while it runs: not closed as lost a lease past the new one."""
+    settings.SCHEDULING_LEASE_SECONDS = 1
+    tick, thread, out = _allow_run_going(make_schedule, active_deadline_seconds=50)
+    policy = make_schedule(concurrency_policy="allow", payload={"wait": True}, active_deadline_seconds=1)
+    run = ScheduleRun.objects.get(schedule=policy, tick=tick)
+    assert (run.holds_lock, run.deadline_seconds) == (False, 50.0)
+    ScheduleRun.objects.filter(pk=run.pk).update(started_at=db_now() - dt.timedelta(seconds=5))  # 5 s old: past 1 + 1
+    assert orphans.close_orphans().closed == []
+    RELEASE.set()
+    thread.join(30)
+    assert out[0].outcome == "succeeded"
