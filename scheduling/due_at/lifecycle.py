@@ -116,7 +116,7 @@ class Facts:
     owner_deleted: bool = False  # former_owner set (api.retire_owner), or its recurrence paused or cancelled
     run_alone: bool = False  # its batch died with its process once: it runs in a batch of its own
     together: bool = False  # CRASHED: it died with other unfinished jobs of its batch or chunk
-    key_waiting: bool = False  # another job of its owner and key waits (pending or claimed, first attempt)
+    key_released: bool = False  # keyed and started: out of its key's index, where a successor may now wait
 
     @property
     def spent(self) -> bool:
@@ -221,14 +221,15 @@ def _back(facts: Facts, decision: Decision, *, give_back: bool) -> Decision:
 
     A running job's key may have a waiting successor (the key's index covers waiting jobs only:
     pending on their first attempt, or claimed and not started). Given back uncharged, the job
-    would be such a waiting job again and meet it in the index: it is refunded instead (its
-    attempt stays counted and ``max_attempts`` grows by one), so it comes back as a retry beside
-    the successor, uncharged all the same.
+    would be such a waiting job again and could meet it in the index: a keyed job that started is
+    refunded instead (its attempt stays counted and ``max_attempts`` grows by one), so it comes
+    back as a retry, uncharged all the same. Whether a successor waits is not asked: one whose
+    insert has not committed is invisible, and its commit would fail the transition.
     """
     if facts.owner_deleted:
         state = JobState.CANCELLED if give_back else JobState.DEAD
         return dataclasses.replace(decision, state=state, due=Due.KEEP)
-    if decision.uncount and facts.key_waiting:
+    if decision.uncount and facts.key_released:
         return dataclasses.replace(decision, uncount=False, refund=True)
     return decision
 
@@ -257,13 +258,13 @@ def expired(state: JobState, run_alone: bool, batch_rows: int, batch_shared: boo
 # The facts a row may change while its holder decides (api.retire_owner sets former_owner and
 # max_attempts on a running job; run_alone is read with the row): the statement looks each row up
 # in its event's plan by these, as index spent * 4 + owner_deleted * 2 + run_alone. A second plan
-# of the same event holds the decisions when another job waits on the row's key (``key_waiting``):
-# the statement reads it with the row and adds 8 (``plans``).
+# of the same event holds the decisions for a keyed row that started (``key_released``): the
+# statement reads it off the row and adds 8 (``plans``).
 BRANCHES: tuple[tuple[bool, bool, bool], ...] = tuple(itertools.product((False, True), (False, True), (False, True)))
 
 
 def branch_facts(
-    event: Event, spent: bool, owner_deleted: bool, run_alone: bool, together: bool, key_waiting: bool = False
+    event: Event, spent: bool, owner_deleted: bool, run_alone: bool, together: bool, key_released: bool = False
 ) -> Facts:
     """Facts for one branch of a plan (attempts 1 of 1 when spent, 1 of 2 otherwise)."""
     return Facts(
@@ -273,23 +274,23 @@ def branch_facts(
         owner_deleted=owner_deleted,
         run_alone=run_alone,
         together=together,
-        key_waiting=key_waiting,
+        key_released=key_released,
     )
 
 
-def plan(event: Event, *, together: bool = False, key_waiting: bool = False) -> list[Decision]:
+def plan(event: Event, *, together: bool = False, key_released: bool = False) -> list[Decision]:
     """The decision of ``event`` for every branch of ``BRANCHES``, in that order (the statement indexes it)."""
     out = []
     for spent, owner_deleted, run_alone in BRANCHES:
-        decision = decide(event, branch_facts(event, spent, owner_deleted, run_alone, together, key_waiting))
+        decision = decide(event, branch_facts(event, spent, owner_deleted, run_alone, together, key_released))
         assert decision is not None  # the branch facts are in the event's state, under the token
         out.append(decision)
     return out
 
 
 def plans(event: Event, *, together: bool = False) -> list[Decision]:
-    """What the transition statement receives: ``plan`` without, then with, another job waiting on the key."""
-    return plan(event, together=together) + plan(event, together=together, key_waiting=True)
+    """What the transition statement receives: ``plan`` without, then with, ``key_released``."""
+    return plan(event, together=together) + plan(event, together=together, key_released=True)
 
 
 def encoded(decisions: list[Decision]) -> list[dict[str, object]]:

@@ -439,9 +439,10 @@ RETURNING id;
 -- chunk now() is when the chunk began). The attempt is recorded when the decision says so.
 -- An occurrence of a recurrence paused or cancelled while it was claimed takes the deleted owner's
 -- decisions (owner_deleted): given back it is cancelled, not pending again with its attempt returned.
--- A row whose key another job waits on (its owner's and key's waiting job: pending on a first attempt,
--- or claimed and not started, what scheduledjob_waiting_owner_key_uniq covers) takes its decision from
--- the plan's second half (lifecycle.plans: given back, it is refunded rather than uncounted).
+-- A keyed row that started (running: out of scheduledjob_waiting_owner_key_uniq, so a successor may
+-- wait on its key) takes its decision from the plan's second half (lifecycle.plans: given back, it
+-- is refunded rather than uncounted). Read off the row alone: a successor's insert not committed
+-- yet is invisible to a check of other rows, and its commit then failed this statement.
 WITH input AS (
     SELECT t.*
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(from_states)s::text[], %(events)s::text[],
@@ -451,11 +452,7 @@ WITH input AS (
 ), judged AS (
     SELECT input.*, j.due_at AS old_due_at, j.attempts, j.claimed_at, j.claimed_by,
            %(plans)s::jsonb -> input.event
-               -> ((CASE WHEN j.key IS NULL THEN false ELSE EXISTS (
-                        SELECT 1 FROM scheduling_scheduledjob AS w
-                        WHERE coalesce(w.owner_id, 0) = coalesce(j.owner_id, 0) AND w.key = j.key AND w.id <> j.id
-                          AND ((w.state = 'pending' AND w.attempts = 0) OR (w.state = 'claimed' AND w.attempts = 1)))
-                    END)::int * 8
+               -> ((j.key IS NOT NULL AND j.state = 'running')::int * 8
                    + (j.attempts >= j.max_attempts)::int * 4
                    + (j.former_owner <> '' OR (j.recurrence_id IS NOT NULL AND EXISTS (
                         SELECT 1 FROM scheduling_recurrence AS r

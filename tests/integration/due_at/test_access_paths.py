@@ -112,11 +112,8 @@ def test_statements_addressing_claims_by_id_read_them_by_primary_key(stale_stati
     assert len(statements) == 8
     assert sum(sql.startswith(PREPARED) for sql in statements) == 7, "all but the heartbeat are prepared"
     for sql in statements:
-        scans = set(_scans(_plan(sql))) - {WAITING_KEY}  # a keyed row's waiting successor, looked up by its key
+        scans = set(_scans(_plan(sql)))
         assert scans == {PKEY}, (scans, sql.splitlines()[0])
-
-
-WAITING_KEY = "scheduledjob_waiting_owner_key_uniq"
 
 
 def test_the_sweeper_and_the_counts_read_the_claimed_set_index(stale_statistics, run_sql):

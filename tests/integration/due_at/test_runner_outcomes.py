@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from scheduling import api, registry
 from scheduling.due_at import lease, runner, store
@@ -145,6 +145,68 @@ def test_a_snooze_beside_its_keys_waiting_successor_is_refunded_and_its_batch_ma
     assert (rows[keyed].state, rows[keyed].attempts, rows[keyed].max_attempts) == (JobState.PENDING, 1, 4)
     assert JobAttempt.objects.get(job_id=keyed).outcome == AttemptOutcome.SNOOZED
     assert (rows[SUCCESSORS[0]].state, rows[SUCCESSORS[0]].key) == (JobState.PENDING, "acct-7")
+
+
+BATCH_DONE = threading.Event()
+RUNNER_PIDS: list[int] = []
+REQUESTS: list[threading.Thread] = []
+
+
+def _snooze_while_a_successor_is_not_committed(job: registry.Job) -> None:
+    """Another request inserts the key's next job and commits only once the runner's outcome statement waits on
+    it (as it did, checking for a waiting successor and seeing none), or once the batch is done."""
+    if not job.payload.get("snooze"):
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        RUNNER_PIDS.append(cursor.fetchone()[0])
+    inserted = threading.Event()
+
+    def another_request() -> None:
+        try:
+            with transaction.atomic():  # a view under ATOMIC_REQUESTS, still at work
+                SUCCESSORS.append(api.schedule(job.kind, {}, key="acct-9", delay=3600).id)
+                inserted.set()
+                while not BATCH_DONE.wait(0.02):
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", RUNNER_PIDS)
+                        if cursor.fetchone()[0] == "Lock":
+                            break
+        finally:
+            connection.close()
+
+    REQUESTS.append(threading.Thread(target=another_request))
+    REQUESTS[-1].start()
+    assert inserted.wait(10)
+    raise registry.Snooze(30)
+
+
+registry.handler("outc.keyrace.atomic", **OPTIONS)(_snooze_while_a_successor_is_not_committed)
+registry.handler("outc.keyrace.committing", atomic=False, **OPTIONS)(_snooze_while_a_successor_is_not_committed)
+
+
+@pytest.mark.parametrize("kind", ["outc.keyrace.atomic", "outc.keyrace.committing"])
+def test_a_snooze_while_its_keys_successor_is_inserted_but_not_committed_is_refunded(kind):
+    """The successor's insert is not committed when the runner gives the snoozed job back: a check for a waiting
+    successor saw none, uncounted the job into the key's index, waited on the insert and failed at its commit
+    (the batch lost, or IntegrityError out of run_batch). A keyed job that started is refunded, read off its row."""
+    SUCCESSORS.clear()
+    RUNNER_PIDS.clear()
+    REQUESTS.clear()
+    BATCH_DONE.clear()
+    mate = api.schedule(kind, {}, delay=60).id
+    keyed = api.schedule(kind, {"snooze": True}, key="acct-9", delay=60).id
+    try:
+        report = _run_due()
+    finally:
+        BATCH_DONE.set()
+        for request in REQUESTS:
+            request.join(20)
+    assert report.succeeded == 1
+    rows = {j.pk: j for j in ScheduledJob.objects.all()}
+    assert rows[mate].state == JobState.DONE
+    assert (rows[keyed].state, rows[keyed].attempts, rows[keyed].max_attempts) == (JobState.PENDING, 1, 4)
+    assert rows[SUCCESSORS[0]].state == JobState.PENDING
 
 
 @pytest.mark.parametrize("kind", KINDS)

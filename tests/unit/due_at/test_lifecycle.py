@@ -180,23 +180,23 @@ def test_a_job_given_back_uncharged_beside_its_keys_waiting_job_is_refunded_not_
     (a unique violation that lost its batch); refunded, it comes back as a retry, uncharged all the same."""
     facts = Facts(state=lifecycle.FROM_STATES[event][0])
     alone = lifecycle.decide(event, facts)
-    beside = lifecycle.decide(event, Facts(state=facts.state, key_waiting=True))
+    beside = lifecycle.decide(event, Facts(state=facts.state, key_released=True))
     assert alone is not None
     assert beside is not None
     assert (alone.state, alone.uncount, alone.refund) == (JobState.PENDING, True, False)
     assert (beside.state, beside.uncount, beside.refund) == (JobState.PENDING, False, True)
     assert (beside.due, beside.record) == (alone.due, alone.record)
-    deleted = lifecycle.decide(event, Facts(state=facts.state, key_waiting=True, owner_deleted=True))
+    deleted = lifecycle.decide(event, Facts(state=facts.state, key_released=True, owner_deleted=True))
     assert deleted is not None
     assert deleted.state == JobState.CANCELLED, "the deleted-owner rule first"
 
 
 def test_the_statement_receives_the_plan_without_then_with_a_waiting_job_on_the_key():
-    """lifecycle.plans: 16 decisions, the statement adds 8 to its index when another job waits on the key."""
+    """lifecycle.plans: 16 decisions, the statement adds 8 to its index for a keyed row that started."""
     for event in Event:
         both = lifecycle.plans(event)
         assert both[:8] == lifecycle.plan(event)
-        assert both[8:] == lifecycle.plan(event, key_waiting=True)
+        assert both[8:] == lifecycle.plan(event, key_released=True)
         changed = [i for i in range(8) if both[i] != both[8 + i]]
         assert all(both[i].uncount and both[8 + i].refund for i in changed), event
         assert bool(changed) == (event in UNCOUNTED), event
