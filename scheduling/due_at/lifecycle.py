@@ -24,10 +24,10 @@ in SQL. One backoff (``registry.Backoff.delay``) gives every retry's delay.
 The deleted-owner rule (docs/security.md, "Deleting a user"), one for every path: a job whose owner
 was deleted never returns to pending. Nor does an occurrence of a recurrence paused or cancelled
 while it was claimed or running (pausing and cancelling give it no retry: its budget becomes its
-spent attempts); the statement reads that as the same fact. Given back without having failed (a claim never sent, a
-worker's shutdown, a message lost, a batch or chunk that died together and is refunded) it is
-cancelled; an attempt of its own that failed (a failure, a timeout, a crash charged to it) was its
-last, and it is dead.
+spent attempts, and ``retired`` on its row); the statement reads that as the same fact. Given
+back without having failed (a claim never sent, a worker's shutdown, a message lost, a batch or
+chunk that died together and is refunded) it is cancelled; an attempt of its own that failed (a
+failure, a timeout, a crash charged to it) was its last, and it is dead.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Facts:
     token_matches: bool = True  # the caller's claim token is the row's: False for a claim taken back
     attempts: int = 1  # attempts made, this one included (the claim counts it)
     max_attempts: int = 3
-    owner_deleted: bool = False  # former_owner set (api.retire_owner), or its recurrence paused or cancelled
+    owner_deleted: bool = False  # former_owner set (api.retire_owner), or retired by its recurrence's pause
     run_alone: bool = False  # its batch died with its process once: it runs in a batch of its own
     together: bool = False  # CRASHED: it died with other unfinished jobs of its batch or chunk
     key_released: bool = False  # keyed and started: out of its key's index, where a successor may now wait

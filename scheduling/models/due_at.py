@@ -176,6 +176,13 @@ class ScheduledJob(models.Model):
     )
     # Written when the owner is deleted (scheduling.api.retire_owner): owner is then empty, and this keeps the
     # job from reading as the system's (a handler asking job.owner_id gets OwnerDeleted).
+    retired = models.BooleanField(
+        "retired",
+        default=False,
+        db_default=False,
+        help_text="Its recurrence was paused or cancelled while it was claimed or running: it finishes the "
+        "attempt it is on and never returns to pending.",
+    )
     former_owner = models.CharField(
         "former owner",
         max_length=200,

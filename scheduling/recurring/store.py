@@ -156,8 +156,16 @@ def set_recurrences_state(ids: Sequence[int], state: str, from_states: Sequence[
 
 def cancel_pending_occurrences(recurrence_ids: Sequence[int], reason: str) -> list[int]:
     """Stop each recurrence's occurrences: pending ones (retries too) cancelled with ``reason`` as their last
-    error, a running one left no retry. Returns the jobs cancelled."""
-    return SQL.fetch_values("cancel_pending_occurrences", {"ids": list(recurrence_ids), "reason": reason})
+    error, a claimed or running one left no retry and retired. Returns the jobs cancelled.
+
+    Two statements: the live occurrences are locked first (waiting for a chunk that runs one), so the
+    second sees what that chunk left.
+    """
+    if not recurrence_ids:
+        return []
+    params = {"ids": list(recurrence_ids), "reason": reason}
+    SQL.fetch_values("lock_live_occurrences", params)
+    return SQL.fetch_values("cancel_pending_occurrences", params)
 
 
 def pause_recurrences_for(reasons: Sequence[tuple[int, str]]) -> list[int]:

@@ -437,8 +437,9 @@ RETURNING id;
 -- first (FOR UPDATE re-reads a row changed meanwhile), so the decision follows what the row says now.
 -- A retry is due after %(delays)s seconds from this statement (clock_timestamp(): inside an atomic
 -- chunk now() is when the chunk began). The attempt is recorded when the decision says so.
--- An occurrence of a recurrence paused or cancelled while it was claimed takes the deleted owner's
--- decisions (owner_deleted): given back it is cancelled, not pending again with its attempt returned.
+-- An occurrence retired by its recurrence's pause or cancel (retired, on the row: read under its
+-- lock, where the recurrence's state would be read in this statement's older snapshot) takes the
+-- deleted owner's decisions (owner_deleted): given back it is cancelled, not pending again.
 -- A keyed row that started (running: out of scheduledjob_waiting_owner_key_uniq, so a successor may
 -- wait on its key) takes its decision from the plan's second half (lifecycle.plans: given back, it
 -- is refunded rather than uncounted). Read off the row alone: a successor's insert not committed
@@ -454,9 +455,7 @@ WITH input AS (
            %(plans)s::jsonb -> input.event
                -> ((j.key IS NOT NULL AND j.state = 'running')::int * 8
                    + (j.attempts >= j.max_attempts)::int * 4
-                   + (j.former_owner <> '' OR (j.recurrence_id IS NOT NULL AND EXISTS (
-                        SELECT 1 FROM scheduling_recurrence AS r
-                        WHERE r.id = j.recurrence_id AND r.state IN ('paused', 'cancelled'))))::int * 2
+                   + (j.former_owner <> '' OR j.retired)::int * 2
                    + j.run_alone::int) AS d
     FROM input
     JOIN scheduling_scheduledjob AS j

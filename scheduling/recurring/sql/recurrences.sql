@@ -92,10 +92,20 @@ SET state = %(state)s, paused_reason = '', updated_at = now()
 WHERE id = ANY(%(ids)s::bigint[]) AND state = ANY(%(from_states)s::text[])
 RETURNING id;
 
+-- name: lock_live_occurrences
+-- Pause, cancel, end: first the recurrences' unfinished occurrences are locked (a running atomic chunk
+-- holds its row until it commits: this waits for it), so the statements after this one, each with a
+-- snapshot of its own, see what the chunk left (a snoozed or failed occurrence pending again).
+SELECT id FROM scheduling_scheduledjob
+WHERE recurrence_id = ANY(%(ids)s::bigint[]) AND NOT (state IN ('done', 'cancelled', 'dead'))
+ORDER BY id
+FOR UPDATE;
+
 -- name: cancel_pending_occurrences
 -- Stop the occurrences of the given recurrences (pause, cancel, end): a pending one, first run or
 -- retry alike, is cancelled; a claimed or running one runs on with the attempt it has and no
--- retry (its budget becomes the attempts spent, so a failure makes it dead, not pending again).
+-- retry (its budget becomes the attempts spent, so a failure makes it dead, not pending again) and
+-- is retired (given back without having failed, it is cancelled: due_at/lifecycle.py).
 -- Both walk the one-live-occurrence index. Returns the jobs cancelled, which say why in last_error
 -- (their page shows it; the audit record of the operator's action names them).
 WITH cancelled AS (
@@ -105,9 +115,9 @@ WITH cancelled AS (
     RETURNING j.id
 ), last_attempt AS (
     UPDATE scheduling_scheduledjob AS j
-    SET max_attempts = j.attempts, updated_at = now()
-    WHERE j.recurrence_id = ANY(%(ids)s::bigint[]) AND NOT (j.state IN ('done', 'cancelled', 'dead'))
-      AND j.state <> 'pending' AND j.attempts >= 1 AND j.max_attempts > j.attempts
+    SET max_attempts = CASE WHEN j.attempts >= 1 THEN least(j.max_attempts, j.attempts) ELSE j.max_attempts END,
+        retired = true, updated_at = now()
+    WHERE j.recurrence_id = ANY(%(ids)s::bigint[]) AND j.state IN ('claimed', 'running')
     RETURNING j.id
 )
 SELECT id FROM cancelled;
@@ -123,12 +133,20 @@ RETURNING r.id;
 
 -- name: adopt_live_occurrence
 -- Resume: a recurrence whose occurrence still runs (claimed before the pause) makes it its latest,
--- so the planner plans the next once it has finished (the one-live-occurrence index allows no other).
-UPDATE scheduling_recurrence AS r
-SET current_job_id = o.id, current_at = o.occurrence_at, updated_at = now()
-FROM scheduling_scheduledjob AS o
-WHERE r.id = %(id)s AND o.recurrence_id = r.id AND NOT (o.state IN ('done', 'cancelled', 'dead'))
-RETURNING o.id;
+-- so the planner plans the next once it has finished (the one-live-occurrence index allows no other);
+-- the occurrence is no longer retired (given back, it is pending again; its budget stays as the pause
+-- left it).
+WITH adopted AS (
+    UPDATE scheduling_recurrence AS r
+    SET current_job_id = o.id, current_at = o.occurrence_at, updated_at = now()
+    FROM scheduling_scheduledjob AS o
+    WHERE r.id = %(id)s AND o.recurrence_id = r.id AND NOT (o.state IN ('done', 'cancelled', 'dead'))
+    RETURNING o.id
+), unretired AS (
+    UPDATE scheduling_scheduledjob AS j SET retired = false, updated_at = now()
+    FROM adopted WHERE j.id = adopted.id AND j.retired
+)
+SELECT id FROM adopted;
 
 -- name: owner_recurrences
 -- An owner's recurrences that may still plan (active or paused), counted up to limit + 1 (the

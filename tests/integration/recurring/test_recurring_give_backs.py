@@ -10,7 +10,11 @@ And an occurrence cancelled with its recurrence says why, and its history names 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+from django.db import connection, transaction
 
 from scheduling import api, registry
 from scheduling.due_at import lease, runner
@@ -93,3 +97,88 @@ def test_an_occurrence_cancelled_with_its_recurrence_says_why_and_its_history_na
         admin_user,
         [recurrence.id],
     )
+
+
+RACE: dict = {}
+OPERATORS: list[threading.Thread] = []
+
+
+def _waits_on_a_lock(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return bool(row and row[0] == "Lock")
+
+
+def _paused_meanwhile(job: registry.Job) -> None:
+    """While the handler runs, an operator pauses its recurrence, in a transaction that commits only once the
+    runner's outcome statement waits on it; the handler then snoozes or fails."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        runner_pid = cursor.fetchone()[0]
+    paused = threading.Event()
+    operator_pid: list[int] = []
+
+    def operator() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                operator_pid.append(cursor.fetchone()[0])
+            with transaction.atomic():
+                api.pause_recurrence(RACE["recurrence_id"])
+                paused.set()
+                deadline = time.monotonic() + 3
+                while time.monotonic() < deadline and not _waits_on_a_lock(runner_pid):
+                    time.sleep(0.02)
+        finally:
+            connection.close()
+
+    OPERATORS.append(threading.Thread(target=operator))
+    OPERATORS[-1].start()
+    deadline = time.monotonic() + 5  # the pause ran (committing kind) or waits on this chunk's row (atomic)
+    while (
+        time.monotonic() < deadline and not paused.is_set() and not (operator_pid and _waits_on_a_lock(operator_pid[0]))
+    ):
+        time.sleep(0.02)
+    if RACE["do"] == "snooze":
+        raise registry.Snooze(0)
+    raise RuntimeError("failing on purpose")
+
+
+registry.handler("giveback.race.atomic", schema={"type": "object"}, timeout=10, max_attempts=3)(_paused_meanwhile)
+registry.handler("giveback.race.committing", schema={"type": "object"}, timeout=10, max_attempts=3, atomic=False)(
+    _paused_meanwhile
+)
+
+
+@pytest.mark.parametrize("do", ["snooze", "fail"])
+@pytest.mark.parametrize("kind", ["giveback.race.atomic", "giveback.race.committing"])
+def test_a_pause_racing_its_occurrences_outcome_leaves_it_finished_not_pending(kind, do):
+    """Committing: the give-back waited on the pause's lock and read the recurrence as active in its older
+    snapshot. Atomic: the pause waited on the chunk, whose give-back or retry then left the job pending
+    where the pause's statements, with their snapshot from before, did not look. Found by review."""
+    RACE.clear()
+    OPERATORS.clear()
+    recurrence = api.recur(kind, {}, key="k", every=3600)
+    RACE.update(recurrence_id=recurrence.id, do=do)
+    (job,) = ScheduledJob.objects.filter(recurrence_id=recurrence.id)
+    support.make_due(job.id)
+    claims = [(c.id, c.token) for c in jobs_store.claim_due_jobs(10)]
+    try:
+        runner.run_batch(claims)
+    finally:
+        for thread in OPERATORS:
+            thread.join(20)
+    job.refresh_from_db()
+    assert job.state in (JobState.CANCELLED, JobState.DEAD), (job.state, job.attempts, job.max_attempts)
+
+
+def test_resume_adopts_a_claimed_occurrence_and_it_is_no_longer_retired():
+    """Paused while claimed, resumed before it ran: it is the recurrence's again, so given back it is pending."""
+    recurrence_id, claims, job_id = _claimed_occurrence("demo.noop")
+    api.pause_recurrence(recurrence_id)
+    assert ScheduledJob.objects.get(pk=job_id).retired
+    api.resume_recurrence(recurrence_id)
+    assert not ScheduledJob.objects.get(pk=job_id).retired
+    runner._give_back(claims, running=None)
+    assert ScheduledJob.objects.get(pk=job_id).state == JobState.PENDING
