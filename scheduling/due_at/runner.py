@@ -680,7 +680,7 @@ class _Statements:
         return owed
 
 
-_SETS = re.compile(r"\s*(?:SET|RESET)\s+(?!CONSTRAINTS\b)", re.IGNORECASE)
+_SETS = re.compile(r"\s*(?:(?:/\*.*?\*/|--[^\n]*\n)\s*)*(?:SET|RESET)\s+(?!CONSTRAINTS\b)", re.IGNORECASE | re.DOTALL)
 _SET_CONFIG = re.compile(r"\bset_config\s*\(", re.IGNORECASE)
 
 
@@ -690,7 +690,8 @@ def _changes_settings(sql: str) -> bool:
     A job's ``SET LOCAL statement_timeout`` or ``search_path`` outlived it: its savepoint is released,
     not rolled back, so later jobs of the chunk failed on its timeout and the runner's own outcome
     statement on its search path (the job then ran again until dead, its handler succeeding each
-    time). ``SET CONSTRAINTS`` is the check's business (``sql/isolation.sql``).
+    time). ``SET CONSTRAINTS`` is the check's business (``sql/isolation.sql``). Leading comments
+    (a tracer's ``/* ... */``) are passed over; a ``SET`` inside a function or a ``DO`` block is not seen.
     """
     return bool(_SETS.match(sql) or _SET_CONFIG.search(sql))
 
