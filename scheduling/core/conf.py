@@ -61,7 +61,7 @@ class Settings:
     fixed_max_catch_up: int = 100  # ticks: the most catch-up runs one planning step sends (run_all)
     fixed_recheck_seconds: float = 60.0  # beat re-reads a fixed-time schedule at least this often
     fixed_replace_wait_seconds: float = 10.0  # replace: how long a new run waits for the stopped one's lock
-    fixed_clock_sync_seconds: float = 30.0  # beat reads the database clock this often; time.monotonic() counts in between (not the host clock)
+    fixed_clock_sync_seconds: float = 30.0  # beat reads the database clock this often; time.monotonic() in between
     fixed_min_interval_seconds: float = 60.0  # non-superusers' schedules: ticks at least this far apart (admin)
     # --- recurrences ----------------------------------------------------------------------------------
     recurrence_plan_interval_seconds: float = 1.0  # the leader plans next occurrences at least this often
