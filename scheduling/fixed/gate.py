@@ -193,12 +193,14 @@ def _admit(
             error = f"the previous run did not stop within {wait:g}s (replace)"
             return _finish(policy, entry, RunState.SKIPPED, error, 1, log)
     if lock is not None:
-        if policy.concurrency_policy == ConcurrencyPolicy.FORBID and store.running_runs_without_lock(
-            policy.pk, entry.id
-        ):
+        unlocked = store.running_runs_without_lock(policy.pk, entry.id)  # admitted under allow, before an edit
+        if unlocked and policy.concurrency_policy == ConcurrencyPolicy.FORBID:
             error = "the previous run is still going (forbid; it was admitted under allow, before an edit)"
             return _finish(policy, entry, RunState.SKIPPED, error, 1, log)
-        _close_orphans(policy, entry, log)
+        for previous in store.running_schedule_runs(policy.pk, entry.id) if unlocked else ():
+            if previous.id in unlocked:
+                _stop(previous, log)  # replace: it holds no lock to wait for; it is marked replaced below
+        _close_orphans(policy, entry, log, unlocked_too=bool(unlocked))
     return entry, kind
 
 
@@ -235,29 +237,34 @@ def _replace_previous(
 ) -> bool:
     """Stop the running run(s) of the schedule and wait for the lock; True once it is held."""
     for previous in store.running_schedule_runs(policy.pk, entry.id):
-        if not previous.task_id:
-            logger.warning(
-                "cannot stop the previous run: it has no Celery task id",
-                extra={**log, "previous_run_id": previous.id, "action": "replace_unstoppable"},
-            )
-            continue
-        current_app.control.revoke(previous.task_id, terminate=True, signal="SIGTERM")
-        logger.info(
-            "stopping the previous run (replace)",
-            extra={
-                **log,
-                "previous_run_id": previous.id,
-                "previous_tick": previous.tick.isoformat(),
-                "worker": previous.worker,
-                "action": "replace_revoke",
-            },
-        )
+        _stop(previous, log)
     deadline = time.monotonic() + conf.get().fixed_replace_wait_seconds
     while time.monotonic() < deadline:
         time.sleep(LOCK_POLL_SECONDS)
         if lock.try_acquire():
             return True
     return False
+
+
+def _stop(previous: store.RunningRun, log: dict[str, Any]) -> None:
+    """Revoke a running run's Celery task (``terminate``: its worker stops the handler)."""
+    if not previous.task_id:
+        logger.warning(
+            "cannot stop the previous run: it has no Celery task id",
+            extra={**log, "previous_run_id": previous.id, "action": "replace_unstoppable"},
+        )
+        return
+    current_app.control.revoke(previous.task_id, terminate=True, signal="SIGTERM")
+    logger.info(
+        "stopping the previous run (replace)",
+        extra={
+            **log,
+            "previous_run_id": previous.id,
+            "previous_tick": previous.tick.isoformat(),
+            "worker": previous.worker,
+            "action": "replace_revoke",
+        },
+    )
 
 
 def _deadline_seconds(policy: SchedulePolicy) -> float | None:
@@ -270,13 +277,19 @@ def _deadline_seconds(policy: SchedulePolicy) -> float | None:
         return None  # the run fails at once (_admit)
 
 
-def _close_orphans(policy: SchedulePolicy, entry: store.LedgerEntry, log: dict[str, Any]) -> None:
-    """With the lock held, no other run of the schedule can be going: close rows still saying so."""
+def _close_orphans(
+    policy: SchedulePolicy, entry: store.LedgerEntry, log: dict[str, Any], *, unlocked_too: bool = False
+) -> None:
+    """With the lock held, no other run of the schedule that took it can be going: close rows still saying so.
+
+    ``unlocked_too``: replace also marks the runs admitted under allow (no lock), which it has just stopped.
+    """
     if policy.concurrency_policy == ConcurrencyPolicy.REPLACE:
         state, error = RunState.REPLACED, f"stopped for the run of {entry.tick.isoformat()}"
     else:
         state, error = RunState.FAILED, "the worker running it was lost (its lock was released without an outcome)"
-    closed = store.close_other_running_runs(policy.pk, entry.id, state, error)
+    replacing = unlocked_too and policy.concurrency_policy == ConcurrencyPolicy.REPLACE
+    closed = store.close_other_running_runs(policy.pk, entry.id, state, error, unlocked_too=replacing)
     if closed:
         replaced = state == RunState.REPLACED
         message = "marked the stopped runs replaced" if replaced else "closed runs whose worker is gone"

@@ -85,8 +85,17 @@ def running_runs_without_lock(schedule_id: int, exclude_id: int) -> list[int]:
     return SQL.fetch_values("running_runs_without_lock", {"schedule_id": schedule_id, "id": exclude_id})
 
 
-def close_other_running_runs(schedule_id: int, exclude_id: int, state: RunState, error: str) -> list[int]:
-    params = {"schedule_id": schedule_id, "id": exclude_id, "state": state, "error": error}
+def close_other_running_runs(
+    schedule_id: int, exclude_id: int, state: RunState, error: str, *, unlocked_too: bool = False
+) -> list[int]:
+    """Close the schedule's other running runs that took its lock (and, ``unlocked_too``, those that did not)."""
+    params = {
+        "schedule_id": schedule_id,
+        "id": exclude_id,
+        "state": state,
+        "error": error,
+        "unlocked_too": unlocked_too,
+    }
     return SQL.fetch_values("close_other_running_runs", params)
 
 

@@ -184,10 +184,13 @@ RETURNING id;
 -- A job with a uniqueness window leaves it when dead does not hold it (another may hold it by now).
 -- A deleted owner's job (former_owner set) stays dead: it never returns to pending (its key would
 -- then be the system's, owner_id being NULL: a system schedule() of that key met the user's job).
--- An occurrence retired by its recurrence's pause comes back as an operator's choice: no longer retired.
+-- An occurrence comes back retired while its recurrence is not active (an operator's choice to run it
+-- once: given back, it is cancelled, as when the pause found it running).
 UPDATE scheduling_scheduledjob AS j
 SET state = 'pending', attempts = 0, due_at = now(), finished_at = NULL, token = NULL, claimed_at = NULL,
-    heartbeat_at = NULL, claimed_by = '', retired = false, updated_at = now(),
+    heartbeat_at = NULL, claimed_by = '', updated_at = now(),
+    retired = j.recurrence_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM scheduling_recurrence AS r WHERE r.id = j.recurrence_id AND r.state = 'active'),
     unique_key = CASE WHEN 'dead' = ANY(j.unique_states) THEN j.unique_key END
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'dead' AND j.former_owner = ''
   AND (j.recurrence_id IS NULL OR (

@@ -51,11 +51,13 @@ ORDER BY tick;
 -- was admitted holding it cannot be running (it would hold the lock), so its process died or was
 -- stopped. Replace marks them 'replaced'; forbid marks them 'failed' with the reason. A run admitted
 -- under allow (before an edit to forbid or replace) holds no lock: it may be running, and is left
--- to its outcome or to the orphan duty's deadline. A run admitted by a release before this one
--- (holds_lock empty) is closed as before.
+-- to its outcome or to the orphan duty's deadline; but replace, which has revoked its task, marks
+-- it too (unlocked_too). A run admitted by a release before this one (holds_lock empty) is closed
+-- as before.
 UPDATE scheduling_schedulerun
 SET state = %(state)s, error = %(error)s, finished_at = now()
-WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s AND holds_lock IS DISTINCT FROM false
+WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
+  AND (holds_lock IS DISTINCT FROM false OR %(unlocked_too)s::boolean)
 RETURNING id;
 
 -- name: running_runs_without_lock

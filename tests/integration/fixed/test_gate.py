@@ -565,3 +565,18 @@ def test_a_run_admitted_under_allow_keeps_its_deadline_when_the_schedules_is_cut
     RELEASE.set()
     thread.join(30)
     assert out[0].outcome == "succeeded"
+
+
+def test_replace_stops_and_marks_a_run_admitted_under_allow_before_the_edit(make_schedule):
+    """Edited to replace while an allow run goes: the next tick takes the free lock; the allow run (no lock to
+    wait for) is revoked and marked replaced, not left running beside it (found by review)."""
+    tick, thread, out = _allow_run_going(make_schedule)
+    policy = make_schedule(concurrency_policy="replace", payload={})
+    nxt = gate.run("gate", tick + dt.timedelta(minutes=1))
+    assert nxt.outcome == "succeeded"
+    first = ScheduleRun.objects.get(schedule=policy, tick=tick)
+    assert first.state == RunState.REPLACED
+    RELEASE.set()
+    thread.join(30)
+    assert out[0].outcome != "succeeded", "its own outcome came after it was replaced"
+    assert ScheduleRun.objects.get(pk=first.pk).state == RunState.REPLACED

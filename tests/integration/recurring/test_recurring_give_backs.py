@@ -182,3 +182,21 @@ def test_resume_adopts_a_claimed_occurrence_and_it_is_no_longer_retired():
     assert not ScheduledJob.objects.get(pk=job_id).retired
     runner._give_back(claims, running=None)
     assert ScheduledJob.objects.get(pk=job_id).state == JobState.PENDING
+
+
+@pytest.mark.parametrize("stop", ["cancel_recurrence", "pause_recurrence"])
+def test_a_dead_occurrence_of_a_stopped_recurrence_retried_runs_once_and_a_give_back_cancels_it(stop):
+    """The operator's retry from dead runs it (their choice), but it stays retired while its recurrence is stopped:
+    un-retired, a give-back made it pending again (found by review)."""
+    from django.utils import timezone
+
+    recurrence_id, _, job_id = _claimed_occurrence("demo.noop")
+    getattr(api, stop)(recurrence_id)
+    ScheduledJob.objects.filter(pk=job_id).update(
+        state=JobState.DEAD, token=None, claimed_at=None, finished_at=timezone.now()
+    )  # its last attempt failed under the stop
+    assert api.retry_dead_many([job_id]).changed == (job_id,)
+    assert ScheduledJob.objects.get(pk=job_id).retired
+    support.make_due(job_id)
+    runner._give_back([(c.id, c.token) for c in jobs_store.claim_due_jobs(10)], running=None)
+    assert ScheduledJob.objects.get(pk=job_id).state == JobState.CANCELLED
