@@ -694,10 +694,7 @@ def set_job_states(changes: Sequence[Change], *, asynchronous: bool = False) -> 
 
 def transition_params(changes: Sequence[Change]) -> dict[str, Any]:
     """The parameters of ``set_job_states`` for ``changes``: the rows, and the plans of their events."""
-    plans = {
-        c.plan_name: lifecycle.encoded(lifecycle.plans(c.event, together=c.together))
-        for c in {c.plan_name: c for c in changes}.values()
-    }
+    plans = {c.plan_name: _encoded_plans(c.event, c.together) for c in {c.plan_name: c for c in changes}.values()}
     return {
         "ids": [c.id for c in changes],
         "tokens": [c.token for c in changes],
@@ -710,6 +707,12 @@ def transition_params(changes: Sequence[Change]) -> dict[str, Any]:
         "tracebacks": [c.traceback for c in changes],
         "plans": json.dumps(plans),
     }
+
+
+@functools.cache
+def _encoded_plans(event: lifecycle.Event, together: bool) -> list[dict[str, object]]:
+    """An event's plans as the statement reads them: the same for every call, so made once per process."""
+    return lifecycle.encoded(lifecycle.plans(event, together=together))
 
 
 def _outcome_change(o: Outcome) -> Change:

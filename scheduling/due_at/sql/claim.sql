@@ -444,7 +444,9 @@ RETURNING id;
 -- wait on its key) takes its decision from the plan's second half (lifecycle.plans: given back, it
 -- is refunded rather than uncounted). Read off the row alone: a successor's insert not committed
 -- yet is invisible to a check of other rows, and its commit then failed this statement.
-WITH input AS (
+WITH plans AS MATERIALIZED (  -- parsed once: a parameter's cast in the row expression is evaluated per row
+    SELECT %(plans)s::jsonb AS by_event
+), input AS (
     SELECT t.*
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(from_states)s::text[], %(events)s::text[],
                 %(delays)s::float8[], %(errors)s::text[], %(started)s::timestamptz[], %(finished)s::timestamptz[],
@@ -452,12 +454,13 @@ WITH input AS (
          AS t(id, token, from_states, event, delay, error, started_at, finished_at, traceback)
 ), judged AS (
     SELECT input.*, j.due_at AS old_due_at, j.attempts, j.claimed_at, j.claimed_by,
-           %(plans)s::jsonb -> input.event
+           plans.by_event -> input.event
                -> ((j.key IS NOT NULL AND j.state = 'running')::int * 8
                    + (j.attempts >= j.max_attempts)::int * 4
                    + (j.former_owner <> '' OR j.retired)::int * 2
                    + j.run_alone::int) AS d
     FROM input
+    CROSS JOIN plans
     JOIN scheduling_scheduledjob AS j
       ON j.id = input.id AND j.token = input.token AND j.state = ANY(string_to_array(input.from_states, ','))
     FOR UPDATE OF j
