@@ -321,13 +321,11 @@ def invoke(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Res
 
 def _call(kind: registry.Kind, job: registry.Job, timeout: float | None) -> Result:
     owns_deadline = False
-    asked = aborts.requested(job.id, job.token)
-    if asked is not None:  # aborted while it waited in its batch: it does not start
-        logger.info("job aborted before it started", extra={**_log(kind, job), "action": "aborted"})
-        return Result(ABORTED, asked)
     try:
         with alarms(), deadline(timeout) as owns_deadline, aborts.running(job.id, job.token):
-            asked = aborts.requested(job.id, job.token)  # asked between the check above and running(): no poke came
+            # Aborted while it waited in its batch, or just before running() marked it (no poke came
+            # then): asked once it is marked, so a request read at any moment stops it. It does not start.
+            asked = aborts.requested(job.id, job.token)
             if asked is not None:
                 raise JobAborted(asked)
             kind.func(job)
