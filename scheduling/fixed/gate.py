@@ -193,13 +193,13 @@ def _admit(
             error = f"the previous run did not stop within {wait:g}s (replace)"
             return _finish(policy, entry, RunState.SKIPPED, error, 1, log)
     if lock is not None:
-        unlocked = store.running_runs_without_lock(policy.pk, entry.id)  # admitted under allow, before an edit
+        # Runs admitted under allow before an edit hold no lock: forbid waits for them, replace stops them.
+        unlocked = [r for r in store.running_schedule_runs(policy.pk, entry.id) if r.holds_lock is False]
         if unlocked and policy.concurrency_policy == ConcurrencyPolicy.FORBID:
             error = "the previous run is still going (forbid; it was admitted under allow, before an edit)"
             return _finish(policy, entry, RunState.SKIPPED, error, 1, log)
-        for previous in store.running_schedule_runs(policy.pk, entry.id) if unlocked else ():
-            if previous.id in unlocked:
-                _stop(previous, log)  # replace: it holds no lock to wait for; it is marked replaced below
+        for previous in unlocked:
+            _stop(previous, log)  # replace: it holds no lock to wait for; it is marked replaced below
         _close_orphans(policy, entry, log, unlocked_too=bool(unlocked))
     return entry, kind
 

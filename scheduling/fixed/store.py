@@ -73,16 +73,12 @@ class RunningRun:
     task_id: str  # its Celery task id ('' when unknown)
     worker: str
     tick: dt.datetime
+    holds_lock: bool | None = None  # False: admitted under allow, before an edit (it holds no lock)
 
 
 def running_schedule_runs(schedule_id: int, exclude_id: int) -> list[RunningRun]:
     """The schedule's other runs marked running, oldest tick first."""
     return SQL.fetch_all(RunningRun, "running_schedule_runs", {"schedule_id": schedule_id, "id": exclude_id})
-
-
-def running_runs_without_lock(schedule_id: int, exclude_id: int) -> list[int]:
-    """The schedule's other runs marked running that hold no overlap lock (admitted under allow)."""
-    return SQL.fetch_values("running_runs_without_lock", {"schedule_id": schedule_id, "id": exclude_id})
 
 
 def close_other_running_runs(

@@ -40,8 +40,10 @@ WHERE id = %(id)s AND state = 'running'
 RETURNING id;
 
 -- name: running_schedule_runs
--- Other runs of the schedule still marked running (replace stops them by their Celery task id).
-SELECT id, task_id, worker, tick
+-- Other runs of the schedule still marked running (replace stops them by their Celery task id), and
+-- whether each took the overlap lock (false: admitted under allow before an edit; empty: an older
+-- release's row).
+SELECT id, task_id, worker, tick, holds_lock
 FROM scheduling_schedulerun
 WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
 ORDER BY tick;
@@ -59,13 +61,6 @@ SET state = %(state)s, error = %(error)s, finished_at = now()
 WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s
   AND (holds_lock IS DISTINCT FROM false OR %(unlocked_too)s::boolean)
 RETURNING id;
-
--- name: running_runs_without_lock
--- Runs of the schedule still marked running that hold no overlap lock: admitted under allow before an
--- edit to forbid. A forbid run that took the lock skips while one goes (the orphan duty closes one
--- whose worker is gone, a lease past its deadline).
-SELECT id FROM scheduling_schedulerun
-WHERE schedule_id = %(schedule_id)s AND state = 'running' AND id <> %(id)s AND holds_lock = false;
 
 -- name: running_runs_to_check
 -- Every run still marked running, with what the orphan duty needs to judge it (fixed/orphans.py):
