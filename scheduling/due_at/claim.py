@@ -17,7 +17,7 @@ free message. Claims the broker refused are given back at once (``store.unclaim_
 never taken. So at every moment of a burst at most (bound x batch size) rows are claimed and not
 started, and each waits at most for the messages ahead of it. A claimed row's lease starts when its batch
 starts (``store.start_jobs``); until then the sweeper leaves it alone while its message is still
-in the queue (``broker.queued_claim_ids``). The control loop refills a queue once it has room
+in the queue or held by a worker (``holdings.claim_ids_in_flight``). The control loop refills a queue once it has room
 for half its bound (``refill_room``), not after each batch a worker takes: a claim of two batches
 costs about what one of one does (the statement's planning, the rooms read from Redis, the turn),
 and the batches still queued keep the workers busy meanwhile. Its claims of rate-limited kinds
