@@ -88,3 +88,6 @@ def test_jobs_that_set_nothing_share_their_chunk():
     assert not runner._changes_settings("UPDATE tasks_execution SET kind = 'x' WHERE id = 1")
     assert not runner._changes_settings("SET CONSTRAINTS ALL IMMEDIATE")
     assert runner._changes_settings("  RESET search_path")
+    # keywords in any case (the quick look for "set" before the regexes must not miss one)
+    assert runner._changes_settings("sEt LOCAL statement_timeout = '50ms'")
+    assert runner._changes_settings("SELECT sET_CONFIG('search_path', 'pg_catalog', true)")
