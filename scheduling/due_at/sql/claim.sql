@@ -36,11 +36,14 @@ FROM (SELECT kind FROM scheduling_kindcontrol
 -- in the same transaction (store.claim_due_jobs does): that is what makes the caps exact.
 --
 -- Order: higher priority first, then earlier due_at (then id). PostgreSQL has no skip scan, so the
--- priorities (0-9) are walked one at a time, highest first: one branch per priority, each a range
--- scan of a partial index bounded by due_at <= now() ((priority, due_at) for the rare priorities,
--- where the planner's statistics see few rows; due_at for the common one), so the cost follows the
--- rows taken, not the rows pending. Append runs the branches in order and the walk's LIMIT stops it
--- once enough rows are locked. The literal priorities let the planner use each value's statistics.
+-- priorities (0-9) are walked one at a time, highest first: one branch per priority, each one range
+-- scan of the (priority, due_at) partial index, from (p, -infinity) to (p, now()), so the cost
+-- follows the rows taken, not the rows pending. Append runs the branches in order and the walk's
+-- LIMIT stops it once enough rows are locked. Whatever the table's statistics say: a branch states
+-- its priority as a range and a row comparison, never priority = p, and orders by (priority, due_at),
+-- so the due_at index cannot give its order, and the claim runs with enable_sort off
+-- (store.INDEX_COSTS): with priority = p, stale statistics (a quiet table's: no pending rows) had
+-- every empty priority read all the due rows through the due_at index, filtering on priority.
 -- The branch is written once: the loader repeats a "-- repeat p in 9..0 joined by UNION ALL" block
 -- for each priority, highest first, with {p} replaced (core/db.py, parse_queries).
 -- Strict priorities: while more rows of a higher priority are due than a claim takes, lower ones
@@ -233,9 +236,9 @@ head AS MATERIALIZED (
         SELECT * FROM (
         -- repeat p in 9..0 joined by UNION ALL
         SELECT * FROM (SELECT id, kind, priority, due_at, run_alone, '' AS part FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND priority = {p} AND due_at <= now()
+                       WHERE state = 'pending' AND priority >= {p} AND (priority, due_at) <= ({p}, now())
                          AND kind NOT IN (SELECT kind FROM controls) AND kind <> ALL(%(closed_kinds)s::text[])
-                       ORDER BY due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p{p}
+                       ORDER BY priority, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p{p}
         -- end repeat
         ) AS by_priority
         WHERE NOT (SELECT by_kind FROM head)

@@ -14,6 +14,7 @@ import pytest
 from django.db import connection, transaction
 
 from scheduling import api
+from scheduling.core import db
 from scheduling.due_at import claim, store
 from tests import support
 
@@ -146,3 +147,65 @@ def test_the_walk_kind_by_kind_reads_no_row_not_yet_due_and_locks_only_what_it_c
     [lock] = [n for n in _nodes(_cte(plan, "walk")) if n["Node Type"] == "LockRows" and n["Actual Loops"] == 1]
     assert lock["Actual Rows"] == 3
     assert _claim(_params(3)) == [others[4], others[0], others[1]]
+
+
+DUE_ROWS = 6000  # due rows of the common priority in the test of the statistics
+
+
+def _insert_jobs(run_sql, n: int, *, state: str, due: str, priority: int = 0) -> None:
+    run_sql(
+        "INSERT INTO scheduling_scheduledjob (kind, payload, due_at, state, finished_at, lease_seconds, attempts,"
+        " max_attempts, last_error, claimed_by, created_at, updated_at, priority, run_alone, atomic, former_owner)"
+        " SELECT 'demo.record', '{}', now() + %s::interval, %s, CASE WHEN %s = 'done' THEN now() END, 60, 0, 3,"
+        " '', '', now(), now(), %s, false, true, '' FROM generate_series(1, %s)",
+        [due, state, state, priority, n],
+    )
+
+
+def _generic_claim_plan(params: dict[str, Any]) -> Any:
+    """EXPLAIN ANALYZE of the claim's generic plan (the one the leader's prepared claim runs), rolled back."""
+    text, names = db.positional(store.SQL["claim_due_jobs_without_held"])
+    declared = ", ".join(store.CLAIM_PARAM_TYPES[n] for n in names)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(db.NO_JIT + store.INDEX_COSTS + db.GENERIC_PLAN + f"PREPARE walk_test ({declared}) AS {text}")
+        try:
+            cursor.execute(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE walk_test ({', '.join(['%s'] * len(names))})",
+                [params[n] for n in names],
+            )
+            plan = cursor.fetchone()[0]
+        finally:
+            cursor.execute("DEALLOCATE walk_test")
+        transaction.set_rollback(True)
+    return plan
+
+
+@pytest.mark.parametrize("statistics", ["a quiet table's", "a spike's"])
+@pytest.mark.parametrize("plan_kind", ["generic", "custom"])
+def test_each_priority_is_one_descent_of_its_index_whatever_the_statistics_say(run_sql, statistics, plan_kind):
+    """The walk reads only the rows it takes, through the (priority, due_at) index, on the statistics a
+    spike meets: a quiet table's (analyzed with no pending row: the planner sees every plan as free), or
+    the spike's own (one kind, one priority). Seen before the walk was written for it: on the first, each
+    empty priority read every due row through the due_at index; on the second, the common priority's
+    branch read and sorted them all. Rows not yet due (here 3,000 of the common priority) are never read."""
+    if statistics == "a quiet table's":
+        _insert_jobs(run_sql, DUE_ROWS, state="done", due="-1 hour")
+        run_sql("VACUUM ANALYZE scheduling_scheduledjob")
+        run_sql("DELETE FROM scheduling_scheduledjob")
+    _insert_jobs(run_sql, DUE_ROWS, state="pending", due="-1 minute")
+    _insert_jobs(run_sql, 3, state="pending", due="-2 minutes", priority=3)
+    _insert_jobs(run_sql, 3000, state="pending", due="1 hour")
+    if statistics == "a spike's":
+        run_sql("VACUUM ANALYZE scheduling_scheduledjob")
+    params = _params(100, walk_head=0)
+    plan = _generic_claim_plan(params) if plan_kind == "generic" else _claim(params, explain=True)
+    scans = [n for n in _nodes(_cte(plan, "walk")) if n.get("Relation Name") == "scheduling_scheduledjob"]
+    assert {n.get("Index Name") for n in scans if n["Actual Loops"]} == {"scheduledjob_pending_prio_idx"}
+    assert all(n["Node Type"] == "Index Scan" and "now()" in n["Index Cond"] for n in scans if n["Actual Loops"])
+    assert sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans) == 100, "only the rows taken"
+    assert _passed_over(plan) == 0
+    assert not [n for n in _nodes(_cte(plan, "walk")) if n["Node Type"] == "Sort"]
+    claimed = _claim(params)
+    assert run_sql(
+        "SELECT count(*) FILTER (WHERE priority = 3) FROM scheduling_scheduledjob WHERE id = ANY(%s)", [claimed]
+    ) == [(3,)]
