@@ -68,9 +68,9 @@ PARTS_FOLDER = Path(__file__).with_name("sql")  # the core's files: where every 
 
 # A part written once and repeated for each value of a range, highest first when the range goes down:
 #     -- repeat p in 9..0 joined by UNION ALL
-#     SELECT ... WHERE priority = {p} ... AS p{p}
+#     SELECT ... WHERE priority = ANY(ARRAY[{p}]) ... AS p{p}
 #     -- end repeat
-# (the claim's walk down the priorities: literal values, so the planner reads each one's statistics).
+# (the claim's walk down the priorities, one branch per value: due_at/sql/claim.sql).
 _REPEAT = re.compile(
     r"^(?P<indent>[ \t]*)--\s*repeat\s+(?P<var>\w+)\s+in\s+(?P<first>\d+)\.\.(?P<last>\d+)"
     r"\s+joined by\s+(?P<joiner>.+?)\s*\n"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from scheduling.core import conf, db, registry
 from scheduling.core import options as options_
@@ -375,15 +375,16 @@ def claim_statement() -> str:
 # weighs an index by the rows it reads, not by how well its first column follows the heap's order.
 # With the default (4), a kind's branch read its rows through the due_at index, passing over every
 # other kind's due rows (bench flow: 7,900 a claim), not through the (kind, priority, due_at) index.
-# And no plan of the claim reads a range to sort it where an index gives the order (enable_sort off:
-# a sort is still made where nothing else can order the rows, the claim's windows and its result):
-# the walk's branches are written so that only the (priority, due_at) index gives their order
-# (claim.sql), so they are one descent each whatever the table's statistics say. With statistics of
-# a quiet table (no pending rows: the planner sees every plan as free) each empty priority's branch
-# read all the due rows through the due_at index (a claim of 100 rows of 18,000 due: 24-28 ms
-# against 2.6-2.9), and with a spike's statistics the common priority's branch read and sorted all
-# of them (10-17 ms).
-INDEX_COSTS = "SET LOCAL random_page_cost = 1.0;\nSET LOCAL enable_sort = off;\n"
+# And no plan of the claim reads rows to sort them where an index gives their order (enable_sort and
+# enable_incremental_sort off: a sort is still made where nothing else can order the rows, the
+# claim's windows and its result). Each priority's branch is written so that only its own index
+# gives its order (claim.sql), so it is one descent of that index whatever the table's statistics
+# say. With statistics of a quiet table (no pending rows: the planner sees every plan as free) each
+# empty priority's branch read all the due rows through the due_at index (a claim of 100 rows of
+# 18,000 due: 24-28 ms against 2.6-2.9), and with a spike's statistics the common priority's branch
+# read and sorted all of them (10-17 ms).
+CLAIM_PLANNER_SETTINGS = {"random_page_cost": "1.0", "enable_sort": "off", "enable_incremental_sort": "off"}
+INDEX_COSTS = "".join(f"SET LOCAL {name} = {value};\n" for name, value in CLAIM_PLANNER_SETTINGS.items())
 
 # claim_params' values as the claim's PREPARE declares them (claim_due_jobs on a session)
 CLAIM_PARAM_TYPES = {
@@ -442,10 +443,31 @@ def claim_due_jobs(
     if session is not None:
         return _claim_in_session(session, params)
     if not connection.get_autocommit():
-        return _claim(params, prefix="")  # the caller's transaction holds the lock until it ends
+        return _claim_in_callers_transaction(params)
     with transaction.atomic():
         # see _async_prefix
         return _claim(params, prefix=db.NO_JIT + INDEX_COSTS + (ASYNC_COMMIT if conf.get().async_commit else ""))
+
+
+def _claim_in_callers_transaction(params: dict[str, Any]) -> list[Claim]:
+    """The claim in the caller's transaction (which holds the lock until it ends), planned as every claim is
+    (``NO_JIT``, ``INDEX_COSTS``): the settings it changes are set back after it, not left to the
+    caller's later statements. A claim that failed in the database leaves them to the rollback the
+    caller's transaction (or savepoint) needs, which undoes them with the rest."""
+    names = ["jit", *CLAIM_PLANNER_SETTINGS]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT ARRAY(SELECT current_setting(name) FROM unnest(%s::text[]) AS name)", [names])
+        values = cursor.fetchone()[0]
+        restore = "SELECT set_config(name, value, true) FROM unnest(%s::text[], %s::text[]) AS s(name, value)"
+        try:
+            claims = _claim(params, prefix=db.NO_JIT + INDEX_COSTS)
+        except DatabaseError:
+            raise
+        except BaseException:
+            cursor.execute(restore, [names, values])
+            raise
+        cursor.execute(restore, [names, values])
+    return claims
 
 
 def _claim(params: dict[str, Any], prefix: str) -> list[Claim]:
@@ -462,10 +484,12 @@ SESSION_CLAIM_TIMEOUT = "SET LOCAL statement_timeout = '30s';\n"
 _READ_PARAM_TYPES = {"horizon": "float8", "limit": "int"}
 
 
-def _prepared_in_session(session: Any, name: str, params: Mapping[str, Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
+def _prepared_in_session(
+    session: Any, name: str, params: Mapping[str, Any], *, prefix: str = ""
+) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Read-only statement ``name`` run prepared in ``session`` (autocommit: a transaction of its own)."""
     with session.cursor() as cursor:
-        return db.run_prepared(cursor, name, SQL[name], params, _READ_PARAM_TYPES, replan_when_slow=True)
+        return db.run_prepared(cursor, name, SQL[name], params, _READ_PARAM_TYPES, prefix=prefix, replan_when_slow=True)
 
 
 def _claim_in_session(session: Any, params: dict[str, Any]) -> list[Claim]:
@@ -1083,10 +1107,12 @@ def rate_limited_due(*, session: Any = None) -> float | None:
     its ten probes per kind took 1.5 ms to plan, on most of the control loop's turns while a kind
     waited: bench flow).
     """
+    # planned as the claim is (kinds.sql): in a caller's transaction, as it is planned
+    prefix = INDEX_COSTS if session is not None or connection.get_autocommit() else ""
     if session is None:
-        value = SQL.fetch_values("rate_limited_due")[0]
+        value = SQL.fetch_values("rate_limited_due", prefix=prefix)[0]
     else:
-        value = _prepared_in_session(session, "rate_limited_due", {})[1][0][0]
+        value = _prepared_in_session(session, "rate_limited_due", {}, prefix=prefix)[1][0][0]
     return None if value is None else float(value)
 
 

@@ -279,7 +279,7 @@ class ScheduledJob(models.Model):
         # The JSON API lets a caller holding it ask any priority, past the kind's bound for callers.
         permissions = [("prioritize_job", "Can schedule jobs through the API above a kind's caller priority")]
         indexes = [
-            # The claim's only access path: small, because finished rows are not in it.
+            # The next due times, the backlog, the claim's look at the head: small, because finished rows are not in it.
             models.Index(fields=["due_at"], name="scheduledjob_pending_due_idx", condition=models.Q(state="pending")),
             # The claim walks it one priority at a time, highest first (a range of due_at per priority).
             models.Index(

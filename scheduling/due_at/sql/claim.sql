@@ -37,13 +37,18 @@ FROM (SELECT kind FROM scheduling_kindcontrol
 --
 -- Order: higher priority first, then earlier due_at (then id). PostgreSQL has no skip scan, so the
 -- priorities (0-9) are walked one at a time, highest first: one branch per priority, each one range
--- scan of the (priority, due_at) partial index, from (p, -infinity) to (p, now()), so the cost
--- follows the rows taken, not the rows pending. Append runs the branches in order and the walk's
--- LIMIT stops it once enough rows are locked. Whatever the table's statistics say: a branch states
--- its priority as a range and a row comparison, never priority = p, and orders by (priority, due_at),
--- so the due_at index cannot give its order, and the claim runs with enable_sort off
--- (store.INDEX_COSTS): with priority = p, stale statistics (a quiet table's: no pending rows) had
--- every empty priority read all the due rows through the due_at index, filtering on priority.
+-- scan of the (priority, due_at) partial index, from the priority's first row to now() (rows not yet
+-- due are never read), so the cost follows the rows taken, not the rows pending. Append runs the
+-- branches in order and the walk's LIMIT stops it once enough rows are locked.
+-- Whatever the table's statistics say: a branch names its priority as priority = ANY(ARRAY[p]), an
+-- equality to the index (so the scan stops at now()) that the planner does not take for a constant,
+-- and orders by (priority, due_at); only the (priority, due_at) index gives that order, and the claim
+-- runs with sorts off (store.INDEX_COSTS). Written priority = p ... ORDER BY due_at, the due_at index
+-- gave the same order, and on a quiet table's statistics (analyzed with no pending row) every empty
+-- priority read all the due rows through it, filtering on priority. (A row comparison,
+-- (priority, due_at) <= (p, now()), also forces the index, but its scan does not stop at now(): it
+-- reads every row of the priority not yet due.) A kind's branches (capped kinds, the walk kind by
+-- kind) name their kind so, kind = ANY(ARRAY[kind]), and order by (kind, due_at), for the same reason.
 -- The branch is written once: the loader repeats a "-- repeat p in 9..0 joined by UNION ALL" block
 -- for each priority, highest first, with {p} replaced (core/db.py, parse_queries).
 -- Strict priorities: while more rows of a higher priority are due than a claim takes, lower ones
@@ -132,7 +137,8 @@ clock AS (
 ), capped AS (
     -- per capped or rate-limited kind with room, the same walk down the priorities in its own
     -- range of the (kind, priority, due_at) index, stopped once its room is locked (rows not yet
-    -- due are never read). A partitioned rate's kind reads up to %(partition_scan)s rows: its
+    -- due are never read; each branch written so that only that index gives its order: the walk's
+    -- comment above). A partitioned rate's kind reads up to %(partition_scan)s rows: its
     -- room is decided per partition below, and a full partition must not hide the others' rows.
     SELECT r.* FROM controls AS c
     CROSS JOIN LATERAL (
@@ -141,8 +147,8 @@ clock AS (
                               CASE WHEN c.rate_partition_by = '' THEN ''
                                    ELSE left(coalesce(payload ->> c.rate_partition_by, ''), 200) END AS part
                        FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = c.kind AND priority = {p} AND due_at <= now()
-                       ORDER BY due_at
+                       WHERE state = 'pending' AND kind = ANY(ARRAY[c.kind]) AND priority = {p} AND due_at <= now()
+                       ORDER BY kind, due_at
                        LIMIT CASE WHEN c.rate_partition_by <> '' THEN %(partition_scan)s ELSE least(c.room, %(limit)s) END
                        FOR UPDATE SKIP LOCKED) AS k{p}
         -- end repeat
@@ -197,9 +203,10 @@ controls AS (
 ),
 -- end only
 head AS MATERIALIZED (
-    -- Which walk. The walk down the due_at index reads, and passes over, every due row of a kind it
-    -- leaves out (paused, capped, rate-limited, of a closed queue) that comes before the rows it
-    -- takes: a rate-limited kind's backlog is such rows, at the head of the index, on every claim
+    -- Which walk. The walk by due time (priority by priority, the (priority, due_at) index) reads, and
+    -- passes over, every due row of a kind it leaves out (paused, capped, rate-limited, of a closed
+    -- queue) that comes before the rows it takes: a rate-limited kind's backlog is such rows, at the
+    -- head of its priority, on every claim
     -- (bench flow: 8,000 due rows of a 5/s-per-partition kind cost every claim 3-4 ms). When most of
     -- the first %(walk_head)s due rows are of such kinds, the walk goes kind by kind instead. Nothing is
     -- read here when no kind is left out.
@@ -223,8 +230,8 @@ head AS MATERIALIZED (
     CROSS JOIN LATERAL (
         -- repeat p in 9..0 joined by UNION ALL
         SELECT * FROM (SELECT id, priority, due_at FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND kind = k.kind AND priority = {p} AND due_at <= now()
-                       ORDER BY due_at LIMIT %(limit)s) AS w{p}
+                       WHERE state = 'pending' AND kind = ANY(ARRAY[k.kind]) AND priority = {p} AND due_at <= now()
+                       ORDER BY kind, due_at LIMIT %(limit)s) AS w{p}
         -- end repeat
         LIMIT %(limit)s
     ) AS r
@@ -236,7 +243,7 @@ head AS MATERIALIZED (
         SELECT * FROM (
         -- repeat p in 9..0 joined by UNION ALL
         SELECT * FROM (SELECT id, kind, priority, due_at, run_alone, '' AS part FROM scheduling_scheduledjob
-                       WHERE state = 'pending' AND priority >= {p} AND (priority, due_at) <= ({p}, now())
+                       WHERE state = 'pending' AND priority = ANY(ARRAY[{p}]) AND due_at <= now()
                          AND kind NOT IN (SELECT kind FROM controls) AND kind <> ALL(%(closed_kinds)s::text[])
                        ORDER BY priority, due_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS p{p}
         -- end repeat

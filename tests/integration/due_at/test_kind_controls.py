@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from scheduling import api, exceptions
 from scheduling.due_at import runner, store
@@ -66,8 +66,10 @@ def test_the_claim_is_one_indexed_statement_walking_priorities(run_sql):
     api.schedule_many("demo.record", [{}] * 3000, delay=3600)  # and rows not due yet
     api.set_max_running("demo.noop", 5)
     run_sql("ANALYZE scheduling_scheduledjob")
-    with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (FORMAT JSON) " + store.SQL["claim_due_jobs"], store.claim_params(500))
+    with transaction.atomic(), connection.cursor() as cursor:  # planned as every claim is (store.INDEX_COSTS)
+        cursor.execute(
+            store.INDEX_COSTS + "EXPLAIN (FORMAT JSON) " + store.SQL["claim_due_jobs"], store.claim_params(500)
+        )
         plan = json.dumps(cursor.fetchone()[0])
     indexes = set(re.findall(r'"Index Name": "([a-z_]+)"', plan))
     assert "scheduledjob_pending_prio_idx" in indexes, indexes
@@ -80,6 +82,9 @@ def test_the_claim_is_one_indexed_statement_walking_priorities(run_sql):
     assert set(locked) <= partial | {"scheduling_scheduledjob_pkey"}, locked
     assert locked.count("scheduling_scheduledjob_pkey") == 1, locked
     assert "scheduledjob_pending_kind_idx" in locked, "the capped kind's common priority: its own index range"
+    # each priority through its own index whatever the statistics (store.INDEX_COSTS, claim.sql)
+    assert locked.count("scheduledjob_pending_prio_idx") == 10, locked
+    assert locked.count("scheduledjob_pending_kind_idx") == 10, locked
 
 
 def test_a_paused_kind_stays_pending_counts_as_paused_and_runs_on_resume(run_sql):
