@@ -70,7 +70,8 @@ def _explain_claim(params: dict[str, Any]) -> dict[str, Any]:
 
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute(db.NO_JIT + store.SQL["lock_capped_kinds"], params)
+            # planned as the engine plans it (JIT off, store.INDEX_COSTS)
+            cur.execute(db.NO_JIT + store.INDEX_COSTS + store.SQL["lock_capped_kinds"], params)
             cur.execute("EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + store.SQL["claim_due_jobs"], params)
             plan = cur.fetchone()[0][0]
         transaction.set_rollback(True)

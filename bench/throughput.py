@@ -191,7 +191,8 @@ def run_raw(jobs: int, batch: int) -> dict[str, Any]:
 
     common.reset_state()
     conn = common.admin_connect(common.BENCH_DB)
-    claim_sql = db.NO_JIT + store.SQL["claim_due_jobs"]  # as the engine sends it: JIT off for the claim (core/db.py)
+    # as the engine sends it: JIT off, and its planner settings (store.INDEX_COSTS)
+    claim_sql = db.NO_JIT + store.INDEX_COSTS + store.SQL["claim_due_jobs"]
     try:
         with conn.cursor() as cur:
             _insert_due(cur, jobs)

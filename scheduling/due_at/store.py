@@ -16,7 +16,7 @@ import datetime as dt
 import functools
 import hashlib
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -382,7 +382,8 @@ def claim_statement() -> str:
 # say. With statistics of a quiet table (no pending rows: the planner sees every plan as free) each
 # empty priority's branch read all the due rows through the due_at index (a claim of 100 rows of
 # 18,000 due: 24-28 ms against 2.6-2.9), and with a spike's statistics the common priority's branch
-# read and sorted all of them (10-17 ms).
+# read and sorted all of them (10-17 ms). Always with NO_JIT: with sorts off, the sorts nothing else
+# can make (the windows, the result) cost the estimate 1e10 each, past every JIT threshold.
 CLAIM_PLANNER_SETTINGS = {"random_page_cost": "1.0", "enable_sort": "off", "enable_incremental_sort": "off"}
 INDEX_COSTS = "".join(f"SET LOCAL {name} = {value};\n" for name, value in CLAIM_PLANNER_SETTINGS.items())
 
@@ -449,25 +450,32 @@ def claim_due_jobs(
         return _claim(params, prefix=db.NO_JIT + INDEX_COSTS + (ASYNC_COMMIT if conf.get().async_commit else ""))
 
 
-def _claim_in_callers_transaction(params: dict[str, Any]) -> list[Claim]:
-    """The claim in the caller's transaction (which holds the lock until it ends), planned as every claim is
-    (``NO_JIT``, ``INDEX_COSTS``): the settings it changes are set back after it, not left to the
-    caller's later statements. A claim that failed in the database leaves them to the rollback the
-    caller's transaction (or savepoint) needs, which undoes them with the rest."""
+@contextlib.contextmanager
+def _claim_settings_in_callers_transaction() -> Iterator[None]:
+    """The settings every claim is planned with (``NO_JIT``, ``INDEX_COSTS``), for statements run in the
+    caller's transaction, set back after them: not left to the caller's later statements. A statement
+    that failed in the database leaves them to the rollback the caller's transaction (or savepoint)
+    needs, which undoes them with the rest."""
     names = ["jit", *CLAIM_PLANNER_SETTINGS]
+    restore = "SELECT set_config(name, value, true) FROM unnest(%s::text[], %s::text[]) AS s(name, value)"
     with connection.cursor() as cursor:
         cursor.execute("SELECT ARRAY(SELECT current_setting(name) FROM unnest(%s::text[]) AS name)", [names])
         values = cursor.fetchone()[0]
-        restore = "SELECT set_config(name, value, true) FROM unnest(%s::text[], %s::text[]) AS s(name, value)"
+        cursor.execute(db.NO_JIT + INDEX_COSTS)
         try:
-            claims = _claim(params, prefix=db.NO_JIT + INDEX_COSTS)
+            yield
         except DatabaseError:
             raise
         except BaseException:
             cursor.execute(restore, [names, values])
             raise
         cursor.execute(restore, [names, values])
-    return claims
+
+
+def _claim_in_callers_transaction(params: dict[str, Any]) -> list[Claim]:
+    """The claim in the caller's transaction (which holds the lock until it ends), planned as every claim is."""
+    with _claim_settings_in_callers_transaction():
+        return _claim(params, prefix="")
 
 
 def _claim(params: dict[str, Any], prefix: str) -> list[Claim]:
@@ -1107,12 +1115,14 @@ def rate_limited_due(*, session: Any = None) -> float | None:
     its ten probes per kind took 1.5 ms to plan, on most of the control loop's turns while a kind
     waited: bench flow).
     """
-    # planned as the claim is (kinds.sql): in a caller's transaction, as it is planned
-    prefix = INDEX_COSTS if session is not None or connection.get_autocommit() else ""
-    if session is None:
-        value = SQL.fetch_values("rate_limited_due", prefix=prefix)[0]
+    # planned as the claim is (kinds.sql)
+    if session is not None:
+        value = _prepared_in_session(session, "rate_limited_due", {}, prefix=INDEX_COSTS)[1][0][0]
+    elif connection.get_autocommit():
+        value = SQL.fetch_values("rate_limited_due", prefix=INDEX_COSTS)[0]  # one implicit transaction
     else:
-        value = _prepared_in_session(session, "rate_limited_due", {}, prefix=prefix)[1][0][0]
+        with _claim_settings_in_callers_transaction():
+            value = SQL.fetch_values("rate_limited_due")[0]
     return None if value is None else float(value)
 
 

@@ -218,8 +218,9 @@ def test_a_claim_in_the_callers_transaction_is_planned_as_every_claim_and_gives_
         assert len(store.claim_due_jobs(5)) == 5
         assert run_sql(shown) == [(before[0], "2.5", *before[2:])]
         transaction.set_rollback(True)
-    [lock] = [q["sql"] for q in captured.captured_queries if "timekeeper.held_kinds" in q["sql"]]
-    assert lock.startswith(db.NO_JIT + store.INDEX_COSTS)
+    sent = [q["sql"] for q in captured.captured_queries]
+    [lock] = [n for n, sql in enumerate(sent) if "timekeeper.held_kinds" in sql]
+    assert sent[lock - 1] == db.NO_JIT + store.INDEX_COSTS, "the claim's settings, then its lock and its statement"
     assert before[2:] == ("on", "on"), "the server's defaults: a restore to them is seen"
 
 
@@ -249,3 +250,29 @@ def test_the_loops_look_for_a_waiting_rate_limited_job_probes_its_kinds_index_wh
     scans = [n for n in _nodes(plan) if n.get("Relation Name") == JOBS and n["Actual Loops"]]
     assert {n.get("Index Name") for n in scans} == {"scheduledjob_pending_kind_idx"}
     assert max(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in scans) < 10
+
+
+def test_the_claims_settings_are_given_back_after_an_error_outside_the_database(run_sql, monkeypatch):
+    """A claim whose statement ran but whose rows failed to be read back (here an error raised after it)
+    leaves the caller's transaction usable: its settings are set back before the error goes on. The
+    loop's rate_limited_due in a caller's transaction gives them back too."""
+    api.schedule_many("demo.record", [{}] * 3, delay=60)
+    run_sql("UPDATE scheduling_scheduledjob SET due_at = now() - interval '1 minute'")
+    shown = "SELECT current_setting('jit'), current_setting('enable_sort'), current_setting('random_page_cost')"
+    (before,) = run_sql(shown)
+    fetch_all = store.SQL.fetch_all
+
+    def read_then_fail(*args: Any, **kwargs: Any) -> Any:
+        fetch_all(*args, **kwargs)
+        raise RuntimeError("the rows could not be read back")
+
+    with transaction.atomic():
+        monkeypatch.setattr(store.SQL, "fetch_all", read_then_fail)
+        with pytest.raises(RuntimeError):
+            store.claim_due_jobs(3)
+        monkeypatch.undo()
+        assert run_sql(shown) == [before]
+        api.set_rate("demo.record", "5/s")
+        assert store.rate_limited_due() is None  # the three rows are claimed
+        assert run_sql(shown) == [before]
+        transaction.set_rollback(True)
