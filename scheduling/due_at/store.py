@@ -381,7 +381,7 @@ def claim_statement() -> str:
 # gives its order (claim.sql), so it is one descent of that index whatever the table's statistics
 # say. With statistics of a quiet table (no pending rows: the planner sees every plan as free) each
 # empty priority's branch read all the due rows through the due_at index (a claim of 100 rows of
-# 18,000 due: 24-28 ms against 2.6-2.9), and with a spike's statistics the common priority's branch
+# 18,000 due: 24-28 ms against 2.7-3.3), and with a spike's statistics the common priority's branch
 # read and sorted all of them (10-17 ms). Always with NO_JIT: with sorts off, the sorts nothing else
 # can make (the windows, the result) cost the estimate 1e10 each, past every JIT threshold.
 CLAIM_PLANNER_SETTINGS = {"random_page_cost": "1.0", "enable_sort": "off", "enable_incremental_sort": "off"}
@@ -1117,9 +1117,9 @@ def rate_limited_due(*, session: Any = None) -> float | None:
     """
     # planned as the claim is (kinds.sql)
     if session is not None:
-        value = _prepared_in_session(session, "rate_limited_due", {}, prefix=INDEX_COSTS)[1][0][0]
+        value = _prepared_in_session(session, "rate_limited_due", {}, prefix=db.NO_JIT + INDEX_COSTS)[1][0][0]
     elif connection.get_autocommit():
-        value = SQL.fetch_values("rate_limited_due", prefix=INDEX_COSTS)[0]  # one implicit transaction
+        value = SQL.fetch_values("rate_limited_due", prefix=db.NO_JIT + INDEX_COSTS)[0]  # one implicit transaction
     else:
         with _claim_settings_in_callers_transaction():
             value = SQL.fetch_values("rate_limited_due")[0]

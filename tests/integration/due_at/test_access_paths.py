@@ -239,7 +239,7 @@ def test_the_loops_look_for_a_waiting_rate_limited_job_probes_its_kinds_index_wh
     with CaptureQueriesContext(connection) as captured:
         assert store.rate_limited_due() == pytest.approx(0.2)
     [probe] = [q["sql"] for q in captured.captured_queries if "refill_seconds" in q["sql"]]
-    assert probe.startswith(store.INDEX_COSTS)
+    assert probe.startswith(db.NO_JIT + store.INDEX_COSTS)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(db.GENERIC_PLAN + store.INDEX_COSTS + "PREPARE probe AS " + store.SQL["rate_limited_due"])
         try:
