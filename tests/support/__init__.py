@@ -98,3 +98,13 @@ def clear_of_a_slot_edge(slot_seconds: float, margin: float = 20.0) -> float:
         return 0.0
     time.sleep(left + 0.05)
     return left + 0.05
+
+
+def plan_nodes(node: Any) -> list[dict[str, Any]]:
+    """Every node of an ``EXPLAIN (FORMAT JSON)`` plan, depth first."""
+    if isinstance(node, list):
+        return [n for item in node for n in plan_nodes(item)]
+    if not isinstance(node, dict):
+        return []
+    found = [node] if "Node Type" in node else []
+    return found + [n for value in node.values() for n in plan_nodes(value)]

@@ -23,6 +23,7 @@ from scheduling import api
 from scheduling.core import db
 from scheduling.due_at import store
 from scheduling.recurring import store as recurring_store
+from tests import support
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,16 +53,6 @@ def _scans(node: Any) -> Iterator[str]:
     elif isinstance(node, list):
         for value in node:
             yield from _scans(value)
-
-
-def _nodes(node: Any) -> list[dict[str, Any]]:
-    """Every node of a JSON plan."""
-    if isinstance(node, list):
-        return [n for item in node for n in _nodes(item)]
-    if not isinstance(node, dict):
-        return []
-    found = [node] if "Node Type" in node else []
-    return found + [n for value in node.values() for n in _nodes(value)]
 
 
 def _plan(sql: str) -> Any:
@@ -247,7 +238,7 @@ def test_the_loops_look_for_a_waiting_rate_limited_job_probes_its_kinds_index_wh
             plan = cursor.fetchone()[0]
         finally:
             cursor.execute("DEALLOCATE probe")
-    scans = [n for n in _nodes(plan) if n.get("Relation Name") == JOBS and n["Actual Loops"]]
+    scans = [n for n in support.plan_nodes(plan) if n.get("Relation Name") == JOBS and n["Actual Loops"]]
     assert {n.get("Index Name") for n in scans} == {"scheduledjob_pending_kind_idx"}
     assert max(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in scans) < 10
 

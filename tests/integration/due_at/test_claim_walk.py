@@ -22,6 +22,7 @@ from tests import support
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BACKLOG = 300  # due rows of a paused kind, older than every other due row
+_nodes = support.plan_nodes
 
 
 def _params(limit: int, **overrides: Any) -> dict[str, Any]:
@@ -38,16 +39,6 @@ def _claim(params: dict[str, Any], *, explain: bool = False) -> Any:
         result = cursor.fetchone()[0] if explain else [row[0] for row in cursor.fetchall()]
         transaction.set_rollback(True)
     return result
-
-
-def _nodes(node: Any) -> list[dict[str, Any]]:
-    """Every node of a JSON plan."""
-    if isinstance(node, list):
-        return [n for item in node for n in _nodes(item)]
-    if not isinstance(node, dict):
-        return []
-    found = [node] if "Node Type" in node else []
-    return found + [n for value in node.values() for n in _nodes(value)]
 
 
 def _cte(plan: Any, name: str) -> dict[str, Any]:
