@@ -205,5 +205,12 @@ def test_flower_as_compose_runs_it_holds_no_app_secret_and_cannot_run_a_kind(clu
         lambda: worker.log().count("fixed-time run message refused") == 2, 60, message="the worker to refuse both"
     )
     assert not ScheduleRun.objects.filter(schedule__periodic_task__name="flower-target").exists()
+    # the worker logs a refusal, then counts it: the second count may land just after its log line
+    expected = {"scheduling.run_deferred": 1, "scheduling.run_fixed": 2}
+    harness.wait_for(
+        lambda: {c.label: c.value for c in OutcomeCounter.objects.filter(metric="refused_messages")} == expected,
+        30,
+        message="the refusals to be counted",
+    )
     refused = {c.label: c.value for c in OutcomeCounter.objects.filter(metric="refused_messages")}
-    assert refused == {"scheduling.run_deferred": 1, "scheduling.run_fixed": 2}
+    assert refused == expected
