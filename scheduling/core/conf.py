@@ -64,7 +64,7 @@ class Settings:
     fixed_clock_sync_seconds: float = 30.0  # beat reads the database clock this often; time.monotonic() in between
     fixed_min_interval_seconds: float = 60.0  # non-superusers' schedules: ticks at least this far apart (admin)
     # --- recurrences ----------------------------------------------------------------------------------
-    recurrence_plan_interval_seconds: float = 1.0  # the leader plans next occurrences at least this often
+    recurrence_plan_interval_seconds: float = 1.0  # the leader plans this often (up to 5 s while its picks are slow)
     recurrence_plan_batch_size: int = 5000  # recurrences: the most one planner statement advances
     recurrence_late_seconds: float = 60.0  # an occurrence planned this late still runs; older ones are missed
     # --- web doors ------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ such rows only when a later run of the same schedule takes its overlap lock (``f
 ``replace``); an ``allow`` schedule has no lock, and a schedule that never runs again closes
 nothing, so the row stayed ``running`` for ever, and history limits never prune running rows.
 
-The worker leader's control loop calls ``duty()`` every turn; every
+The worker leader's control loop calls ``duty()`` on its duties thread; every
 ``SCHEDULING_SWEEP_INTERVAL_SECONDS`` it reads the runs still marked running and closes as
 ``failed`` (``decide``), with the reason in ``error``:
 
@@ -125,9 +125,9 @@ class Duty:
         try:
             report = close_orphans()
         except DatabaseError:
-            raise  # the control loop resets its connection and tries again
+            raise  # the duties thread resets its connection and tries again
         except Exception:
-            # A bug here must not stop the claiming and sweeping that run in the same loop.
+            # A bug here must not stop the other duties (claims and sweeps run on the loop's own thread).
             logger.exception("fixed-time orphan pass failed", extra={"action": "close_orphans_failed"})
             return
         finally:

@@ -1,8 +1,9 @@
 """The planner duty: create each recurrence's next occurrence once its latest has left pending.
 
-It runs on the cluster's one leader (the control loop calls ``duty()`` every turn; it plans at
-most every ``SCHEDULING_RECURRENCE_PLAN_INTERVAL_SECONDS`` unless the last pass was full). One
-pass, in one transaction:
+It runs on the cluster's one leader (the control loop's duties thread calls ``duty()``, beside
+the claims, which never wait for a pass). It plans every ``SCHEDULING_RECURRENCE_PLAN_INTERVAL_SECONDS``,
+at once after a full pass, and less often while its picks are slow (``pace_seconds``). One pass,
+in one transaction:
 
 1. one statement picks up to ``SCHEDULING_RECURRENCE_PLAN_BATCH_SIZE`` active recurrences with
    no live occurrence (the latest has finished: a claimed one may still come back as a retry, and
@@ -41,6 +42,9 @@ from scheduling.recurring import rules, store
 
 logger = logging.getLogger(__name__)
 
+PICK_SHARE = 0.02  # a pick that leaves its batch short costs at most this share of the planner's time
+PACE_MAX_SECONDS = 5.0  # the longest wait between passes that a slow pick adds
+
 
 @dataclasses.dataclass(frozen=True)
 class PlanReport:
@@ -49,6 +53,7 @@ class PlanReport:
     ended: int  # recurrences past their end
     computed: int  # distinct next-instant computations (the cache's misses)
     full: bool  # the pick was full: more may be waiting
+    pick_seconds: float = 0.0  # how long the pick took (it probes every due recurrence until its batch is full)
 
 
 def occurrence_options(kind: registry.Kind, max_attempts: int | None, priority: int | None) -> store.OccurrenceOptions:
@@ -131,10 +136,12 @@ def plan_once(limit: int | None = None) -> PlanReport:
     settings = conf.get()
     batch = limit or settings.recurrence_plan_batch_size
     with tracing.span("timekeeper.plan_recurrences") as span, transaction.atomic():
+        started = time.monotonic()
         rows = store.pick_recurrences_to_plan(batch, sorted(registry.all_kinds()))
+        pick_seconds = time.monotonic() - started
         if not rows:
             span.set("picked", 0)
-            return PlanReport(0, 0, 0, 0, False)
+            return PlanReport(0, 0, 0, 0, False, pick_seconds)
         now = core_store.database_now()
         cache: dict[tuple[Any, ...], Any] = {}
         plans: list[store.PlannedOccurrence] = []
@@ -167,7 +174,9 @@ def plan_once(limit: int | None = None) -> PlanReport:
                     prev=row.current_at,
                     occurrence_at=occurrence.at,
                     due_at=occurrence.due_at,
-                    **dataclasses.asdict(options),
+                    lease_seconds=options.lease_seconds,  # not dataclasses.asdict: it deep-copies, half a pass's Python
+                    max_attempts=options.max_attempts,
+                    priority=options.priority,
                 )
             )
         created = store.plan_occurrences(plans)
@@ -179,11 +188,26 @@ def plan_once(limit: int | None = None) -> PlanReport:
                 logger.warning("recurrence paused: %s", reason, extra={"recurrence_id": rid, "action": "paused"})
         if created and min(c.in_seconds for c in created) <= settings.claim_interval_seconds:
             core_store.notify_due(claim.NOTIFY_CHANNEL)
-        report = PlanReport(len(rows), len(created), len(ended), len(cache), len(rows) >= batch)
+        report = PlanReport(len(rows), len(created), len(ended), len(cache), len(rows) >= batch, pick_seconds)
         for name, value in dataclasses.asdict(report).items():
             span.set(name, value)
         logger.debug("recurrences planned", extra={"action": "planned", **dataclasses.asdict(report)})
         return report
+
+
+def pace_seconds(pick_seconds: float) -> float:
+    """How long the planner waits after a pass that was not full: its interval, longer while picks are slow.
+
+    A pick that does not fill its batch probes every due recurrence whose occurrence still runs
+    (``NOT EXISTS`` on the one-live-occurrence index): in a spike of 100,000 recurrences due at
+    once, ~50 ms a pick whatever it finds. The next pass waits until that cost is at most
+    ``PICK_SHARE`` of the time (and at least the interval), so a spike pays a few such picks, not
+    one a second; never longer than ``PACE_MAX_SECONDS`` nor a quarter of
+    ``SCHEDULING_RECURRENCE_LATE_SECONDS`` (an occurrence planned later than that counts as missed).
+    """
+    settings = conf.get()
+    slow = min(pick_seconds / PICK_SHARE, PACE_MAX_SECONDS, settings.recurrence_late_seconds / 4)
+    return max(settings.recurrence_plan_interval_seconds, slow)
 
 
 @dataclasses.dataclass
@@ -208,9 +232,9 @@ class Duty:
         try:
             report = plan_once()
         except DatabaseError:
-            raise  # the control loop resets its connection and tries again
+            raise  # the duties thread resets its connection and tries again
         except Exception:
-            # A planner bug must not stop the claiming and sweeping that run in the same loop.
+            # A planner bug must not stop the other duties (claims and sweeps run on the loop's own thread).
             logger.exception("recurrence planner pass failed", extra={"action": "plan_failed"})
             self._next_at = now + conf.get().recurrence_plan_interval_seconds
             return
@@ -219,8 +243,7 @@ class Duty:
         self.counters.passes += 1
         self.counters.created += report.created
         self.counters.ended += report.ended
-        interval = conf.get().recurrence_plan_interval_seconds
-        self._next_at = now if report.full else now + interval
+        self._next_at = now if report.full else now + pace_seconds(report.pick_seconds)
 
 
 duty = Duty()

@@ -1,0 +1,117 @@
+"""The leader's extra duties (the recurrence planner, the orphan pass) run on the control loop's duties
+thread, beside its claims: a long pass never holds a claim (real PostgreSQL and Redis)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.conf import settings
+from django.db import OperationalError, connection
+
+from scheduling import api, registry
+from scheduling.core import broker, leadership
+from scheduling.due_at import control
+from scheduling.models import JobState, ScheduledJob
+from tests.e2e.harness import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+registry.handler("test.duties_noop", schema={"type": "object"}, timeout=10)(lambda job: None)
+
+
+@pytest.fixture
+def queue() -> Iterator[str]:
+    """The job queue's Redis key for this run, empty before and after the test."""
+    key = f"{settings.CELERY_BROKER_KEYPREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
+    broker.client().delete(key)
+    yield key
+    broker.client().delete(key)
+
+
+class Blocking:
+    """A duty that records where it ran, then holds its pass until released (a planner pass of a spike)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.threads: list[str] = []
+
+    def __call__(self) -> None:
+        self.threads.append(threading.current_thread().name)
+        self.entered.set()
+        self.release.wait(30)
+
+
+def _with_duties(monkeypatch: pytest.MonkeyPatch, *duties: Callable[[], object]) -> None:
+    monkeypatch.setattr(control, "EXTRA_DUTIES", list(duties))
+
+
+def test_a_duty_that_takes_long_holds_no_claim(queue, monkeypatch):
+    """While a duty's pass goes on, the leader claims a job that falls due: the pass runs on the duties
+    thread, never in a turn (a turn that ran it waited for it, and claimed nothing meanwhile)."""
+    duty = Blocking()
+    _with_duties(monkeypatch, duty)
+    loop = control.ControlLoop()
+    loop.start()
+    try:
+        assert duty.entered.wait(20), "the leader offered the duty a pass"
+        job = api.schedule("test.duties_noop", {}, delay=0)
+        wait_for(lambda: loop.counters.claimed == 1, 20, message="the job to be claimed while the duty's pass goes on")
+        assert not duty.release.is_set()
+        assert duty.threads == ["timekeeper-duties"]
+        assert ScheduledJob.objects.get(pk=job.id).state == JobState.CLAIMED
+    finally:
+        duty.release.set()
+        assert loop.stop()
+    assert not loop.thread.is_alive()
+    assert not loop.duties_thread.is_alive()
+
+
+def test_duties_run_only_while_this_process_leads(queue, monkeypatch):
+    """A standby offers no duty a pass; once it leads (the other leader resigned), it does."""
+    calls: list[str] = []
+    _with_duties(monkeypatch, lambda: calls.append(threading.current_thread().name))
+    other = leadership.Leadership(control.ROLE, silence_seconds=control.LEAD_SILENCE_SECONDS)
+    assert other.lead()
+    loop = control.ControlLoop()
+    loop.start()
+    try:
+        # The standby has tried for the lead (its thread is alive and did not lead) and its duties thread
+        # has waited: it offered nothing.
+        wait_for(lambda: loop.thread.is_alive() and loop.duties_thread.is_alive(), 10, message="both threads")
+        assert loop.stopping.wait(3 * control.STANDBY_RETRY_SECONDS) is False
+        assert not loop.leadership.leading
+        assert calls == []
+        assert loop.counters.duty_calls == 0
+        other.resign()
+        wait_for(lambda: len(calls) >= 2, 20, message="the new leader to offer its duty passes")
+        assert set(calls) == {"timekeeper-duties"}
+        assert loop.counters.duty_calls >= 2
+    finally:
+        other.resign()
+        assert loop.stop()
+
+
+def test_a_duty_whose_database_call_fails_is_offered_a_pass_again_and_the_claims_go_on(queue, monkeypatch):
+    """A duty that raises a database error (a lost session): the duties thread closes its connection and
+    tries again after a pause; the claims, on the loop's own thread, never stopped."""
+    calls: list[str] = []
+
+    def flaky() -> None:
+        calls.append("call")
+        if len(calls) == 1:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            raise OperationalError("the duty's session was lost")
+
+    _with_duties(monkeypatch, flaky)
+    loop = control.ControlLoop()
+    loop.start()
+    try:
+        wait_for(lambda: len(calls) >= 2, 20, message="the duty to be offered a pass after its failure")
+        api.schedule("test.duties_noop", {}, delay=0)
+        wait_for(lambda: loop.counters.claimed == 1, 20, message="the job to be claimed")
+    finally:
+        assert loop.stop()
