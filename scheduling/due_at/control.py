@@ -108,6 +108,7 @@ class ControlLoop:
         self.counters = Counters()
         self.thread: threading.Thread | None = None
         self.duties_thread: threading.Thread | None = None
+        self._duties_stopping = threading.Event()  # the current duties thread's own stop (set by stop())
         self._listening = False
         self._next_sweep = 0.0
         self._next_prune = 0.0
@@ -127,14 +128,19 @@ class ControlLoop:
         self.stopping.clear()
         self.thread = threading.Thread(target=self.run, name="timekeeper-control", daemon=True)
         self.thread.start()
-        if self.duties_thread is None or not self.duties_thread.is_alive():
-            self.duties_thread = threading.Thread(target=self.run_duties, name="timekeeper-duties", daemon=True)
+        if self.duties_thread is None or not self.duties_thread.is_alive() or self._duties_stopping.is_set():
+            # its own stop event: a thread still ending after a stop() that timed out ends; a new one runs
+            self._duties_stopping = threading.Event()
+            self.duties_thread = threading.Thread(
+                target=self.run_duties, args=(self._duties_stopping,), name="timekeeper-duties", daemon=True
+            )
             self.duties_thread.start()
         logger.info("control loop started", extra={"action": "control_started"})
 
     def stop(self, timeout: float = STOP_JOIN_SECONDS) -> bool:
         """Ask the loop to stop and wait up to ``timeout`` seconds; True if it has stopped."""
         self.stopping.set()
+        self._duties_stopping.set()
         threads = [t for t in (self.thread, self.duties_thread) if t is not None]
         if not threads:
             return True
@@ -171,32 +177,41 @@ class ControlLoop:
             self.leadership.resign()
             connection.close()  # this thread's Django connection
 
-    def run_duties(self) -> None:
+    def run_duties(self, stopping: threading.Event) -> None:
         """The duties thread's body: while this process leads, offer each extra duty a pass, on its own session.
 
         A duty may take a while (a planner pass plans thousands of occurrences); the claim goes on
         meanwhile on the loop's thread. Its statements are bounded like the loop's (a leader that
         vanishes mid-pass leaves no row lock for long). A duty that lost the lead mid-pass finishes
-        it: the planner and the orphan pass are safe with two processes at once.
+        it: the planner and the orphan pass are safe with two processes at once. No error ends the
+        thread: a leader whose duties stopped would keep the lead and plan nothing (the liveness
+        watcher also fails a leader whose duties thread is gone or stuck: ``liveness.py``).
         """
         try:
-            while not self.stopping.is_set():
+            while not stopping.is_set():
                 if not self.leadership.leading:
-                    self.stopping.wait(STANDBY_RETRY_SECONDS)
+                    connection.close()  # a standby holds no duties session (a no-op when none is open)
+                    stopping.wait(STANDBY_RETRY_SECONDS)
                     continue
                 try:
                     locks.bound_django_session(LOCK_WAIT_SECONDS * 1000)
                     for extra_duty in EXTRA_DUTIES:
-                        if self.stopping.is_set():
+                        if stopping.is_set():
                             break
                         extra_duty()
                         self.counters.duty_calls += 1
-                except (DatabaseError, psycopg2.Error):
-                    logger.warning("leader duty failed; trying again", exc_info=True)
+                except Exception as exc:
+                    database = isinstance(exc, (DatabaseError, psycopg2.Error))
+                    logger.log(
+                        logging.WARNING if database else logging.ERROR,
+                        "leader duty failed; trying again",
+                        extra={"action": "duty_failed"},
+                        exc_info=True,
+                    )
                     connection.close()
-                    self.stopping.wait(ERROR_PAUSE_SECONDS)
+                    stopping.wait(ERROR_PAUSE_SECONDS)
                     continue
-                self.stopping.wait(DUTY_STEP_SECONDS)
+                stopping.wait(DUTY_STEP_SECONDS)
         finally:
             connection.close()  # this thread's Django connection
 

@@ -2,7 +2,9 @@
 
 A worker is alive when its control loop thread runs and, while it leads, its turns advance (a
 leader stuck in a turn holds up every claim in the cluster: restarting it hands the lead to a
-standby). A standby's loop only sleeps and tries the lock, so its thread being alive is enough.
+standby) and so does its duties thread (the recurrence planner, the orphan pass: a leader whose
+duties died or hang would keep the lead and plan nothing). A standby's loop only sleeps and
+tries the lock, so its thread being alive is enough.
 A worker started with ``SCHEDULING_CONTROL_IN_WORKERS=False`` has no loop: its watcher running in
 the main process is the sign of life.
 
@@ -40,6 +42,7 @@ class Watcher:
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self._last_turns: int | None = None
+        self._last_duty_calls: int | None = None
         self._was_leading = False
         self._heartbeat_leading = False  # whether this leadership's first heartbeat is written
 
@@ -71,13 +74,23 @@ class Watcher:
             logger.error("liveness: the control loop thread is not running", extra={"action": "control_dead"})
             return False
         leading = loop.leadership.leading
-        turns = loop.counters.turns
-        advanced = self._last_turns is None or turns != self._last_turns or not self._was_leading
-        self._last_turns, self._was_leading = turns, leading
+        turns, duty_calls = loop.counters.turns, loop.counters.duty_calls
+        first = not self._was_leading  # the first look after taking the lead counts as progress
+        advanced = self._last_turns is None or turns != self._last_turns or first
+        duties_advanced = self._last_duty_calls is None or duty_calls != self._last_duty_calls or first
+        self._last_turns, self._last_duty_calls, self._was_leading = turns, duty_calls, leading
         if leading and not advanced:
             logger.warning(
                 "liveness: the leading control loop has not finished a turn since the last look",
                 extra={"action": "control_stalled", "turns": turns},
+            )
+            return False
+        duties = loop.duties_thread
+        if leading and duties is not None and not (duties.is_alive() and duties_advanced):
+            # the planner and the orphan pass: a leader whose duties died or hang keeps the lead and plans nothing
+            logger.warning(
+                "liveness: the leading control loop's duties thread is gone or has offered no pass since the last look",
+                extra={"action": "duties_stalled", "duty_calls": duty_calls},
             )
             return False
         liveness.write(ROLE, control_loop=True, leading=leading, turns=turns)

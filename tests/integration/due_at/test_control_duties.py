@@ -94,24 +94,55 @@ def test_duties_run_only_while_this_process_leads(queue, monkeypatch):
         assert loop.stop()
 
 
-def test_a_duty_whose_database_call_fails_is_offered_a_pass_again_and_the_claims_go_on(queue, monkeypatch):
-    """A duty that raises a database error (a lost session): the duties thread closes its connection and
-    tries again after a pause; the claims, on the loop's own thread, never stopped."""
-    calls: list[str] = []
+@pytest.mark.parametrize(
+    "error",
+    [OperationalError("the duty's session was lost"), KeyError("a bug in a duty")],
+    ids=["database", "other"],
+)
+def test_a_duty_that_raises_is_offered_a_pass_again_on_a_new_session_and_the_claims_go_on(queue, monkeypatch, error):
+    """A duty that raises (a lost session, or a bug outside the database): the duties thread closes its
+    session, pauses and offers the pass again; it never ends (a leader whose duties thread died kept the
+    lead and planned nothing), and the claims, on the loop's own thread, never stopped."""
+    sessions: list[int] = []
 
     def flaky() -> None:
-        calls.append("call")
-        if len(calls) == 1:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-            raise OperationalError("the duty's session was lost")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            sessions.append(cursor.fetchone()[0])
+        if len(sessions) == 1:
+            raise error
 
     _with_duties(monkeypatch, flaky)
     loop = control.ControlLoop()
     loop.start()
     try:
-        wait_for(lambda: len(calls) >= 2, 20, message="the duty to be offered a pass after its failure")
+        wait_for(lambda: len(sessions) >= 2, 20, message="the duty to be offered a pass after its failure")
+        assert sessions[1] != sessions[0], "the failed pass's session was closed"
+        assert loop.duties_thread.is_alive()
         api.schedule("test.duties_noop", {}, delay=0)
         wait_for(lambda: loop.counters.claimed == 1, 20, message="the job to be claimed")
     finally:
+        assert loop.stop()
+
+
+def test_a_start_after_a_stop_that_timed_out_runs_a_new_duties_thread(queue, monkeypatch):
+    """stop() gave up while a duty's pass went on; start() again: the old duties thread ends after its pass
+    and a new one offers the passes (the old one, still alive when start() looked, did not count)."""
+    duty = Blocking()
+    _with_duties(monkeypatch, duty)
+    loop = control.ControlLoop()
+    loop.start()
+    try:
+        assert duty.entered.wait(20)
+        assert loop.stop(timeout=0.2) is False, "the pass goes on past the stop's wait"
+        old = loop.duties_thread
+        loop.start()
+        duty.release.set()
+        old.join(10)
+        assert not old.is_alive()
+        assert loop.duties_thread is not old
+        calls = loop.counters.duty_calls
+        wait_for(lambda: loop.counters.duty_calls > calls, 20, message="the new duties thread to offer a pass")
+    finally:
+        duty.release.set()
         assert loop.stop()

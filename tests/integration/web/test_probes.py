@@ -183,6 +183,39 @@ def test_worker_watcher_stops_writing_for_a_stalled_leader_or_a_dead_loop_thread
     assert watcher.observe() is False, "the loop thread is gone"
 
 
+@pytest.mark.django_db
+def test_worker_watcher_stops_writing_for_a_leader_whose_duties_thread_is_stuck_or_gone(liveness_dir):
+    """A leader whose turns advance but whose duties thread (the planner, the orphan pass) offers no pass,
+    or has ended: the file is not refreshed, so the probe hands the lead on (a standby is not judged by it)."""
+    loop = control.ControlLoop()
+    turning, stuck = threading.Event(), threading.Event()
+    loop.thread = threading.Thread(target=turning.wait, daemon=True)
+    loop.duties_thread = threading.Thread(target=stuck.wait, daemon=True)  # alive, like a pass blocked in a query
+    loop.thread.start()
+    loop.duties_thread.start()
+    loop.leadership._leading = True
+    watcher = worker_liveness.Watcher(loop=lambda: loop)
+    try:
+        assert watcher.observe() is True, "the first look after taking the lead counts as progress"
+        loop.counters.turns += 1
+        assert watcher.observe() is False, "turns advanced, duty passes did not"
+        loop.counters.turns += 1
+        loop.counters.duty_calls += 1
+        assert watcher.observe() is True
+        stuck.set()
+        loop.duties_thread.join(5)
+        loop.counters.turns += 1
+        loop.counters.duty_calls += 1
+        assert watcher.observe() is False, "the duties thread is gone"
+        loop.leadership._leading = False
+        assert watcher.observe() is True, "a standby runs no duty"
+    finally:
+        loop.leadership._leading = False
+        stuck.set()
+        turning.set()
+        loop.thread.join(5)
+
+
 def test_worker_without_a_control_loop_is_alive_while_its_watcher_runs(liveness_dir):
     """SCHEDULING_CONTROL_IN_WORKERS off: no loop, the watcher's own turn is the sign of life."""
     assert worker_liveness.Watcher(loop=lambda: None).observe() is True
