@@ -4,14 +4,13 @@ thread, beside its claims: a long pass never holds a claim (real PostgreSQL and 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
-from django.conf import settings
 from django.db import OperationalError, connection
 
 from scheduling import api, registry
-from scheduling.core import broker, leadership
+from scheduling.core import leadership
 from scheduling.due_at import control
 from scheduling.models import JobState, ScheduledJob
 from tests.e2e.harness import wait_for
@@ -19,15 +18,6 @@ from tests.e2e.harness import wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 registry.handler("test.duties_noop", schema={"type": "object"}, timeout=10)(lambda job: None)
-
-
-@pytest.fixture
-def queue() -> Iterator[str]:
-    """The job queue's Redis key for this run, empty before and after the test."""
-    key = f"{settings.CELERY_BROKER_KEYPREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
-    broker.client().delete(key)
-    yield key
-    broker.client().delete(key)
 
 
 class Blocking:

@@ -6,12 +6,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg2
 import pytest
 from celery import Celery
-from django.conf import settings
 from django.db import connection
 
 from scheduling import api, registry
@@ -24,15 +22,6 @@ from tests.e2e.harness import wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 registry.handler("test.capped_noop", schema={"type": "object"}, timeout=10)(lambda job: None)
-
-
-@pytest.fixture
-def queue() -> Iterator[str]:
-    """The job queue's Redis key for this run, empty before and after the test."""
-    key = f"{settings.CELERY_BROKER_KEYPREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
-    broker.client().delete(key)
-    yield key
-    broker.client().delete(key)
 
 
 def _show(name: str) -> str:
