@@ -63,6 +63,7 @@ PRUNE_EVERY_SECONDS = 60.0  # history is pruned this often when the last slice l
 PRUNE_AGAIN_SECONDS = 0.1  # while more is left, the next slice this soon: up to ~2,000 rows/s of history
 PRUNE_SLICE_SECONDS = 0.015  # a turn prunes about this long (one statement of ~10-20 ms, sometimes two)
 STOP_JOIN_SECONDS = 2.0  # how long a stopping worker waits for the loop
+RESTART_JOIN_SECONDS = 10.0  # a start after a stop that timed out waits this long for the old threads
 LOCK_WAIT_SECONDS = 4  # a statement of the loop waits this long for a lock (well under LEAD_SILENCE_SECONDS)
 BROKER_FAILURES_TO_STEP_DOWN = 2  # turns in a row whose sends the broker refused: the leader steps down
 # A stepped-down leader lets a standby (retrying every STANDBY_RETRY_SECONDS) take the lead first; if
@@ -94,7 +95,7 @@ class Counters:
     led_turns: int = 0
     rate_claims: int = 0  # claims that took rate-limited kinds too (the others left them out: their cadence)
     step_downs: int = 0  # the lead given up because the broker could not be reached from here
-    duty_calls: int = 0  # extra duties offered a pass on the duties thread (each paces itself)
+    duty_rounds: int = 0  # rounds of the duties thread while leading (each duty offered a pass; failed ones too)
 
 
 class ControlLoop:
@@ -108,7 +109,6 @@ class ControlLoop:
         self.counters = Counters()
         self.thread: threading.Thread | None = None
         self.duties_thread: threading.Thread | None = None
-        self._duties_stopping = threading.Event()  # the current duties thread's own stop (set by stop())
         self._listening = False
         self._next_sweep = 0.0
         self._next_prune = 0.0
@@ -121,26 +121,33 @@ class ControlLoop:
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the loop's thread (a daemon: it never keeps a process alive on its own)."""
-        if self.thread is not None and self.thread.is_alive():
-            return
+    def start(self) -> bool:
+        """Start the loop's threads (daemons: they never keep a process alive on their own); True if they run.
+
+        After a ``stop()`` that timed out, the old threads are waited for (``RESTART_JOIN_SECONDS``)
+        before new ones start: two loop threads would share one leadership session, and the old one
+        resigns the lead as it ends. If they are still running then, nothing starts (False).
+        """
+        threads = [t for t in (self.thread, self.duties_thread) if t is not None and t.is_alive()]
+        if threads and not self.stopping.is_set():
+            return True  # running
+        deadline = time.monotonic() + RESTART_JOIN_SECONDS
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in threads):
+            logger.error("control loop not restarted: its stopping threads still run", extra={"action": "not_started"})
+            return False
         self.stopping.clear()
         self.thread = threading.Thread(target=self.run, name="timekeeper-control", daemon=True)
+        self.duties_thread = threading.Thread(target=self.run_duties, name="timekeeper-duties", daemon=True)
         self.thread.start()
-        if self.duties_thread is None or not self.duties_thread.is_alive() or self._duties_stopping.is_set():
-            # its own stop event: a thread still ending after a stop() that timed out ends; a new one runs
-            self._duties_stopping = threading.Event()
-            self.duties_thread = threading.Thread(
-                target=self.run_duties, args=(self._duties_stopping,), name="timekeeper-duties", daemon=True
-            )
-            self.duties_thread.start()
+        self.duties_thread.start()
         logger.info("control loop started", extra={"action": "control_started"})
+        return True
 
     def stop(self, timeout: float = STOP_JOIN_SECONDS) -> bool:
         """Ask the loop to stop and wait up to ``timeout`` seconds; True if it has stopped."""
         self.stopping.set()
-        self._duties_stopping.set()
         threads = [t for t in (self.thread, self.duties_thread) if t is not None]
         if not threads:
             return True
@@ -177,41 +184,46 @@ class ControlLoop:
             self.leadership.resign()
             connection.close()  # this thread's Django connection
 
-    def run_duties(self, stopping: threading.Event) -> None:
+    def run_duties(self) -> None:
         """The duties thread's body: while this process leads, offer each extra duty a pass, on its own session.
 
         A duty may take a while (a planner pass plans thousands of occurrences); the claim goes on
         meanwhile on the loop's thread. Its statements are bounded like the loop's (a leader that
         vanishes mid-pass leaves no row lock for long). A duty that lost the lead mid-pass finishes
         it: the planner and the orphan pass are safe with two processes at once. No error ends the
-        thread: a leader whose duties stopped would keep the lead and plan nothing (the liveness
-        watcher also fails a leader whose duties thread is gone or stuck: ``liveness.py``).
+        thread (a leader whose duties stopped would keep the lead and plan nothing), and one duty's
+        failure skips no other. Each round counts (``duty_rounds``), failed or not: the liveness
+        watcher fails a leader whose rounds stopped (a duty stuck, the thread gone), not one whose
+        duty keeps failing (a restart would not mend that; the log says it).
         """
         try:
-            while not stopping.is_set():
+            while not self.stopping.is_set():
                 if not self.leadership.leading:
                     connection.close()  # a standby holds no duties session (a no-op when none is open)
-                    stopping.wait(STANDBY_RETRY_SECONDS)
+                    self.stopping.wait(STANDBY_RETRY_SECONDS)
                     continue
-                try:
-                    locks.bound_django_session(LOCK_WAIT_SECONDS * 1000)
-                    for extra_duty in EXTRA_DUTIES:
-                        if stopping.is_set():
-                            break
+                self.counters.duty_rounds += 1
+                failed = False
+                for extra_duty in EXTRA_DUTIES:
+                    if self.stopping.is_set():
+                        break
+                    try:
+                        locks.bound_django_session(LOCK_WAIT_SECONDS * 1000)
                         extra_duty()
-                        self.counters.duty_calls += 1
-                except Exception as exc:
-                    database = isinstance(exc, (DatabaseError, psycopg2.Error))
-                    logger.log(
-                        logging.WARNING if database else logging.ERROR,
-                        "leader duty failed; trying again",
-                        extra={"action": "duty_failed"},
-                        exc_info=True,
-                    )
-                    connection.close()
-                    stopping.wait(ERROR_PAUSE_SECONDS)
-                    continue
-                stopping.wait(DUTY_STEP_SECONDS)
+                    except Exception as exc:
+                        failed = True
+                        database = isinstance(exc, (DatabaseError, psycopg2.Error))
+                        logger.log(
+                            logging.WARNING if database else logging.ERROR,
+                            "leader duty failed; trying again",
+                            extra={
+                                "action": "duty_failed",
+                                "duty": getattr(extra_duty, "__module__", ""),
+                            },
+                            exc_info=True,
+                        )
+                        connection.close()
+                self.stopping.wait(ERROR_PAUSE_SECONDS if failed else DUTY_STEP_SECONDS)
         finally:
             connection.close()  # this thread's Django connection
 

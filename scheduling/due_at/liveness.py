@@ -42,7 +42,7 @@ class Watcher:
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
         self._last_turns: int | None = None
-        self._last_duty_calls: int | None = None
+        self._last_duty_rounds: int | None = None
         self._was_leading = False
         self._heartbeat_leading = False  # whether this leadership's first heartbeat is written
 
@@ -74,11 +74,11 @@ class Watcher:
             logger.error("liveness: the control loop thread is not running", extra={"action": "control_dead"})
             return False
         leading = loop.leadership.leading
-        turns, duty_calls = loop.counters.turns, loop.counters.duty_calls
+        turns, duty_rounds = loop.counters.turns, loop.counters.duty_rounds
         first = not self._was_leading  # the first look after taking the lead counts as progress
         advanced = self._last_turns is None or turns != self._last_turns or first
-        duties_advanced = self._last_duty_calls is None or duty_calls != self._last_duty_calls or first
-        self._last_turns, self._last_duty_calls, self._was_leading = turns, duty_calls, leading
+        duties_advanced = self._last_duty_rounds is None or duty_rounds != self._last_duty_rounds or first
+        self._last_turns, self._last_duty_rounds, self._was_leading = turns, duty_rounds, leading
         if leading and not advanced:
             logger.warning(
                 "liveness: the leading control loop has not finished a turn since the last look",
@@ -89,8 +89,8 @@ class Watcher:
         if leading and duties is not None and not (duties.is_alive() and duties_advanced):
             # the planner and the orphan pass: a leader whose duties died or hang keeps the lead and plans nothing
             logger.warning(
-                "liveness: the leading control loop's duties thread is gone or has offered no pass since the last look",
-                extra={"action": "duties_stalled", "duty_calls": duty_calls},
+                "liveness: the leading control loop's duties thread is gone or began no round since the last look",
+                extra={"action": "duties_stalled", "duty_rounds": duty_rounds},
             )
             return False
         liveness.write(ROLE, control_loop=True, leading=leading, turns=turns)

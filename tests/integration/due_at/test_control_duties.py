@@ -74,11 +74,11 @@ def test_duties_run_only_while_this_process_leads(queue, monkeypatch):
         assert loop.stopping.wait(3 * control.STANDBY_RETRY_SECONDS) is False
         assert not loop.leadership.leading
         assert calls == []
-        assert loop.counters.duty_calls == 0
+        assert loop.counters.duty_rounds == 0
         other.resign()
         wait_for(lambda: len(calls) >= 2, 20, message="the new leader to offer its duty passes")
         assert set(calls) == {"timekeeper-duties"}
-        assert loop.counters.duty_calls >= 2
+        assert loop.counters.duty_rounds >= 2
     finally:
         other.resign()
         assert loop.stop()
@@ -115,9 +115,29 @@ def test_a_duty_that_raises_is_offered_a_pass_again_on_a_new_session_and_the_cla
         assert loop.stop()
 
 
-def test_a_start_after_a_stop_that_timed_out_runs_a_new_duties_thread(queue, monkeypatch):
-    """stop() gave up while a duty's pass went on; start() again: the old duties thread ends after its pass
-    and a new one offers the passes (the old one, still alive when start() looked, did not count)."""
+def test_a_duty_that_keeps_failing_skips_no_other_and_its_rounds_go_on(queue, monkeypatch):
+    """One duty fails on every pass: the next duty still gets its passes, and the rounds (what the liveness
+    watcher looks at) go on, so a leader is not restarted for an error a restart would not mend."""
+    calls: list[str] = []
+
+    def broken() -> None:
+        calls.append("broken")
+        raise ValueError("a duty that fails every time")
+
+    _with_duties(monkeypatch, broken, lambda: calls.append("other"))
+    loop = control.ControlLoop()
+    loop.start()
+    try:
+        wait_for(lambda: calls.count("other") >= 2, 20, message="the other duty's passes")
+        assert calls.count("broken") >= 2
+        assert loop.counters.duty_rounds >= 2
+    finally:
+        assert loop.stop()
+
+
+def test_a_start_after_a_stop_that_timed_out_waits_for_the_old_threads_then_runs_new_ones(queue, monkeypatch):
+    """stop() gave up while a duty's pass went on; start() again waits for the old threads to end (two loop
+    threads would share one leadership session), then runs new ones, which lead and offer passes."""
     duty = Blocking()
     _with_duties(monkeypatch, duty)
     loop = control.ControlLoop()
@@ -125,14 +145,15 @@ def test_a_start_after_a_stop_that_timed_out_runs_a_new_duties_thread(queue, mon
     try:
         assert duty.entered.wait(20)
         assert loop.stop(timeout=0.2) is False, "the pass goes on past the stop's wait"
-        old = loop.duties_thread
-        loop.start()
-        duty.release.set()
-        old.join(10)
-        assert not old.is_alive()
-        assert loop.duties_thread is not old
-        calls = loop.counters.duty_calls
-        wait_for(lambda: loop.counters.duty_calls > calls, 20, message="the new duties thread to offer a pass")
+        old = [loop.thread, loop.duties_thread]
+        threading.Timer(0.5, duty.release.set).start()  # the pass ends while start() waits
+        assert loop.start() is True
+        assert not any(thread.is_alive() for thread in old)
+        assert loop.thread not in old
+        assert loop.duties_thread not in old
+        rounds = loop.counters.duty_rounds
+        wait_for(lambda: loop.counters.duty_rounds > rounds, 20, message="the new duties thread's rounds")
+        assert loop.duties_thread.is_alive()
     finally:
         duty.release.set()
         assert loop.stop()

@@ -200,12 +200,12 @@ def test_worker_watcher_stops_writing_for_a_leader_whose_duties_thread_is_stuck_
         loop.counters.turns += 1
         assert watcher.observe() is False, "turns advanced, duty passes did not"
         loop.counters.turns += 1
-        loop.counters.duty_calls += 1
+        loop.counters.duty_rounds += 1
         assert watcher.observe() is True
         stuck.set()
         loop.duties_thread.join(5)
         loop.counters.turns += 1
-        loop.counters.duty_calls += 1
+        loop.counters.duty_rounds += 1
         assert watcher.observe() is False, "the duties thread is gone"
         loop.leadership._leading = False
         assert watcher.observe() is True, "a standby runs no duty"
