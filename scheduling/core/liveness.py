@@ -8,10 +8,10 @@ a small JSON file (``<SCHEDULING_LIVENESS_DIR>/timekeeper-<role>.alive``) while 
 ``manage.py timekeeper probe <role>`` exits 0 when the file is younger than
 ``SCHEDULING_LIVENESS_MAX_AGE_SECONDS``, 1 otherwise (missing, stale or unreadable).
 
-Writers: the worker's watcher (``scheduling.due_at.liveness``: the control loop's thread is alive
-and, when it leads, its turns and its duties thread's rounds advance) and beat's scheduler (``scheduling.fixed.beat``: every tick,
-leader or standby). A file is replaced atomically (written beside, then renamed), so a probe never
-reads half of one.
+Writers: the worker's watcher (``scheduling.due_at.liveness``: the control loop's threads are
+alive and, when it leads, its turns and its duties thread's rounds advance) and beat's scheduler
+(``scheduling.fixed.beat``: every tick, leader or standby). A file is replaced atomically
+(written beside, then renamed), so a probe never reads half of one.
 """
 
 from __future__ import annotations

@@ -129,8 +129,9 @@ class ControlLoop:
         resigns the lead as it ends. If they are still running then, nothing starts (False).
         """
         threads = [t for t in (self.thread, self.duties_thread) if t is not None and t.is_alive()]
-        if threads and not self.stopping.is_set():
+        if len(threads) == 2 and not self.stopping.is_set():
             return True  # running
+        self.stopping.set()  # one of the two ended (or a stop is under way): both start anew
         deadline = time.monotonic() + RESTART_JOIN_SECONDS
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -224,6 +225,9 @@ class ControlLoop:
                         )
                         connection.close()
                 self.stopping.wait(ERROR_PAUSE_SECONDS if failed else DUTY_STEP_SECONDS)
+        except BaseException:
+            logger.critical("the control loop's duties thread ended", exc_info=True, extra={"action": "duties_ended"})
+            raise
         finally:
             connection.close()  # this thread's Django connection
 

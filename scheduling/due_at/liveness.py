@@ -73,6 +73,11 @@ class Watcher:
         if loop.thread is None or not loop.thread.is_alive():
             logger.error("liveness: the control loop thread is not running", extra={"action": "control_dead"})
             return False
+        duties = loop.duties_thread
+        if duties is not None and not duties.is_alive():
+            # the planner and the orphan pass: a leader without them keeps the lead and plans nothing
+            logger.error("liveness: the control loop's duties thread is not running", extra={"action": "duties_dead"})
+            return False
         leading = loop.leadership.leading
         turns, duty_rounds = loop.counters.turns, loop.counters.duty_rounds
         first = not self._was_leading  # the first look after taking the lead counts as progress
@@ -85,11 +90,10 @@ class Watcher:
                 extra={"action": "control_stalled", "turns": turns},
             )
             return False
-        duties = loop.duties_thread
-        if leading and duties is not None and not (duties.is_alive() and duties_advanced):
-            # the planner and the orphan pass: a leader whose duties died or hang keeps the lead and plans nothing
+        if leading and duties is not None and not duties_advanced:
+            # a duty stuck (a pass blocked in a query): the leader would keep the lead and plan nothing
             logger.warning(
-                "liveness: the leading control loop's duties thread is gone or began no round since the last look",
+                "liveness: the leading control loop's duties thread began no round since the last look",
                 extra={"action": "duties_stalled", "duty_rounds": duty_rounds},
             )
             return False

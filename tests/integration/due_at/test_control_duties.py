@@ -147,6 +147,7 @@ def test_a_start_after_a_stop_that_timed_out_waits_for_the_old_threads_then_runs
         assert loop.stop(timeout=0.2) is False, "the pass goes on past the stop's wait"
         old = [loop.thread, loop.duties_thread]
         threading.Timer(0.5, duty.release.set).start()  # the pass ends while start() waits
+        assert old[1].is_alive(), "the old duties thread is still in its pass when start() is called"
         assert loop.start() is True
         assert not any(thread.is_alive() for thread in old)
         assert loop.thread not in old
@@ -156,4 +157,29 @@ def test_a_start_after_a_stop_that_timed_out_waits_for_the_old_threads_then_runs
         assert loop.duties_thread.is_alive()
     finally:
         duty.release.set()
+        assert loop.stop()
+
+
+def test_a_start_with_one_of_the_two_threads_gone_runs_both_anew(queue, monkeypatch):
+    """The duties thread ended (the loop thread still runs): start() stops the survivor and runs both anew,
+    not only the one that is missing (and not nothing, as when it saw a thread alive and returned)."""
+    calls: list[str] = []
+    _with_duties(monkeypatch, lambda: calls.append(threading.current_thread().name))
+    loop = control.ControlLoop()
+    loop.start()
+    try:
+        wait_for(lambda: calls, 20, message="a first duty pass")
+        survivor = loop.thread
+        gone = threading.Thread(target=lambda: None)
+        gone.start()
+        gone.join()
+        loop.duties_thread = gone  # as if the duties thread had ended
+        assert loop.start() is True
+        assert not survivor.is_alive()
+        assert loop.thread is not survivor
+        assert loop.duties_thread is not gone
+        assert loop.duties_thread.is_alive()
+        before = len(calls)
+        wait_for(lambda: len(calls) > before, 20, message="the new duties thread's passes")
+    finally:
         assert loop.stop()

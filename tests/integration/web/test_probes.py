@@ -185,8 +185,8 @@ def test_worker_watcher_stops_writing_for_a_stalled_leader_or_a_dead_loop_thread
 
 @pytest.mark.django_db
 def test_worker_watcher_stops_writing_for_a_leader_whose_duties_thread_is_stuck_or_gone(liveness_dir):
-    """A leader whose turns advance but whose duties thread (the planner, the orphan pass) offers no pass,
-    or has ended: the file is not refreshed, so the probe hands the lead on (a standby is not judged by it)."""
+    """A leader whose turns advance but whose duties thread (the planner, the orphan pass) begins no round, or
+    a loop whose duties thread has ended (leading or not): the file is not refreshed, so the probe restarts it."""
     loop = control.ControlLoop()
     turning, stuck = threading.Event(), threading.Event()
     loop.thread = threading.Thread(target=turning.wait, daemon=True)
@@ -208,7 +208,7 @@ def test_worker_watcher_stops_writing_for_a_leader_whose_duties_thread_is_stuck_
         loop.counters.duty_rounds += 1
         assert watcher.observe() is False, "the duties thread is gone"
         loop.leadership._leading = False
-        assert watcher.observe() is True, "a standby runs no duty"
+        assert watcher.observe() is False, "a standby without it would lead with no duties"
     finally:
         loop.leadership._leading = False
         stuck.set()
