@@ -74,8 +74,8 @@ STEP_DOWN_HOLD_SECONDS = 3.0
 # fixed-time orphan pass): each is called on the loop's duties thread while this process leads,
 # every DUTY_STEP_SECONDS, and paces itself. They never run in a turn: a planner pass of a
 # 100,000-recurrence spike (a pick of ~50 ms and inserts of ~150 ms, every second) held every
-# claim behind it, and the workers ran dry meanwhile (bench recurring: 48.7 s on the loop, 42.3 s
-# beside it).
+# claim behind it, and the workers ran dry meanwhile (its spike: 48.7 s with the duties in the
+# turn, 41-44 s beside it, 35.6 s with no planning at all; bench/README.md).
 EXTRA_DUTIES: list[Callable[[], object]] = []
 DUTY_STEP_SECONDS = 0.1  # the duties thread offers each duty a pass this often
 
