@@ -100,13 +100,7 @@ def _plan(
 ) -> store.CreatedOccurrence | None:
     """Create the occurrence (None: the indexes refused it, an instant taken or a live one; the planner goes on)."""
     options = planner.occurrence_options(registry.get(row.kind), row.max_attempts, row.priority)
-    planned = store.PlannedOccurrence(
-        recurrence_id=row.id,
-        prev=prev,
-        occurrence_at=occurrence.at,
-        due_at=occurrence.due_at,
-        **dataclasses.asdict(options),
-    )
+    planned = store.PlannedOccurrence.of(row.id, prev, occurrence.at, occurrence.due_at, options)
     created = store.plan_occurrences([planned])
     if not created:
         logger.warning("occurrence not created", extra={"recurrence_id": row.id, "action": "plan_refused"})
@@ -364,15 +358,7 @@ def recur_many(
             if occurrence is None:
                 ended.append(row.id)
                 continue
-            plans.append(
-                store.PlannedOccurrence(
-                    recurrence_id=row.id,
-                    prev=None,
-                    occurrence_at=occurrence.at,
-                    due_at=occurrence.due_at,
-                    **dataclasses.asdict(options),
-                )
-            )
+            plans.append(store.PlannedOccurrence.of(row.id, None, occurrence.at, occurrence.due_at, options))
         store.plan_occurrences(plans)
         if ended:
             store.set_recurrences_state(ended, RecurrenceState.ENDED, [RecurrenceState.ACTIVE])

@@ -168,17 +168,7 @@ def plan_once(limit: int | None = None) -> PlanReport:
                 ends.append((row.id, row.current_at))
                 continue
             options = occurrence_options(kind, row.max_attempts, row.priority)
-            plans.append(
-                store.PlannedOccurrence(
-                    recurrence_id=row.id,
-                    prev=row.current_at,
-                    occurrence_at=occurrence.at,
-                    due_at=occurrence.due_at,
-                    lease_seconds=options.lease_seconds,  # not dataclasses.asdict: it deep-copies, half a pass's Python
-                    max_attempts=options.max_attempts,
-                    priority=options.priority,
-                )
-            )
+            plans.append(store.PlannedOccurrence.of(row.id, row.current_at, occurrence.at, occurrence.due_at, options))
         created = store.plan_occurrences(plans)
         ended = store.end_recurrences(ends)
         if broken:

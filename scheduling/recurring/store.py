@@ -214,6 +214,19 @@ class PlannedOccurrence:
     max_attempts: int
     priority: int
 
+    @classmethod
+    def of(
+        cls,
+        recurrence_id: int,
+        prev: dt.datetime | None,
+        at: dt.datetime,
+        due_at: dt.datetime,
+        options: OccurrenceOptions,
+    ) -> PlannedOccurrence:
+        """The occurrence with its job options (field by field: ``dataclasses.asdict`` deep-copies, and the
+        planner and ``recur_many`` build one per row: it was half of a 5,000-row planner pass's Python)."""
+        return cls(recurrence_id, prev, at, due_at, options.lease_seconds, options.max_attempts, options.priority)
+
 
 @dataclasses.dataclass(frozen=True)
 class CreatedOccurrence:
