@@ -183,3 +183,42 @@ def test_a_start_with_one_of_the_two_threads_gone_runs_both_anew(queue, monkeypa
         wait_for(lambda: len(calls) > before, 20, message="the new duties thread's passes")
     finally:
         assert loop.stop()
+
+
+def _session_alive(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        return cursor.fetchone()[0] == 1
+
+
+def test_a_leader_that_lost_the_lead_closes_its_duties_session(queue, monkeypatch):
+    """The leader's lock session dies and another process takes the lead: the old leader's duties thread
+    closes the session its duties used (a standby holds no duties session; every worker of a fleet held
+    one before, twice the leader's share of connections)."""
+    sessions: list[int] = []
+
+    def duty() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            sessions.append(cursor.fetchone()[0])
+
+    _with_duties(monkeypatch, duty)
+    other = leadership.Leadership(control.ROLE, silence_seconds=control.LEAD_SILENCE_SECONDS)
+    loop = control.ControlLoop()
+    loop.start()
+    try:
+        wait_for(lambda: sessions, 20, message="a first duty pass")
+        duty_session = sessions[-1]
+        assert _session_alive(duty_session)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [loop.leadership.connection.get_backend_pid()])
+        wait_for(other.lead, 20, message="the other process to take the lead")
+        wait_for(lambda: not loop.leadership.leading, 20, message="the old leader to see its lead gone")
+        wait_for(lambda: not _session_alive(duty_session), 20, message="the standby to close its duties session")
+        passes = len(sessions)
+        assert loop.stopping.wait(3 * control.STANDBY_RETRY_SECONDS) is False
+        assert len(sessions) == passes, "a standby offers no pass"
+        assert loop.duties_thread.is_alive()
+    finally:
+        other.resign()
+        assert loop.stop()
