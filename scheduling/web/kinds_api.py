@@ -24,7 +24,6 @@ from scheduling.core import exceptions, kind_options, registry
 from scheduling.web import jobs_api
 
 PERMISSION = "scheduling.change_kindcontrol"
-CAP_FIELDS = frozenset({kind_options.BY_VERB["cap"].name})  # the cap's body: {"max_running": n}
 RATE_FIELDS = frozenset({"rate", "partition_by"})
 
 

@@ -34,7 +34,6 @@ def option_form(option: kind_options.KindOption) -> type[forms.Form]:
 
 
 OPTION_FORMS = {option.verb: option_form(option) for option in kind_options.KIND_OPTIONS}  # {verb: form}
-KindCapForm = OPTION_FORMS["cap"]  # the cap of one kind: a whole number, or empty for no cap
 
 
 @admin.register(KindControl)
