@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from scheduling.core import validation
-from scheduling.models import AuditRecord
+from scheduling.models import AuditRecord, action_label
 from scheduling.web.admin import common
 
 
@@ -32,6 +32,20 @@ class ActorFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[AuditRecord]) -> QuerySet[AuditRecord]:
         return queryset.filter(actor=self.value()) if self.value() else queryset
+
+
+class ActionFilter(admin.SimpleListFilter):
+    """What was done: the verbs recorded so far, by their labels (a new verb shows without an entry anywhere)."""
+
+    title = "action"
+    parameter_name = "action"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        actions = AuditRecord.objects.order_by("action").values_list("action", flat=True).distinct()[:100]
+        return [(action, action_label(action)) for action in actions]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[AuditRecord]) -> QuerySet[AuditRecord]:
+        return queryset.filter(action=self.value()) if self.value() else queryset
 
 
 class JobFilter(admin.SimpleListFilter):
@@ -51,18 +65,34 @@ class JobFilter(admin.SimpleListFilter):
 
 @admin.register(AuditRecord)
 class AuditRecordAdmin(admin.ModelAdmin):
-    list_display = ("when", "actor", "door", "action", "kind", "target_text", "selected", "changed")
-    list_filter = ("action", "door", ActorFilter, ("at", admin.DateFieldListFilter), JobFilter)
+    list_display = ("when", "actor", "door", "action_text", "kind", "target_text", "selected", "changed")
+    list_filter = (ActionFilter, "door", ActorFilter, ("at", admin.DateFieldListFilter), JobFilter)
     search_fields = ("actor", "kind", "target")
     search_help_text = "An actor, a kind, or words of the target (a job id as #123)."
     date_hierarchy = "at"
     list_select_related = ("user",)
     list_per_page = 100
     show_full_result_count = False
-    fields = ("when", "actor", "user", "door", "action", "kind", "target", "selected", "changed", "details", "jobs")
+    fields = (
+        "when",
+        "actor",
+        "user",
+        "door",
+        "action_text",
+        "kind",
+        "target",
+        "selected",
+        "changed",
+        "details",
+        "jobs",
+    )
     readonly_fields = fields
 
     when = common.to_the_second("at", "at")
+
+    @admin.display(description="action", ordering="action")
+    def action_text(self, record: AuditRecord) -> str:
+        return record.get_action_display()
 
     @admin.display(description="target")
     def target_text(self, record: AuditRecord) -> str:

@@ -107,3 +107,30 @@ def test_a_project_without_the_audit_middleware_is_warned():
     without = [m for m in settings.MIDDLEWARE if m != checks.AUDIT_MIDDLEWARE]
     with override_settings(MIDDLEWARE=without):
         assert [w.id for w in checks.check_audit_middleware()] == ["scheduling.W015"]
+
+
+def test_a_verb_without_an_audit_action_entry_is_recorded_listed_filtered_and_labelled(admin_client, admin_user):
+    """A new bulk action's verb (here "expedite") needs no AuditAction entry and no migration: it is written,
+    the list shows it, the action filter offers it, and it reads as itself; a known verb keeps its label."""
+    from scheduling.core import audit
+    from scheduling.models import AuditAction
+    from scheduling.web.admin.audit import ActionFilter
+
+    assert "expedite" not in AuditAction.values
+    with audit.acting(audit.Actor(door="admin", user=admin_user)):
+        audit.record("expedite", changed=1, job_ids=[7])
+        audit.record("run_now", changed=1, job_ids=[8])
+    listed = admin_client.get(AUDIT)
+    assert [r.action for r in listed.context["cl"].result_list] == ["run_now", "expedite"]
+    page = listed.content.decode()
+    assert "expedite" in page
+    assert "run now" in page  # AuditAction's label, not the verb
+    (action_filter,) = [f for f in listed.context["cl"].filter_specs if isinstance(f, ActionFilter)]
+    assert list(action_filter.lookup_choices) == [("expedite", "expedite"), ("run_now", "run now")]
+    shown = [r.action for r in admin_client.get(AUDIT + "?action=expedite").context["cl"].result_list]
+    assert shown == ["expedite"]
+    record = AuditRecord.objects.get(action="expedite")
+    assert record.get_action_display() == "expedite"
+    detail = admin_client.get(f"{AUDIT}{record.pk}/change/")
+    assert detail.status_code == 200
+    assert "expedite" in detail.content.decode()
