@@ -86,6 +86,7 @@ def sweep() -> dict[str, Any]:
 )
 def run_deferred(
     self: Task,
+    /,  # a forged "self" keyword lands in ``unknown`` (refused), not in a TypeError
     kind: Any = None,
     payload: Any = None,
     attempt: Any = 0,
@@ -128,6 +129,7 @@ def run_deferred(
 @shared_task(name="scheduling.run_fixed", bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
 def run_fixed(
     self: Task,
+    /,
     schedule: Any = None,
     tick: Any = None,
     trigger: Any = RunTrigger.BEAT,

@@ -170,11 +170,17 @@ def test_forged_messages_of_any_shape_are_refused_and_counted_not_a_type_error(b
         (("demo.record",), {}),
         ((*signed, "extra"), {}),
         (tuple(signed), {"priority": 9}),
+        (tuple(signed), {"self": 1}),  # a keyword named as the bound task's own first parameter
     ]
     for args, kwargs in deferred_shapes:
         result = celery_tasks.run_deferred.apply(args=args, kwargs=kwargs).get()
         assert result["outcome"] == "refused", (args, kwargs)
-    fixed_shapes = [((), {}), (("a", "2030-01-01T00:00:00+00:00", "beat", "sig", "1", "extra"), {}), ((), {"when": 1})]
+    fixed_shapes = [
+        ((), {}),
+        (("a", "2030-01-01T00:00:00+00:00", "beat", "sig", "1", "extra"), {}),
+        ((), {"when": 1}),
+        ((), {"self": 1}),
+    ]
     for args, kwargs in fixed_shapes:
         assert celery_tasks.run_fixed.apply(args=args, kwargs=kwargs).get()["outcome"] == "refused", (args, kwargs)
     assert counters()[("refused_messages", "scheduling.run_deferred", "")] == len(deferred_shapes)
