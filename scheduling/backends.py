@@ -594,8 +594,7 @@ def _result(
         status=status,
         enqueued_at=row.created_at,
         started_at=starts[0] if starts else None,
-        # the last attempt's end (the runner's clock, like its start); a cancelled task's is the row's
-        finished_at=(attempts[-1].finished_at if attempts else row.finished_at) if row.finished_at else None,
+        finished_at=_finished_at(row, attempts),
         last_attempted_at=last_attempted,
         args=list(payload.get("args", [])),
         kwargs=dict(payload.get("kwargs", {})),
@@ -606,6 +605,16 @@ def _result(
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", row.return_value)
     return result
+
+
+def _finished_at(row: ScheduledJob, attempts: list[JobAttempt]) -> dt.datetime | None:
+    """When the task ended: the last attempt's end (the runner's clock, like its start), or the row's for
+    a cancelled task (a cancel after a failed attempt ended the task then, not when that attempt did)."""
+    if row.finished_at is None:
+        return None
+    if row.state == JobState.CANCELLED or not attempts:
+        return row.finished_at
+    return attempts[-1].finished_at
 
 
 def _result_uuid(result: TaskResult | str) -> uuid.UUID:

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from scheduling import api, backends, exceptions, registry, testing
 from scheduling.backends import InvalidTask, TaskResultDoesNotExist, TaskResultStatus
-from scheduling.models import JobState, ScheduledJob
+from scheduling.models import JobAttempt, JobState, ScheduledJob
 from tasks.models import Execution
 from tests.taskkit import tasks
 
@@ -313,6 +313,23 @@ def test_cancel_and_reschedule_go_through_scheduling_api():
     testing.run_due()
     with pytest.raises(exceptions.JobNotCancellable):
         backends.cancel(ran.id)
+
+
+def test_a_task_cancelled_after_a_failed_attempt_finished_when_it_was_cancelled():
+    """A failed attempt leaves the task READY for its retry; a cancel then ends it: finished_at is the
+    cancel's time (the row's), not the end of the failed attempt before it."""
+    result = tasks.flaky.enqueue(fail_until=99)
+    testing.run_due(max_rounds=1)
+    row = ScheduledJob.objects.get(task_result_id=result.id)
+    assert row.state == JobState.PENDING
+    (attempt_end,) = JobAttempt.objects.filter(job=row).values_list("finished_at", flat=True)
+    backends.cancel(result)
+    row.refresh_from_db()
+    cancelled = tasks.flaky.get_result(result.id)
+    assert cancelled.status == TaskResultStatus.FAILED
+    assert cancelled.finished_at == row.finished_at
+    assert cancelled.finished_at > attempt_end
+    assert [e.exception_class for e in cancelled.errors] == [ValueError]
 
 
 def test_per_call_keys_replace_keep_or_refuse():
