@@ -248,14 +248,13 @@ def detail(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
 
 def _verb(call: Any, *, creates: bool = False) -> Any:
     """A state change by id; ``creates``: it plans an occurrence (a new job of the caller's), so it
-    spends the create rate and counts against the pending-jobs quota as a create does. Only a paused
-    recurrence's resume plans one: a resume of an active one (an idempotent no-op) spends nothing."""
+    spends the create rate and counts against the pending-jobs quota as a create does."""
 
     def view(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
         data = jobs_api.read_json(request, optional=True)
         jobs_api._check_fields(data, frozenset())
-        recurrence = _visible(user, recurrence_id, change=True)
-        if creates and recurrence.state == RecurrenceState.PAUSED:
+        _visible(user, recurrence_id, change=True)
+        if creates:
             jobs_api._take_create_allowance(user)
         try:
             with transaction.atomic():
