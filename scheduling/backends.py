@@ -608,13 +608,17 @@ def _result(
 
 
 def _finished_at(row: ScheduledJob, attempts: list[JobAttempt]) -> dt.datetime | None:
-    """When the task ended: the last attempt's end (the runner's clock, like its start), or the row's for
-    a cancelled task (a cancel after a failed attempt ended the task then, not when that attempt did)."""
+    """When the task ended: the last attempt's end (the runner's clock, like its start), or the row's for a
+    task cancelled while it waited (a cancel after a failed attempt ended the task then, not when that
+    attempt did; an abort or the handler's Cancel ended it with its attempt)."""
     if row.finished_at is None:
         return None
-    if row.state == JobState.CANCELLED or not attempts:
+    if not attempts:
         return row.finished_at
-    return attempts[-1].finished_at
+    last = attempts[-1]
+    if row.state == JobState.CANCELLED and last.outcome not in (AttemptOutcome.ABORTED, AttemptOutcome.CANCELLED):
+        return row.finished_at
+    return last.finished_at
 
 
 def _result_uuid(result: TaskResult | str) -> uuid.UUID:

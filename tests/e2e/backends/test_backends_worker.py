@@ -213,6 +213,7 @@ def test_a_running_task_aborted_through_the_tasks_door_is_interrupted_and_rolled
     assert ScheduledJob.objects.get(pk=job_id).state == JobState.CANCELLED
     (attempt,) = JobAttempt.objects.filter(job_id=job_id)
     assert attempt.outcome == AttemptOutcome.ABORTED
+    assert aborted.finished_at == attempt.finished_at, "the abort ended the task with its attempt"
     # The task wrote its atomic row before the abort (it said so on another connection), and slept
     # on: the row is rolled back with the task, the sleep never ended ("woke" is never written).
     started = Execution.objects.get(idempotency_key="aborted-task:started")
