@@ -4,8 +4,8 @@ A door (the admin and other web views through ``AuditMiddleware``, the JSON API 
 wrapper, the ``timekeeper`` command in its ``handle``) runs its work inside ``acting(actor)``. The
 calls every door shares (``cancel``/``cancel_many``, ``reschedule``/``reschedule_many``,
 ``run_now_many``, ``retry_dead_many``, ``abort``/``abort_many``, ``pause``, ``resume``,
-``set_kind_option`` and ``set_max_running``, the recurrences' bulk pause, resume and cancel, a
-fixed-time schedule's run now, enable and disable, and the token functions of
+``set_kind_option`` and ``set_max_running``, ``set_rate``, the recurrences' bulk pause, resume and
+cancel, a fixed-time schedule's run now, abort, enable and disable, and the token functions of
 ``scheduling.web.auth``) call ``record()``, which writes one ``AuditRecord`` in the
 caller's transaction when an actor is set, and nothing when none is (application code and the
 engine itself are not operators). So a new door sets the actor once, and a new button or

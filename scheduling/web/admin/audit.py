@@ -20,32 +20,36 @@ from scheduling.models import AuditRecord, action_label
 from scheduling.web.admin import common
 
 
-class ActorFilter(admin.SimpleListFilter):
+class _RecordedValues(admin.SimpleListFilter):
+    """The values of column ``parameter_name`` recorded so far (the first 100), each shown by ``label``."""
+
+    def label(self, value: str) -> str:
+        return value
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        field = self.parameter_name
+        values = AuditRecord.objects.order_by(field).values_list(field, flat=True).distinct()[:100]
+        return [(value, self.label(value)) for value in values]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[AuditRecord]) -> QuerySet[AuditRecord]:
+        return queryset.filter(**{self.parameter_name: self.value()}) if self.value() else queryset
+
+
+class ActorFilter(_RecordedValues):
     """Who acted: a username, or cli:<OS user> (kept as text, so it outlives a deleted user)."""
 
     title = "actor"
     parameter_name = "actor"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = AuditRecord.objects.order_by("actor").values_list("actor", flat=True).distinct()[:100]
-        return [(name, name) for name in names]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[AuditRecord]) -> QuerySet[AuditRecord]:
-        return queryset.filter(actor=self.value()) if self.value() else queryset
-
-
-class ActionFilter(admin.SimpleListFilter):
+class ActionFilter(_RecordedValues):
     """What was done: the verbs recorded so far, by their labels (a new verb shows without an entry anywhere)."""
 
     title = "action"
     parameter_name = "action"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        actions = AuditRecord.objects.order_by("action").values_list("action", flat=True).distinct()[:100]
-        return [(action, action_label(action)) for action in actions]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[AuditRecord]) -> QuerySet[AuditRecord]:
-        return queryset.filter(action=self.value()) if self.value() else queryset
+    def label(self, value: str) -> str:
+        return action_label(value)
 
 
 class JobFilter(admin.SimpleListFilter):
