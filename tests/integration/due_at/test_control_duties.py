@@ -4,6 +4,7 @@ thread, beside its claims: a long pass never holds a claim (real PostgreSQL and 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -210,6 +211,9 @@ def test_a_leader_that_lost_the_lead_closes_its_duties_session(queue, monkeypatc
         wait_for(lambda: sessions, 20, message="a first duty pass")
         duty_session = sessions[-1]
         assert _session_alive(duty_session)
+        # Once it sees its lead gone the loop tries again at once; held off (as after a step-down), it
+        # leaves the lock to the other process, which takes it.
+        monkeypatch.setattr(loop, "_hold_until", time.monotonic() + 60)
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [loop.leadership.connection.get_backend_pid()])
         wait_for(other.lead, 20, message="the other process to take the lead")
