@@ -27,12 +27,12 @@ class _RecordedValues(admin.SimpleListFilter):
         return value
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        field = self.parameter_name
+        field = str(self.parameter_name)
         values = AuditRecord.objects.order_by(field).values_list(field, flat=True).distinct()[:100]
         return [(value, self.label(value)) for value in values]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[AuditRecord]) -> QuerySet[AuditRecord]:
-        return queryset.filter(**{self.parameter_name: self.value()}) if self.value() else queryset
+        return queryset.filter(**{str(self.parameter_name): self.value()}) if self.value() else queryset
 
 
 class ActorFilter(_RecordedValues):
