@@ -639,9 +639,7 @@ def resume_recurrences(ids: Iterable[int], *, caller: Any = None) -> BulkResult:
     One the planner would refuse (its kind gone, its owner deactivated or without the kind's
     access) stays paused with that reason and is reported untouched. With an outside ``caller``
     (the JSON API), each planned occurrence is a new job of the recurrence's owner and counts
-    against their pending-jobs quota, as a create does, and a call that resumes any spends one of
-    the caller's create allowance, decided under the rows' locks: a resume of recurrences already
-    active spends nothing (``OverCreationLimit`` rolls the call back).
+    against their pending-jobs quota, as a create does (``OverCreationLimit`` rolls the call back).
     """
     selected = _selection(ids)
     settings = conf.get()
@@ -651,8 +649,6 @@ def resume_recurrences(ids: Iterable[int], *, caller: Any = None) -> BulkResult:
         for owner_id in sorted(owners):
             _lock_owner_creations(owners[owner_id])
         resumed = store.set_recurrences_state(selected, RecurrenceState.ACTIVE, [RecurrenceState.PAUSED])
-        if resumed and caller is not None:
-            validation.take_create_allowance(caller)  # superusers are exempt
         rows = [_locked(rid) for rid in resumed]
         refused = planner.refusals(rows, planner.kinds_of(rows))
         store.pause_recurrences_for(list(refused.items()))

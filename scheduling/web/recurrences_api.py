@@ -247,15 +247,15 @@ def detail(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
 
 
 def _verb(call: Any, *, creates: bool = False) -> Any:
-    """A state change by id; ``creates``: it may plan an occurrence (a new job of the caller's), so the
-    call is made as the caller's: a resume that plans spends the create rate and counts against the
-    pending-jobs quota as a create does (``resume_recurrences`` decides, under the row's lock; a resume
-    of an active recurrence spends nothing)."""
+    """A state change by id; ``creates``: it plans an occurrence (a new job of the caller's), so it
+    spends the create rate and counts against the pending-jobs quota as a create does."""
 
     def view(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
         data = jobs_api.read_json(request, optional=True)
         jobs_api._check_fields(data, frozenset())
         _visible(user, recurrence_id, change=True)
+        if creates:
+            jobs_api._take_create_allowance(user)
         try:
             with transaction.atomic():
                 call(recurrence_id, caller=user) if creates else call(recurrence_id)

@@ -277,21 +277,6 @@ def test_a_resume_takes_the_create_allowance(alice):
     assert ScheduledJob.objects.count() == 3, "the first occurrence and two resumes' occurrences"
 
 
-@override_settings(SCHEDULING_API_CREATE_BURST=2, SCHEDULING_API_CREATE_RATE_PER_SECOND=0.001)
-def test_a_resume_of_an_active_recurrence_plans_nothing_and_spends_no_allowance(alice):
-    """Resuming an active recurrence is an idempotent no-op: 200, no job, and the create rate untouched
-    (it spent a token: a client retrying its resume ran out of creates it never made)."""
-    client = token_client(alice)
-    url = create(client).json()["recurrence"]["url"]  # the first of the two tokens
-    for _ in range(3):
-        assert send(client, "post", f"{url}/resume").status_code == 200
-    assert ScheduledJob.objects.count() == 1
-    send(client, "post", f"{url}/pause")
-    assert send(client, "post", f"{url}/resume").status_code == 200, "the second token is still there"
-    send(client, "post", f"{url}/pause")
-    assert send(client, "post", f"{url}/resume").status_code == 429
-
-
 def test_a_first_occurrence_past_ten_years_is_refused_and_nothing_is_stored(alice):
     """A yearly rule starting near the window's end first runs about a year past it: 400, nothing stored."""
     client = token_client(alice)
