@@ -124,6 +124,11 @@ def take_create_allowance(owner_id: int, rate_per_second: float, burst: int) -> 
     return SQL.fetch_all(Allowance, "take_create_allowance", params)[0]
 
 
+def give_back_create_allowance(owner_id: int, rate_per_second: float) -> None:
+    """Return one creation to ``owner_id``'s bucket (taken by a request that then created nothing)."""
+    SQL.execute("give_back_create_allowance", {"owner_id": owner_id, "emission": 1.0 / rate_per_second})
+
+
 def lock_owner_creations(key: int) -> None:
     """Hold the transaction-level advisory lock ``key`` (one owner's creations) until the transaction ends."""
     SQL.execute("lock_owner_creations", {"key": key})

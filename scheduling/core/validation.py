@@ -406,6 +406,20 @@ def take_create_allowance(user: Any) -> None:
         )
 
 
+def give_back_create_allowance(user: Any) -> None:
+    """Return the creation ``take_create_allowance`` took from ``user``, for a request that created nothing.
+
+    Only for a request that turned out to be a no-op (a resume of a recurrence already active); a
+    refused or failed request keeps its charge (every create request counts, whatever its answer).
+    """
+    from scheduling.core import store
+
+    settings = conf.get()
+    if settings.api_create_rate_per_second <= 0 or user is None or user.is_superuser:
+        return
+    store.give_back_create_allowance(user.pk, settings.api_create_rate_per_second)
+
+
 def lock_creations(user: Any) -> None:
     """Serialise ``user``'s creations until the transaction ends, when a quota applies to them."""
     from scheduling.core import locks, store

@@ -533,7 +533,9 @@ def pause_recurrence(recurrence_id: int | None = None, *, key: str | None = None
 
     An occurrence already running finishes its attempt and is not retried.
     """
-    return _one(pause_recurrences, _find(recurrence_id, key, owner), "be paused", RecurrenceState.PAUSED)
+    target = _find(recurrence_id, key, owner)
+    _one(pause_recurrences, target, "be paused", RecurrenceState.PAUSED)
+    return target
 
 
 def resume_recurrence(
@@ -545,7 +547,14 @@ def resume_recurrence(
     against their pending-jobs quota as a create does (``OverCreationLimit``; it stays paused).
     """
     target = _find(recurrence_id, key, owner)
-    return _one(lambda ids: resume_recurrences(ids, caller=caller), target, "resume", RecurrenceState.ACTIVE)
+    _one(lambda ids: resume_recurrences(ids, caller=caller), target, "resume", RecurrenceState.ACTIVE)
+    return target
+
+
+def resume_recurrence_planning(recurrence_id: int, *, caller: Any = None) -> bool:
+    """``resume_recurrence``, telling whether it resumed (True: an occurrence was planned) or found
+    the recurrence already active (False: nothing changed, nothing was created)."""
+    return _one(lambda ids: resume_recurrences(ids, caller=caller), recurrence_id, "resume", RecurrenceState.ACTIVE)
 
 
 def cancel_recurrence(recurrence_id: int | None = None, *, key: str | None = None, owner: Any = None) -> int:
@@ -553,15 +562,18 @@ def cancel_recurrence(recurrence_id: int | None = None, *, key: str | None = Non
 
     An occurrence already running finishes its attempt and is not retried.
     """
-    return _one(cancel_recurrences, _find(recurrence_id, key, owner), "be cancelled", RecurrenceState.CANCELLED)
+    target = _find(recurrence_id, key, owner)
+    _one(cancel_recurrences, target, "be cancelled", RecurrenceState.CANCELLED)
+    return target
 
 
-def _one(bulk: Callable[[list[int]], BulkResult], target: int, action: str, done_state: str) -> int:
-    """``bulk`` on one recurrence; a named error unless it changed or was already ``done_state`` (idempotent)."""
+def _one(bulk: Callable[[list[int]], BulkResult], target: int, action: str, done_state: str) -> bool:
+    """``bulk`` on one recurrence: True when it changed, False when it was already ``done_state``
+    (idempotent); a named error otherwise."""
     result = bulk([target])
     if not result.changed:
         _refuse(target, result, action, allowed=(done_state,))
-    return target
+    return bool(result.changed)
 
 
 def _refuse(target: int, result: BulkResult, action: str, *, allowed: Sequence[str]) -> None:

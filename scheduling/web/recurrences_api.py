@@ -246,7 +246,7 @@ def detail(request: HttpRequest, user: Any, recurrence_id: int) -> JsonResponse:
     return jobs_api.ok(recurrence_json(changed, upcoming=DETAIL_NEXT))
 
 
-def _verb(call: Any, *, creates: bool = False) -> Any:
+def _verb(call: Any, *, creates: bool = False, name: str = "") -> Any:
     """A state change by id; ``creates``: it plans an occurrence (a new job of the caller's), so it
     spends the create rate and counts against the pending-jobs quota as a create does."""
 
@@ -258,17 +258,21 @@ def _verb(call: Any, *, creates: bool = False) -> Any:
             jobs_api._take_create_allowance(user)
         try:
             with transaction.atomic():
-                call(recurrence_id, caller=user) if creates else call(recurrence_id)
+                created = call(recurrence_id, caller=user) if creates else call(recurrence_id)
         except exceptions.SchedulingError as exc:
             raise _error(exc) from None
+        if creates and not created:
+            # Already active: nothing was planned, so the creation charged above is given back (a
+            # refused or failed request keeps its charge: every create request counts).
+            validation.give_back_create_allowance(user)
         return jobs_api.ok(recurrence_json(_visible(user, recurrence_id), upcoming=DETAIL_NEXT))
 
-    view.__name__ = call.__name__
+    view.__name__ = name or call.__name__
     return jobs_api._endpoint(("POST",))(view)
 
 
 pause = _verb(api.pause_recurrence)
-resume = _verb(api.resume_recurrence, creates=True)
+resume = _verb(recurring_api.resume_recurrence_planning, creates=True, name="resume_recurrence")
 cancel = _verb(api.cancel_recurrence)
 
 

@@ -72,6 +72,14 @@ SELECT EXISTS (SELECT 1 FROM taken) AS allowed,
                                          - now() - make_interval(secs => %(window)s))::float8
                  FROM scheduling_apiratebucket WHERE owner_id = %(owner_id)s), 0)::float8 AS retry_after_seconds;
 
+-- name: give_back_create_allowance
+-- Returns one creation to an owner's bucket (a request charged before it knew it would create
+-- nothing: a resume of a recurrence already active): full_at moves one emission interval back,
+-- never before now() (a bucket is never more than whole).
+UPDATE scheduling_apiratebucket
+SET full_at = greatest(full_at - make_interval(secs => %(emission)s), now())
+WHERE owner_id = %(owner_id)s;
+
 -- name: lock_owner_creations
 -- Serialises one owner's JSON API creations until the transaction ends, so that the pending-jobs
 -- quota counted after an insert cannot be raced past by the owner's other requests.

@@ -277,6 +277,22 @@ def test_a_resume_takes_the_create_allowance(alice):
     assert ScheduledJob.objects.count() == 3, "the first occurrence and two resumes' occurrences"
 
 
+@override_settings(SCHEDULING_API_CREATE_BURST=2, SCHEDULING_API_CREATE_RATE_PER_SECOND=0.001)
+def test_a_resume_of_an_active_recurrence_gives_the_allowance_back(alice):
+    """A resume that finds the recurrence active plans nothing: its charge is given back (200, no job)."""
+    client = token_client(alice)
+    url = create(client).json()["recurrence"]["url"]  # the first of the two creations of the burst
+    for _ in range(3):
+        assert send(client, "post", f"{url}/resume").status_code == 200, "already active: idempotent"
+    assert ScheduledJob.objects.count() == 1
+    send(client, "post", f"{url}/pause")
+    assert send(client, "post", f"{url}/resume").status_code == 200, "the second creation, still allowed"
+    send(client, "post", f"{url}/pause")
+    over = send(client, "post", f"{url}/resume")
+    assert (over.status_code, error_of(over)["code"]) == (429, "rate_limited"), over.content
+    assert ScheduledJob.objects.count() == 2
+
+
 def test_a_first_occurrence_past_ten_years_is_refused_and_nothing_is_stored(alice):
     """A yearly rule starting near the window's end first runs about a year past it: 400, nothing stored."""
     client = token_client(alice)
