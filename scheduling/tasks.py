@@ -252,7 +252,9 @@ def freeze_what_startup_built(sender: Any = None, **kwargs: Any) -> None:
     1,000 jobs/s that was a 130-165 ms pause of the process that claims and dispatches, every few
     minutes, and it showed as the worst second of start lag (``python -m bench soak``). Frozen,
     a full collection walks only what came after (``gc.freeze``; a collection first, so no garbage
-    is frozen with them).
+    is frozen with them). The price: a startup object that later becomes cyclic garbage (a first
+    connection replaced after a reconnect) is never freed, once per process. Pool processes forked
+    later inherit the frozen objects, which keeps them shared with the parent's pages.
     """
     gc.collect()
     gc.freeze()

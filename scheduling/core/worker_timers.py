@@ -34,7 +34,7 @@ MIN_CANCELLED = 100
 def compact(timer: Any, min_cancelled: int = MIN_CANCELLED) -> int:
     """Drop ``timer``'s cancelled entries once ``min_cancelled`` or more and half its heap or more; how many."""
     queue = getattr(timer, "_queue", None)
-    if not isinstance(queue, list):
+    if not isinstance(queue, list) or len(queue) < min_cancelled:
         return 0
     cancelled = sum(1 for item in queue if getattr(item[2], "canceled", False))
     if cancelled < min_cancelled or cancelled * 2 < len(queue):

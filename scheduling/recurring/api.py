@@ -552,8 +552,9 @@ def resume_recurrence(
 
 
 def resume_recurrence_planning(recurrence_id: int, *, caller: Any = None) -> bool:
-    """``resume_recurrence``, telling whether it resumed (True: an occurrence was planned) or found
-    the recurrence already active (False: nothing changed, nothing was created)."""
+    """``resume_recurrence``, telling whether it changed the recurrence (True: resumed, whether it
+    planned an occurrence, adopted one still running or ended for want of one) or found it already
+    active (False: nothing changed, nothing was created)."""
     return _one(lambda ids: resume_recurrences(ids, caller=caller), recurrence_id, "resume", RecurrenceState.ACTIVE)
 
 

@@ -293,6 +293,24 @@ def test_a_resume_of_an_active_recurrence_gives_the_allowance_back(alice):
     assert ScheduledJob.objects.count() == 2
 
 
+@override_settings(
+    SCHEDULING_API_CREATE_BURST=3, SCHEDULING_API_CREATE_RATE_PER_SECOND=0.001, SCHEDULING_API_MAX_PENDING_JOBS=1
+)
+def test_a_resume_refused_over_the_quota_keeps_its_charge(alice):
+    """Only a no-op resume is given back: one refused (429 quota_exceeded) spent its creation."""
+    client = token_client(alice)
+    url = create(client).json()["recurrence"]["url"]  # creation 1 of 3
+    send(client, "post", f"{url}/pause")
+    job = send(client, "post", "/api/jobs/", {"kind": "demo.noop", "delay": 600, "key": "j"})  # creation 2
+    assert job.status_code == 201, job.content
+    over = send(client, "post", f"{url}/resume")  # creation 3, refused
+    assert (over.status_code, error_of(over)["code"]) == (429, "quota_exceeded"), over.content
+    assert send(client, "post", f"/api/jobs/{job.json()['job']['id']}/cancel").status_code == 200
+    spent = send(client, "post", f"{url}/resume")
+    assert (spent.status_code, error_of(spent)["code"]) == (429, "rate_limited"), spent.content
+    assert Recurrence.objects.get().state == "paused"
+
+
 def test_a_first_occurrence_past_ten_years_is_refused_and_nothing_is_stored(alice):
     """A yearly rule starting near the window's end first runs about a year past it: 400, nothing stored."""
     client = token_client(alice)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kombu.asynchronous.hub import Hub
 from kombu.asynchronous.timer import Timer
 
 from scheduling.core import worker_timers
@@ -46,3 +47,20 @@ def test_a_heap_mostly_alive_or_few_cancelled_is_left_alone():
 
 def test_a_timer_without_kombus_heap_is_left_alone():
     assert worker_timers.compact(object()) == 0
+
+
+def test_a_compaction_run_by_the_hub_between_due_entries_runs_each_live_one_once():
+    """As in the worker: the compaction is an entry of the hub's own timer, fired by its loop between
+    two live entries due now; the loop goes on over the rebuilt heap, losing and repeating nothing."""
+    timer = Timer()
+    hub = Hub(timer)
+    ran: list[str] = []
+    timer.call_after(-3, lambda: ran.append("before"))
+    timer.call_after(-2, worker_timers._compact_and_log, (timer,))
+    timer.call_after(-1, lambda: ran.append("after"))
+    for delay in (3600, -0.5):  # cancelled, due later and due now
+        for _ in range(150):
+            timer.call_after(delay, lambda: ran.append("cancelled")).cancel()
+    hub.fire_timers(max_timers=100)
+    assert ran == ["before", "after"]
+    assert len(timer) == 0, "the cancelled entries were dropped, the due ones run"
