@@ -32,7 +32,7 @@ from typing import Any
 from bench import common
 
 PROCESSES = 2  # one per core (the machine has 2; the same as the workers' concurrency)
-BATCH = 50  # rows per transaction, as a Timekeeper chunk (runner.ATOMIC_CHUNK_JOBS)
+BATCH = 50  # rows per transaction, as a Timekeeper chunk of jobs that write (runner.ATOMIC_CHUNK_SAVEPOINTS)
 START_DELAY_S = 4.0  # the processes import Django and connect first, then start together at this offset
 DRAIN_TIMEOUT_S = 300
 

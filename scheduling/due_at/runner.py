@@ -23,8 +23,8 @@ transaction broken (a database error caught and ignored) is rolled back to its s
 writes and its ``on_commit`` callbacks go, its siblings' stay, and every handler runs exactly once
 per attempt whatever the others do. A handler that returns after ``transaction.set_rollback(True)``
 is done with its writes and callbacks discarded (``ROLLED_BACK_NOTE`` on its attempt). A chunk
-closes after ``ATOMIC_CHUNK_SECONDS`` or ``ATOMIC_CHUNK_JOBS`` jobs (or at the batch's end), so its
-locks are short. Each job's ``transaction.on_commit`` callbacks run after
+closes after ``ATOMIC_CHUNK_SECONDS``, or once ``ATOMIC_CHUNK_SAVEPOINTS`` of its jobs have sent
+statements (or at the batch's end), so its locks are short. Each job's ``transaction.on_commit`` callbacks run after
 that commit, each guarded: one raising stops no other, and its failure is logged with the job id
 and kept on the job's attempt. A job's deferred constraints (Django's foreign keys) are checked
 inside its savepoint, so a bad reference fails that job, not the chunk's COMMIT; every constraint
@@ -71,7 +71,9 @@ logger = logging.getLogger(__name__)
 
 FLUSH_EVERY_SECONDS = 1.0  # non-atomic kinds: finished jobs are written back at least this often
 ATOMIC_CHUNK_SECONDS = 0.5  # atomic kinds: a chunk's transaction (and its row locks) ends after this long
-ATOMIC_CHUNK_JOBS = 50  # atomic kinds: jobs (savepoints) per chunk, below PostgreSQL's 64 cached subtransactions
+# atomic kinds: jobs that sent statements per chunk (each leaves a savepoint open to the commit), below
+# PostgreSQL's 64 cached subtransactions; jobs that sent none open none, and do not count
+ATOMIC_CHUNK_SAVEPOINTS = 50
 STALL_MARGIN_SECONDS = 5.0  # a chunk's transaction idle longer than its longest timeout plus this is ended
 RECORD_RETRY_SECONDS = 60.0  # a finished job's outcome is retried this long while the database is unreachable
 UNKNOWN_KIND_RETRY_SECONDS = 10.0  # a job of a kind this worker does not know is given back, due this much later
@@ -454,7 +456,7 @@ def _run_chunk(
             store.open_job_savepoint()
         statements = _Statements()
         with connection.execute_wrapper(statements):
-            while pending and len(chunk) < ATOMIC_CHUNK_JOBS:
+            while pending and statements.savepoints_owed() < ATOMIC_CHUNK_SAVEPOINTS:
                 if chunk and time.monotonic() - opened >= ATOMIC_CHUNK_SECONDS:
                     break
                 job = pending[0]
@@ -583,6 +585,10 @@ class _Statements:
                 self._opened(savepoint)
                 return result
         return execute(sql, params, many, context)  # behind the owing job's savepoint, clean again
+
+    def savepoints_owed(self) -> int:
+        """The chunk's jobs that sent statements and succeeded: each opened, or owes, the savepoint after it."""
+        return self.opened + (self.owed is not None)
 
     def _next_savepoint(self) -> str:
         return f"tk_job_{self.opened + 1}"
@@ -713,7 +719,8 @@ def _run_isolated(
     reference fails this job, not the chunk's COMMIT) and the next savepoint is opened in front of
     the next statement sent, in its ``execute`` (``_Statements``; alone, one round trip, when the
     chunk ends first). One that fails rolls back to the savepoint, which stays open and clean. Savepoints
-    are never released (the commit releases them all); a chunk holds at most ``ATOMIC_CHUNK_JOBS``.
+    are never released (the commit releases them all); a chunk holds at most ``ATOMIC_CHUNK_SAVEPOINTS``
+    jobs that sent statements, and any number that sent none.
 
     A handler that returns after ``transaction.set_rollback(True)`` (Django's flag: this block's
     writes must not commit) has its writes and callbacks rolled back and is done: it chose the

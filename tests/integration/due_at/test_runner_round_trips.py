@@ -145,7 +145,51 @@ def test_the_round_trip_tests_count_every_statement_the_runner_sends():
     one = _statements("trips.insert", 1)
     assert any(sql.startswith('INSERT INTO "tasks_execution"') for sql in one), one
     assert 2 <= len(one) <= 12, one
-    assert runner.ATOMIC_CHUNK_JOBS >= BATCH, "the fifty jobs fit one chunk"
+    assert runner.ATOMIC_CHUNK_SAVEPOINTS >= BATCH, "the fifty jobs fit one chunk"
+
+
+def _chunks(kind: str, payloads: list[dict]) -> tuple[int, list[list[str]]]:
+    """Run one batch of ``kind``; the report's chunk count, and the statements sent, cut at each chunk's lock."""
+    ScheduledJob.objects.filter(state=JobState.PENDING).delete()
+    api.schedule_many(kind, payloads, delay=60)
+    support.make_due(state="pending")
+    claims = store.claim_due_jobs(500)
+    assert len(claims) == len(payloads)
+    with CaptureQueriesContext(connection) as captured:
+        report = runner.run_batch([(c.id, c.token) for c in claims])
+    assert report.succeeded == len(payloads)
+    chunks: list[list[str]] = []
+    for query in captured.captured_queries:
+        if "EXECUTE tk_lock_claims" in query["sql"]:  # the lock of its claims opens a chunk (prepared: _prepared)
+            chunks.append([])
+        if chunks:
+            chunks[-1].append(query["sql"])
+    assert len(chunks) == report.chunks
+    return report.chunks, chunks
+
+
+def test_a_hundred_jobs_that_run_no_sql_share_one_chunk_they_open_no_savepoint():
+    """A chunk's bound counts savepoints, and a job that sends nothing opens none: 100 no-op jobs, one chunk.
+
+    One lock, one outcome statement and one commit for the batch, not two of each with a heartbeat
+    of the second half between them, as when the bound counted jobs.
+    """
+    count, chunks = _chunks("trips.noop", [{}] * 100)
+    assert count == 1, f"{count} chunks for 100 jobs that sent no statement"
+    assert not [sql for sql in chunks[0] if "heartbeat" in sql]
+
+
+def test_a_chunk_holds_at_most_fifty_jobs_that_sent_statements_whatever_runs_between_them():
+    """60 one-INSERT jobs among 40 no-op ones: two chunks, neither with more than 51 savepoints open."""
+    payloads = [{"write": True} if i % 5 < 3 else {} for i in range(100)]
+    count, chunks = _chunks("trips.mixed", payloads)
+    assert count == 2
+    for sent in chunks:
+        savepoints = sum(sql.count("SAVEPOINT tk_job") for sql in sent) - sum(
+            sql.count("ROLLBACK TO SAVEPOINT tk_job") for sql in sent
+        )
+        assert savepoints <= runner.ATOMIC_CHUNK_SAVEPOINTS + 1, savepoints
+    assert Execution.objects.count() == 60
 
 
 def test_a_batch_start_and_a_heartbeat_are_one_round_trip_each_and_commit_without_the_flush():
