@@ -1,11 +1,12 @@
 """Where the CPU goes while ``realistic``'s jobs drain: CPU seconds per process group, per 1,000 jobs.
 
-``python -m bench.cpu_split [--jobs N] [--system timekeeper|floor|both] [--rounds N]`` drains N
-``demo.record`` jobs (one ORM insert each) as ``bench realistic`` does (Timekeeper: one ``celery
-worker --concurrency 2`` whose main process runs the control loop; the floor: ``bench.floor``'s
-two plain processes) and samples, every ``SAMPLE_SECONDS``, the user + system CPU time of every
-process taking part (psutil). CPU time, not wall time: the machine may be shared, and what a
-process spends per job does not depend on who else runs.
+``python -m bench.cpu_split [--jobs N] [--kind demo.record|demo.noop] [--system timekeeper|floor|both]
+[--rounds N]`` drains N ``demo.record`` jobs (one ORM insert each; ``demo.noop`` jobs do nothing) as
+``bench realistic`` does (Timekeeper: one ``celery worker --concurrency 2`` whose main process runs
+the control loop; the floor: ``bench.floor``'s two plain processes) and samples, every
+``SAMPLE_SECONDS``, the user + system CPU time of every process taking part (psutil). CPU time,
+not wall time: the machine may be shared, and what a process spends per job does not depend on
+who else runs.
 
 Groups: the Celery main process (by thread: its main thread is Celery's consumer, the others the
 control loop and Celery's helpers), its pool processes (or the floor's processes), the PostgreSQL
@@ -160,7 +161,7 @@ def _redis_server() -> int:
     return int(common.redis_client().info("server")["process_id"])
 
 
-def run_timekeeper(jobs: int) -> dict[str, float]:
+def run_timekeeper(jobs: int, kind: str = KIND) -> dict[str, float]:
     """CPU seconds per group while one worker (2 pool processes) drains ``jobs``; and the drain's seconds."""
     from django.db import transaction
 
@@ -172,7 +173,7 @@ def run_timekeeper(jobs: int) -> dict[str, float]:
         group.wait_ready(worker)
         time.sleep(1.0)
         with transaction.atomic():
-            api.schedule_many(KIND, [{} for _ in range(jobs)], delay=DUE_IN_SECONDS)
+            api.schedule_many(kind, [{} for _ in range(jobs)], delay=DUE_IN_SECONDS)
         sampler = Sampler({MASTER: [worker.pid], DRIVER: [os.getpid()]})
         sampler.start()
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
@@ -192,7 +193,7 @@ def run_timekeeper(jobs: int) -> dict[str, float]:
     return {**sampler.by_group(), "drain seconds": float(drain)}
 
 
-def run_floor(jobs: int) -> dict[str, float]:
+def run_floor(jobs: int, kind: str = KIND) -> dict[str, float]:
     """CPU seconds per group while ``bench.floor``'s processes drain ``jobs``; and the drain's seconds."""
     from django.db import transaction
 
@@ -200,9 +201,9 @@ def run_floor(jobs: int) -> dict[str, float]:
 
     common.reset_state()
     with transaction.atomic():
-        api.schedule_many(KIND, [{} for _ in range(jobs)], delay=0)
+        api.schedule_many(kind, [{} for _ in range(jobs)], delay=0)
     start_at = time.time() + floor.START_DELAY_S
-    argv = [sys.executable, "-m", "bench.floor", f"--kind={KIND}", f"--batch={floor.BATCH}", f"--start-at={start_at}"]
+    argv = [sys.executable, "-m", "bench.floor", f"--kind={kind}", f"--batch={floor.BATCH}", f"--start-at={start_at}"]
     children = [
         subprocess.Popen(argv, cwd=common.ROOT, env=common.bench_env(), stdout=subprocess.PIPE, text=True)
         for _ in range(floor.PROCESSES)
@@ -231,7 +232,7 @@ def _median(values: list[float]) -> float:
     return values[len(values) // 2] if values else 0.0
 
 
-def table(runs: dict[str, list[dict[str, float]]], jobs: int) -> str:
+def table(runs: dict[str, list[dict[str, float]]], jobs: int, kind: str = KIND) -> str:
     """CPU ms per 1,000 jobs by group, each system's median over its runs; the driver shown apart."""
     names: list[str] = []
     for rs in runs.values():
@@ -257,7 +258,7 @@ def table(runs: dict[str, list[dict[str, float]]], jobs: int) -> str:
     rows.append(["drain s"] + [f"{_median([r['drain seconds'] for r in rs]):.2f}" for rs in runs.values()])
     rows.append(["jobs/s"] + [f"{jobs / _median([r['drain seconds'] for r in rs]):,.0f}" for rs in runs.values()])
     return common.table(
-        f"CPU ms per 1,000 jobs ({jobs:,} {KIND} jobs a run, median of {len(first)}), load {common.load_average()}",
+        f"CPU ms per 1,000 jobs ({jobs:,} {kind} jobs a run, median of {len(first)}), load {common.load_average()}",
         ["group", *runs],
         rows,
     )
@@ -266,6 +267,9 @@ def table(runs: dict[str, list[dict[str, float]]], jobs: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cpu_split", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per run (default 20,000, as bench realistic)")
+    parser.add_argument(
+        "--kind", choices=(KIND, "demo.noop"), default=KIND, help=f"the jobs' kind (default {KIND}, as bench realistic)"
+    )
     parser.add_argument("--system", choices=("timekeeper", "floor", "both"), default="both")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each system, interleaved (median shown)")
     parser.add_argument("--json", help="also write the runs to this file")
@@ -275,13 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, float]]] = {s: [] for s in systems}
     for _ in range(args.rounds):
         for system in systems:
-            runs[system].append(run_timekeeper(args.jobs) if system == "timekeeper" else run_floor(args.jobs))
+            runs[system].append(
+                run_timekeeper(args.jobs, args.kind) if system == "timekeeper" else run_floor(args.jobs, args.kind)
+            )
             common.say(f"  {system}: drained in {runs[system][-1]['drain seconds']:.2f} s")
     common.reset_state()
-    print(table(runs, args.jobs))
+    print(table(runs, args.jobs, args.kind))
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"jobs": args.jobs, "commit": common.git_commit(), "runs": runs}, out, indent=1)
+            json.dump(
+                {"kind": args.kind, "jobs": args.jobs, "commit": common.git_commit(), "runs": runs}, out, indent=1
+            )
     return 0
 
 
