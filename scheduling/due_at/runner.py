@@ -23,19 +23,20 @@ transaction broken (a database error caught and ignored) is rolled back to its s
 writes and its ``on_commit`` callbacks go, its siblings' stay, and every handler runs exactly once
 per attempt whatever the others do. A handler that returns after ``transaction.set_rollback(True)``
 is done with its writes and callbacks discarded (``ROLLED_BACK_NOTE`` on its attempt). A chunk
-closes after ``ATOMIC_CHUNK_SECONDS``, or once ``ATOMIC_CHUNK_SAVEPOINTS`` of its jobs have sent
-statements (or at the batch's end), so its locks are short. Each job's ``transaction.on_commit`` callbacks run after
-that commit, each guarded: one raising stops no other, and its failure is logged with the job id
-and kept on the job's attempt. A job's deferred constraints (Django's foreign keys) are checked
-inside its savepoint, so a bad reference fails that job, not the chunk's COMMIT; every constraint
-keeps its own mode for the next job (``sql/isolation.sql``). A chunk lost with
-its transaction (a stall past its idle limit, a deadlock, a database restart) costs a chunk of
-several jobs no attempt: they are refunded and run alone after their backoff (a chunk of one is
-charged); after a COMMIT whose answer was lost, the jobs found committed keep their outcomes and
-their callbacks run. The chunk's transaction may wait on this process for its jobs' longest
-(own or kind's) timeout plus ``STALL_MARGIN_SECONDS`` (``store.bound_transaction``): a stopped
-or hung process loses its locks, the sweeper takes the claims back after their lease, and what the late process
-then tries to write is refused by the claim token.
+closes after ``ATOMIC_CHUNK_SECONDS``, ``ATOMIC_CHUNK_JOBS`` jobs, or once its succeeded jobs leave
+``ATOMIC_CHUNK_SAVEPOINTS`` savepoints open (or at the batch's end), so its locks are short. Each
+job's ``transaction.on_commit`` callbacks run after that commit, each guarded: one raising stops no
+other, and its failure is logged with the job id and kept on the job's attempt. A job's deferred
+constraints (Django's foreign keys) are checked inside its savepoint, so a bad reference fails that
+job, not the chunk's COMMIT; every constraint keeps its own mode for the next job
+(``sql/isolation.sql``). A chunk lost with its transaction (a stall past its idle limit, a deadlock,
+a database restart) costs a chunk of several jobs no attempt: they are refunded and run alone after
+their backoff (a chunk of one is charged); after a COMMIT whose answer was lost, the jobs found
+committed keep their outcomes and their callbacks run. The chunk's transaction may wait on this
+process for its jobs' longest (own or kind's) timeout plus ``STALL_MARGIN_SECONDS``
+(``store.bound_transaction``): a stopped or hung process loses its locks, the sweeper takes the
+claims back after their lease, and what the late process then tries to write is refused by the claim
+token.
 
 What holds: a job's database effects commit exactly once; external effects sent from
 ``on_commit`` happen at least once, repeated only after a crash or a stall (the job then runs
@@ -71,9 +72,11 @@ logger = logging.getLogger(__name__)
 
 FLUSH_EVERY_SECONDS = 1.0  # non-atomic kinds: finished jobs are written back at least this often
 ATOMIC_CHUNK_SECONDS = 0.5  # atomic kinds: a chunk's transaction (and its row locks) ends after this long
-# atomic kinds: jobs that sent statements per chunk (each leaves a savepoint open to the commit), below
-# PostgreSQL's 64 cached subtransactions; jobs that sent none open none, and do not count
+# atomic kinds: savepoints a chunk's succeeded jobs leave to its commit (one each that sent statements, and
+# those its handler opened: a nested atomic(), get_or_create), below PostgreSQL's 64 cached
+# subtransactions; jobs that sent none open none and do not count
 ATOMIC_CHUNK_SAVEPOINTS = 50
+ATOMIC_CHUNK_JOBS = 200  # atomic kinds: jobs per chunk whatever they send (a lost chunk refunds them all)
 STALL_MARGIN_SECONDS = 5.0  # a chunk's transaction idle longer than its longest timeout plus this is ended
 RECORD_RETRY_SECONDS = 60.0  # a finished job's outcome is retried this long while the database is unreachable
 UNKNOWN_KIND_RETRY_SECONDS = 10.0  # a job of a kind this worker does not know is given back, due this much later
@@ -419,7 +422,7 @@ def _run_atomic(
             rest = [j for j in chunk if j.id not in committed]
             _recording(functools.partial(_give_back_lost, rest, kinds, report))
             settled.update(j.id for j in chunk)
-            pending = pending[len(chunk) :]
+            pending = [j for j in pending if j.id not in settled]  # nor the claims lost before they ran
 
 
 def _run_chunk(
@@ -456,7 +459,7 @@ def _run_chunk(
             store.open_job_savepoint()
         statements = _Statements()
         with connection.execute_wrapper(statements):
-            while pending and statements.savepoints_owed() < ATOMIC_CHUNK_SAVEPOINTS:
+            while pending and len(chunk) < ATOMIC_CHUNK_JOBS and statements.savepoints() < ATOMIC_CHUNK_SAVEPOINTS:
                 if chunk and time.monotonic() - opened >= ATOMIC_CHUNK_SECONDS:
                     break
                 job = pending[0]
@@ -549,6 +552,7 @@ class _Statements:
         self.opened = 0  # savepoints opened by checks: the next is tk_job_<opened + 1>
         self.lost = False  # the savepoints are in doubt: the chunk must not commit
         self.settings: list[tuple[str, str]] | None = None  # before a job's first SET: the chunk ends after it
+        self.nested = 0  # savepoints the chunk's succeeded handlers opened themselves (Django's savepoint_state)
 
     def owe(self, job: store.StartedJob, kind: registry.Kind | None, hooks: range) -> None:
         """The job whose outcome is appended next succeeded after sending statements: its check is owed.
@@ -586,9 +590,14 @@ class _Statements:
                 return result
         return execute(sql, params, many, context)  # behind the owing job's savepoint, clean again
 
-    def savepoints_owed(self) -> int:
-        """The chunk's jobs that sent statements and succeeded: each opened, or owes, the savepoint after it."""
-        return self.opened + (self.owed is not None)
+    def savepoints(self) -> int:
+        """Savepoints the chunk's succeeded jobs leave open to its commit (each a subtransaction of PostgreSQL's).
+
+        One per job that sent statements (the savepoint after it, opened or owed), and every one its
+        handler opened (Django's, a released one too: its subtransaction stays until the commit). A
+        failed job's are rolled back with it.
+        """
+        return self.opened + (self.owed is not None) + self.nested
 
     def _next_savepoint(self) -> str:
         return f"tk_job_{self.opened + 1}"
@@ -719,8 +728,8 @@ def _run_isolated(
     reference fails this job, not the chunk's COMMIT) and the next savepoint is opened in front of
     the next statement sent, in its ``execute`` (``_Statements``; alone, one round trip, when the
     chunk ends first). One that fails rolls back to the savepoint, which stays open and clean. Savepoints
-    are never released (the commit releases them all); a chunk holds at most ``ATOMIC_CHUNK_SAVEPOINTS``
-    jobs that sent statements, and any number that sent none.
+    are never released (the commit releases them all); a chunk's succeeded jobs leave at most
+    ``ATOMIC_CHUNK_SAVEPOINTS`` open (``_Statements.savepoints``), and jobs that sent nothing none.
 
     A handler that returns after ``transaction.set_rollback(True)`` (Django's flag: this block's
     writes must not commit) has its writes and callbacks rolled back and is done: it chose the
@@ -732,6 +741,7 @@ def _run_isolated(
     """
     callbacks_before = len(_commit_hooks())
     statements.count = 0
+    savepoints_before = connection.savepoint_state
     outcome = _outcome(job, kind, clock)
     sent = statements.count > 0
     if outcome.outcome == AttemptOutcome.SUCCEEDED:
@@ -747,6 +757,7 @@ def _run_isolated(
                 # Its deferred constraints (a foreign key to a row a sibling deleted) are checked with
                 # the next statement: a failure fails this job, not the chunk's COMMIT with every sibling.
                 statements.owe(job, kind, range(callbacks_before, len(_commit_hooks())))
+                statements.nested += max(0, connection.savepoint_state - savepoints_before)
             return _keep_callbacks(outcome, job, callbacks_before)
     transaction.set_rollback(False)  # Django refuses statements while it marks the block broken
     if sent or store.transaction_failed():

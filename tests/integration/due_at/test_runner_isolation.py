@@ -380,6 +380,28 @@ registry.handler("iso.fk", schema={"type": "object"}, timeout=10, max_attempts=3
 registry.handler("iso.lose", schema={"type": "object"}, timeout=10, max_attempts=2, batch_size=10)(_lose)
 
 
+def _take_next(job: registry.Job) -> None:
+    """Take the claim of the batch's next job (a new token, as a sweep and another worker's claim would)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE scheduling_scheduledjob SET token = gen_random_uuid()"
+            " WHERE id = (SELECT min(id) FROM scheduling_scheduledjob WHERE id > %s AND kind = %s)",
+            [job.id, job.kind],
+        )
+
+
+def _take_or_lose(job: registry.Job) -> None:
+    if job.payload.get("take_next"):
+        _take_next(job)
+    else:
+        _lose(job)
+
+
+registry.handler("iso.take_or_lose", schema={"type": "object"}, timeout=10, max_attempts=2, batch_size=10)(
+    _take_or_lose
+)
+
+
 def test_a_deferred_foreign_key_failure_fails_its_job_not_its_chunk(run_sql):
     """A job whose foreign key fails at COMMIT (a sibling deleted the user) fails alone; its siblings commit."""
     user = get_user_model().objects.create_user("fk-victim")
@@ -425,6 +447,28 @@ def test_a_lost_chunk_of_one_job_is_charged_with_backoff(run_sql, raw_connect):
     claims = store.claim_due_jobs(10)
     runner.run_batch([(c.id, c.token) for c in claims])
     assert ScheduledJob.objects.get(pk=ids[0]).state == JobState.DEAD, "a poison job alone reaches dead"
+
+
+def test_a_lost_chunk_after_a_claim_lost_before_it_ran_leaves_the_rest_of_the_batch_as_it_was(
+    run_sql, raw_connect, monkeypatch, caplog
+):
+    """A claim lost before its job ran, then the next chunk lost: each counted once, nothing of the chunk again.
+
+    Chunks of one job: the first takes the second job's claim, the third job's chunk is lost. The
+    lost chunk's job was handed to the next chunk once more when the batch's rest was cut by count.
+    """
+    KILLER[:] = [raw_connect(autocommit=True)]
+    monkeypatch.setattr(runner, "ATOMIC_CHUNK_JOBS", 1)
+    with caplog.at_level(logging.WARNING, logger="scheduling.due_at.runner"):
+        ids, report = _run(run_sql, "iso.take_or_lose", [{"take_next": True}, {}, {"lose": True}])
+    assert (report.succeeded, report.stale, report.chunks) == (1, 1, 1)
+    lost_before = [r.job_id for r in caplog.records if r.getMessage() == "claim lost before the job ran"]
+    assert lost_before == [ids[1]], "only the claim really taken"
+    assert dict(ScheduledJob.objects.filter(pk__in=ids).values_list("pk", "state")) == {
+        ids[0]: JobState.DONE,
+        ids[1]: JobState.RUNNING,  # under the token that took it
+        ids[2]: JobState.PENDING,  # lost alone: charged, due again after backoff
+    }
 
 
 def test_an_ambiguous_commit_runs_the_callbacks_of_the_jobs_that_committed(run_sql, monkeypatch, caplog):
