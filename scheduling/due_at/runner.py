@@ -23,17 +23,17 @@ transaction broken (a database error caught and ignored) is rolled back to its s
 writes and its ``on_commit`` callbacks go, its siblings' stay, and every handler runs exactly once
 per attempt whatever the others do. A handler that returns after ``transaction.set_rollback(True)``
 is done with its writes and callbacks discarded (``ROLLED_BACK_NOTE`` on its attempt). A chunk
-closes after ``ATOMIC_CHUNK_SECONDS``, ``ATOMIC_CHUNK_JOBS`` jobs, or once its succeeded jobs leave
-``ATOMIC_CHUNK_SAVEPOINTS`` savepoints open (or at the batch's end), so its locks are short. Each
-job's ``transaction.on_commit`` callbacks run after that commit, each guarded: one raising stops no
-other, and its failure is logged with the job id and kept on the job's attempt. A job's deferred
-constraints (Django's foreign keys) are checked inside its savepoint, so a bad reference fails that
-job, not the chunk's COMMIT; every constraint keeps its own mode for the next job
-(``sql/isolation.sql``). A chunk lost with its transaction (a stall past its idle limit, a deadlock,
-a database restart) costs a chunk of several jobs no attempt: they are refunded and run alone after
-their backoff (a chunk of one is charged); after a COMMIT whose answer was lost, the jobs found
-committed keep their outcomes and their callbacks run. The chunk's transaction may wait on this
-process for its jobs' longest (own or kind's) timeout plus ``STALL_MARGIN_SECONDS``
+takes no further job after ``ATOMIC_CHUNK_SECONDS``, ``ATOMIC_CHUNK_JOBS`` jobs, or once its
+succeeded jobs leave ``ATOMIC_CHUNK_SAVEPOINTS`` savepoints open (or at the batch's end), so its
+locks are short. Each job's ``transaction.on_commit`` callbacks run after that commit, each guarded:
+one raising stops no other, and its failure is logged with the job id and kept on the job's attempt.
+A job's deferred constraints (Django's foreign keys) are checked inside its savepoint, so a bad
+reference fails that job, not the chunk's COMMIT; every constraint keeps its own mode for the next
+job (``sql/isolation.sql``). A chunk lost with its transaction (a stall past its idle limit, a
+deadlock, a database restart) costs a chunk of several jobs no attempt: they are refunded and run
+alone after their backoff (a chunk of one is charged); after a COMMIT whose answer was lost, the
+jobs found committed keep their outcomes and their callbacks run. The chunk's transaction may wait
+on this process for its jobs' longest (own or kind's) timeout plus ``STALL_MARGIN_SECONDS``
 (``store.bound_transaction``): a stopped or hung process loses its locks, the sweeper takes the
 claims back after their lease, and what the late process then tries to write is refused by the claim
 token.
@@ -728,8 +728,9 @@ def _run_isolated(
     reference fails this job, not the chunk's COMMIT) and the next savepoint is opened in front of
     the next statement sent, in its ``execute`` (``_Statements``; alone, one round trip, when the
     chunk ends first). One that fails rolls back to the savepoint, which stays open and clean. Savepoints
-    are never released (the commit releases them all); a chunk's succeeded jobs leave at most
-    ``ATOMIC_CHUNK_SAVEPOINTS`` open (``_Statements.savepoints``), and jobs that sent nothing none.
+    are never released (the commit releases them all); a chunk takes no further job once its
+    succeeded jobs leave ``ATOMIC_CHUNK_SAVEPOINTS`` open (``_Statements.savepoints``; what one job opens
+    itself is not bounded), and jobs that sent nothing open none.
 
     A handler that returns after ``transaction.set_rollback(True)`` (Django's flag: this block's
     writes must not commit) has its writes and callbacks rolled back and is done: it chose the
@@ -757,7 +758,8 @@ def _run_isolated(
                 # Its deferred constraints (a foreign key to a row a sibling deleted) are checked with
                 # the next statement: a failure fails this job, not the chunk's COMMIT with every sibling.
                 statements.owe(job, kind, range(callbacks_before, len(_commit_hooks())))
-                statements.nested += max(0, connection.savepoint_state - savepoints_before)
+                opened = connection.savepoint_state
+                statements.nested += opened - savepoints_before if opened >= savepoints_before else opened
             return _keep_callbacks(outcome, job, callbacks_before)
     transaction.set_rollback(False)  # Django refuses statements while it marks the block broken
     if sent or store.transaction_failed():

@@ -153,7 +153,34 @@ def test_the_round_trip_tests_count_every_statement_the_runner_sends():
     one = _statements("trips.insert", 1)
     assert any(sql.startswith('INSERT INTO "tasks_execution"') for sql in one), one
     assert 2 <= len(one) <= 12, one
-    assert runner.ATOMIC_CHUNK_SAVEPOINTS >= BATCH, "the fifty jobs fit one chunk"
+    assert min(runner.ATOMIC_CHUNK_SAVEPOINTS, runner.ATOMIC_CHUNK_JOBS) >= BATCH, "the fifty jobs fit one chunk"
+
+
+def test_a_batch_start_and_a_heartbeat_are_one_round_trip_each_and_commit_without_the_flush():
+    """No BEGIN or COMMIT around them: the SET LOCAL and the statement go as one implicit transaction."""
+    ScheduledJob.objects.filter(state=JobState.PENDING).delete()
+    api.schedule_many("trips.noop", [{}] * 3, delay=0)
+    claims = [(c.id, c.token) for c in store.claim_due_jobs(10)]
+    with CaptureQueriesContext(connection) as captured:
+        started = store.start_jobs(claims, "worker-1")
+        renewed = store.heartbeat_jobs(claims)
+    assert (len(started), len(renewed)) == (3, 3)
+    sent = [q["sql"] for q in captured.captured_queries]
+    assert len(sent) == 2, [_first_line(sql) for sql in sent]
+    assert all(sql.startswith(store.ASYNC_COMMIT) for sql in sent)
+    # inside a caller's transaction the statement joins it, unprefixed: its commit is the caller's
+    with CaptureQueriesContext(connection) as inside, transaction.atomic():
+        assert len(store.heartbeat_jobs(claims)) == 3
+    statements = [q["sql"] for q in inside.captured_queries if "heartbeat" in q["sql"]]
+    assert len(statements) == 1
+    assert not statements[0].startswith(store.ASYNC_COMMIT)
+    # what the prefix relies on: PostgreSQL keeps a SET LOCAL for the rest of its query string's implicit
+    # transaction (and warns and ignores it outside a transaction, which would commit with the flush)
+    with connection.cursor() as cursor:
+        cursor.execute(store.ASYNC_COMMIT + "SELECT current_setting('synchronous_commit')")
+        assert cursor.fetchone() == ("off",)
+        cursor.execute("SELECT current_setting('synchronous_commit')")
+        assert cursor.fetchone() == ("on",)
 
 
 def _chunks(kind: str, payloads: list[dict]) -> tuple[runner.BatchReport, list[list[str]]]:
