@@ -86,6 +86,15 @@ def _prepared(monkeypatch: pytest.MonkeyPatch) -> None:
 def _statements(kind: str, count: int, payloads: list[dict] | None = None) -> list[str]:
     """The statements sent while ``count`` jobs of ``kind`` (or one per payload) run as one batch (one chunk)."""
     payloads = payloads or [{}] * count
+    report, sent = _run_one_batch(kind, payloads)
+    assert (report.succeeded + report.failed, report.chunks) == (len(payloads), 1)
+    failing = ("fail", "hang", "break")
+    assert report.succeeded == sum(1 for p in payloads if not any(p.get(f) for f in failing))
+    return [_first_line(sql) for sql in sent]
+
+
+def _run_one_batch(kind: str, payloads: list[dict]) -> tuple[runner.BatchReport, list[str]]:
+    """Schedule one job of ``kind`` per payload, claim them and run them as one batch: its report and statements."""
     ScheduledJob.objects.filter(state=JobState.PENDING).delete()  # an earlier run's failures, retried later
     api.schedule_many(kind, payloads, delay=60)
     support.make_due(state="pending")
@@ -93,10 +102,7 @@ def _statements(kind: str, count: int, payloads: list[dict] | None = None) -> li
     assert len(claims) == len(payloads)
     with CaptureQueriesContext(connection) as captured:
         report = runner.run_batch([(c.id, c.token) for c in claims])
-    assert (report.succeeded + report.failed, report.chunks) == (len(payloads), 1)
-    failing = ("fail", "hang", "break")
-    assert report.succeeded == sum(1 for p in payloads if not any(p.get(f) for f in failing))
-    return [_first_line(q["sql"]) for q in captured.captured_queries]
+    return report, [q["sql"] for q in captured.captured_queries]
 
 
 def _first_line(sql: str) -> str:
@@ -189,19 +195,13 @@ def _chunks(kind: str, payloads: list[dict]) -> tuple[runner.BatchReport, list[l
     The chunks' time bound is lifted: on a loaded machine 100 jobs may take longer than 0.5 s, and
     these tests are about the other bounds.
     """
-    ScheduledJob.objects.filter(state=JobState.PENDING).delete()
-    api.schedule_many(kind, payloads, delay=60)
-    support.make_due(state="pending")
-    claims = store.claim_due_jobs(500)
-    assert len(claims) == len(payloads)
-    with CaptureQueriesContext(connection) as captured:
-        report = runner.run_batch([(c.id, c.token) for c in claims])
+    report, sent = _run_one_batch(kind, payloads)
     chunks: list[list[str]] = []
-    for query in captured.captured_queries:
-        if "EXECUTE tk_lock_claims" in query["sql"]:  # the lock of its claims opens a chunk (prepared: _prepared)
+    for sql in sent:
+        if "EXECUTE tk_lock_claims" in sql:  # the lock of its claims opens a chunk (prepared: _prepared)
             chunks.append([])
         if chunks:
-            chunks[-1].append(query["sql"])
+            chunks[-1].append(sql)
     assert len(chunks) == report.chunks
     return report, chunks
 
